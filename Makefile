@@ -1,0 +1,30 @@
+# Two entry points, each doing all set-up on a fresh machine:
+#   make demo   creates .venv, installs masklab, runs the quick GOTU reproduction
+#   make test   creates .venv, installs masklab, runs the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+export HF_HUB_OFFLINE := 1
+export MPLBACKEND := Agg
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/masklab reproduce gotu --quick --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/attention_overhead.py
+
+clean:
+	rm -rf $(VENV) runs
