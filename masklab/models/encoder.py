@@ -1,0 +1,62 @@
+"""A CLS-token transformer encoder on the shared attention core (read top to bottom).
+
+tokens ``(B, n)`` -> embeddings + positions, prepend CLS -> ``depth`` Blocks -> LayerNorm
+-> linear head on CLS -> ``(B, out_dim)``. Used for the Boolean tasks (one token per
+variable, values {0, 1}).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from masklab.attention import Block
+
+
+class TokenEncoder(nn.Module):
+    """Args:
+        vocab: number of token values.
+        n_tokens: input length ``n`` (the sequence is ``T = n + 1`` with CLS at 0).
+        dim, depth, heads: width, number of blocks, heads per block.
+        priors: one optional prior module per block (e.g. :class:`~masklab.bias.MaskPrior`).
+        out_dim: size of the CLS head's output.
+    """
+
+    def __init__(
+        self,
+        vocab: int,
+        n_tokens: int,
+        dim: int = 64,
+        depth: int = 2,
+        heads: int = 4,
+        priors: list[nn.Module | None] | None = None,
+        out_dim: int = 1,
+    ) -> None:
+        super().__init__()
+        priors = priors or [None] * depth
+        if len(priors) != depth:
+            raise ValueError(f"need one prior per block: got {len(priors)} for depth {depth}")
+        self.n_tokens, self.dim, self.depth, self.heads = n_tokens, dim, depth, heads
+        self.tok = nn.Embedding(vocab, dim)
+        nn.init.normal_(self.tok.weight, std=0.02)  # same scale as positions, so both are visible at init
+        self.pos = nn.Parameter(torch.randn(n_tokens + 1, dim) * 0.02)
+        self.cls = nn.Parameter(torch.randn(dim) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads, p) for p in priors)
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, out_dim)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens ``(B, n)`` -> ``(B, n + 1, D)`` with CLS at position 0."""
+        x = self.tok(tokens)
+        cls = self.cls.expand(x.shape[0], 1, -1)
+        return torch.cat([cls, x], dim=1) + self.pos
+
+    def forward(self, tokens: Tensor, bias: Tensor | None = None, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """tokens ``(B, n)`` -> ``(out (B, out_dim), [probs (B, H, T, T) per block] or [])``."""
+        x = self.embed(tokens)
+        attn = []
+        for block in self.blocks:
+            x, probs = block(x, bias, return_attn)
+            if probs is not None:
+                attn.append(probs)
+        return self.head(self.ln(x[:, 0])), attn

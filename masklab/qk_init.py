@@ -1,0 +1,142 @@
+"""Query-key side baselines: put a prior's structure into W_Q, W_K instead of a mask.
+
+Each init is a small class with one method, ``apply(model, inputs, structures)``, picked by
+name from :data:`QK_INITS`:
+
+* ``vanilla`` - leaves the default initialisation;
+* ``qk-svd`` - per block, solves the least-squares problem
+  ``X A X^T / sqrt(d_head) ~= target logits`` (row-centred, over init-time block inputs
+  ``X``) for ``A = W_Q^T W_K`` and splits each head's ``A`` by truncated SVD into its
+  rank-``d_head`` ``W_Q``, ``W_K``;
+* ``qk-opt`` - per block, optimises ``W_Q``, ``W_K`` (Adam) so that the softmax attention on
+  init-time inputs matches the target attention ``softmax(target logits)`` in KL.
+
+Target logits are exactly the bias the corresponding mask prior would add,
+``logsigmoid(a S - b (1 - S))``, so at step 0 a QK-initialised model attends like the
+mask model (check it with :func:`allowed_mass`). Blocks are fitted in order, each on the
+inputs produced by the already-initialised blocks below it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+QK_INITS: dict[str, "QKInit"] = {}
+
+
+def register(name: str):
+    def wrap(cls):
+        cls.name = name
+        QK_INITS[name] = cls()
+        return cls
+
+    return wrap
+
+
+def target_logits(structure: Tensor, allowed: float = 6.0, suppressed: float = 6.0) -> Tensor:
+    """The mask prior's bias for a structure in [0, 1]: ``(H|1, T, T)``."""
+    return F.logsigmoid(allowed * structure - suppressed * (1 - structure))
+
+
+def block_inputs(model: nn.Module, tokens: Tensor, upto: int) -> Tensor:
+    """Input of block ``upto``'s attention (after its LayerNorm): ``(B, T, D)``."""
+    with torch.no_grad():
+        x = model.embed(tokens)
+        for block in model.blocks[:upto]:
+            x, _ = block(x)
+        return model.blocks[upto].ln1(x)
+
+
+def allowed_mass(probs: Tensor, structure: Tensor, rows: str = "cls") -> float:
+    """Attention mass on allowed keys.
+
+    probs: ``(B, H, T, T)``; structure: ``(H|1, T, T)`` in [0, 1] (> 0.5 = allowed).
+    ``rows="cls"`` averages the CLS query (row 0) over batch and heads; ``"all"`` every row.
+    """
+    allowed = (structure > 0.5).to(probs.dtype)
+    mass = (probs * allowed).sum(-1)  # (B, H, T)
+    return (mass[..., 0] if rows == "cls" else mass).mean().item()
+
+
+class QKInit:
+    name = "base"
+
+    def apply(self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0) -> None:
+        """Initialise every block's W_Q, W_K of ``model`` (a CLS encoder with ``embed`` and
+        ``blocks``) from one structure ``(H|1, T, T)`` per block, using sample inputs
+        ``(B, n)``."""
+        for layer, s in enumerate(structures):
+            attn = model.blocks[layer].attn
+            x = block_inputs(model, inputs, layer)
+            t = target_logits(s, allowed, suppressed).expand(attn.heads, -1, -1)
+            with torch.no_grad():
+                self.fit(attn, x, t)
+
+    def fit(self, attn: nn.Module, x: Tensor, target: Tensor) -> None:
+        """Set ``attn.q``/``attn.k`` so logits on ``x (B, T, D)`` match ``target (H, T, T)``."""
+
+
+@register("vanilla")
+class Vanilla(QKInit):
+    def apply(self, *args, **kwargs) -> None:
+        return None
+
+
+@register("qk-svd")
+@dataclass
+class SVD(QKInit):
+    ridge: float = 1e-6
+
+    def fit(self, attn: nn.Module, x: Tensor, target: Tensor) -> None:
+        # min_A sum_b || X_b A K_b^T - R ||^2 with K_b = X_b centred over tokens (centring the
+        # keys removes per-row constants, to which softmax is blind). Normal equations:
+        # sum_b (X_b^T X_b) A (K_b^T K_b) = sum_b X_b^T R K_b, a (D*D, D*D) linear system.
+        B, T, D = x.shape
+        dh = attn.head_dim
+        x64 = x.double()
+        k64 = x64 - x64.mean(dim=1, keepdim=True)
+        xtx = x64.transpose(1, 2) @ x64  # (B, D, D)
+        ktk = k64.transpose(1, 2) @ k64
+        gram = torch.einsum("bpr,bqs->pqrs", xtx, ktk).reshape(D * D, D * D)
+        gram += self.ridge * gram.diagonal().mean() * torch.eye(D * D, dtype=gram.dtype)
+        centred = target - target.mean(dim=-1, keepdim=True)  # (H, T, T)
+        rhs = torch.einsum("bip,hij,bjq->hpq", x64, centred.double() * math.sqrt(dh), k64).reshape(-1, D * D)
+        solution = torch.linalg.solve(gram, rhs.T).T.reshape(-1, D, D).float()  # (H, D, D)
+        attn.q.bias.zero_()
+        attn.k.bias.zero_()
+        for h in range(attn.heads):
+            u, sv, vt = torch.linalg.svd(solution[h])
+            root = sv[:dh].sqrt()
+            rows = slice(h * dh, (h + 1) * dh)
+            attn.q.weight[rows] = (u[:, :dh] * root).T  # q = x W_q^T, so q k^T = x U S V^T x^T
+            attn.k.weight[rows] = root[:, None] * vt[:dh]
+
+
+@register("qk-opt")
+@dataclass
+class Opt(QKInit):
+    steps: int = 300
+    lr: float = 0.02
+
+    def fit(self, attn: nn.Module, x: Tensor, target: Tensor) -> None:
+        B, T, D = x.shape
+        want = target.softmax(-1)  # (H, T, T)
+        wq = attn.q.weight.detach().clone().requires_grad_(True)
+        wk = attn.k.weight.detach().clone().requires_grad_(True)
+        opt = torch.optim.Adam([wq, wk], lr=self.lr)
+        with torch.enable_grad():
+            for _ in range(self.steps):
+                q = (x @ wq.T + attn.q.bias).view(B, T, attn.heads, -1).transpose(1, 2)
+                k = (x @ wk.T + attn.k.bias).view(B, T, attn.heads, -1).transpose(1, 2)
+                logp = (q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)).log_softmax(-1)
+                loss = (want * (want.clamp_min(1e-12).log() - logp)).sum(-1).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        attn.q.weight.copy_(wq.detach())
+        attn.k.weight.copy_(wk.detach())

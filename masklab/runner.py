@@ -1,0 +1,307 @@
+"""Seeds, checkpoints, resume, the results store and progress: shared by every study.
+
+A study is a list of :class:`RunSpec` (task, method, seed, params) and a *run function*
+``fn(spec: dict, ckpt_dir: Path) -> {"metrics": {...}, "curves": {...}, "extra": {...}}``
+named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`:
+
+* skips runs whose result file already exists with the same spec (resume);
+* runs the rest in-process (``jobs=1``) or in ``jobs`` worker processes
+  (``python -m masklab.worker``; specs and results travel as JSON, nothing is pickled);
+* writes ``DIR/runs/<key>.json`` per run as soon as it finishes, then ``results.json``
+  and ``results.md`` (the contract in DESIGN.md).
+
+Each run is deterministic given its seed: torch uses ``threads`` threads (default 1) in
+every run whatever ``jobs`` is, so results do not depend on how the study was scheduled.
+Long runs checkpoint themselves with :class:`Checkpoint` (safetensors + JSON, written to a
+temporary file and renamed) and continue from it after a kill.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+
+class MasklabError(Exception):
+    """An error with a message meant for the user (bad input, missing package, NaN loss)."""
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed python, numpy and torch; return a fresh torch generator for data sampling."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed + 1_000_003)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+class Checkpoint:
+    """Mid-run checkpoint of a model, its optimizer and the data generator.
+
+    Files: ``DIR/ckpt.safetensors`` (tensors) and ``DIR/ckpt.json`` (step, optimizer
+    hyper-parameters and any JSON ``extra`` such as curves so far). Nothing is pickled.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = Path(directory)
+
+    @property
+    def exists(self) -> bool:
+        return (self.dir / "ckpt.json").exists() and (self.dir / "ckpt.safetensors").exists()
+
+    def save(self, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, extra: dict) -> None:
+        tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+        opt_state = opt.state_dict()
+        for pid, st in opt_state["state"].items():
+            for name, val in st.items():
+                t = val if torch.is_tensor(val) else torch.tensor(val)
+                tensors[f"opt.{pid}.{name}"] = t.detach().contiguous()
+        tensors["rng.torch"] = torch.get_rng_state()
+        tensors["rng.gen"] = gen.get_state()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".ckpt.{os.getpid()}.tmp"
+        save_file(tensors, str(tmp))
+        os.replace(tmp, self.dir / "ckpt.safetensors")
+        write_json(self.dir / "ckpt.json", {"step": step, "param_groups": opt_state["param_groups"], "extra": extra})
+
+    def load(self, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator) -> tuple[int, dict]:
+        """Restore everything in place; return ``(step, extra)``."""
+        meta = read_json(self.dir / "ckpt.json")
+        tensors = load_file(str(self.dir / "ckpt.safetensors"))
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        state: dict[int, dict] = {}
+        for k, v in tensors.items():
+            if k.startswith("opt."):
+                _, pid, name = k.split(".", 2)
+                state.setdefault(int(pid), {})[name] = v
+        opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        torch.set_rng_state(tensors["rng.torch"])
+        gen.set_state(tensors["rng.gen"])
+        return meta["step"], meta["extra"]
+
+    def clear(self) -> None:
+        for name in ("ckpt.json", "ckpt.safetensors"):
+            (self.dir / name).unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- studies
+
+
+@dataclass
+class RunSpec:
+    """One run of a study. ``params`` must be JSON-serialisable."""
+
+    task: str
+    method: str
+    seed: int
+    params: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        raw = f"{self.task}__{self.method}__s{self.seed}"
+        return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in raw)
+
+
+def resolve(path: str) -> Callable:
+    """Import ``"masklab.module:function"`` (only masklab's own functions)."""
+    module, _, name = path.partition(":")
+    if not module.startswith("masklab.") or not name:
+        raise MasklabError(f"not a masklab run function: {path!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int) -> dict:
+    """Run one spec and return its result record (what lands in ``runs/<key>.json``)."""
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    out = resolve(fn_path)(spec, Path(ckpt_dir))
+    return {
+        "task": spec["task"],
+        "method": spec["method"],
+        "seed": spec["seed"],
+        "metrics": out.get("metrics", {}),
+        "seconds": round(time.perf_counter() - start, 3),
+        "curves": out.get("curves", {}),
+        "extra": out.get("extra", {}),
+        "spec": spec,
+    }
+
+
+def environment() -> dict:
+    """Versions, threads and git revision, recorded in every results.json."""
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch_threads_per_run": None,
+        "git_rev": rev or None,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Mean, std (sample, ddof=1) and n of every numeric metric per (task, method)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["task"], r["method"]), []).append(r["metrics"])
+    rows = []
+    for (task, method), metrics in groups.items():
+        row: dict[str, Any] = {"task": task, "method": method, "n": len(metrics)}
+        names = [k for k in metrics[0] if isinstance(metrics[0][k], (int, float)) or metrics[0][k] is None]
+        for name in names:
+            vals = [m[name] for m in metrics if isinstance(m.get(name), (int, float)) and math.isfinite(m[name])]
+            row[f"{name}_mean"] = float(np.mean(vals)) if vals else None
+            row[f"{name}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else (0.0 if vals else None)
+        rows.append(row)
+    return rows
+
+
+def run_study(
+    study: str,
+    config: dict,
+    specs: list[RunSpec],
+    fn_path: str,
+    out: Path,
+    jobs: int = 1,
+    threads: int = 1,
+    paper: list[dict] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Run (or resume) every spec, then write ``results.json``; return the results dict."""
+    out = Path(out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    write_json(out / "config.json", {"study": study, "config": config})
+    keys = [s.key for s in specs]
+    if len(set(keys)) != len(keys):
+        raise MasklabError("two runs of this study share a task/method/seed key")
+    done: dict[str, dict] = {}
+    todo: list[RunSpec] = []
+    for s in specs:
+        path = out / "runs" / f"{s.key}.json"
+        if path.exists():
+            rec = read_json(path)
+            if rec.get("spec") == asdict(s):
+                done[s.key] = rec
+                continue
+        todo.append(s)
+    bar = tqdm(total=len(specs), initial=len(done), desc=study, unit="run", disable=not progress, file=sys.stderr)
+    try:
+        if jobs <= 1:
+            for s in todo:
+                bar.set_postfix_str(s.key)
+                rec = execute(fn_path, asdict(s), out / "ckpt" / s.key, threads)
+                write_json(out / "runs" / f"{s.key}.json", rec)
+                done[s.key] = rec
+                bar.update()
+        else:
+            _run_parallel(fn_path, todo, out, jobs, threads, done, bar)
+    finally:
+        bar.close()
+    runs = [done[k] for k in keys]
+    env = environment()
+    env["torch_threads_per_run"] = threads
+    env["jobs"] = jobs
+    results = {
+        "study": study,
+        "config": config,
+        "runs": runs,
+        "summary": summarize(runs),
+        "paper": paper or [],
+        "environment": env,
+    }
+    write_json(out / "results.json", results)
+    return results
+
+
+def _run_parallel(fn_path: str, todo: list[RunSpec], out: Path, jobs: int, threads: int, done: dict, bar: tqdm) -> None:
+    """Run specs in worker subprocesses, at most ``jobs`` at a time."""
+    queue = list(todo)
+    active: dict[str, tuple[subprocess.Popen, RunSpec]] = {}
+    failure: str | None = None
+    try:
+        while queue or active:
+            while queue and len(active) < jobs and failure is None:
+                s = queue.pop(0)
+                spec_path = out / "ckpt" / s.key / "spec.json"
+                write_json(spec_path, asdict(s))
+                cmd = [sys.executable, "-m", "masklab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads)]
+                log = open(out / "ckpt" / s.key / "stderr.log", "w")
+                active[s.key] = (subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL), s)
+                log.close()
+            if failure is not None and not active:
+                break
+            time.sleep(0.05)
+            for key, (proc, s) in list(active.items()):
+                if proc.poll() is None:
+                    continue
+                del active[key]
+                if proc.returncode != 0:
+                    err = (out / "ckpt" / key / "stderr.log").read_text()
+                    failure = failure or (err.strip().splitlines() or [f"worker exited {proc.returncode}"])[-1]
+                    continue
+                done[key] = read_json(out / "runs" / f"{key}.json")
+                bar.set_postfix_str(key)
+                bar.update()
+    finally:
+        for proc, _ in active.values():
+            proc.kill()
+    if failure is not None:
+        raise MasklabError(f"a run failed: {failure} (finished runs are kept in {out / 'runs'})")

@@ -1,0 +1,130 @@
+"""Pure builders of prior structure matrices.
+
+A structure is a float tensor in [0, 1] of shape ``(T, T)`` or ``(H, T, T)``: entry
+``[i, j] = 1`` means "query i should read key j", 0 means "suppress". A
+:class:`~masklab.bias.MaskPrior` turns it into a learnable bias.
+
+Token layout for the CLS encoders (Boolean tasks): position 0 is CLS, position ``i + 1``
+holds input variable ``x_i``; ``T = n_vars + 1``.
+
+Interaction *groups* describe the task: tuples of variable indices that must interact
+(the monomials of the target), e.g. ``[(0, 1)]`` for 2Parity, ``[(i, i+1, i+2) mod n]``
+for Cyclic3.
+
+:data:`DESIGNS` maps a design name to a builder with the uniform signature
+``(groups, n_vars, layer, depth, heads) -> (H|1, T, T)``; ``masklab gotu --design NAME``
+picks one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+Groups = Sequence[Sequence[int]]
+
+
+def cyclic_groups(n_vars: int, k: int) -> list[tuple[int, ...]]:
+    """The ``n_vars`` cyclic windows ``(i, i+1, ..., i+k-1) mod n_vars``."""
+    return [tuple((i + j) % n_vars for j in range(k)) for i in range(n_vars)]
+
+
+def support(groups: Groups) -> list[int]:
+    """Sorted union of the variables in ``groups``."""
+    return sorted({v for g in groups for v in g})
+
+
+def _validate(groups: Groups, n_vars: int) -> None:
+    for g in groups:
+        for v in g:
+            if not 0 <= v < n_vars:
+                raise ValueError(f"variable x{v} is outside 0..{n_vars - 1}")
+
+
+def support_block(groups: Groups, n_vars: int) -> Tensor:
+    """``(T, T)``: variables of a group interact (self included), CLS and the support read
+    each other; every other token sees only itself."""
+    _validate(groups, n_vars)
+    T = n_vars + 1
+    s = torch.eye(T)
+    for g in groups:
+        idx = torch.tensor([v + 1 for v in g])
+        s[idx[:, None], idx[None, :]] = 1
+    sup = torch.tensor([v + 1 for v in support(groups)])
+    s[0, sup] = 1
+    s[sup, 0] = 1
+    s[0, 0] = 1
+    return s
+
+
+def pairwise(groups: Groups, n_vars: int) -> Tensor:
+    """``(T, T)``: strictly pairwise, no self-attention inside the support: a support
+    variable reads only the *other* members of its groups (its own value, the linear
+    "sum" path, is suppressed); CLS reads the support; other tokens see only themselves.
+    For Majority this is the design that suppresses the global-sum shortcut."""
+    _validate(groups, n_vars)
+    T = n_vars + 1
+    s = torch.eye(T)
+    sup = torch.tensor([v + 1 for v in support(groups)])
+    s[sup, sup] = 0
+    for g in groups:
+        for a in g:
+            for b in g:
+                if a != b:
+                    s[a + 1, b + 1] = 1
+    s[0, sup] = 1
+    return s
+
+
+def readout(groups: Groups, n_vars: int) -> Tensor:
+    """``(T, T)``: CLS reads the support; every token (CLS included) also sees itself."""
+    _validate(groups, n_vars)
+    s = torch.eye(n_vars + 1)
+    s[0, torch.tensor([v + 1 for v in support(groups)])] = 1
+    return s
+
+
+def interaction_only(groups: Groups, n_vars: int) -> Tensor:
+    """``(T, T)``: the pairwise interaction of :func:`pairwise` with CLS seeing only itself."""
+    s = pairwise(groups, n_vars)
+    s[0] = 0
+    s[0, 0] = 1
+    return s
+
+
+def pairs_per_head(groups: Groups, n_vars: int, heads: int) -> Tensor:
+    """``(H, T, T)``: head ``h`` carries one ordered pair ``(a -> b)`` of a group (cycling
+    through all pairs), so each support token reads exactly one partner per head;
+    CLS reads the support in every head; tokens also see themselves."""
+    _validate(groups, n_vars)
+    pairs = [(a, b) for g in groups for a in g for b in g if a != b]
+    if not pairs:
+        raise ValueError("per-head design needs groups of at least two variables")
+    s = torch.eye(n_vars + 1).repeat(heads, 1, 1)
+    for i, (a, b) in enumerate(pairs):
+        s[i % heads, a + 1, b + 1] = 1
+    s[:, 0, torch.tensor([v + 1 for v in support(groups)])] = 1
+    return s
+
+
+Design = Callable[[Groups, int, int, int, int], Tensor]
+DESIGNS: dict[str, Design] = {
+    # one pattern for every layer and head
+    "support-block": lambda g, n, layer, depth, heads: support_block(g, n),
+    "pairwise": lambda g, n, layer, depth, heads: pairwise(g, n),
+    # interact first (CLS idle), read out in the last layer
+    "layer-specific": lambda g, n, layer, depth, heads: (
+        interaction_only(g, n) if layer < depth - 1 else readout(g, n)
+    ),
+    "per-head": lambda g, n, layer, depth, heads: pairs_per_head(g, n, heads),
+}
+
+
+def design_structure(name: str, groups: Groups, n_vars: int, layer: int, depth: int, heads: int) -> Tensor:
+    """Structure of design ``name`` for one layer: ``(H|1, T, T)``."""
+    if name not in DESIGNS:
+        raise ValueError(f"unknown prior design {name!r}; choose one of {sorted(DESIGNS)}")
+    s = DESIGNS[name](groups, n_vars, layer, depth, heads)
+    return s if s.dim() == 3 else s[None]

@@ -1,0 +1,1 @@
+"""Task generators and data loaders."""

@@ -1,0 +1,27 @@
+"""Worker process of :func:`masklab.runner.run_study`: runs one spec, writes its result JSON.
+
+Usage (internal): ``python -m masklab.worker MODULE:FUNCTION SPEC.json RESULT.json THREADS``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from masklab.runner import MasklabError, execute, read_json, write_json
+
+
+def main(argv: list[str]) -> int:
+    fn_path, spec_path, result_path, threads = argv
+    spec = read_json(Path(spec_path))
+    try:
+        rec = execute(fn_path, spec, Path(spec_path).parent, int(threads))
+    except MasklabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    write_json(Path(result_path), rec)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
