@@ -1,0 +1,30 @@
+"""masklab: structure in transformer attention.
+
+One attention core (:class:`Attention`, :class:`Block`) whose logits are a sum of
+additive bias terms: learnable mask priors (:class:`MaskPrior`, ``logsigmoid(M)``),
+causal and keep/padding masks (:func:`causal_bias`, :func:`key_bias`).
+"""
+
+from masklab.attention import MLP, Attention, Block
+from masklab.bias import MaskPrior, causal_bias, key_bias
+from masklab.qk_init import QK_INITS, allowed_mass
+from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study
+from masklab.structures import DESIGNS, design_structure
+
+__version__ = "0.1.0"
+__all__ = [
+    "Attention",
+    "Block",
+    "MLP",
+    "MaskPrior",
+    "causal_bias",
+    "key_bias",
+    "QK_INITS",
+    "allowed_mass",
+    "DESIGNS",
+    "design_structure",
+    "Checkpoint",
+    "MasklabError",
+    "RunSpec",
+    "run_study",
+]

@@ -1,0 +1,3 @@
+from masklab.cli import main
+
+raise SystemExit(main())

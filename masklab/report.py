@@ -1,0 +1,112 @@
+"""Markdown tables and matplotlib figures from a results dict (see DESIGN.md's contract).
+
+* :func:`markdown_table` - the summary, ``mean ± std (n)`` per metric, the paper's numbers beside;
+* :func:`write_markdown` - ``results.md``: command, table, notes, environment;
+* :func:`plot_curves` - one panel per task, mean curve per method with a min-max band over seeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from masklab.runner import atomic_write_text  # noqa: E402
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def paper_cell(paper: list[dict], task: str, method: str) -> str:
+    """The paper's numbers for one (task, method), e.g. ``full_acc 0.75``."""
+    cells = [f"{p['metric']} {fmt(p['value'])}" for p in paper if p.get("task") == task and p.get("method") == method]
+    return "; ".join(cells) or "-"
+
+
+def markdown_table(summary: list[dict], paper: list[dict], metrics: list[str], digits: int = 3) -> str:
+    """One row per (task, method): ``mean ± std`` of each metric, ``n`` and the paper's numbers."""
+    head = ["task", "method", "n", *metrics, "paper"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in summary:
+        cells = [row["task"], row["method"], str(row["n"])]
+        for m in metrics:
+            mean, std = row.get(f"{m}_mean"), row.get(f"{m}_std")
+            cells.append("-" if mean is None else f"{mean:.{digits}f} ± {std:.{digits}f}")
+        cells.append(paper_cell(paper, row["task"], row["method"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_markdown(results: dict, out: Path, metrics: list[str], command: str, notes: str = "", figures: list[str] = ()) -> None:
+    """Write ``out/results.md``."""
+    env = results["environment"]
+    parts = [
+        f"# {results['study']}",
+        "",
+        f"Regenerate with: `{command}`",
+        "",
+        markdown_table(results["summary"], results["paper"], metrics),
+        "",
+        "Values are mean ± sample std over seeds (n runs). The paper column gives the authors' reported numbers.",
+    ]
+    if notes:
+        parts += ["", notes.strip()]
+    for fig in figures:
+        parts += ["", f"![{fig}]({fig})"]
+    total = sum(r["seconds"] for r in results["runs"])
+    parts += [
+        "",
+        f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
+        f"{env.get('torch_threads_per_run')} thread(s) per run, {env.get('jobs')} job(s), git {env['git_rev']}; "
+        f"sum of run times {total:.0f} s.",
+    ]
+    atomic_write_text(Path(out) / "results.md", "\n".join(parts) + "\n")
+
+
+def plot_curves(
+    runs: list[dict],
+    y: str,
+    path: Path,
+    x: str = "step",
+    ylabel: str | None = None,
+    title: str = "",
+) -> None:
+    """Panel per task; per method the mean over seeds of ``curves[y]`` vs ``curves[x]``
+    with a min-max band. Runs whose curves lack ``y`` are skipped."""
+    tasks = list(dict.fromkeys(r["task"] for r in runs))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        methods = list(dict.fromkeys(r["method"] for r in runs if r["task"] == task))
+        for method in methods:
+            curves = [r["curves"] for r in runs if r["task"] == task and r["method"] == method and r["curves"].get(y)]
+            if not curves:
+                continue
+            n = min(len(c[y]) for c in curves)
+            xs = np.asarray(curves[0][x][:n])
+            ys = np.asarray([[np.nan if v is None else v for v in c[y][:n]] for c in curves], dtype=float)
+            line = ax.plot(xs, np.nanmean(ys, 0), label=method)[0]
+            if len(curves) > 1:
+                ax.fill_between(xs, np.nanmin(ys, 0), np.nanmax(ys, 0), color=line.get_color(), alpha=0.15)
+        ax.set_title(task)
+        ax.set_xlabel(x)
+        ax.set_ylabel(ylabel or y)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
