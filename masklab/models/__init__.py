@@ -1,5 +1,6 @@
 """Models built on the shared attention core."""
 
 from masklab.models.encoder import TokenEncoder
+from masklab.models.gpt import GPT
 
-__all__ = ["TokenEncoder"]
+__all__ = ["TokenEncoder", "GPT"]
