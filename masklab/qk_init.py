@@ -44,11 +44,14 @@ def target_logits(structure: Tensor, allowed: float = 6.0, suppressed: float = 6
 
 
 def block_inputs(model: nn.Module, tokens: Tensor, upto: int) -> Tensor:
-    """Input of block ``upto``'s attention (after its LayerNorm): ``(B, T, D)``."""
+    """Input of block ``upto``'s attention (after its LayerNorm): ``(B, T, D)``.
+
+    ``model`` has ``embed(tokens)``, ``base_bias(T)`` and ``blocks`` (every masklab model)."""
     with torch.no_grad():
         x = model.embed(tokens)
+        bias = model.base_bias(x.shape[1], x.device)
         for block in model.blocks[:upto]:
-            x, _ = block(x)
+            x, _ = block(x, bias)
         return model.blocks[upto].ln1(x)
 
 
@@ -67,9 +70,9 @@ class QKInit:
     name = "base"
 
     def apply(self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0) -> None:
-        """Initialise every block's W_Q, W_K of ``model`` (a CLS encoder with ``embed`` and
-        ``blocks``) from one structure ``(H|1, T, T)`` per block, using sample inputs
-        ``(B, n)``."""
+        """Initialise every block's W_Q, W_K of ``model`` (any masklab model: ``embed``,
+        ``base_bias``, ``blocks``) from one structure ``(H|1, T, T)`` per block, using
+        sample inputs ``(B, n)``. (For a causal model, fit only what the causal mask allows.)"""
         for layer, s in enumerate(structures):
             attn = model.blocks[layer].attn
             x = block_inputs(model, inputs, layer)

@@ -51,6 +51,10 @@ class TokenEncoder(nn.Module):
         cls = self.cls.expand(x.shape[0], 1, -1)
         return torch.cat([cls, x], dim=1) + self.pos
 
+    def base_bias(self, seq: int, device: torch.device | None = None) -> None:
+        """The bias every block always gets: none (bidirectional)."""
+        return None
+
     def forward(self, tokens: Tensor, bias: Tensor | None = None, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
         """tokens ``(B, n)`` -> ``(out (B, out_dim), [probs (B, H, T, T) per block] or [])``."""
         x = self.embed(tokens)

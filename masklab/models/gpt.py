@@ -49,16 +49,23 @@ class GPT(nn.Module):
         self.head.weight = self.tok.weight  # weight tying
         nn.init.normal_(self.tok.weight, std=0.02)
 
-    def forward(self, tokens: Tensor, bias: Tensor | None = None, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
-        """tokens ``(B, T)``; bias: extra additive ``(B|1, H|1, T, T)`` on top of the causal
-        mask. Returns ``(logits (B, T, vocab), [probs (B, H, T, T) per block] or [])``."""
-        B, T = tokens.shape
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens ``(B, T)`` -> block input ``(B, T, D)``."""
+        T = tokens.shape[1]
         if T > self.block_size:
             raise ValueError(f"sequence of length {T} exceeds block_size {self.block_size}")
         x = self.tok(tokens)
-        if self.pos is not None:
-            x = x + self.pos[:T]
-        mask = causal_bias(T, tokens.device)
+        return x if self.pos is None else x + self.pos[:T]
+
+    def base_bias(self, seq: int, device: torch.device | None = None) -> Tensor:
+        """The bias every block always gets: causal, ``(seq, seq)``."""
+        return causal_bias(seq, device)
+
+    def forward(self, tokens: Tensor, bias: Tensor | None = None, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """tokens ``(B, T)``; bias: extra additive ``(B|1, H|1, T, T)`` on top of the causal
+        mask. Returns ``(logits (B, T, vocab), [probs (B, H, T, T) per block] or [])``."""
+        x = self.embed(tokens)
+        mask = self.base_bias(tokens.shape[1], tokens.device)
         if bias is not None:
             mask = mask + bias
         attn = []
