@@ -1,0 +1,117 @@
+"""Evidence-set searches over a context split into items.
+
+A search only needs an *oracle* ``holds(keep) -> ok``: ``keep`` is a ``(V, N)`` bool tensor,
+one row per masked variant of the context (True = item visible), and ``ok[v]`` says whether
+the model's answer with only row ``v``'s items still equals its answer on the full context
+(argmax equality for a masklab teacher; for a real LM, e.g. the log-probability of the
+answer staying within a tolerance). All variants of one call run as one batched forward
+pass; every search reports ``forward_passes``, the number of sequences it evaluated.
+
+Searches (registry :data:`SEARCHES`, one class each, one method ``find``):
+
+* ``loo`` - leave-one-out *necessity*: the items whose hiding (alone) breaks the answer.
+  Exactly ``N`` variants in one batch.
+* ``greedy-minimal`` - a *minimal sufficient* set: starting from all items, drop items one at
+  a time (in ``order``) and keep a drop whenever the answer still holds. The result
+  reproduces the answer on its own and no single item of it can be dropped (1-minimal);
+  it contains every ``loo`` item. ``N`` sequential variants.
+* ``group-testing`` - the ``loo`` set found by adaptive binary splitting (Hwang): hide every
+  item not yet classified; if the answer holds, none of them is necessary and the search
+  ends. Otherwise binary-search that group for one necessary item (hide the first half: if
+  the answer holds, that half is clean and the second half must contain the item, without
+  a test), record it, and repeat. With ``k`` necessary items it uses at most
+  ``k * ceil(log2 N) + k + 1`` variants (sequential, one per forward pass). It returns
+  exactly the ``loo`` set when hiding a group breaks the answer iff the group contains a
+  ``loo`` item (no redundancy between items); otherwise the two may differ, and the
+  agreement is worth measuring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+Oracle = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class Evidence:
+    """Items (sorted indices) and the number of sequences the search evaluated."""
+
+    items: list[int]
+    forward_passes: int
+
+
+SEARCHES: dict[str, "EvidenceSearch"] = {}
+
+
+def register(name: str):
+    def wrap(cls):
+        cls.name = name
+        SEARCHES[name] = cls()
+        return cls
+
+    return wrap
+
+
+def hide_rows(groups: Sequence[Sequence[int]], n_items: int) -> Tensor:
+    """``(len(groups), n_items)`` keep-masks: row r hides the items of ``groups[r]``."""
+    keep = torch.ones(len(groups), n_items, dtype=torch.bool)
+    for r, g in enumerate(groups):
+        keep[r, list(g)] = False
+    return keep
+
+
+class EvidenceSearch:
+    name = "base"
+
+    def find(self, holds: Oracle, n_items: int, order: Sequence[int] | None = None) -> Evidence:
+        """Search the evidence of one example with ``n_items`` items."""
+        raise NotImplementedError
+
+
+@register("loo")
+class LeaveOneOut(EvidenceSearch):
+    def find(self, holds: Oracle, n_items: int, order: Sequence[int] | None = None) -> Evidence:
+        ok = holds(hide_rows([[i] for i in range(n_items)], n_items))
+        return Evidence([i for i in range(n_items) if not ok[i]], n_items)
+
+
+@register("greedy-minimal")
+class GreedyMinimal(EvidenceSearch):
+    def find(self, holds: Oracle, n_items: int, order: Sequence[int] | None = None) -> Evidence:
+        """``order``: items to try dropping first (default index order); e.g. least
+        attended first."""
+        keep = torch.ones(n_items, dtype=torch.bool)
+        for i in order if order is not None else range(n_items):
+            keep[i] = False
+            if not bool(holds(keep[None])[0]):
+                keep[i] = True
+        return Evidence(keep.nonzero().flatten().tolist(), n_items)
+
+
+@register("group-testing")
+class GroupTesting(EvidenceSearch):
+    def find(self, holds: Oracle, n_items: int, order: Sequence[int] | None = None) -> Evidence:
+        unknown = list(range(n_items))
+        found: list[int] = []
+        passes = 0
+        while unknown:
+            passes += 1  # does hiding every unknown item break the answer?
+            if bool(holds(hide_rows([unknown], n_items))[0]):
+                break
+            group = unknown  # contains a necessary item: binary search for one
+            while len(group) > 1:
+                left, right = group[: len(group) // 2], group[len(group) // 2 :]
+                passes += 1
+                if bool(holds(hide_rows([left], n_items))[0]):
+                    unknown = [i for i in unknown if i not in set(left)]  # left is clean
+                    group = right  # known to contain one, without a test
+                else:
+                    group = left
+            found.append(group[0])
+            unknown.remove(group[0])
+        return Evidence(sorted(found), passes)

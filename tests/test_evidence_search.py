@@ -1,0 +1,64 @@
+"""Evidence searches on hand-built oracles whose evidence is known exactly."""
+
+import math
+
+import pytest
+import torch
+
+from masklab.evidence import SEARCHES
+
+
+def needs(required: set[int], any_of: list[set[int]] = ()):
+    """Oracle: the answer holds iff every item in ``required`` is visible and, for each set in
+    ``any_of``, at least one of its items is visible (redundant evidence)."""
+    calls = {"n": 0}
+
+    def holds(keep: torch.Tensor) -> torch.Tensor:
+        calls["n"] += keep.shape[0]
+        ok = keep[:, sorted(required)].all(dim=1) if required else torch.ones(keep.shape[0], dtype=torch.bool)
+        for alt in any_of:
+            ok &= keep[:, sorted(alt)].any(dim=1)
+        return ok
+
+    return holds, calls
+
+
+@pytest.mark.parametrize("n,required", [(16, {3}), (16, {0, 15}), (64, {5, 6, 40}), (7, set()), (1, {0})])
+def test_loo_and_group_testing_find_the_necessary_items(n, required):
+    for name in ("loo", "group-testing"):
+        holds, calls = needs(required)
+        ev = SEARCHES[name].find(holds, n)
+        assert ev.items == sorted(required), name
+        assert ev.forward_passes == calls["n"]
+
+
+@pytest.mark.parametrize("n,required", [(16, {3}), (64, {9}), (256, {100, 200}), (256, {7, 8, 9})])
+def test_group_testing_uses_about_k_log_n_passes(n, required):
+    holds, calls = needs(required)
+    ev = SEARCHES["group-testing"].find(holds, n)
+    k = len(required)
+    assert ev.forward_passes <= k * math.ceil(math.log2(n)) + k + 1
+    assert ev.forward_passes < SEARCHES["loo"].find(needs(required)[0], n).forward_passes
+
+
+def test_greedy_minimal_is_sufficient_and_one_minimal_with_redundancy():
+    # item 2 is necessary; {5, 9} are interchangeable: loo sees only item 2
+    holds, _ = needs({2}, [{5, 9}])
+    assert SEARCHES["loo"].find(holds, 12).items == [2]
+    ev = SEARCHES["greedy-minimal"].find(holds, 12)
+    assert ev.items == [2, 9]  # index order drops 5 first, then 9 is needed
+    keep = torch.zeros(1, 12, dtype=torch.bool)
+    keep[0, ev.items] = True
+    assert holds(keep)[0]  # sufficient on its own
+    for i in ev.items:  # and no single item can be dropped
+        k = keep.clone()
+        k[0, i] = False
+        assert not holds(k)[0]
+    assert SEARCHES["greedy-minimal"].find(holds, 12, order=[9] + list(range(9)) + [10, 11]).items == [2, 5]
+
+
+def test_group_testing_with_redundancy_differs_from_loo_and_says_so():
+    # hiding {5, 9} together breaks the answer though neither alone does
+    holds, _ = needs(set(), [{5, 9}])
+    assert SEARCHES["loo"].find(holds, 16).items == []
+    assert SEARCHES["group-testing"].find(holds, 16).items != []
