@@ -87,7 +87,7 @@ class GotuConfig:
     width: int = 64
     depth: int = 2
     heads: int = 4
-    steps: int = 2000
+    steps: int = 1500
     batch: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -106,7 +106,8 @@ def quick_config() -> GotuConfig:
     return GotuConfig(tasks=["cyclic3", "2parity"], seeds=[0], steps=600, evals=6)
 
 
-# reproduce: 3 tasks x 4 methods x 3 seeds x 2000 steps of batch 128 (about 20 min with 2 jobs on 2 cores)
+# reproduce: 3 tasks x 4 methods x 3 seeds x 1500 steps of batch 128, 2-block width-64 model
+# (about 25 min with 2 jobs on an idle 2-core CPU)
 
 
 def reproduce_config() -> GotuConfig:
