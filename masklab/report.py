@@ -110,3 +110,32 @@ def plot_curves(
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     tmp.replace(path)
+
+
+def plot_bars(runs: list[dict], metric: str, path: Path, ylabel: str | None = None, title: str = "", hline: float | None = None) -> None:
+    """Panel per task; one bar per method (mean over seeds) with every seed as a dot."""
+    tasks = list(dict.fromkeys(r["task"] for r in runs))
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    fig, axes = plt.subplots(len(tasks), 1, figsize=(max(6, 0.45 * len(methods) + 2), 3.2 * len(tasks)), squeeze=False)
+    for ax, task in zip(axes[:, 0], tasks):
+        for i, method in enumerate(methods):
+            vals = [r["metrics"].get(metric) for r in runs if r["task"] == task and r["method"] == method]
+            vals = [v for v in vals if v is not None]
+            if not vals:
+                continue
+            ax.bar(i, np.mean(vals), color="C0", alpha=0.5)
+            ax.scatter([i] * len(vals), vals, color="k", s=8, zorder=3)
+        if hline is not None:
+            ax.axhline(hline, color="r", lw=0.8, ls="--")
+        ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", fontsize=7)
+        ax.set_title(task)
+        ax.set_ylabel(ylabel or metric)
+        ax.grid(alpha=0.3, axis="y")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
