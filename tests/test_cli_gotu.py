@@ -29,6 +29,7 @@ def check_contract(out):
     assert (out / "results.md").read_text().count("|") > 10
     assert (out / "gotu_unseen_acc.png").stat().st_size > 1000
     assert (out / "gotu_persistence.png").stat().st_size > 1000
+    assert (out / "gotu_persistence_cls.png").stat().st_size > 1000
     return res
 
 

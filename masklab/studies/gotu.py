@@ -297,9 +297,10 @@ def run(cfg: GotuConfig, out: Path, jobs: int = 1, progress: bool = True, comman
 
 
 def report(results: dict, out: Path, command: str) -> None:
-    figures = ["gotu_unseen_acc.png", "gotu_persistence.png"]
+    figures = ["gotu_unseen_acc.png", "gotu_persistence.png", "gotu_persistence_cls.png"]
     plot_curves(results["runs"], "unseen_acc", out / figures[0], ylabel="unseen sign accuracy", title="Extrapolation to the unseen domain")
-    plot_curves(results["runs"], "prior_mass", out / figures[1], ylabel="CLS mass on allowed keys", title="Prior persistence")
+    plot_curves(results["runs"], "prior_mass_all", out / figures[1], ylabel="mass on allowed keys (all queries)", title="Prior persistence")
+    plot_curves(results["runs"], "prior_mass", out / figures[2], ylabel="CLS mass on allowed keys", title="Prior persistence (CLS query)")
     write_markdown(results, out, TABLE_METRICS, command, NOTES, figures)
 
 
