@@ -2,7 +2,9 @@
 
 * :func:`markdown_table` - the summary, ``mean ± std (n)`` per metric, the paper's numbers beside;
 * :func:`write_markdown` - ``results.md``: command, table, notes, environment;
-* :func:`plot_curves` - one panel per task, mean curve per method with a min-max band over seeds.
+* :func:`plot_curves` - one panel per task, mean curve per method with a min-max band over seeds;
+* :func:`plot_bars` - one panel per task, a bar per method with every seed as a dot;
+* :func:`save_figure` - atomic PNG write for any other figure.
 """
 
 from __future__ import annotations
@@ -73,6 +75,16 @@ def write_markdown(results: dict, out: Path, metrics: list[str], command: str, n
     atomic_write_text(Path(out) / "results.md", "\n".join(parts) + "\n")
 
 
+def save_figure(fig: plt.Figure, path: Path) -> None:
+    """Lay out, write ``path`` via a temporary file and an atomic rename, close."""
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
 def plot_curves(
     runs: list[dict],
     y: str,
@@ -104,12 +116,7 @@ def plot_curves(
     axes[0][-1].legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
 
 
 def plot_bars(runs: list[dict], metric: str, path: Path, ylabel: str | None = None, title: str = "", hline: float | None = None) -> None:
@@ -133,9 +140,4 @@ def plot_bars(runs: list[dict], metric: str, path: Path, ylabel: str | None = No
         ax.grid(alpha=0.3, axis="y")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
