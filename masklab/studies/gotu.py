@@ -165,13 +165,15 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     y_t = torch.from_numpy(task.y)
     probe = x_all[:: max(1, len(x_all) // 256)]  # fixed 256 points for attention statistics
     # curves use a fixed subsample (up to 2048 seen + 2048 unseen points); final metrics the full cube
-    sub = np.concatenate([np.flatnonzero(task.seen)[::max(1, task.seen.sum() // 2048)], np.flatnonzero(task.unseen)[::max(1, task.unseen.sum() // 2048)]])
+    sub = np.concatenate([np.flatnonzero(d)[:: max(1, d.sum() // 2048)] for d in (task.seen, task.unseen)])
     if method in QK_INITS:
         sample = x_all[seen_idx[torch.randperm(len(seen_idx), generator=gen)[:256]]]
         QK_INITS[method].apply(model, sample, structures, p["allowed"], p["suppressed"])
 
-    decay = [q for name, q in model.named_parameters() if q.dim() >= 2 and not name.endswith("attn.prior.m") and q.requires_grad]
-    rest = [q for name, q in model.named_parameters() if (q.dim() < 2 or name.endswith("attn.prior.m")) and q.requires_grad]
+    # weight decay on weight matrices only: never on biases, norms or the mask prior
+    params = [(name, q) for name, q in model.named_parameters() if q.requires_grad]
+    decay = [q for name, q in params if q.dim() == 2]
+    rest = [q for name, q in params if q.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": p["weight_decay"]}, {"params": rest, "weight_decay": 0.0}], lr=p["lr"])
     ckpt = Checkpoint(ckpt_dir)
     eval_every = max(1, p["steps"] // p["evals"])
@@ -194,7 +196,6 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         curves = extra["curves"]
     else:
         evaluate(0, curves)
-    model.train()
     while step < p["steps"]:
         idx = seen_idx[torch.randint(len(seen_idx), (p["batch"],), generator=gen)]
         out, _ = model(x_all[idx])
