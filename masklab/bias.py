@@ -54,6 +54,8 @@ class MaskPrior(nn.Module):
         allowed, suppressed: init strengths ``a`` and ``b`` (positive numbers).
         mode: ``"learnable"`` (M is trained), ``"frozen"`` (M fixed at M0), or ``"hard"``
             (learnable on allowed entries, ``-inf`` where ``S == 0``, like a hard mask).
+        heads: with a ``(T, T)`` structure, give each of ``heads`` heads its own learnable
+            copy of M (default: one M shared by all heads).
 
     ``forward(T)`` returns the ``(H|1, T, T)`` bias for a sequence of length ``T`` (the
     top-left block when ``T`` is shorter than the structure).
@@ -65,13 +67,14 @@ class MaskPrior(nn.Module):
         allowed: float = 6.0,
         suppressed: float = 6.0,
         mode: PriorMode = "learnable",
+        heads: int | None = None,
     ) -> None:
         super().__init__()
         if mode not in PRIOR_MODES:
             raise ValueError(f"unknown prior mode {mode!r}; choose one of {PRIOR_MODES}")
         s = torch.as_tensor(structure, dtype=torch.float32)
         if s.dim() == 2:
-            s = s[None]
+            s = s[None] if heads is None else s.expand(heads, -1, -1)
         if s.dim() != 3 or s.shape[-1] != s.shape[-2]:
             raise ValueError(f"structure must be (T, T) or (H, T, T), got {tuple(structure.shape)}")
         if s.min() < 0 or s.max() > 1:

@@ -21,6 +21,9 @@ def test_init_from_structure_and_strengths():
 def test_per_head_structure_and_cropping():
     prior = MaskPrior(torch.rand(3, 5, 5))
     assert prior().shape == (3, 5, 5)
+    assert MaskPrior(torch.rand(5, 5))().shape == (1, 5, 5)  # shared by all heads
+    own = MaskPrior(torch.eye(5), heads=4)  # one learnable copy per head
+    assert own().shape == (4, 5, 5) and own.m.shape == (4, 5, 5)
     assert prior(4).shape == (3, 4, 4)
     with pytest.raises(ValueError):
         prior(6)
