@@ -91,7 +91,7 @@ def test_killed_study_resumes_and_ends_with_the_same_results(tmp_path):
 def test_reproduce_quick_shows_the_cyclic3_effect(tmp_path):
     """`make demo` runs this: Cyclic3's mask beats vanilla on the unseen domain."""
     out = tmp_path / "demo"
-    r = masklab("reproduce", "gotu", "--quick", "--out", str(out), "--no-progress", timeout=1200)
+    r = masklab("reproduce", "gotu", "--quick", "--out", str(out), "--no-progress", timeout=3000)
     assert r.returncode == 0, r.stderr
     res = check_contract(out)
     assert {(row["task"], row["method"]) for row in res["summary"]} == {
