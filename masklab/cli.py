@@ -19,7 +19,7 @@ from pathlib import Path
 
 from masklab.runner import MasklabError
 
-STUDIES = {"gotu": "masklab.studies.gotu"}
+STUDIES = {"gotu": "masklab.studies.gotu", "vision": "masklab.studies.vision"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
 
 
