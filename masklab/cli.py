@@ -19,7 +19,7 @@ from pathlib import Path
 
 from masklab.runner import MasklabError
 
-STUDIES = {"gotu": "masklab.studies.gotu", "vision": "masklab.studies.vision"}
+STUDIES = {"gotu": "masklab.studies.gotu", "vision": "masklab.studies.vision", "lm": "masklab.studies.lm"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
 
 

@@ -100,7 +100,11 @@ class Checkpoint:
         return (self.dir / "ckpt.json").exists() and (self.dir / "ckpt.safetensors").exists()
 
     def save(self, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, extra: dict) -> None:
-        tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+        tensors, seen = {}, set()
+        for k, v in model.state_dict().items():  # tied weights (a GPT's head) share memory: store a copy
+            t = v.detach().contiguous()
+            tensors[f"model.{k}"] = t.clone() if t.data_ptr() in seen else t
+            seen.add(t.data_ptr())
         opt_state = opt.state_dict()
         for pid, st in opt_state["state"].items():
             for name, val in st.items():
