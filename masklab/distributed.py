@@ -75,3 +75,12 @@ def shard(*batch: Tensor) -> tuple[Tensor, ...]:
     w = size // n
     r = rank()
     return tuple(t[r * w : (r + 1) * w] for t in batch)
+
+
+def mean_across(value: Tensor) -> float:
+    """Mean of a scalar over the ranks (e.g. the global batch's loss for logging)."""
+    if world_size() <= 1:
+        return float(value.detach())
+    t = value.detach().clone().float().reshape(1)
+    dist.all_reduce(t)
+    return float(t) / world_size()

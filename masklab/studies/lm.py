@@ -171,7 +171,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        running.append(loss.item())
+        running.append(dist.mean_across(loss))
         step += 1
         if step % eval_every == 0 or step == p["steps"]:
             record(step, curves, float(np.mean(running)))
