@@ -68,7 +68,7 @@ class LMConfig:
     suppressed: float = 6.0
     evals: int = 10
     val_windows: int = 128
-    target_ppl: float = 6.0
+    target_ppl: float = 8.0
 
 
 Config = LMConfig
@@ -155,6 +155,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         curves = extra["curves"]
     else:
         record(0, curves, None)
+    resumed_from = step
     net = dist.wrap(model)
     net.train()
     offsets = torch.arange(T + 1)
@@ -192,7 +193,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     dist.barrier()
     if dist.is_main():
         ckpt.clear()
-    return {"metrics": metrics, "curves": curves, "extra": {"vocab": data.vocab, "train_tokens": len(data.train), "world_size": dist.world_size()}}
+    return {"metrics": metrics, "curves": curves, "extra": {"vocab": data.vocab, "train_tokens": len(data.train), "world_size": dist.world_size(), "resumed_from": resumed_from}}
 
 
 # ----------------------------------------------------------------------------- study

@@ -192,6 +192,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     else:
         model.eval()
         record(0, curves, None)
+    resumed_from = step
     net = dist.wrap(model)
     net.train()
     running: list[float] = []
@@ -232,7 +233,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     dist.barrier()
     if dist.is_main():
         ckpt.clear()
-    return {"metrics": metrics, "curves": curves, "extra": {"size": size, "grid": grid, "world_size": dist.world_size()}}
+    return {"metrics": metrics, "curves": curves, "extra": {"size": size, "grid": grid, "world_size": dist.world_size(), "resumed_from": resumed_from}}
 
 
 # ----------------------------------------------------------------------------- study
