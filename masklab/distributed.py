@@ -25,9 +25,17 @@ def init_from_env() -> bool:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() and os.environ.get("MASKLAB_BACKEND") == "nccl" else "gloo"
-        dist.init_process_group(backend)
+        if device().type == "cuda":
+            torch.cuda.set_device(device())
+        dist.init_process_group("nccl" if device().type == "cuda" else "gloo")
     return True
+
+
+def device() -> torch.device:
+    """``cuda:LOCAL_RANK`` when a GPU is present (unless ``MASKLAB_DEVICE=cpu``), else the CPU."""
+    if os.environ.get("MASKLAB_DEVICE", "auto") != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
 
 
 def shutdown() -> None:
@@ -57,7 +65,7 @@ def wrap(model: nn.Module) -> nn.Module:
     the model's own attributes (``blocks``, ``embed``...)."""
     if world_size() <= 1:
         return model
-    return nn.parallel.DistributedDataParallel(model)
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device()] if device().type == "cuda" else None)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -134,6 +134,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     windows = torch.stack([data.valid[s : s + T + 1] for s in starts])  # (W, T + 1), fixed
     gen = seed_everything(spec["seed"])
     model = build_model(p, data.vocab)
+    device = dist.device()  # a GPU when there is one (MASKLAB_DEVICE=cpu forces the CPU)
+    model.to(device)
+    windows = windows.to(device)
     decay = [q for n, q in model.named_parameters() if q.dim() >= 2 and not n.endswith("attn.prior.m") and n != "pos"]
     rest = [q for n, q in model.named_parameters() if not (q.dim() >= 2 and not n.endswith("attn.prior.m") and n != "pos")]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": p["weight_decay"]}, {"params": rest, "weight_decay": 0.0}], lr=p["lr"])
@@ -162,7 +165,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     running: list[float] = []
     while step < p["steps"]:
         starts = torch.randint(len(data.train) - T - 1, (p["batch"],), generator=gen)  # global batch, same on every rank
-        (w,) = dist.shard(data.train[starts[:, None] + offsets])  # (B / world, T + 1)
+        (w,) = dist.shard(data.train[starts[:, None] + offsets].to(device))  # (B / world, T + 1)
         logits, _ = net(w[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
         if not torch.isfinite(loss):

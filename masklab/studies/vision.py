@@ -168,6 +168,10 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         QK_INITS[method].apply(model, sample, [impulse] * size["depth"], p["allowed"], p["suppressed"])
     elif method != "mask":
         raise MasklabError(f"unknown vision method {method!r}; choose from {', '.join(METHODS)}")
+    device = dist.device()  # a GPU when there is one (MASKLAB_DEVICE=cpu forces the CPU)
+    model.to(device)
+    test_x, test_y, probe = test_x.to(device), data.test_y.to(device), probe.to(device)
+    local, impulse = local.to(device), impulse.to(device)
 
     decay = [q for name, q in model.named_parameters() if q.dim() >= 2 and not name.endswith("attn.prior.m") and name != "pos"]
     rest = [q for name, q in model.named_parameters() if not (q.dim() >= 2 and not name.endswith("attn.prior.m") and name != "pos")]
@@ -177,7 +181,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     keys = ("step", "test_acc", "test_loss", "train_loss", "local_mass", "impulse_mass", "mask_drift")
 
     def record(step: int, curves: dict, train_loss: float | None) -> None:
-        acc, loss = evaluate(model, test_x, data.test_y)
+        acc, loss = evaluate(model, test_x, test_y)
         loc, imp, maps = locality(model, probe, local, impulse)
         drift = [b.attn.prior.drift() for b in model.blocks if b.attn.prior is not None]
         for k, v in zip(keys, (step, acc, loss, train_loss, loc, imp, float(np.mean(drift)) if drift else None)):
@@ -199,7 +203,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     while step < p["steps"]:
         idx = torch.randint(len(data.train_x), (p["batch"],), generator=gen)  # the global batch, same on every rank
         xb = normalise(augment(data.train_x[idx].float(), data.pad, data.flip, gen), data, mean, std)
-        xb, yb = dist.shard(xb, data.train_y[idx])
+        xb, yb = dist.shard(xb.to(device), data.train_y[idx].to(device))
         logits, _ = net(xb)
         loss = F.cross_entropy(logits, yb)
         if not torch.isfinite(loss):
