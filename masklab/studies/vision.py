@@ -257,7 +257,8 @@ def validate(cfg: VisionConfig) -> None:
     model_size(asdict(cfg))
     if cfg.steps < 1 or cfg.batch < 1 or cfg.lr <= 0:
         raise MasklabError("--steps and --batch must be positive and --lr > 0")
-    load_vision(cfg.data, cfg.data_dir, cfg.image_size) if cfg.data != "digits" else None  # fail early on bad data
+    if cfg.data != "digits":
+        _data(cfg.data, cfg.data_dir, cfg.image_size)  # fail early on bad data (cached for --jobs 1)
 
 
 NOTES = """\
