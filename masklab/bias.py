@@ -101,3 +101,24 @@ class MaskPrior(nn.Module):
 
     def extra_repr(self) -> str:
         return f"heads={self.m.shape[0]}, size={self.m.shape[-1]}, mode={self.mode}"
+
+
+class ALiBi(nn.Module):
+    """Fixed linear distance bias (Press et al., ALiBi): ``-slope_h * (i - j)`` for key
+    ``j <= i``, 0 above the diagonal (the causal mask removes those keys anyway).
+
+    Slopes are the geometric sequence ``2 ** (-8 (h + 1) / H)``. ``forward(T)`` returns
+    ``(H, T, T)``. No parameters: position enters only through this bias."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def forward(self, seq: int) -> Tensor:
+        i = torch.arange(seq, device=self.slopes.device)
+        dist = (i[:, None] - i[None, :]).clamp_min(0).float()  # (T, T)
+        return -self.slopes[:, None, None] * dist
+
+    def extra_repr(self) -> str:
+        return f"heads={len(self.slopes)}"

@@ -17,9 +17,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from masklab import distributed
 from masklab.runner import MasklabError
 
-STUDIES = {"gotu": "masklab.studies.gotu"}
+STUDIES = {"gotu": "masklab.studies.gotu", "vision": "masklab.studies.vision", "lm": "masklab.studies.lm"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
 
 
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = "masklab " + shlex.join(argv)
     try:
+        distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
         if args.command in ("reproduce", "sweep"):
             module = (STUDIES if args.command == "reproduce" else SWEEPS)[args.name]
             mod = importlib.import_module(module)
@@ -90,12 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs < 1:
             raise MasklabError("--jobs must be at least 1")
         mod.run(cfg, out, jobs=args.jobs, progress=not args.no_progress, command=command)
-        print((out / "results.md").read_text())
-        print(f"results: {out / 'results.json'}")
+        if distributed.is_main():
+            print((out / "results.md").read_text())
+            print(f"results: {out / 'results.json'}")
     except MasklabError as e:
         print(f"masklab: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("masklab: interrupted; finished runs are kept, run the same command again to resume", file=sys.stderr)
         return 130
+    finally:
+        distributed.shutdown()
     return 0

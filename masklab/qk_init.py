@@ -143,3 +143,92 @@ class Opt(QKInit):
                 opt.step()
         attn.q.weight.copy_(wq.detach())
         attn.k.weight.copy_(wk.detach())
+
+
+# ----------------------------------------------------------------------------- vision inits
+# Study A's vision baselines (issue 7). ``default`` leaves the ViT's own init; ``mimetic``
+# and ``impulse`` are structured QK-side inits. They share :class:`QKInit`'s ``apply``
+# signature; ``mimetic`` ignores the structures.
+
+
+@register("default")
+class Default(Vanilla):
+    """The model's own initialisation (the vision tables' name for ``vanilla``)."""
+
+
+def _split(product: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """Factor ``product (D, D) ~= L @ R`` with ``L (D, rank)``, ``R (rank, D)`` by truncated SVD."""
+    u, s, vt = torch.linalg.svd(product.double())
+    root = s[:rank].sqrt()
+    return (u[:, :rank] * root).float(), (root[:, None] * vt[:rank]).float()
+
+
+@register("mimetic")
+@dataclass
+class Mimetic(QKInit):
+    """Trockman & Kolter (2023), "Mimetic initialization of self-attention layers": per head
+    ``W_Q^T W_K ~= alpha1 Z1 + beta1 I`` (so q.k starts near x.x: tokens attend to similar
+    tokens) and per block ``W_V^T W_O^T ~= alpha2 Z2 - beta2 I`` (the attention output
+    starts near minus its input), ``Z ~ N(0, 1/D)`` fresh per head/block (torch's RNG)."""
+
+    alpha1: float = 0.7
+    beta1: float = 0.7
+    alpha2: float = 0.4
+    beta2: float = 0.4
+
+    def apply(self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0) -> None:
+        with torch.no_grad():
+            for block in model.blocks:
+                attn = block.attn
+                D, dh = attn.dim, attn.head_dim
+                eye = torch.eye(D)
+                for h in range(attn.heads):
+                    qk = self.alpha1 * torch.randn(D, D) / math.sqrt(D) + self.beta1 * eye
+                    left, right = _split(qk, dh)  # q k^T = x W_q^T W_k x^T with W_q^T = left, W_k = right
+                    rows = slice(h * dh, (h + 1) * dh)
+                    attn.q.weight[rows] = left.T
+                    attn.k.weight[rows] = right
+                vo = self.alpha2 * torch.randn(D, D) / math.sqrt(D) - self.beta2 * eye
+                left, right = _split(vo, D)  # out = x W_v^T W_o^T with W_v^T = left, W_o^T = right
+                attn.v.weight.copy_(left.T)
+                attn.out.weight.copy_(right.T)
+                for lin in (attn.q, attn.k, attn.v, attn.out):
+                    lin.bias.zero_()
+
+
+@register("impulse")
+@dataclass
+class Impulse(QKInit):
+    """Structured convolutional impulse init (Zheng et al.): each head's attention at init
+    approximates a convolution impulse, i.e. query patch (r, c) attends to patch
+    (r + dr_h, c + dc_h) (structures from :func:`masklab.structures.impulse_2d`).
+
+    Attention is made position-driven: the position embeddings ``P (T, D)`` are reset to
+    random orthogonal rows of per-coordinate std ``pos_scale`` (so they dominate the patch
+    content at init), then per block and head ``W_Q^T W_K = A_h`` with
+    ``A_h = pinv(X) R_h pinv(X)^T sqrt(d_head)``, ``X (T, D)`` the block's mean init-time
+    input over ``inputs`` and ``R_h`` the row-centred target logits; ``A_h`` is split to rank
+    ``d_head`` by SVD. Needs a model with a ``pos`` parameter (the ViT)."""
+
+    pos_scale: float = 1.0
+
+    def apply(self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0) -> None:
+        with torch.no_grad():
+            T, D = model.pos.shape
+            basis, _ = torch.linalg.qr(torch.randn(D, T) if D >= T else torch.randn(T, D).T)  # (D, min(T, D)) orthonormal
+            pos = basis.T if D >= T else torch.randn(T, D)
+            model.pos.copy_(pos / pos.std() * self.pos_scale)
+        super().apply(model, inputs, structures, allowed, suppressed)
+
+    def fit(self, attn: nn.Module, x: Tensor, target: Tensor) -> None:
+        dh = attn.head_dim
+        xm = x.double().mean(dim=0)  # (T, D)
+        pinv = torch.linalg.pinv(xm)  # (D, T)
+        centred = (target - target.mean(dim=-1, keepdim=True)).double() * math.sqrt(dh)  # (H, T, T)
+        attn.q.bias.zero_()
+        attn.k.bias.zero_()
+        for h in range(attn.heads):
+            left, right = _split(pinv @ centred[h] @ pinv.T, dh)
+            rows = slice(h * dh, (h + 1) * dh)
+            attn.q.weight[rows] = left.T
+            attn.k.weight[rows] = right

@@ -92,9 +92,10 @@ def plot_curves(
     x: str = "step",
     ylabel: str | None = None,
     title: str = "",
+    logy: bool = False,
 ) -> None:
     """Panel per task; per method the mean over seeds of ``curves[y]`` vs ``curves[x]``
-    with a min-max band. Runs whose curves lack ``y`` are skipped."""
+    with a min-max band (log y axis when ``logy``). Runs whose curves lack ``y`` are skipped."""
     tasks = list(dict.fromkeys(r["task"] for r in runs))
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -112,7 +113,9 @@ def plot_curves(
         ax.set_title(task)
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel or y)
-        ax.grid(alpha=0.3)
+        if logy:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
     axes[0][-1].legend(fontsize=8)
     if title:
         fig.suptitle(title)

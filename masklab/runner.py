@@ -100,7 +100,11 @@ class Checkpoint:
         return (self.dir / "ckpt.json").exists() and (self.dir / "ckpt.safetensors").exists()
 
     def save(self, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, extra: dict) -> None:
-        tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+        tensors, seen = {}, set()
+        for k, v in model.state_dict().items():  # tied weights (a GPT's head) share memory: store a copy
+            t = v.detach().contiguous()
+            tensors[f"model.{k}"] = t.clone() if t.data_ptr() in seen else t
+            seen.add(t.data_ptr())
         opt_state = opt.state_dict()
         for pid, st in opt_state["state"].items():
             for name, val in st.items():
@@ -225,10 +229,19 @@ def run_study(
     paper: list[dict] | None = None,
     progress: bool = True,
 ) -> dict:
-    """Run (or resume) every spec, then write ``results.json``; return the results dict."""
+    """Run (or resume) every spec, then write ``results.json``; return the results dict.
+
+    Under ``torchrun`` (see :mod:`masklab.distributed`) every process runs every spec
+    in-process, together; only rank 0 writes files."""
+    from masklab import distributed  # noqa: PLC0415 (it imports this module)
+
+    main = distributed.is_main()
+    if distributed.world_size() > 1:
+        jobs = 1
     out = Path(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", {"study": study, "config": config})
+    if main:
+        write_json(out / "config.json", {"study": study, "config": config})
     keys = [s.key for s in specs]
     if len(set(keys)) != len(keys):
         raise MasklabError("two runs of this study share a task/method/seed key")
@@ -242,13 +255,15 @@ def run_study(
                 done[s.key] = rec
                 continue
         todo.append(s)
-    bar = tqdm(total=len(specs), initial=len(done), desc=study, unit="run", disable=not progress, file=sys.stderr)
+    distributed.barrier()  # every rank has decided what to resume before anyone writes
+    bar = tqdm(total=len(specs), initial=len(done), desc=study, unit="run", disable=not (progress and main), file=sys.stderr)
     try:
         if jobs <= 1:
             for s in todo:
                 bar.set_postfix_str(s.key)
                 rec = execute(fn_path, asdict(s), out / "ckpt" / s.key, threads)
-                write_json(out / "runs" / f"{s.key}.json", rec)
+                if main:
+                    write_json(out / "runs" / f"{s.key}.json", rec)
                 done[s.key] = rec
                 bar.update()
         else:
@@ -259,6 +274,7 @@ def run_study(
     env = environment()
     env["torch_threads_per_run"] = threads
     env["jobs"] = jobs
+    env["world_size"] = distributed.world_size()
     results = {
         "study": study,
         "config": config,
@@ -267,7 +283,8 @@ def run_study(
         "paper": paper or [],
         "environment": env,
     }
-    write_json(out / "results.json", results)
+    if main:
+        write_json(out / "results.json", results)
     return results
 
 

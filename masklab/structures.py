@@ -128,3 +128,81 @@ def design_structure(name: str, groups: Groups, n_vars: int, layer: int, depth: 
         raise ValueError(f"unknown prior design {name!r}; choose one of {sorted(DESIGNS)}")
     s = DESIGNS[name](groups, n_vars, layer, depth, heads)
     return s if s.dim() == 3 else s[None]
+
+
+# ----------------------------------------------------------------------------- vision and language
+# Builders for Study A's vision and language tables (issue 7). Token layout for a ViT:
+# position 0 is CLS, position ``1 + r * grid + c`` is the patch in row r, column c of a
+# ``grid x grid`` patch grid; ``T = grid * grid + 1``.
+
+#: Relative offsets (d_row, d_col) of a 3x3 convolution impulse, centre first.
+IMPULSE_OFFSETS: tuple[tuple[int, int], ...] = (
+    (0, 0), (0, 1), (1, 0), (0, -1), (-1, 0), (1, 1), (-1, -1), (1, -1), (-1, 1)
+)
+
+
+def _grid_coords(grid: int) -> Tensor:
+    """``(grid * grid, 2)`` (row, col) of each patch in token order."""
+    rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+    return torch.stack([rows.flatten(), cols.flatten()], dim=1)
+
+
+def _with_cls(patch: Tensor) -> Tensor:
+    """Embed a ``(H, P, P)`` patch-to-patch structure into ``(H, P+1, P+1)`` with CLS
+    unconstrained (CLS reads every token, every token reads CLS)."""
+    H, P, _ = patch.shape
+    s = torch.ones(H, P + 1, P + 1)
+    s[:, 1:, 1:] = patch
+    return s
+
+
+def offset_2d(grid: int, offset: tuple[int, int]) -> Tensor:
+    """``(P, P)`` with ``P = grid**2``: patch (r, c) reads patch (r + dr, c + dc), clamped to
+    the grid (replicate padding, so every query has exactly one allowed patch)."""
+    xy = _grid_coords(grid)
+    target = (xy + torch.tensor(offset)).clamp(0, grid - 1)
+    s = torch.zeros(grid * grid, grid * grid)
+    s[torch.arange(grid * grid), target[:, 0] * grid + target[:, 1]] = 1.0
+    return s
+
+
+def neighbourhood_2d(grid: int, radius: int = 1) -> Tensor:
+    """``(P, P)``: patch (r, c) reads every patch within Chebyshev distance ``radius``."""
+    xy = _grid_coords(grid)
+    dist = (xy[:, None, :] - xy[None, :, :]).abs().amax(-1)
+    return (dist <= radius).float()
+
+
+def impulse_2d(grid: int, heads: int) -> Tensor:
+    """``(H, T, T)``: head h is a convolution impulse at offset ``IMPULSE_OFFSETS[h % 9]``
+    over the patch grid; CLS unconstrained. The target pattern of the ``impulse`` init."""
+    patch = torch.stack([offset_2d(grid, IMPULSE_OFFSETS[h % len(IMPULSE_OFFSETS)]) for h in range(heads)])
+    return _with_cls(patch)
+
+
+def locality_2d(grid: int, heads: int, radius: int = 1) -> Tensor:
+    """``(H, T, T)``: the 2-D locality mask prior. Head 0 reads its ``radius`` neighbourhood;
+    head h >= 1 prefers the relative offset ``IMPULSE_OFFSETS[h % 9]`` (its own patch for
+    h = 9, 18, ...) and may also read itself; CLS unconstrained."""
+    eye = torch.eye(grid * grid)
+    patch = [neighbourhood_2d(grid, radius)]
+    for h in range(1, heads):
+        patch.append(torch.maximum(offset_2d(grid, IMPULSE_OFFSETS[h % len(IMPULSE_OFFSETS)]), eye))
+    return _with_cls(torch.stack(patch))
+
+
+def relative_distance(seq: int, heads: int, widths: Sequence[float] | None = None) -> Tensor:
+    """``(H, T, T)`` causal relative-distance structure: ``S[h, i, j] = 2 ** (-(i - j) / w_h)``
+    for ``j <= i`` (1 on the diagonal, decreasing with distance), 0 above the diagonal.
+
+    Widths default to a geometric ladder from 1 to ``seq`` (one short-range head, one
+    nearly uniform head), the way ALiBi spreads its slopes."""
+    if widths is None:
+        widths = [seq ** (h / max(1, heads - 1)) for h in range(heads)]
+    if len(widths) != heads:
+        raise ValueError(f"need one width per head: got {len(widths)} for {heads} heads")
+    i = torch.arange(seq)
+    dist = (i[:, None] - i[None, :]).float()  # (T, T), query minus key
+    w = torch.as_tensor(widths, dtype=torch.float32)[:, None, None]
+    s = torch.pow(2.0, -dist.clamp_min(0)[None] / w)
+    return s.masked_fill((dist < 0)[None], 0.0)

@@ -2,5 +2,6 @@
 
 from masklab.models.encoder import TokenEncoder
 from masklab.models.gpt import GPT
+from masklab.models.vit import PRESETS, ViT
 
-__all__ = ["TokenEncoder", "GPT"]
+__all__ = ["TokenEncoder", "GPT", "ViT", "PRESETS"]

@@ -1,0 +1,281 @@
+"""Study A, language table: a causal relative-distance mask prior in a GPT-style LM.
+
+A :class:`~masklab.models.GPT` is trained from scratch on next-token prediction (AdamW,
+linear warm-up then cosine decay). Priors (one small module per block, picked by name):
+
+* ``vanilla`` - learned absolute position embeddings, no prior;
+* ``alibi`` - no position embeddings; a fixed linear distance bias
+  (:class:`~masklab.bias.ALiBi`) carries position;
+* ``mask`` - the vanilla model plus a learnable causal relative-distance
+  :class:`~masklab.bias.MaskPrior` per block: ``logsigmoid(M)`` with ``M`` initialised from
+  ``S[h, i, j] = 2 ** (-(i - j) / w_h)`` (widths ``w_h`` from 1 to the context length,
+  :func:`masklab.structures.relative_distance`);
+* ``mask-nopos`` - the same prior without position embeddings (position only through the
+  prior, as for ALiBi): the control that separates the prior from the extra positions.
+
+Metrics: validation perplexity over training (fixed, evenly spaced validation windows),
+the final value, and the number of steps to reach a target perplexity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from masklab import distributed as dist
+from masklab.bias import ALiBi, MaskPrior
+from masklab.models import GPT
+from masklab.report import plot_curves, write_markdown
+from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything
+from masklab.structures import relative_distance
+from masklab.tasks.text import CORPORA, TOKENIZERS, TokenData, load_corpus, tokenize
+
+NAME = "lm"
+METHODS = ("vanilla", "alibi", "mask", "mask-nopos")
+DEFAULT_METHODS = ("vanilla", "alibi", "mask")
+TABLE_METRICS = ["val_ppl", "best_val_ppl", "steps_to_target", "train_loss", "mask_drift"]
+
+# The paper gives no number we can hold a CPU-scale run to: "modest but consistent gains in
+# perplexity and convergence speed" on WikiText-2 and TinyStories (../shared/papers.md).
+PAPER: list[dict] = []
+
+
+@dataclass
+class LMConfig:
+    """Everything an LM run depends on."""
+
+    corpus: str = "pydoc"
+    data_dir: str | None = None
+    max_chars: int | None = 20_000_000  # cap on characters read per split (TinyStories is 2 GB)
+    tokenizer: str = "byte"
+    bpe_vocab: int = 1024
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    block: int = 64
+    dim: int = 64
+    depth: int = 3
+    heads: int = 4
+    steps: int = 1000
+    batch: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    warmup: float = 0.05
+    allowed: float = 6.0
+    suppressed: float = 6.0
+    evals: int = 10
+    val_windows: int = 128
+    target_ppl: float = 8.0
+
+
+Config = LMConfig
+
+
+def quick_config() -> LMConfig:
+    return LMConfig(seeds=[0], dim=32, depth=2, block=32, steps=300, evals=3, val_windows=32, target_ppl=12.0)
+
+
+# reproduce: pydoc bytes, dim 64, depth 3, 4 heads, context 64, 3 methods x 3 seeds x 1000 steps
+# of batch 32 (2M tokens, ~5 epochs); about 2-3 min per run on one thread.
+
+
+def reproduce_config() -> LMConfig:
+    return LMConfig()
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+@functools.lru_cache(maxsize=2)
+def _tokens(corpus: str, data_dir: str | None, max_chars: int | None, tokenizer: str, bpe_vocab: int) -> TokenData:
+    return tokenize(load_corpus(corpus, data_dir, max_chars), tokenizer, bpe_vocab)
+
+
+def build_model(p: dict, vocab: int) -> GPT:
+    method, T, H = p["method"], p["block"], p["heads"]
+    if method == "vanilla":
+        return GPT(vocab, T, p["dim"], p["depth"], H)
+    if method == "alibi":
+        return GPT(vocab, T, p["dim"], p["depth"], H, [ALiBi(H) for _ in range(p["depth"])], positions=False)
+    if method in ("mask", "mask-nopos"):
+        s = relative_distance(T, H)
+        priors = [MaskPrior(s, p["allowed"], p["suppressed"]) for _ in range(p["depth"])]
+        return GPT(vocab, T, p["dim"], p["depth"], H, priors, positions=(method == "mask"))
+    raise MasklabError(f"unknown LM prior {method!r}; choose from {', '.join(METHODS)}")
+
+
+def lr_at(step: int, p: dict) -> float:
+    warm = max(1, int(p["warmup"] * p["steps"]))
+    if step < warm:
+        return p["lr"] * (step + 1) / warm
+    return p["lr"] * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, p["steps"] - warm)))
+
+
+@torch.no_grad()
+def val_loss(model: GPT, windows: torch.Tensor, chunk: int = 64) -> float:
+    """Mean next-token cross-entropy over validation windows ``(W, block + 1)``."""
+    total = 0.0
+    for i in range(0, len(windows), chunk):
+        w = windows[i : i + chunk]
+        total += float(model.loss(w[:, :-1], w[:, 1:])) * len(w)
+    return total / len(windows)
+
+
+def run_one(spec: dict, ckpt_dir: Path) -> dict:
+    """Train one causal LM and evaluate it; see the module docstring."""
+    p = spec["params"]
+    data = _tokens(p["corpus"], p["data_dir"], p["max_chars"], p["tokenizer"], p["bpe_vocab"])
+    T = p["block"]
+    if len(data.train) <= T + 1 or len(data.valid) <= T + 1:
+        raise MasklabError(f"corpus {p['corpus']} is too short for a context of {T} tokens")
+    starts = torch.linspace(0, len(data.valid) - T - 2, p["val_windows"]).long()
+    windows = torch.stack([data.valid[s : s + T + 1] for s in starts])  # (W, T + 1), fixed
+    gen = seed_everything(spec["seed"])
+    model = build_model(p, data.vocab)
+    device = dist.device()  # a GPU when there is one (MASKLAB_DEVICE=cpu forces the CPU)
+    model.to(device)
+    windows = windows.to(device)
+    decay = [q for n, q in model.named_parameters() if q.dim() >= 2 and not n.endswith("attn.prior.m") and n != "pos"]
+    rest = [q for n, q in model.named_parameters() if not (q.dim() >= 2 and not n.endswith("attn.prior.m") and n != "pos")]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p["weight_decay"]}, {"params": rest, "weight_decay": 0.0}], lr=p["lr"])
+    ckpt = Checkpoint(ckpt_dir)
+    eval_every = max(1, p["steps"] // p["evals"])
+    keys = ("step", "val_loss", "val_ppl", "train_loss", "mask_drift")
+
+    def record(step: int, curves: dict, train: float | None) -> None:
+        model.eval()
+        loss = val_loss(model, windows)
+        model.train()
+        drift = [b.attn.prior.drift() for b in model.blocks if isinstance(b.attn.prior, MaskPrior)]
+        for k, v in zip(keys, (step, loss, math.exp(loss), train, float(np.mean(drift)) if drift else None)):
+            curves[k].append(v)
+
+    step, curves = 0, {k: [] for k in keys}
+    if ckpt.exists:
+        step, extra = ckpt.load(model, opt, gen)
+        curves = extra["curves"]
+    else:
+        record(0, curves, None)
+    resumed_from = step
+    net = dist.wrap(model)
+    net.train()
+    offsets = torch.arange(T + 1)
+    running: list[float] = []
+    while step < p["steps"]:
+        starts = torch.randint(len(data.train) - T - 1, (p["batch"],), generator=gen)  # global batch, same on every rank
+        (w,) = dist.shard(data.train[starts[:, None] + offsets].to(device))  # (B / world, T + 1)
+        logits, _ = net(w[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
+        if not torch.isfinite(loss):
+            raise MasklabError(f"loss became {loss.item()} at step {step} ({spec['task']}/{spec['method']}); lower --lr")
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, p)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        running.append(dist.mean_across(loss))
+        step += 1
+        if step % eval_every == 0 or step == p["steps"]:
+            record(step, curves, float(np.mean(running)))
+            running = []
+            if dist.is_main():
+                ckpt.save(step, model, opt, gen, {"curves": curves})
+            dist.barrier()
+
+    reached = [s for s, ppl in zip(curves["step"], curves["val_ppl"]) if ppl <= p["target_ppl"]]
+    metrics = {
+        "val_ppl": curves["val_ppl"][-1],
+        "best_val_ppl": min(curves["val_ppl"]),
+        "val_loss": curves["val_loss"][-1],
+        "steps_to_target": reached[0] if reached else None,
+        "train_loss": curves["train_loss"][-1],
+        "mask_drift": curves["mask_drift"][-1],
+    }
+    dist.barrier()
+    if dist.is_main():
+        ckpt.clear()
+    return {"metrics": metrics, "curves": curves, "extra": {"vocab": data.vocab, "train_tokens": len(data.train), "world_size": dist.world_size(), "resumed_from": resumed_from}}
+
+
+# ----------------------------------------------------------------------------- study
+
+
+def specs_for(cfg: LMConfig) -> list[RunSpec]:
+    base = {k: v for k, v in asdict(cfg).items() if k not in ("methods", "seeds")}
+    return [RunSpec(cfg.corpus, m, s, {**base, "method": m}) for m in cfg.methods for s in cfg.seeds]
+
+
+def validate(cfg: LMConfig) -> None:
+    if cfg.corpus not in CORPORA:
+        raise MasklabError(f"unknown corpus {cfg.corpus!r}; choose from {', '.join(CORPORA)}")
+    if cfg.tokenizer not in TOKENIZERS:
+        raise MasklabError(f"unknown tokenizer {cfg.tokenizer!r}; choose from {', '.join(TOKENIZERS)}")
+    for m in cfg.methods:
+        if m not in METHODS:
+            raise MasklabError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    if cfg.steps < 1 or cfg.batch < 1 or cfg.lr <= 0 or cfg.block < 2:
+        raise MasklabError("--steps, --batch must be positive, --block >= 2 and --lr > 0")
+    if cfg.dim % cfg.heads:
+        raise MasklabError(f"--dim {cfg.dim} is not divisible by --heads {cfg.heads}")
+    if cfg.corpus != "pydoc":
+        load_corpus(cfg.corpus, cfg.data_dir, 1000)  # fail early on a bad data dir
+
+
+NOTES = """\
+Columns: `val_ppl` validation perplexity (exp of the mean next-token cross-entropy over fixed,
+evenly spaced validation windows of the context length) at the end of training, `best_val_ppl`
+its minimum over the evaluations, `steps_to_target` first evaluation step with val_ppl <=
+the configured target (mean over the seeds that got there; `-` if none did), `train_loss`
+mean training cross-entropy over the last evaluation interval, `mask_drift` mean |change| of
+logsigmoid(M) (mask runs only). Perplexities are per token of the chosen tokenizer
+(per byte for `byte`). The paper reports only "modest but consistent gains" (no number)."""
+
+
+def run(cfg: LMConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab lm") -> dict:
+    validate(cfg)
+    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.lm:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
+    if dist.is_main():
+        report(results, Path(out), command)
+    return results
+
+
+def report(results: dict, out: Path, command: str) -> None:
+    figures = ["lm_val_ppl.png"]
+    plot_curves(results["runs"], "val_ppl", out / figures[0], ylabel="validation perplexity", title="Validation perplexity", logy=True)
+    notes = NOTES + f"\nTarget perplexity: {results['config']['target_ppl']}."
+    write_markdown(results, out, TABLE_METRICS, command, notes, figures)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--corpus", choices=CORPORA, help="corpus (default pydoc, embedded)")
+    ap.add_argument("--data-dir", help="local folder with the wikitext2 / tinystories files")
+    ap.add_argument("--max-chars", type=int, help="read at most this many characters per split")
+    ap.add_argument("--tokenizer", choices=TOKENIZERS, help="byte (default) or bpe (trained with the tokenizers library)")
+    ap.add_argument("--bpe-vocab", type=int)
+    ap.add_argument("--method", help=f"comma-separated priors ({', '.join(METHODS)}); default {','.join(DEFAULT_METHODS)}")
+    for name in ("block", "dim", "depth", "heads", "steps", "batch", "evals", "val_windows"):
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int)
+    for name in ("lr", "weight_decay", "target_ppl"):
+        ap.add_argument(f"--{name.replace('_', '-')}", type=float)
+
+
+def config_from_args(args: argparse.Namespace, base: LMConfig) -> LMConfig:
+    from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
+
+    updates: dict = {}
+    if args.method:
+        updates["methods"] = str_list(args.method)
+    names = ("corpus", "data_dir", "max_chars", "tokenizer", "bpe_vocab", "block", "dim", "depth", "heads", "steps", "batch", "evals", "val_windows", "lr", "weight_decay", "target_ppl")
+    for name in names:
+        if getattr(args, name) is not None:
+            updates[name] = getattr(args, name)
+    return replace(base, **updates)

@@ -1,0 +1,357 @@
+"""Study A, vision table: a 2-D locality mask prior vs default / mimetic / impulse inits in a ViT.
+
+A :class:`~masklab.models.ViT` is trained from scratch for image classification (AdamW,
+linear warm-up then cosine decay, random-crop/flip augmentation). Methods:
+
+* ``default`` - the ViT's own init;
+* ``mimetic`` - W_Q W_K^T ~ alpha I, W_V W_O ~ -beta I plus noise (Trockman & Kolter 2023);
+* ``impulse`` - each head's attention at init is a 3x3 convolution impulse over the patch
+  grid, built from the position embeddings and W_Q, W_K (:class:`masklab.qk_init.Impulse`);
+* ``mask`` - a learnable 2-D locality :class:`~masklab.bias.MaskPrior` in every block (head 0
+  a 3x3 neighbourhood, the other heads one relative offset each; CLS unconstrained).
+
+Per run: top-1 test accuracy, losses, and the attention's locality over training (mass of
+patch queries on their 3x3 neighbourhood and on the impulse targets) plus the mask drift;
+the layer-0 attention of the centre patch at step 0 is kept for the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from masklab import distributed as dist  # noqa: E402
+from masklab.bias import MaskPrior  # noqa: E402
+from masklab.models import PRESETS, ViT  # noqa: E402
+from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
+from masklab.report import fmt, plot_curves, write_markdown  # noqa: E402
+from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
+from masklab.structures import impulse_2d, locality_2d, neighbourhood_2d  # noqa: E402
+from masklab.tasks.vision import DATASETS, VisionData, augment, load_vision, normalise  # noqa: E402
+
+NAME = "vision"
+METHODS = ("default", "mimetic", "impulse", "mask")
+TABLE_METRICS = ["test_acc", "test_loss", "train_loss", "local_mass_step0", "local_mass_final", "impulse_mass_step0", "mask_drift"]
+
+# The authors' ViT-Tiny numbers (../shared/papers.md), top-1 % on CIFAR-10.
+PAPER = [
+    {"task": "cifar10", "method": "mask", "metric": "test_acc", "value": 95.66},
+    {"task": "cifar10", "method": "default", "metric": "test_acc", "value": 94.20},
+    {"task": "cifar10", "method": "impulse", "metric": "test_acc", "value": 95.12},
+]
+
+
+@dataclass
+class VisionConfig:
+    """Everything a vision run depends on. ``patch``/``dim``/``depth``/``heads`` override
+    the ``model`` preset when set."""
+
+    data: str = "digits"
+    data_dir: str | None = None
+    image_size: int = 64  # imagefolder only: images are resized to this side
+    model: str = "cpu-digits"
+    patch: int | None = None
+    dim: int | None = None
+    depth: int | None = None
+    heads: int | None = None
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    steps: int = 1000
+    batch: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    warmup: float = 0.05  # fraction of steps
+    allowed: float = 6.0
+    suppressed: float = 6.0
+    radius: int = 1
+    evals: int = 10
+
+
+Config = VisionConfig
+
+
+def quick_config() -> VisionConfig:
+    return VisionConfig(model="cpu-micro", seeds=[0], steps=200, evals=4)
+
+
+# reproduce: digits, cpu-digits (dim 64, depth 4, 4 heads, 16 patches), 4 methods x 3 seeds x
+# 1000 steps of batch 128; about 2 min per run on one thread, about 15 min with 2 jobs on 2 cores.
+
+
+def reproduce_config() -> VisionConfig:
+    return VisionConfig()
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+@functools.lru_cache(maxsize=2)
+def _data(name: str, data_dir: str | None, image_size: int) -> VisionData:
+    return load_vision(name, data_dir, image_size)
+
+
+def model_size(p: dict) -> dict:
+    if p["model"] not in PRESETS:
+        raise MasklabError(f"unknown model preset {p['model']!r}; choose from {', '.join(PRESETS)}")
+    size = dict(PRESETS[p["model"]])
+    size.update({k: p[k] for k in ("patch", "dim", "depth", "heads") if p.get(k) is not None})
+    return size
+
+
+def lr_at(step: int, p: dict) -> float:
+    """Linear warm-up over ``warmup * steps`` steps, then cosine decay to 0."""
+    warm = max(1, int(p["warmup"] * p["steps"]))
+    if step < warm:
+        return p["lr"] * (step + 1) / warm
+    return p["lr"] * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, p["steps"] - warm)))
+
+
+@torch.no_grad()
+def evaluate(model: ViT, x: torch.Tensor, y: torch.Tensor, chunk: int = 500) -> tuple[float, float]:
+    """(top-1 accuracy in %, mean cross-entropy) of normalised images ``x`` ``(N, C, S, S)``."""
+    correct, loss = 0, 0.0
+    for i in range(0, len(x), chunk):
+        logits, _ = model(x[i : i + chunk])
+        correct += int((logits.argmax(-1) == y[i : i + chunk]).sum())
+        loss += float(F.cross_entropy(logits, y[i : i + chunk], reduction="sum"))
+    return 100.0 * correct / len(x), loss / len(x)
+
+
+@torch.no_grad()
+def locality(model: ViT, probe: torch.Tensor, local: torch.Tensor, impulse: torch.Tensor) -> tuple[float, float, list]:
+    """(patch queries' mass on their 3x3 neighbourhood, on the impulse targets, layer-0
+    attention of the centre patch ``(H, grid, grid)`` as lists), means over layers/heads."""
+    _, attn = model(probe, return_attn=True)
+    loc = float(np.mean([allowed_mass(a[:, :, 1:], local[:, 1:], "all") for a in attn]))
+    imp = float(np.mean([allowed_mass(a[:, :, 1:], impulse[:, 1:], "all") for a in attn]))
+    g = model.grid
+    centre = 1 + (g // 2) * g + g // 2
+    maps = attn[0][:, :, centre, 1:].mean(0).reshape(-1, g, g)  # (H, g, g)
+    return loc, imp, maps.tolist()
+
+
+def run_one(spec: dict, ckpt_dir: Path) -> dict:
+    """Train one ViT and evaluate it; see the module docstring."""
+    p = spec["params"]
+    method = p["method"]
+    data = _data(p["data"], p["data_dir"], p["image_size"])
+    size = model_size(p)
+    gen = seed_everything(spec["seed"])
+    mean, std = data.stats()
+    test_x = normalise(data.test_x, data, mean, std)
+    grid = data.image_size // size["patch"]
+    if data.image_size % size["patch"]:
+        raise MasklabError(f"image size {data.image_size} is not divisible by patch size {size['patch']}")
+    priors = None
+    if method == "mask":
+        s = locality_2d(grid, size["heads"], p["radius"])
+        priors = [MaskPrior(s, p["allowed"], p["suppressed"]) for _ in range(size["depth"])]
+    model = ViT(data.image_size, size["patch"], data.channels, data.classes, size["dim"], size["depth"], size["heads"], priors)
+    impulse = impulse_2d(grid, size["heads"])
+    local = torch.ones(1, grid * grid + 1, grid * grid + 1)
+    local[0, 1:, 1:] = neighbourhood_2d(grid, 1)
+    local[0, 1:, 0] = 0.0
+    sample = normalise(data.train_x[torch.randperm(len(data.train_x), generator=gen)[:256]], data, mean, std)
+    probe = sample[:64]
+    if method in QK_INITS:
+        QK_INITS[method].apply(model, sample, [impulse] * size["depth"], p["allowed"], p["suppressed"])
+    elif method != "mask":
+        raise MasklabError(f"unknown vision method {method!r}; choose from {', '.join(METHODS)}")
+    device = dist.device()  # a GPU when there is one (MASKLAB_DEVICE=cpu forces the CPU)
+    model.to(device)
+    test_x, test_y, probe = test_x.to(device), data.test_y.to(device), probe.to(device)
+    local, impulse = local.to(device), impulse.to(device)
+
+    decay = [q for name, q in model.named_parameters() if q.dim() >= 2 and not name.endswith("attn.prior.m") and name != "pos"]
+    rest = [q for name, q in model.named_parameters() if not (q.dim() >= 2 and not name.endswith("attn.prior.m") and name != "pos")]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p["weight_decay"]}, {"params": rest, "weight_decay": 0.0}], lr=p["lr"])
+    ckpt = Checkpoint(ckpt_dir)
+    eval_every = max(1, p["steps"] // p["evals"])
+    keys = ("step", "test_acc", "test_loss", "train_loss", "local_mass", "impulse_mass", "mask_drift")
+
+    def record(step: int, curves: dict, train_loss: float | None) -> None:
+        acc, loss = evaluate(model, test_x, test_y)
+        loc, imp, maps = locality(model, probe, local, impulse)
+        drift = [b.attn.prior.drift() for b in model.blocks if b.attn.prior is not None]
+        for k, v in zip(keys, (step, acc, loss, train_loss, loc, imp, float(np.mean(drift)) if drift else None)):
+            curves[k].append(v)
+        if step == 0:
+            curves["attn0"] = maps
+
+    step, curves = 0, {k: [] for k in keys}
+    if ckpt.exists:
+        step, extra = ckpt.load(model, opt, gen)
+        curves = extra["curves"]
+    else:
+        model.eval()
+        record(0, curves, None)
+    resumed_from = step
+    net = dist.wrap(model)
+    net.train()
+    running: list[float] = []
+    while step < p["steps"]:
+        idx = torch.randint(len(data.train_x), (p["batch"],), generator=gen)  # the global batch, same on every rank
+        xb = normalise(augment(data.train_x[idx].float(), data.pad, data.flip, gen), data, mean, std)
+        xb, yb = dist.shard(xb.to(device), data.train_y[idx].to(device))
+        logits, _ = net(xb)
+        loss = F.cross_entropy(logits, yb)
+        if not torch.isfinite(loss):
+            raise MasklabError(f"loss became {loss.item()} at step {step} ({spec['task']}/{method}); lower --lr")
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, p)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        running.append(dist.mean_across(loss))
+        step += 1
+        if step % eval_every == 0 or step == p["steps"]:
+            model.eval()
+            record(step, curves, float(np.mean(running)))
+            model.train()
+            running = []
+            if dist.is_main():
+                ckpt.save(step, model, opt, gen, {"curves": curves})
+            dist.barrier()
+
+    metrics = {
+        "test_acc": curves["test_acc"][-1],
+        "test_loss": curves["test_loss"][-1],
+        "train_loss": curves["train_loss"][-1],
+        "local_mass_step0": curves["local_mass"][0],
+        "local_mass_final": curves["local_mass"][-1],
+        "impulse_mass_step0": curves["impulse_mass"][0],
+        "impulse_mass_final": curves["impulse_mass"][-1],
+        "mask_drift": curves["mask_drift"][-1],
+    }
+    dist.barrier()
+    if dist.is_main():
+        ckpt.clear()
+    return {"metrics": metrics, "curves": curves, "extra": {"size": size, "grid": grid, "world_size": dist.world_size(), "resumed_from": resumed_from}}
+
+
+# ----------------------------------------------------------------------------- study
+
+
+def specs_for(cfg: VisionConfig) -> list[RunSpec]:
+    base = {k: v for k, v in asdict(cfg).items() if k not in ("methods", "seeds")}
+    return [RunSpec(cfg.data, m, s, {**base, "method": m}) for m in cfg.methods for s in cfg.seeds]
+
+
+def validate(cfg: VisionConfig) -> None:
+    if cfg.data not in DATASETS:
+        raise MasklabError(f"unknown data set {cfg.data!r}; choose from {', '.join(DATASETS)}")
+    for m in cfg.methods:
+        if m not in METHODS:
+            raise MasklabError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    model_size(asdict(cfg))
+    if cfg.steps < 1 or cfg.batch < 1 or cfg.lr <= 0:
+        raise MasklabError("--steps and --batch must be positive and --lr > 0")
+    if cfg.data != "digits":
+        _data(cfg.data, cfg.data_dir, cfg.image_size)  # fail early on bad data (cached for --jobs 1)
+
+
+NOTES = """\
+Columns: `test_acc` top-1 accuracy (%) on the held-out split at the end of training,
+`test_loss`/`train_loss` cross-entropy (train: mean over the last evaluation interval, on
+augmented batches), `local_mass_*` attention mass of patch queries on the patches of their 3x3
+neighbourhood (mean over heads and layers) at step 0 and at the end, `impulse_mass_step0` mass
+on each head's impulse target (the pattern the `impulse` init builds), `mask_drift` mean
+|change| of logsigmoid(M) (mask runs only)."""
+
+
+def paper_table(results: dict) -> str:
+    """Ours (this run's data set) beside the paper's CIFAR-10 ViT-Tiny numbers."""
+    rows = ["| method | ours: test_acc % (" + results["config"]["data"] + ") | paper: CIFAR-10 top-1 % (ViT-Tiny) |", "|---|---|---|"]
+    for row in results["summary"]:
+        paper = [q["value"] for q in results["paper"] if q["method"] == row["method"]]
+        ours = f"{row['test_acc_mean']:.2f} ± {row['test_acc_std']:.2f} (n={row['n']})"
+        rows.append(f"| {row['method']} | {ours} | {fmt(paper[0], 2) if paper else '-'} |")
+    return "\n".join(rows)
+
+
+def plot_attention(results: dict, path: Path) -> None:
+    """One row per method, one column per head: layer-0 attention of the centre patch over
+    the patch grid at step 0 (first seed)."""
+    first: dict[str, dict] = {}
+    for r in results["runs"]:
+        first.setdefault(r["method"], r)
+    methods = list(first)
+    heads = len(first[methods[0]]["curves"]["attn0"])
+    fig, axes = plt.subplots(len(methods), heads, figsize=(1.9 * heads, 1.9 * len(methods)), squeeze=False)
+    for i, m in enumerate(methods):
+        for h in range(heads):
+            ax = axes[i][h]
+            ax.imshow(np.asarray(first[m]["curves"]["attn0"][h]), cmap="viridis", vmin=0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if h == 0:
+                ax.set_ylabel(m)
+            if i == 0:
+                ax.set_title(f"head {h}", fontsize=9)
+    fig.suptitle("Step 0: layer-0 attention of the centre patch over the patch grid")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def run(cfg: VisionConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab vision") -> dict:
+    validate(cfg)
+    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.vision:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
+    if dist.is_main():
+        report(results, Path(out), command)
+    return results
+
+
+def report(results: dict, out: Path, command: str) -> None:
+    figures = ["vision_test_acc.png", "vision_locality.png", "vision_attention_step0.png"]
+    plot_curves(results["runs"], "test_acc", out / figures[0], ylabel="test top-1 (%)", title="Test accuracy")
+    plot_curves(results["runs"], "local_mass", out / figures[1], ylabel="mass on 3x3 neighbourhood", title="Attention locality")
+    plot_attention(results, out / figures[2])
+    notes = NOTES + "\n\nOurs beside the paper:\n\n" + paper_table(results)
+    write_markdown(results, out, TABLE_METRICS, command, notes, figures)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--data", choices=DATASETS, help="data set (default digits, embedded)")
+    ap.add_argument("--data-dir", help="local folder of cifar10/cifar100 (binary version) or imagefolder data")
+    ap.add_argument("--image-size", type=int, help="imagefolder: resize images to this side (default 64)")
+    ap.add_argument("--model", help=f"ViT preset ({', '.join(PRESETS)}); default cpu-digits")
+    ap.add_argument("--method", help=f"comma-separated methods ({', '.join(METHODS)}); default all")
+    for name in ("patch", "dim", "depth", "heads", "steps", "batch", "evals"):
+        ap.add_argument(f"--{name}", type=int)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--weight-decay", type=float)
+    ap.add_argument("--strength", help="mask init strengths 'a' or 'a,b' (default 6)")
+
+
+def config_from_args(args: argparse.Namespace, base: VisionConfig) -> VisionConfig:
+    from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
+
+    updates: dict = {}
+    if args.method:
+        updates["methods"] = str_list(args.method)
+    for name in ("data", "data_dir", "image_size", "model", "patch", "dim", "depth", "heads", "steps", "batch", "evals", "lr", "weight_decay"):
+        if getattr(args, name) is not None:
+            updates[name] = getattr(args, name)
+    if args.strength:
+        vals = [float(v) for v in args.strength.split(",")]
+        if len(vals) not in (1, 2) or min(vals) <= 0:
+            raise MasklabError("--strength takes one or two positive numbers, e.g. 6 or 4,8")
+        updates["allowed"], updates["suppressed"] = vals[0], vals[-1]
+    return replace(base, **updates)
