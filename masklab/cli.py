@@ -19,7 +19,7 @@ from pathlib import Path
 
 from masklab.runner import MasklabError
 
-STUDIES = {"gotu": "masklab.studies.gotu"}
+STUDIES = {"gotu": "masklab.studies.gotu", "arith": "masklab.studies.arith"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
 
 
