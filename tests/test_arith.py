@@ -38,6 +38,16 @@ from masklab.tasks.arithmetic import (
     train_count,
 )
 
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one torch thread is faster, and the machine is shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # ----------------------------------------------------------------------------- data
 
 
@@ -225,6 +235,15 @@ def test_qk_inits_match_the_pattern_at_step0(method):
 
 
 # ----------------------------------------------------------------------------- CLI
+
+
+def test_fraction_option_per_op():
+    assert arith.parse_fractions(["0.01", "0.02"], ["add", "mul"]) == {"add_fractions": [0.01, 0.02], "mul_fractions": [0.01, 0.02]}
+    assert arith.parse_fractions(["add:0.004", "mul:0.03"], ["add", "mul"]) == {"add_fractions": [0.004], "mul_fractions": [0.03]}
+    with pytest.raises(MasklabError, match="operation 'sub'"):
+        arith.parse_fractions(["sub:0.1"], ["add"])
+    with pytest.raises(MasklabError, match="numbers"):
+        arith.parse_fractions(["add:x"], ["add"])
 
 
 def test_cli_rejects_bad_input(capsys, tmp_path):

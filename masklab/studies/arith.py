@@ -347,7 +347,7 @@ def report(results: dict, out: Path, command: str) -> None:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--op", help="comma-separated operations (add, mul); default both")
-    ap.add_argument("--fraction", help="comma-separated training fractions of all operand pairs, e.g. 0.004 (applies to every --op); default the paper's sweep")
+    ap.add_argument("--fraction", help="comma-separated training fractions of all operand pairs: 0.004 (every --op) or add:0.004,mul:0.03; default the paper's sweep")
     ap.add_argument("--method", help=f"comma-separated methods ({', '.join(METHODS)}); default vanilla,qk-svd,qk-opt,mask")
     ap.add_argument("--width", type=int, help="operand digits, 2..5 (default 3)")
     ap.add_argument("--reverse", action=argparse.BooleanOptionalAction, default=None, help="write the result least significant digit first")
@@ -365,6 +365,23 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--evals", type=int, help="evaluations during training")
 
 
+def parse_fractions(items: list[str], ops: list[str]) -> dict[str, list[float]]:
+    """``["0.004"]`` -> that fraction for every op in ``ops``; ``["add:0.004", "mul:0.03"]`` ->
+    per op (an op named nowhere keeps its default). Returns ``{"add_fractions": ..., ...}``."""
+    per: dict[str, list[float]] = {}
+    for item in items:
+        op, _, value = item.rpartition(":")
+        try:
+            f = float(value)
+        except ValueError:
+            raise MasklabError(f"--fraction takes numbers or op:number items (e.g. 0.004 or add:0.004,mul:0.03), got {item!r}") from None
+        for o in [op] if op else ops:
+            if o not in OPS:
+                raise MasklabError(f"unknown operation {o!r} in --fraction; choose from {', '.join(OPS)}")
+            per.setdefault(o, []).append(f)
+    return {f"{o}_fractions": v for o, v in per.items()}
+
+
 def config_from_args(args: argparse.Namespace, base: ArithConfig) -> ArithConfig:
     from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
 
@@ -372,11 +389,7 @@ def config_from_args(args: argparse.Namespace, base: ArithConfig) -> ArithConfig
     if args.op:
         updates["ops"] = str_list(args.op)
     if args.fraction:
-        try:
-            fr = [float(v) for v in str_list(args.fraction)]
-        except ValueError:
-            raise MasklabError(f"--fraction takes comma-separated numbers, got {args.fraction!r}") from None
-        updates["add_fractions"] = updates["mul_fractions"] = fr
+        updates.update(parse_fractions(str_list(args.fraction), updates.get("ops", base.ops)))
     if args.method:
         updates["methods"] = str_list(args.method)
     for name in ("width", "reverse", "prior", "mul_window", "steps", "batch", "lr", "weight_decay", "dim", "depth", "heads", "test_size", "evals"):
