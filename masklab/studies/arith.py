@@ -311,6 +311,9 @@ def plot_fractions(results: dict, path: Path, metric: str = "exact_acc") -> None
             line = ax.plot(xs, [np.mean(v) for v in vals], marker="o", label=method)[0]
             ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals], color=line.get_color(), alpha=0.15)
         ax.set_xscale("log")
+        ticks = sorted({r["spec"]["params"]["fraction"] * 100 for r in mine})
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
         ax.set_title(f"{op} ({results['config']['width']}-digit)")
         ax.set_xlabel("training fraction (%)")
         ax.set_ylabel(metric)
