@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from masklab.bias import MaskPrior
-from masklab.cli import main
+from masklab.cli import build_parser, main
 from masklab.models import GPT
 from masklab.qk_init import QK_INITS, allowed_mass
 from masklab.runner import MasklabError
@@ -244,6 +244,14 @@ def test_fraction_option_per_op():
         arith.parse_fractions(["sub:0.1"], ["add"])
     with pytest.raises(MasklabError, match="numbers"):
         arith.parse_fractions(["add:x"], ["add"])
+
+
+def test_fraction_items_pick_the_ops():
+    ap = build_parser()
+    cfg = arith.config_from_args(ap.parse_args(["arith", "--fraction", "mul:0.03"]), arith.ArithConfig())
+    assert cfg.ops == ["mul"] and cfg.mul_fractions == [0.03]
+    cfg = arith.config_from_args(ap.parse_args(["arith", "--fraction", "0.01"]), arith.ArithConfig())
+    assert cfg.ops == ["add", "mul"] and cfg.add_fractions == cfg.mul_fractions == [0.01]
 
 
 def test_cli_rejects_bad_input(capsys, tmp_path):

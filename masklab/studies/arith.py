@@ -392,7 +392,10 @@ def config_from_args(args: argparse.Namespace, base: ArithConfig) -> ArithConfig
     if args.op:
         updates["ops"] = str_list(args.op)
     if args.fraction:
-        updates.update(parse_fractions(str_list(args.fraction), updates.get("ops", base.ops)))
+        items = str_list(args.fraction)
+        updates.update(parse_fractions(items, updates.get("ops", base.ops)))
+        if not args.op and all(":" in i for i in items):  # add:0.004 alone means addition only
+            updates["ops"] = [o for o in OPS if f"{o}_fractions" in updates]
     if args.method:
         updates["methods"] = str_list(args.method)
     for name in ("width", "reverse", "prior", "mul_window", "steps", "batch", "lr", "weight_decay", "dim", "depth", "heads", "test_size", "evals"):
