@@ -20,7 +20,12 @@ from pathlib import Path
 from masklab import distributed
 from masklab.runner import MasklabError
 
-STUDIES = {"gotu": "masklab.studies.gotu", "vision": "masklab.studies.vision", "lm": "masklab.studies.lm"}
+STUDIES = {
+    "gotu": "masklab.studies.gotu",
+    "arith": "masklab.studies.arith",
+    "vision": "masklab.studies.vision",
+    "lm": "masklab.studies.lm",
+}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
 
 

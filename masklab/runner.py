@@ -100,11 +100,8 @@ class Checkpoint:
         return (self.dir / "ckpt.json").exists() and (self.dir / "ckpt.safetensors").exists()
 
     def save(self, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, extra: dict) -> None:
-        tensors, seen = {}, set()
-        for k, v in model.state_dict().items():  # tied weights (a GPT's head) share memory: store a copy
-            t = v.detach().contiguous()
-            tensors[f"model.{k}"] = t.clone() if t.data_ptr() in seen else t
-            seen.add(t.data_ptr())
+        # cloned: tied weights (a GPT's embedding and LM head) share memory, which safetensors refuses
+        tensors = {f"model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
         opt_state = opt.state_dict()
         for pid, st in opt_state["state"].items():
             for name, val in st.items():

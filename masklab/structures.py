@@ -206,3 +206,129 @@ def relative_distance(seq: int, heads: int, widths: Sequence[float] | None = Non
     w = torch.as_tensor(widths, dtype=torch.float32)[:, None, None]
     s = torch.pow(2.0, -dist.clamp_min(0)[None] / w)
     return s.masked_fill((dist < 0)[None], 0.0)
+
+
+# ============================================================================ digit alignment
+# Priors for the arithmetic study (3-digit addition / multiplication, masklab.studies.arith).
+#
+# Sequence layout for operand width ``n`` and result width ``r`` (``n + 1`` for addition,
+# ``2 n`` for multiplication), one token per character, operands most significant digit first:
+#
+#     a_{n-1} .. a_0  op  b_{n-1} .. b_0  =  result (r digits; plain: MSB first, reversed: LSB first)
+#     0      .. n-1   n   n+1    ..  2n   2n+1  2n+2 .. 2n+1+r-1
+#
+# The decoder reads every token but the last (``T = 2n + 1 + r`` positions) and the query at
+# position ``2n + 1 + t`` emits the ``t``-th written result digit (the "=" emits the first one).
+# A structure row for such an *emitting* query allows the operand digits that determine that
+# result digit, plus the query itself (which holds the previous result digit); every other
+# query sees only itself. Structures are always combined with the causal mask (nothing above
+# the diagonal); the GPT adds its hard causal bias on top.
+
+
+def arith_seq_len(width: int, op: str) -> int:
+    """Decoder input length ``T = 2 width + 1 + result_width`` for ``op`` in {"add", "mul"}."""
+    return 2 * width + 1 + result_width(width, op)
+
+
+def result_width(width: int, op: str) -> int:
+    """Digits of the fixed-width result: ``width + 1`` (add) or ``2 width`` (mul)."""
+    if op == "add":
+        return width + 1
+    if op == "mul":
+        return 2 * width
+    raise ValueError(f"unknown arithmetic op {op!r}; choose add or mul")
+
+
+def operand_position(width: int, operand: int, place: int) -> int:
+    """Sequence position of digit ``place`` (0 = units) of operand 0 (a) or 1 (b)."""
+    if not 0 <= place < width:
+        raise ValueError(f"place {place} is outside 0..{width - 1}")
+    return (width - 1 - place) if operand == 0 else (2 * width - place)
+
+
+def emitting_position(width: int, op: str, place: int, reverse: bool) -> int:
+    """Position of the query that emits the result digit of value ``10**place``."""
+    r = result_width(width, op)
+    if not 0 <= place < r:
+        raise ValueError(f"result place {place} is outside 0..{r - 1}")
+    written = place if reverse else r - 1 - place
+    return 2 * width + 1 + written
+
+
+def causal(structure: Tensor) -> Tensor:
+    """``(…, T, T)`` structure with everything above the diagonal cleared (query i reads keys <= i)."""
+    T = structure.shape[-1]
+    return structure * torch.ones(T, T).tril()
+
+
+def _alignment(width: int, op: str, reverse: bool, keys_of_place) -> Tensor:
+    T = arith_seq_len(width, op)
+    s = torch.eye(T)
+    for place in range(result_width(width, op)):
+        row = emitting_position(width, op, place, reverse)
+        for operand, digit in keys_of_place(place):
+            s[row, operand_position(width, operand, digit)] = 1
+    return causal(s)
+
+
+def addition_alignment(width: int, reverse: bool = False) -> Tensor:
+    """``(T, T)`` digit alignment for ``a + b`` (``T = 3 width + 2``): the query emitting result
+    place ``p`` reads ``a_p, b_p`` (its place) and ``a_{p-1}, b_{p-1}`` (the place below, whose
+    carry it needs), where those digits exist, and itself; other queries read only themselves."""
+
+    def keys(p: int) -> list[tuple[int, int]]:
+        return [(o, d) for d in (p, p - 1) if 0 <= d < width for o in (0, 1)]
+
+    return _alignment(width, "add", reverse, keys)
+
+
+def multiplication_alignment(width: int, reverse: bool = False, window: int | None = None) -> Tensor:
+    """``(T, T)`` digit alignment for ``a * b`` (``T = 4 width + 1``): the query emitting result
+    place ``k`` reads every operand digit ``a_i`` / ``b_j`` that appears in a partial product
+    ``a_i b_j`` with ``k - window <= i + j <= k``, and itself. ``window=None`` (default) takes
+    every ``i + j <= k``: all partial products that can affect digit ``k`` through carries;
+    ``window=0`` only the place's own products ``i + j = k``."""
+    if window is not None and window < 0:
+        raise ValueError("window must be >= 0 or None")
+
+    def keys(k: int) -> list[tuple[int, int]]:
+        lo = 0 if window is None else k - window
+        pairs = [(i, j) for i in range(width) for j in range(width) if lo <= i + j <= k]
+        return sorted({(0, i) for i, _ in pairs} | {(1, j) for _, j in pairs})
+
+    return _alignment(width, "mul", reverse, keys)
+
+
+def split_heads(structure: Tensor, heads: int) -> Tensor:
+    """``(T, T)`` -> ``(H, T, T)``: one alignment pattern per head. Each query keeps itself in
+    every head; its other allowed keys (in position order) go round-robin to heads 0, 1, …,
+    so with 4 heads an addition query reads ``a_p``, ``a_{p-1}``, ``b_p``, ``b_{p-1}`` in one
+    head each. The union over heads is the shared structure."""
+    if structure.dim() != 2:
+        raise ValueError("split_heads takes one shared (T, T) structure")
+    T = structure.shape[0]
+    out = torch.eye(T).repeat(heads, 1, 1)
+    for q in range(T):
+        keys = [k for k in range(T) if k != q and structure[q, k] > 0.5]
+        for m, k in enumerate(keys):
+            out[m % heads, q, k] = 1
+    return out
+
+
+ARITH_PRIORS = ("shared", "per-head")
+
+
+def arith_structure(op: str, width: int, reverse: bool = False, variant: str = "shared", heads: int = 1, window: int | None = None) -> Tensor:
+    """The digit-alignment structure of ``op`` for one layer: ``(1, T, T)`` ("shared") or
+    ``(H, T, T)`` ("per-head"), causal."""
+    if op == "add":
+        s = addition_alignment(width, reverse)
+    elif op == "mul":
+        s = multiplication_alignment(width, reverse, window)
+    else:
+        raise ValueError(f"unknown arithmetic op {op!r}; choose add or mul")
+    if variant == "shared":
+        return s[None]
+    if variant == "per-head":
+        return split_heads(s, heads)
+    raise ValueError(f"unknown prior variant {variant!r}; choose one of {ARITH_PRIORS}")

@@ -1,0 +1,413 @@
+"""Study A, arithmetic table: low-data addition and multiplication with digit-alignment mask priors.
+
+A GPT-style decoder (:class:`~masklab.models.GPT`) learns fixed-width ``a + b`` or ``a * b``
+(``width`` digits each, 3 by default: 10^6 operand pairs) from a small seeded fraction of
+the pairs, by teacher forcing on the result digits; it is scored by greedy decoding on a
+disjoint held-out set. Methods:
+
+* ``vanilla`` - default init, causal attention only;
+* ``qk-svd``, ``qk-opt`` - the digit-alignment pattern put into W_Q, W_K at init
+  (:mod:`masklab.qk_init`); their step-0 match to the pattern is measured and reported;
+* ``mask`` - a learnable :class:`~masklab.bias.MaskPrior` per block from the digit-alignment
+  structure (:func:`masklab.structures.arith_structure`), on top of the causal mask;
+  ``mask-frozen`` / ``mask-hard`` are the ablations.
+
+Metrics per run: ``exact_acc`` (whole result right) and ``digit_acc`` (mean over result
+digits) on the test set, ``train_exact_acc`` on (up to 2000) training pairs, the attention
+mass that the result-emitting queries put on the prior's allowed keys at step 0 and at the
+end (every method, mean over heads and layers), the mask's drift, and CPU seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from masklab.bias import MaskPrior  # noqa: E402
+from masklab.models import GPT  # noqa: E402
+from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
+from masklab.report import plot_curves, write_markdown  # noqa: E402
+from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
+from masklab.structures import ARITH_PRIORS, arith_structure, emitting_position, result_width  # noqa: E402
+from masklab.tasks.arithmetic import OPS, VOCAB, WIDTHS, greedy_results, inputs_targets, make_split, score, train_count  # noqa: E402
+
+NAME = "arith"
+METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard")
+TABLE_METRICS = ["exact_acc", "digit_acc", "train_exact_acc", "steps_to_90", "prior_mass_step0", "prior_mass_final", "mask_drift"]
+TRAIN_PROBE = 2000  # training pairs scored for train_exact_acc
+CURVE_PROBE = 1000  # test pairs scored at each evaluation during training
+ATTN_PROBE = 256  # test pairs for the attention statistics
+
+
+def task_name(op: str, fraction: float) -> str:
+    """``("add", 0.004) -> "add-0.4%"``."""
+    return f"{op}-{fraction * 100:g}%"
+
+
+# The authors' numbers (../shared/papers.md): exact sequence accuracy, 3-digit operands.
+PAPER = [
+    {"task": "add-0.4%", "method": "mask", "metric": "exact_acc", "value": 0.7749},
+    {"task": "add-0.4%", "method": "vanilla", "metric": "exact_acc", "value": 0.0119},
+    {"task": "mul-3%", "method": "mask", "metric": "exact_acc", "value": 0.6949},
+    {"task": "mul-3%", "method": "vanilla", "metric": "exact_acc", "value": 0.0501},
+]
+
+
+@dataclass
+class ArithConfig:
+    """Everything an arithmetic run depends on. Model: ``depth`` pre-LN blocks of width
+    ``dim`` with ``heads`` heads (about 0.1 M parameters at the defaults)."""
+
+    ops: list[str] = field(default_factory=lambda: ["add", "mul"])
+    add_fractions: list[float] = field(default_factory=lambda: [0.002, 0.004, 0.01, 0.03])
+    mul_fractions: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1])
+    methods: list[str] = field(default_factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    width: int = 3
+    reverse: bool = False
+    prior: str = "shared"  # or "per-head"
+    mul_window: int | None = None  # None: every partial product i + j <= k
+    allowed: float = 6.0
+    suppressed: float = 6.0
+    dim: int = 64
+    depth: int = 2
+    heads: int = 4
+    steps: int = 2500
+    batch: int = 128
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.1
+    test_size: int = 10_000
+    evals: int = 10
+
+
+Config = ArithConfig
+
+
+def quick_config() -> ArithConfig:
+    """One task (addition, 1%), one seed, the four methods, 400 steps (about a minute of CPU)."""
+    return ArithConfig(ops=["add"], add_fractions=[0.01], mul_fractions=[0.03], seeds=[0], steps=400, evals=4)
+
+
+# reproduce: 7 tasks (add at 4 fractions, mul at 3) x 4 methods x 3 seeds = 84 runs of 2500 steps
+# (batch 128, dim 64, depth 2): 57-73 CPU-s per run (measured, mean 66), so 84 x 66 / 2 = about 46 min
+# with 2 jobs on an idle 2-core CPU. Quick: 4 runs of 400 steps, about 60 CPU-s in all.
+
+
+def reproduce_config() -> ArithConfig:
+    return ArithConfig()
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def structures_for(p: dict) -> list[torch.Tensor]:
+    """The digit-alignment structure of every block, ``(H|1, T, T)`` each."""
+    s = arith_structure(p["op"], p["width"], p["reverse"], p["prior"], p["heads"], p["mul_window"])
+    return [s] * p["depth"]
+
+
+def emitting_rows(p: dict) -> list[int]:
+    """Positions of the queries that emit result digits (sorted)."""
+    return sorted(emitting_position(p["width"], p["op"], k, p["reverse"]) for k in range(result_width(p["width"], p["op"])))
+
+
+@torch.no_grad()
+def attention_stats(model: GPT, probe: torch.Tensor, structures: list[torch.Tensor], rows: list[int]) -> tuple[float, float | None]:
+    """(mass of the result-emitting queries on allowed keys, mean over heads/layers/probe;
+    mean mask drift or None)."""
+    _, attn = model(probe, return_attn=True)
+    mass = float(np.mean([allowed_mass(a[:, :, rows], s[:, rows], "all") for a, s in zip(attn, structures)]))
+    priors = [b.attn.prior for b in model.blocks if b.attn.prior is not None]
+    drift = float(np.mean([q.drift() for q in priors])) if priors else None
+    return mass, drift
+
+
+def lr_at(step: int, p: dict) -> float:
+    """Linear warm-up for ``warmup`` steps, then cosine decay to 10% of ``lr``."""
+    if step < p["warmup"]:
+        return p["lr"] * (step + 1) / p["warmup"]
+    t = (step - p["warmup"]) / max(1, p["steps"] - p["warmup"])
+    return p["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def run_one(spec: dict, ckpt_dir: Path) -> dict:
+    """Train one decoder on the training pairs and score it on the held-out pairs."""
+    cpu0 = time.process_time()
+    p = spec["params"]
+    method, width = p["method"], p["width"]
+    gen = seed_everything(spec["seed"])
+    split = make_split(p["op"], width, p["fraction"], p["test_size"], spec["seed"], p["reverse"])
+    x_train, y_train = inputs_targets(split.sequences("train"), width)
+    test_seq = split.sequences("test")
+    train_seq = split.sequences("train")[:TRAIN_PROBE]
+    T = x_train.shape[1]
+    structures = structures_for(p)
+    rows = emitting_rows(p)
+    priors = None
+    if method.startswith("mask"):
+        mode = "learnable" if method == "mask" else method.split("-", 1)[1]
+        priors = [MaskPrior(s, p["allowed"], p["suppressed"], mode) for s in structures]
+    model = GPT(VOCAB, T, p["dim"], p["depth"], p["heads"], priors)
+    probe = inputs_targets(test_seq[:ATTN_PROBE], width)[0]
+    curve_seq = test_seq[:CURVE_PROBE]
+    if method in QK_INITS:
+        sample = x_train[torch.randperm(len(x_train), generator=gen)[:256]]
+        QK_INITS[method].apply(model, sample, structures, p["allowed"], p["suppressed"])
+
+    decay = [q for name, q in model.named_parameters() if q.dim() >= 2 and not name.endswith("attn.prior.m") and q.requires_grad]
+    rest = [q for name, q in model.named_parameters() if (q.dim() < 2 or name.endswith("attn.prior.m")) and q.requires_grad]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p["weight_decay"]}, {"params": rest, "weight_decay": 0.0}], lr=p["lr"])
+    ckpt = Checkpoint(ckpt_dir)
+    eval_every = max(1, p["steps"] // p["evals"])
+    curve_keys = ("step", "test_exact_acc", "train_loss", "prior_mass", "mask_drift")
+
+    def evaluate(step: int, loss: float | None, curves: dict) -> None:
+        model.eval()
+        acc = score(greedy_results(model, curve_seq, width), curve_seq, width)["exact_acc"]
+        mass, drift = attention_stats(model, probe, structures, rows)
+        model.train()
+        for k, v in zip(curve_keys, (step, acc, loss, mass, drift)):
+            curves[k].append(None if v is None else float(v))
+
+    step, curves, cpu_before = 0, {k: [] for k in curve_keys}, 0.0
+    if ckpt.exists:
+        step, extra = ckpt.load(model, opt, gen)
+        curves, cpu_before = extra["curves"], extra["cpu_seconds"]
+    else:
+        evaluate(0, None, curves)
+    model.train()
+    running = []
+    while step < p["steps"]:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, p)
+        idx = torch.randint(len(x_train), (p["batch"],), generator=gen)
+        loss = model.loss(x_train[idx], y_train[idx])
+        if not torch.isfinite(loss):
+            raise MasklabError(f"loss became {loss.item()} at step {step} ({spec['task']}/{method}); lower --lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        running.append(loss.item())
+        step += 1
+        if step % eval_every == 0 or step == p["steps"]:
+            evaluate(step, float(np.mean(running)), curves)
+            running = []
+            ckpt.save(step, model, opt, gen, {"curves": curves, "cpu_seconds": cpu_before + time.process_time() - cpu0})
+
+    below = [s for s, a in zip(curves["step"], curves["test_exact_acc"]) if a < 0.9]
+    after = [s for s in curves["step"] if not below or s > below[-1]]  # >= 90% from here on
+    model.eval()
+    test = score(greedy_results(model, test_seq, width), test_seq, width)
+    train = score(greedy_results(model, train_seq, width), train_seq, width)
+    metrics = {
+        "exact_acc": test["exact_acc"],
+        "digit_acc": test["digit_acc"],
+        "train_exact_acc": train["exact_acc"],
+        "train_digit_acc": train["digit_acc"],
+        "final_train_loss": curves["train_loss"][-1],
+        "steps_to_90": after[0] if after else None,
+        "prior_mass_step0": curves["prior_mass"][0],
+        "prior_mass_final": curves["prior_mass"][-1],
+        "mask_drift": curves["mask_drift"][-1],
+        "cpu_seconds": cpu_before + time.process_time() - cpu0,
+    }
+    extra = {
+        "n_train": len(split.train),
+        "n_test": len(split.test),
+        "parameters": sum(q.numel() for q in model.parameters()),
+        "digit_acc_by_position": test["digit_acc_by_position"],
+    }
+    ckpt.clear()
+    return {"metrics": metrics, "curves": curves, "extra": extra}
+
+
+# ----------------------------------------------------------------------------- study
+
+
+def tasks_of(cfg: ArithConfig) -> list[tuple[str, float]]:
+    """(op, fraction) pairs of the study, in order."""
+    out = []
+    for op in cfg.ops:
+        for f in cfg.add_fractions if op == "add" else cfg.mul_fractions:
+            out.append((op, f))
+    return out
+
+
+def specs_for(cfg: ArithConfig) -> list[RunSpec]:
+    base = {k: v for k, v in asdict(cfg).items() if k not in ("ops", "add_fractions", "mul_fractions", "methods", "seeds")}
+    return [
+        RunSpec(task_name(op, f), method, seed, {**base, "op": op, "fraction": f, "method": method})
+        for op, f in tasks_of(cfg)
+        for method in cfg.methods
+        for seed in cfg.seeds
+    ]
+
+
+def validate(cfg: ArithConfig) -> None:
+    for op in cfg.ops:
+        if op not in OPS:
+            raise MasklabError(f"unknown operation {op!r}; choose from {', '.join(OPS)}")
+    for m in cfg.methods:
+        if m not in METHODS:
+            raise MasklabError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    if cfg.prior not in ARITH_PRIORS:
+        raise MasklabError(f"unknown prior variant {cfg.prior!r}; choose from {', '.join(ARITH_PRIORS)}")
+    if cfg.width not in WIDTHS:
+        raise MasklabError(f"--width must be between {WIDTHS[0]} and {WIDTHS[-1]}, got {cfg.width}")
+    if cfg.steps < 1 or cfg.batch < 1 or cfg.lr <= 0 or cfg.evals < 1:
+        raise MasklabError("--steps, --batch and --evals must be positive and --lr > 0")
+    if cfg.mul_window is not None and cfg.mul_window < 0:
+        raise MasklabError("--mul-window must be >= 0")
+    if cfg.dim % cfg.heads:
+        raise MasklabError(f"--dim {cfg.dim} must be divisible by --heads {cfg.heads}")
+    for op, f in tasks_of(cfg):
+        if not 0 < f < 1:
+            raise MasklabError(f"training fraction must lie in (0, 1), got {f}")
+        if train_count(f, cfg.width) + cfg.test_size > 10 ** (2 * cfg.width):
+            raise MasklabError(f"{task_name(op, f)}: training + {cfg.test_size} test pairs exceed the 10^{2 * cfg.width} pairs; lower --test-size")
+
+
+NOTES = """\
+Columns: `exact_acc` fraction of held-out pairs whose whole result is decoded right (greedy),
+`digit_acc` fraction of result digits right, `train_exact_acc` exact accuracy on up to 2000
+training pairs (memorisation), `steps_to_90` the evaluation step from which the exact accuracy on
+1000 held-out pairs stays >= 0.9 (mean over the seeds that got there; learning speed), `prior_mass_step0/final` attention mass that the result-emitting
+queries put on the digit-alignment prior's allowed keys (mean over heads, layers and 256 test
+pairs; measured for every method, so for `qk-svd`/`qk-opt` step 0 shows how well the QK init
+reproduces the pattern), `mask_drift` mean |change| of logsigmoid(M).
+Tasks are named `op-fraction` (e.g. `add-0.4%`: 0.4% of the 10^6 operand pairs for training)."""
+
+
+def run(cfg: ArithConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab arith") -> dict:
+    validate(cfg)
+    paper = PAPER if cfg.width == 3 else []
+    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.arith:run_one", out, jobs=jobs, paper=paper, progress=progress)
+    report(results, Path(out), command)
+    return results
+
+
+def plot_fractions(results: dict, path: Path, metric: str = "exact_acc") -> None:
+    """Accuracy vs training fraction: one panel per operation, one line per method (mean over
+    seeds, min-max band)."""
+    runs = results["runs"]
+    ops = list(dict.fromkeys(r["spec"]["params"]["op"] for r in runs))
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.6 * len(ops), 3.6), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        mine = [r for r in runs if r["spec"]["params"]["op"] == op]
+        for method in dict.fromkeys(r["method"] for r in mine):
+            fr = sorted({r["spec"]["params"]["fraction"] for r in mine if r["method"] == method})
+            vals = [[r["metrics"][metric] for r in mine if r["method"] == method and r["spec"]["params"]["fraction"] == f] for f in fr]
+            xs = np.asarray(fr) * 100
+            line = ax.plot(xs, [np.mean(v) for v in vals], marker="o", label=method)[0]
+            ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals], color=line.get_color(), alpha=0.15)
+        ax.set_xscale("log")
+        ticks = sorted({r["spec"]["params"]["fraction"] * 100 for r in mine})
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
+        ax.set_title(f"{op} ({results['config']['width']}-digit)")
+        ax.set_xlabel("training fraction (%)")
+        ax.set_ylabel(metric)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def report(results: dict, out: Path, command: str) -> None:
+    figures = ["arith_acc_vs_fraction.png", "arith_test_acc.png", "arith_persistence.png"]
+    plot_fractions(results, out / figures[0])
+    plot_curves(results["runs"], "test_exact_acc", out / figures[1], ylabel="test exact accuracy (1000 pairs)", title="Held-out exact accuracy during training")
+    plot_curves(results["runs"], "prior_mass", out / figures[2], ylabel="mass on allowed keys", title="Digit-alignment pattern in attention")
+    cfg = results["config"]
+    runs = results["runs"]
+    n_params = runs[0]["extra"]["parameters"] if runs else None
+    notes = NOTES + (
+        f"\n\nModel: GPT decoder, dim {cfg['dim']}, depth {cfg['depth']}, heads {cfg['heads']} ({n_params} parameters); "
+        f"{cfg['steps']} AdamW steps of batch {cfg['batch']}, lr {cfg['lr']} (warm-up {cfg['warmup']}, cosine to 10%), "
+        f"weight decay {cfg['weight_decay']}; result {'reversed (LSB first)' if cfg['reverse'] else 'plain (MSB first)'}; "
+        f"prior `{cfg['prior']}`, strengths +{cfg['allowed']}/-{cfg['suppressed']}; test set {cfg['test_size']} pairs; "
+        f"CPU seconds over all runs {sum(r['metrics'].get('cpu_seconds', 0) for r in runs):.0f}."
+    )
+    write_markdown(results, out, TABLE_METRICS, command, notes, figures)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--op", help="comma-separated operations (add, mul); default both")
+    ap.add_argument("--fraction", help="comma-separated training fractions of all operand pairs: 0.004 (every --op) or add:0.004,mul:0.03; default the paper's sweep")
+    ap.add_argument("--method", help=f"comma-separated methods ({', '.join(METHODS)}); default vanilla,qk-svd,qk-opt,mask")
+    ap.add_argument("--width", type=int, help="operand digits, 2..5 (default 3)")
+    ap.add_argument("--reverse", action=argparse.BooleanOptionalAction, default=None, help="write the result least significant digit first")
+    ap.add_argument("--prior", choices=ARITH_PRIORS, help="one alignment pattern shared by all heads (default) or one per head")
+    ap.add_argument("--mul-window", type=int, help="multiplication prior: only partial products with k-W <= i+j <= k (default: all i+j <= k)")
+    ap.add_argument("--strength", help="init strengths 'a' or 'a,b': M = +a where allowed, -b where suppressed (default 6)")
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--weight-decay", type=float)
+    ap.add_argument("--dim", type=int, help="model width")
+    ap.add_argument("--depth", type=int)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--test-size", type=int, help="held-out pairs (default 10000)")
+    ap.add_argument("--evals", type=int, help="evaluations during training")
+
+
+def parse_fractions(items: list[str], ops: list[str]) -> dict[str, list[float]]:
+    """``["0.004"]`` -> that fraction for every op in ``ops``; ``["add:0.004", "mul:0.03"]`` ->
+    per op (an op named nowhere keeps its default). Returns ``{"add_fractions": ..., ...}``."""
+    per: dict[str, list[float]] = {}
+    for item in items:
+        op, _, value = item.rpartition(":")
+        try:
+            f = float(value)
+        except ValueError:
+            raise MasklabError(f"--fraction takes numbers or op:number items (e.g. 0.004 or add:0.004,mul:0.03), got {item!r}") from None
+        for o in [op] if op else ops:
+            if o not in OPS:
+                raise MasklabError(f"unknown operation {o!r} in --fraction; choose from {', '.join(OPS)}")
+            per.setdefault(o, []).append(f)
+    return {f"{o}_fractions": v for o, v in per.items()}
+
+
+def config_from_args(args: argparse.Namespace, base: ArithConfig) -> ArithConfig:
+    from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
+
+    updates: dict = {}
+    if args.op:
+        updates["ops"] = str_list(args.op)
+    if args.fraction:
+        items = str_list(args.fraction)
+        updates.update(parse_fractions(items, updates.get("ops", base.ops)))
+        if not args.op and all(":" in i for i in items):  # add:0.004 alone means addition only
+            updates["ops"] = [o for o in OPS if f"{o}_fractions" in updates]
+    if args.method:
+        updates["methods"] = str_list(args.method)
+    for name in ("width", "reverse", "prior", "mul_window", "steps", "batch", "lr", "weight_decay", "dim", "depth", "heads", "test_size", "evals"):
+        if getattr(args, name) is not None:
+            updates[name] = getattr(args, name)
+    if args.strength:
+        try:
+            vals = [float(v) for v in args.strength.split(",")]
+        except ValueError:
+            vals = []
+        if len(vals) not in (1, 2) or min(vals) <= 0:
+            raise MasklabError("--strength takes one or two positive numbers, e.g. 6 or 4,8")
+        updates["allowed"], updates["suppressed"] = vals[0], vals[-1]
+    return replace(base, **updates)
