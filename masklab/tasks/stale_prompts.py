@@ -124,6 +124,9 @@ class StalePrompt:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def classify(self, generated: str) -> str:
+        return score_answer(generated, self)
+
 
 def make_prompt(rng: random.Random, *, updates: tuple[int, int] = (1, 3), filler: tuple[int, int] = (0, 6),
                 attribute: str | None = None) -> StalePrompt:
