@@ -20,7 +20,7 @@ from pathlib import Path
 from masklab import distributed
 from masklab.runner import MasklabError
 
-STUDIES = {"gotu": "masklab.studies.gotu", "vision": "masklab.studies.vision", "lm": "masklab.studies.lm", "stale": "masklab.studies.stale", "prune": "masklab.studies.prune"}
+STUDIES = {"gotu": "masklab.studies.gotu", "vision": "masklab.studies.vision", "lm": "masklab.studies.lm", "stale": "masklab.studies.stale", "prune": "masklab.studies.prune", "pretrained": "masklab.studies.pretrained"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
 
 
