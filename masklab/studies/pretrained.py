@@ -61,13 +61,26 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--models", help="comma-separated models for all three parts (default gemma3-270m,smollm2-135m)")
+    ap.add_argument("--stale-prompts", type=int, help="prompts per model in the stale attention part (default 200)")
+    ap.add_argument("--cite-prompts", type=int, help="prompts per model in the evidence vs ContextCite part (default 10)")
+    ap.add_argument("--train-prompts", type=int, help="router training prompts per model in the pruning part (default 30)")
+    ap.add_argument("--test-prompts", type=int, help="test prompts per model in the pruning part (default 30)")
 
 
 def config_from_args(args: argparse.Namespace, base: Config) -> Config:
     from masklab.cli import str_list
 
-    if not args.models:
-        return base
-    ms = str_list(args.models)
-    return replace(base, stale=replace(base.stale, models=ms), cite=replace(base.cite, models=ms),
-                   prune=replace(base.prune, models=ms))
+    cfg = base
+    if args.models:
+        ms = str_list(args.models)
+        cfg = replace(cfg, stale=replace(cfg.stale, models=ms), cite=replace(cfg.cite, models=ms),
+                      prune=replace(cfg.prune, models=ms))
+    if args.stale_prompts:
+        cfg = replace(cfg, stale=replace(cfg.stale, prompts=args.stale_prompts))
+    if args.cite_prompts:
+        cfg = replace(cfg, cite=replace(cfg.cite, prompts=args.cite_prompts))
+    if args.train_prompts:
+        cfg = replace(cfg, prune=replace(cfg.prune, train_prompts=args.train_prompts))
+    if args.test_prompts:
+        cfg = replace(cfg, prune=replace(cfg.prune, test_prompts=args.test_prompts))
+    return cfg
