@@ -145,3 +145,21 @@ def test_stale_cli_end_to_end(smol, tmp_path):
     assert run["method"] == "smollm2-135m" and run["metrics"]["n_prompts"] == 3
     assert 0 <= run["metrics"]["accuracy"] <= 1
     assert (out / "results.md").exists()
+
+
+@needs_stack
+def test_prune_cli_end_to_end(smol, tmp_path):
+    if not _have("kvpress"):
+        pytest.skip("kvpress not installed: pip install -e '.[pretrained]'")
+    from masklab.cli import main
+
+    out = tmp_path / "prune"
+    argv = ["prune", "--model", "smollm2-135m", "--train-prompts", "6", "--test-prompts", "1", "--filler-max", "1",
+            "--budget", "0.5", "--compare", "snapkv", "--methods", "full,router-evidence,random",
+            "--out", str(out), "--no-progress", "--jobs", "1"]
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    methods = {s["method"]: s for s in res["summary"]}
+    assert set(methods) == {"full", "router-evidence", "random", "snapkv"}
+    assert methods["router-evidence"]["kept_mean"] <= 0.5 + 1e-6 and methods["full"]["kept_mean"] == 1.0
+    assert all(0 <= s["accuracy_mean"] <= 1 for s in res["summary"])

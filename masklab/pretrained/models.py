@@ -96,6 +96,17 @@ MODELS: dict[str, PretrainedSpec] = {
 }
 
 
+def check_models(names: list[str]) -> None:
+    """Fail early (one clear message) for an unknown model or a missing package."""
+    for name in names:
+        if name in MODELS:
+            _require(MODELS[name].package, MODELS[name].install)
+            _require("transformers", PRETRAINED_EXTRA)
+        elif not (Path(name).expanduser().is_dir() or (name.endswith(".gguf") and Path(name).expanduser().is_file())):
+            raise MasklabError(f"unknown model {name!r}: use one of {', '.join(MODELS)}, a local Hugging Face model "
+                               "directory, or a .gguf file (see `masklab models`)")
+
+
 def installed(name: str) -> bool:
     return importlib.util.find_spec(MODELS[name].package) is not None
 

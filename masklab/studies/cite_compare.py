@@ -121,6 +121,9 @@ pass); `seconds`: wall time per prompt on a shared CPU.
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab reproduce pretrained") -> dict:
+    from masklab.pretrained.models import check_models
+
+    check_models(cfg.models)
     res = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.cite_compare:run_one", out,
                     jobs=min(jobs, len(cfg.models) * len(cfg.seeds)), threads=cfg.threads, paper=[], progress=progress)
     res["summary"] = pivot(res)

@@ -220,7 +220,10 @@ the teacher is a small pretrained LM and the claims are tested, not assumed.
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab prune") -> dict:
+    from masklab.pretrained.models import check_models
     from masklab.pretrained.peers import PRESS_NAMES
+
+    check_models(cfg.models)
 
     if cfg.task not in ("stale", "squad"):
         raise MasklabError(f"unknown task {cfg.task!r}: use stale or squad (with --squad FILE)")
@@ -266,6 +269,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--methods", help=f"sentence methods: full,{','.join(SENTENCE_METHODS)}")
     ap.add_argument("--train-prompts", type=int)
     ap.add_argument("--test-prompts", type=int)
+    ap.add_argument("--filler-max", type=int, help="at most this many distractor sentences per gap (default 6)")
     ap.add_argument("--threads", type=int, help="torch threads per run (default 1)")
 
 
@@ -288,7 +292,7 @@ def config_from_args(args: argparse.Namespace, base: Config) -> Config:
         up["compare"] = str_list(args.compare)
     if args.methods:
         up["methods"] = str_list(args.methods)
-    for name in ("train_prompts", "test_prompts", "threads"):
+    for name in ("train_prompts", "test_prompts", "threads", "filler_max"):
         if getattr(args, name) is not None:
             up[name] = getattr(args, name)
     return replace(base, **up)

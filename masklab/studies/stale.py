@@ -191,11 +191,9 @@ def heatmap(results: dict, path: Path) -> bool:
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab stale") -> dict:
     if cfg.prompts < 1:
         raise MasklabError("--prompts must be at least 1")
-    from masklab.pretrained.models import MODELS, _require  # noqa: F401 (validate names early)
+    from masklab.pretrained.models import check_models
 
-    for m in cfg.models:
-        if m in MODELS:
-            _require(MODELS[m].package, MODELS[m].install)
+    check_models(cfg.models)
     res = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.stale:run_one", out,
                     jobs=min(jobs, len(cfg.models) * len(cfg.seeds)), threads=cfg.threads, paper=PAPER, progress=progress)
     figures = ["stale_heads.png"] if heatmap(res, Path(out) / "stale_heads.png") else []
