@@ -18,6 +18,7 @@ Labels per training prompt (only prompts the LM answers correctly):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -101,12 +102,18 @@ def sentence_lengths(enc: Encoded, n_items: int) -> Tensor:
     return torch.bincount(enc.item_of_token[enc.item_of_token >= 0], minlength=n_items).float()
 
 
-def labels_for(lm: LoadedModel, sentences: list[str], query: str, attn_top: int | None = None) -> dict:
-    """Evidence (leave-one-out) and attention labels of one prompt, and the oracle's answer."""
+def labels_for(lm: LoadedModel, sentences: list[str], query: str, attn_top: int | None = None,
+               accept: Callable[[str], bool] | None = None) -> dict:
+    """Evidence (leave-one-out) and attention labels of one prompt, and the oracle's answer.
+
+    With ``accept``, a prompt whose answer is not accepted gets no labels (``"evidence"``
+    is None) and costs only the answer's own passes."""
     from masklab.evidence.search import SEARCHES
     from masklab.pretrained.evidence import SentenceOracle
 
     oracle = SentenceOracle(lm, sentences, query, hide="mask")
+    if accept is not None and not accept(oracle.answer):
+        return {"answer": oracle.answer, "evidence": None, "attention": None, "passes": 1, "enc": oracle.enc}
     ev = SEARCHES["loo"].find(oracle, len(sentences))
     att = attention_per_sentence(lm, oracle.enc, len(sentences))
     k = attn_top or max(1, len(ev.items))

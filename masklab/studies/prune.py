@@ -114,9 +114,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     t0 = time.perf_counter()
     X, y_ev, y_att, label_passes, used = [], [], [], 0, 0
     for ex in train:
-        lab = labels_for(lm, ex.sentences, ex.query)
+        lab = labels_for(lm, ex.sentences, ex.query, accept=lambda a, ex=ex: ex.classify(a) == "current")
         label_passes += lab["passes"]
-        if ex.classify(lab["answer"]) != "current":
+        if lab["evidence"] is None:
             continue
         used += 1
         n = len(ex.sentences)

@@ -182,6 +182,7 @@ def heatmap(results: dict, path: Path) -> bool:
         ax.set_title(f"{r['method']} (seed {r['seed']})\nstale_higher={r['metrics']['stale_higher']:.2f}", fontsize=9)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
+    fig.subplots_adjust(wspace=0.45)
     fig.colorbar(im, ax=axes[0].tolist(), label="fraction of correct answers with more attention on the stale value")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
