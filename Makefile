@@ -11,9 +11,9 @@ export MPLBACKEND := Agg
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/install-pretrained.sh
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test]'
+	bash scripts/install-pretrained.sh $(BIN)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -25,6 +25,9 @@ STUDIES = {
     "arith": "masklab.studies.arith",
     "vision": "masklab.studies.vision",
     "lm": "masklab.studies.lm",
+    "stale": "masklab.studies.stale",
+    "prune": "masklab.studies.prune",
+    "pretrained": "masklab.studies.pretrained",
 }
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
 
@@ -62,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("reproduce", help="run the study that reproduces a paper table, on its defaults")
     rep.add_argument("name", choices=sorted(STUDIES))
     _common(rep, "")
+    mp = sub.add_parser("models", help="list the pretrained models masklab can load and whether they are installed")
+    mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
+    from masklab.pretrained import cli as pretrained_cli
+
+    pretrained_cli.add_cite_parser(sub)
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")
@@ -83,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = "masklab " + shlex.join(argv)
     try:
+        if args.command in ("models", "cite"):
+            from masklab.pretrained import cli as pretrained_cli
+
+            return pretrained_cli.main(args)
         distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
         if args.command in ("reproduce", "sweep"):
             module = (STUDIES if args.command == "reproduce" else SWEEPS)[args.name]

@@ -1,0 +1,115 @@
+"""What the pretrained studies do with a causal LM: tokenise a context made of sentences,
+generate greedily, score a fixed answer under key masks (one batched forward pass), and
+read attention from the answer position.
+
+Hiding a sentence by *masking* zeroes its tokens in the 2-D ``attention_mask`` (Hugging
+Face turns that into a ``-inf`` bias on those keys for every query, exactly masklab's
+``key_bias``); positions are passed explicitly so nothing else moves. Hiding by
+*deletion* removes the sentence's text and re-tokenises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from masklab.pretrained.models import LoadedModel
+
+
+@dataclass
+class Encoded:
+    """A tokenised prompt. ``ids (T,)``; ``item_of_token (T,)`` = sentence index of each
+    token (-1 for BOS / query tokens); ``context_len`` = tokens before the query."""
+
+    ids: Tensor
+    offsets: list[tuple[int, int]]
+    item_of_token: Tensor
+    context_len: int
+    text: str
+
+    def token_mask(self, spans: list[tuple[int, int]]) -> Tensor:
+        """``(T,)`` bool: tokens overlapping any character span ``[a, b)``."""
+        out = torch.zeros(len(self.offsets), dtype=torch.bool)
+        for t, (a, b) in enumerate(self.offsets):
+            if b > a and any(a < e and s < b for s, e in spans):
+                out[t] = True
+        return out
+
+
+def encode(lm: LoadedModel, sentences: list[str], query: str) -> Encoded:
+    """Tokenise ``" ".join(sentences) + query`` (with the tokenizer's BOS) and map every
+    token to its sentence."""
+    context = " ".join(sentences)
+    text = context + query
+    enc = lm.tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    starts, pos = [], 0
+    for s in sentences:
+        starts.append((pos, pos + len(s)))
+        pos += len(s) + 1
+    item = torch.full((len(offsets),), -1, dtype=torch.long)
+    for t, (a, b) in enumerate(offsets):
+        if b <= a or a >= len(context):
+            continue
+        mid = a if text[a] != " " else min(a + 1, b - 1)
+        for i, (s, e) in enumerate(starts):
+            if s <= mid < e + 1:
+                item[t] = i
+                break
+    ctx_tokens = [t for t, (a, b) in enumerate(offsets) if b > a and a < len(context)]
+    context_len = (max(ctx_tokens) + 1) if ctx_tokens else 1
+    return Encoded(torch.tensor(enc["input_ids"]), offsets, item, context_len, text)
+
+
+@torch.no_grad()
+def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8) -> tuple[Tensor, str]:
+    """Greedy continuation of ``ids (T,)``: ``(new_ids (n,), text)``."""
+    out = lm.model.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=max_new_tokens,
+                            do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
+    new = out[0, ids.numel():]
+    return new, lm.tokenizer.decode(new, skip_special_tokens=True)
+
+
+def answer_tokens(lm: LoadedModel, new_ids: Tensor, head: str) -> Tensor:
+    """The prefix of the generated ids that spells ``head`` (the scored answer)."""
+    for n in range(1, new_ids.numel() + 1):
+        if head.strip() and head.strip() in lm.tokenizer.decode(new_ids[:n], skip_special_tokens=True):
+            return new_ids[:n]
+    return new_ids[:1]
+
+
+@torch.no_grad()
+def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Tensor,
+                  batch: int = 8) -> tuple[Tensor, Tensor]:
+    """Teacher-force ``answer (A,)`` after ``ids (T,)`` under key masks ``keep_tokens (V, T)``.
+
+    Returns ``logp (V,)`` (sum of the answer tokens' log-probabilities) and ``greedy (V,)``
+    (True where every answer token is still the argmax, i.e. greedy decoding reproduces it).
+    """
+    full = torch.cat([ids, answer])
+    T, A = ids.numel(), answer.numel()
+    logps, greedys = [], []
+    for s in range(0, keep_tokens.shape[0], batch):
+        keep = keep_tokens[s:s + batch]
+        V = keep.shape[0]
+        mask = torch.cat([keep.long(), torch.ones(V, A, dtype=torch.long)], dim=1)
+        pos = torch.arange(T + A)[None].expand(V, -1)
+        logits = lm.model(input_ids=full[None].expand(V, -1), attention_mask=mask, position_ids=pos,
+                          logits_to_keep=A + 1).logits[:, :A].float()  # (V, A, vocab)
+        lp = torch.log_softmax(logits, -1)
+        logps.append(lp.gather(-1, answer[None, :, None].expand(V, -1, 1))[..., 0].sum(-1))
+        greedys.append((logits.argmax(-1) == answer[None]).all(-1))
+    return torch.cat(logps), torch.cat(greedys)
+
+
+@torch.no_grad()
+def last_token_attention(lm: LoadedModel, ids: Tensor) -> Tensor:
+    """Attention probabilities from the last position of ``ids (T,)``: ``(L, H, T)``.
+
+    Needs the model in eager attention mode (``set_attention(lm, "eager")``)."""
+    out = lm.model(input_ids=ids[None], output_attentions=True, logits_to_keep=1)
+    if out.attentions is None or out.attentions[0] is None:
+        raise RuntimeError("the model returned no attention probabilities; load it with attn='eager'")
+    return torch.stack([a[0, :, -1, :] for a in out.attentions]).float()

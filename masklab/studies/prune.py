@@ -1,0 +1,298 @@
+"""Study B on real LMs: prune the context for the LM at a budget; evidence router vs kvpress.
+
+For each model: a sentence router (:mod:`masklab.pretrained.router`) is trained on
+generated stale-fact prompts, once with causal evidence labels (leave-one-out with the LM
+itself) and once with attention labels (the LM's most attended sentences). On fresh test
+prompts every method keeps ``budget`` of the context's tokens and the LM answers from what
+is kept:
+
+* ``router-evidence``, ``router-attention`` - keep the routers' top sentences (the others
+  are deleted from the text);
+* ``attention-keep`` - keep the sentences the LM itself attends to most from the answer
+  position (needs a dense pass with the question; the paper's "top attended" baseline);
+* ``random`` - random sentences; ``full`` - no pruning (budget 1);
+* kvpress presses (``snapkv``, ``knorm``, ``tova``, ``streaming``,
+  ``expected-attention``) - drop ``1 - budget`` of the context's KV pairs at pre-fill.
+
+Metrics per (model @ budget, method): ``accuracy`` (exact match with the current value),
+``gold_kept`` (the current-value sentence survived; sentence methods only), ``kept`` (the
+kept fraction of context tokens), ``seconds`` (per answer, including the method's own
+scoring). ``--task squad --squad FILE`` runs the same on SQuAD v1.1 questions (the
+router is then trained on SQuAD questions too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from masklab.report import markdown_table
+from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, write_json
+
+NAME = "prune"
+SENTENCE_METHODS = ("router-evidence", "router-attention", "attention-keep", "random")
+TABLE_METRICS = ["accuracy", "gold_kept", "kept", "seconds"]
+PAPER = [
+    {"task": "stale", "method": "attention-keep", "metric": "accuracy",
+     "value": "fails (keeps the stale fact; synthetic teacher, top 10%)"},
+    {"task": "stale", "method": "router-evidence", "metric": "accuracy",
+     "value": "identifies the latest statement (synthetic teacher)"},
+]
+
+
+@dataclass
+class Config:
+    models: list[str] = field(default_factory=lambda: ["gemma3-270m"])
+    task: str = "stale"
+    squad: str | None = None
+    budgets: list[float] = field(default_factory=lambda: [0.3])
+    compare: list[str] = field(default_factory=lambda: ["snapkv", "knorm", "tova", "streaming", "expected-attention"])
+    methods: list[str] = field(default_factory=lambda: ["full", *SENTENCE_METHODS])
+    train_prompts: int = 40
+    test_prompts: int = 40
+    filler_max: int = 6
+    max_new_tokens: int = 6
+    threads: int = 1
+    seeds: list[int] = field(default_factory=lambda: [0])
+
+
+def quick_config() -> Config:
+    return Config(train_prompts=8, test_prompts=6, compare=["snapkv", "streaming"], filler_max=4)
+
+
+def reproduce_config() -> Config:
+    return Config()
+
+
+def make_examples(p: dict, n: int, seed: int) -> list:
+    if p["task"] == "stale":
+        from masklab.tasks.stale_prompts import make_prompts
+
+        return make_prompts(n, seed=seed, filler=(0, p["filler_max"]))
+    from masklab.tasks.squad import load_squad, to_item
+
+    items = [to_item(e) for e in load_squad(p["squad"])]
+    items = [it for it in items if 2 <= len(it.sentences) <= 12]
+    random.Random(seed).shuffle(items)
+    return items[:n]
+
+
+def generate_on(lm, sentences: list[str], query: str, max_new_tokens: int) -> str:
+    from masklab.pretrained.lm import encode, generate
+
+    return generate(lm, encode(lm, sentences, query).ids, max_new_tokens)[1]
+
+
+def run_one(spec: dict, ckpt_dir: Path) -> dict:
+    from masklab.pretrained.lm import encode
+    from masklab.pretrained.models import load
+    from masklab.pretrained.peers import KVPressRunner
+    from masklab.pretrained.router import (
+        SentenceRouter,
+        attention_per_sentence,
+        keep_within_budget,
+        labels_for,
+        sentence_features,
+        sentence_lengths,
+    )
+
+    p = spec["params"]
+    lm = load(spec["method"], attn="eager", threads=p["threads"])
+    rng = random.Random(spec["seed"])
+    n_train = p["train_prompts"]
+    pool = make_examples(p, n_train + p["test_prompts"], 1000 + spec["seed"])
+    train, test = pool[:n_train], pool[n_train:]
+    if not test:
+        raise MasklabError("no test examples: lower --train-prompts or give more data")
+
+    # ---- train the two routers on the LM's own labels (correct answers only)
+    t0 = time.perf_counter()
+    X, y_ev, y_att, label_passes, used = [], [], [], 0, 0
+    for ex in train:
+        lab = labels_for(lm, ex.sentences, ex.query, accept=lambda a, ex=ex: ex.classify(a) == "current")
+        label_passes += lab["passes"]
+        if lab["evidence"] is None:
+            continue
+        used += 1
+        n = len(ex.sentences)
+        X.append(sentence_features(lm, lab["enc"], n))
+        y_ev.append(torch.zeros(n).index_fill_(0, torch.tensor(lab["evidence"] or [n - 1], dtype=torch.long), 1.0))
+        y_att.append(torch.zeros(n).index_fill_(0, torch.tensor(lab["attention"], dtype=torch.long), 1.0))
+    if used < 2:
+        raise MasklabError(f"{spec['method']} answered fewer than 2 training prompts correctly; no router can be trained")
+    Xc = torch.cat(X)
+    routers = {"router-evidence": SentenceRouter.fit(Xc, torch.cat(y_ev), seed=spec["seed"]),
+               "router-attention": SentenceRouter.fit(Xc, torch.cat(y_att), seed=spec["seed"])}
+    train_seconds = time.perf_counter() - t0
+
+    # ---- test
+    kv = KVPressRunner(lm) if p["compare"] else None
+    acc: dict[str, list] = {}
+
+    def record(method: str, budget: float, cls: str, seconds: float, kept: float, gold_kept: float | None):
+        key = f"{method}|{budget}"
+        acc.setdefault(key, []).append((cls == "current", seconds, kept, gold_kept))
+
+    for ex in test:
+        n = len(ex.sentences)
+        enc = encode(lm, ex.sentences, ex.query)
+        lengths = sentence_lengths(enc, n)
+        t = time.perf_counter()
+        feats = sentence_features(lm, enc, n)
+        feat_s = time.perf_counter() - t
+        t = time.perf_counter()
+        att = attention_per_sentence(lm, enc, n)
+        att_s = time.perf_counter() - t
+        scores = {"router-evidence": (routers["router-evidence"].score(feats), feat_s),
+                  "router-attention": (routers["router-attention"].score(feats), feat_s),
+                  "attention-keep": (att, att_s),
+                  "random": (torch.tensor([rng.random() for _ in range(n)]), 0.0)}
+        question, prefix = ex.query.rsplit("\n", 1)
+        if "full" in p["methods"]:
+            t = time.perf_counter()
+            cls = ex.classify(generate_on(lm, ex.sentences, ex.query, p["max_new_tokens"]))
+            for b in p["budgets"]:
+                record("full", b, cls, time.perf_counter() - t, 1.0, 1.0)
+        for b in p["budgets"]:
+            for m in [m for m in p["methods"] if m in scores]:
+                s, extra_s = scores[m]
+                keep = keep_within_budget(s, lengths, b)
+                t = time.perf_counter()
+                cls = ex.classify(generate_on(lm, [ex.sentences[i] for i in keep], ex.query, p["max_new_tokens"]))
+                record(m, b, cls, time.perf_counter() - t + extra_s, float(lengths[keep].sum() / lengths.sum()),
+                       float(ex.gold in keep))
+            for press in p["compare"]:
+                text, secs = kv.answer(ex.context, question, prefix, press, b, p["max_new_tokens"])
+                record(press, b, ex.classify(text), secs, b, None)
+
+    metrics: dict = {"train_used": used, "label_passes_per_prompt": label_passes / max(len(train), 1),
+                     "train_seconds": train_seconds, "n_test": len(test)}
+    for key, rows in acc.items():
+        metrics[f"accuracy|{key}"] = sum(r[0] for r in rows) / len(rows)
+        metrics[f"seconds|{key}"] = sum(r[1] for r in rows) / len(rows)
+        metrics[f"kept|{key}"] = sum(r[2] for r in rows) / len(rows)
+        g = [r[3] for r in rows if r[3] is not None]
+        if g:
+            metrics[f"gold_kept|{key}"] = sum(g) / len(g)
+    return {"metrics": metrics, "curves": {}, "extra": {}}
+
+
+def specs_for(cfg: Config) -> list[RunSpec]:
+    params = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds")}
+    return [RunSpec(cfg.task, m, s, params) for m in cfg.models for s in cfg.seeds]
+
+
+def pivot(results: dict) -> list[dict]:
+    """Summary rows per (model @ budget, method) from the flat per-run metrics."""
+    import numpy as np
+
+    rows: dict[tuple[str, str], dict] = {}
+    for run in results["runs"]:
+        for k, v in run["metrics"].items():
+            if "|" not in k:
+                continue
+            metric, method, budget = k.split("|")
+            task = f"{results['config']['task']}:{run['method']}@{budget}"
+            rows.setdefault((task, method), {}).setdefault(metric, []).append(v)
+    out = []
+    for (task, method), ms in rows.items():
+        row = {"task": task, "method": method, "n": len(next(iter(ms.values())))}
+        for metric, vals in ms.items():
+            row[f"{metric}_mean"] = float(np.mean(vals))
+            row[f"{metric}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        out.append(row)
+    return out
+
+
+NOTES = """\
+`accuracy`: exact match of the LM's answer with the current value, on test prompts, after
+pruning; `kept`: fraction of context tokens kept (sentence methods keep whole sentences up
+to the budget, so they keep at most the budget; presses keep exactly the budget of KV
+pairs); `gold_kept`: the sentence holding the current value survived; `seconds`: per answer
+including the method's scoring pass. The paper's numbers are for a synthetic teacher; here
+the teacher is a small pretrained LM and the claims are tested, not assumed.
+"""
+
+
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab prune") -> dict:
+    from masklab.pretrained.models import check_models
+    from masklab.pretrained.peers import PRESS_NAMES
+
+    check_models(cfg.models)
+
+    if cfg.task not in ("stale", "squad"):
+        raise MasklabError(f"unknown task {cfg.task!r}: use stale or squad (with --squad FILE)")
+    if cfg.task == "squad" and not cfg.squad:
+        raise MasklabError("--task squad needs --squad PATH (the official SQuAD v1.1 JSON)")
+    bad = [c for c in cfg.compare if c not in PRESS_NAMES]
+    if bad:
+        raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(PRESS_NAMES)}")
+    bad = [m for m in cfg.methods if m not in ("full", *SENTENCE_METHODS)]
+    if bad:
+        raise MasklabError(f"unknown method(s) {', '.join(bad)}: use full, {', '.join(SENTENCE_METHODS)}")
+    if not cfg.budgets or not all(0 < b <= 1 for b in cfg.budgets):
+        raise MasklabError("--budget takes fractions in (0, 1], e.g. 0.3 or 0.2,0.5")
+    res = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.prune:run_one", out,
+                    jobs=min(jobs, len(cfg.models) * len(cfg.seeds)), threads=cfg.threads, paper=[], progress=progress)
+    res["summary"] = pivot(res)
+    res["paper"] = PAPER
+    write_json(Path(out) / "results.json", res)
+    write_report(res, Path(out), command)
+    return res
+
+
+def write_report(res: dict, out: Path, command: str) -> None:
+    env = res["environment"]
+    lines = [f"# {NAME}", "", f"Regenerate with: `{command}`", "",
+             markdown_table(res["summary"], res["paper"], TABLE_METRICS), "", NOTES.strip(), ""]
+    for r in res["runs"]:
+        m = r["metrics"]
+        lines.append(f"{r['method']} (seed {r['seed']}): routers trained on {m['train_used']} correctly answered prompts "
+                     f"({m['label_passes_per_prompt']:.1f} forward passes per prompt for the labels, "
+                     f"{m['train_seconds']:.0f} s); {m['n_test']} test prompts.")
+    lines += ["", f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
+              f"{env.get('torch_threads_per_run')} thread(s) per run, git {env['git_rev']}."]
+    atomic_write_text(out / "results.md", "\n".join(lines) + "\n")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", help="comma-separated models (default gemma3-270m)")
+    ap.add_argument("--task", choices=["stale", "squad"], help="generated stale-fact prompts (default) or SQuAD v1.1")
+    ap.add_argument("--squad", help="path to the official SQuAD v1.1 JSON (with --task squad)")
+    ap.add_argument("--budget", help="kept fraction(s) of the context, e.g. 0.3 or 0.2,0.5")
+    ap.add_argument("--compare", help="kvpress presses: snapkv,knorm,tova,streaming,expected-attention ('' for none)")
+    ap.add_argument("--methods", help=f"sentence methods: full,{','.join(SENTENCE_METHODS)}")
+    ap.add_argument("--train-prompts", type=int)
+    ap.add_argument("--test-prompts", type=int)
+    ap.add_argument("--filler-max", type=int, help="at most this many distractor sentences per gap (default 6)")
+    ap.add_argument("--threads", type=int, help="torch threads per run (default 1)")
+
+
+def config_from_args(args: argparse.Namespace, base: Config) -> Config:
+    from masklab.cli import str_list
+
+    up: dict = {}
+    if args.model:
+        up["models"] = str_list(args.model)
+    if args.task:
+        up["task"] = args.task
+    if args.squad:
+        up["squad"] = args.squad
+    if args.budget:
+        try:
+            up["budgets"] = [float(b) for b in str_list(args.budget)]
+        except ValueError:
+            raise MasklabError(f"--budget takes fractions, got {args.budget!r}") from None
+    if args.compare is not None:
+        up["compare"] = str_list(args.compare)
+    if args.methods:
+        up["methods"] = str_list(args.methods)
+    for name in ("train_prompts", "test_prompts", "threads", "filler_max"):
+        if getattr(args, name) is not None:
+            up[name] = getattr(args, name)
+    return replace(base, **up)

