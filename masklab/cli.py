@@ -20,7 +20,7 @@ from pathlib import Path
 from masklab import distributed
 from masklab.runner import MasklabError
 
-STUDIES = {"gotu": "masklab.studies.gotu", "vision": "masklab.studies.vision", "lm": "masklab.studies.lm"}
+STUDIES = {"gotu": "masklab.studies.gotu", "vision": "masklab.studies.vision", "lm": "masklab.studies.lm", "evidence": "masklab.studies.evidence"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
 
 
