@@ -24,6 +24,7 @@ touches neither the query symbol nor the answer (hops >= 3 only).
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -52,7 +53,7 @@ class EvidenceConfig:
     """Gyms, teacher and evaluation. Teachers are cached under ``cache`` keyed by their config."""
 
     tasks: list[str] = field(default_factory=lambda: ["multihop", "stale", "kv", "aggregate"])
-    hops: list[int] = field(default_factory=lambda: [2])
+    hops: list[int] = field(default_factory=lambda: [2, 3])
     updates: int = 2
     items: int = 16
     vocab: int = 256
@@ -81,7 +82,7 @@ Config = EvidenceConfig
 
 def quick_config() -> EvidenceConfig:
     # small contexts and a short-trained teacher: shows the pipeline, not the full accuracy
-    return EvidenceConfig(tasks=["multihop", "stale"], items=8, vocab=64, teacher_steps=700, max_factor=1, examples=100, depth=3)
+    return EvidenceConfig(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=700, max_factor=1, examples=100, depth=3)
 
 
 def reproduce_config() -> EvidenceConfig:
@@ -319,7 +320,8 @@ def plot_stale_layers(summary: list[dict], path: Path) -> bool:
     if not rows:
         return False
     r = rows[0]
-    layers = sorted(int(k[len("stale_over_current_layer") : -len("_mean")]) for k in r if k.startswith("stale_over_current_layer") and k.endswith("_mean"))
+    found = [re.fullmatch(r"stale_over_current_layer(\d+)_mean", k) for k in r]
+    layers = sorted(int(m.group(1)) for m in found if m)
     fig, ax = plt.subplots(figsize=(4.5, 3.4))
     ax.plot(layers, [r[f"stale_over_current_layer{l}_mean"] for l in layers], marker="o")
     ax.set_xlabel("layer")

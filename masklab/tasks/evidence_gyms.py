@@ -11,8 +11,9 @@ of them is removed.
 
 Gyms (registry :data:`GYMS`):
 
-* ``multihop`` - pointer facts ``a -> b`` (fields ``[a, b]``); the query ``[s0, 0]`` asks for
-  the symbol reached from ``s0`` after ``hops`` links. The gold chain is embedded in a
+* ``multihop`` - pointer facts ``a -> b`` (fields ``[a, b]``); the query ``[s0, h]`` asks for
+  the symbol reached from ``s0`` after ``h = hops`` links (the query's second field is the
+  hop count, so a hop curriculum can mix chain lengths). The gold chain is embedded in a
   longer path (with probability 1/2 something points *into* ``s0`` and the answer points
   *on* to another symbol), and every distractor is a path of the same shape (``hops``
   links, optional pre/post link) over disjoint symbols, so neither "the chain's end" nor
@@ -199,7 +200,7 @@ class Multihop(Gym):
         order = rng.permutation(n)
         items = [facts[i] for i in order]
         gold = [j for j, i in enumerate(order) if facts[i] in gold_facts]
-        return items, (start, PAD), answer, gold, h
+        return items, (start, h), answer, gold, h  # the query states the number of hops
 
     def solve_one(self, items, visible, query, hops):
         succ = {a: b for (a, b), v in zip(items, visible) if v}
