@@ -128,3 +128,19 @@ def test_rollout_of_identity_attention_is_identity():
     uniform = torch.full((1, 1, 3, 3), 1 / 3)
     r = rollout([uniform])
     assert torch.allclose(r, torch.tensor([[1 / 6, 1 / 6]]))
+
+
+def test_router_targets_by_name():
+    from masklab.evidence.targets import target_masks, target_names
+
+    gym = make_gym("multihop", vocab=64, hops=2)
+    batch = gym.sample(5, (6, 12), np.random.default_rng(6))
+    solver = SolverModel(gym, 64)
+    assert torch.equal(target_masks(solver, batch, "gold"), batch.gold)
+    assert torch.equal(target_masks(solver, batch, "loo"), batch.gold)
+    model = reader()
+    assert target_masks(model, batch, "rollout/topk").sum(1).tolist() == batch.gold.sum(1).tolist()
+    assert target_masks(model, batch, "last-mean").dtype == torch.float32
+    assert "greedy-minimal" in target_names() and "max-head/top10pct" in target_names()
+    with pytest.raises(MasklabError, match="unknown target"):
+        target_masks(model, batch, "bogus")

@@ -82,7 +82,7 @@ Config = EvidenceConfig
 
 def quick_config() -> EvidenceConfig:
     # small contexts and a short-trained teacher: shows the pipeline, not the full accuracy
-    return EvidenceConfig(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=700, max_factor=1, examples=100, depth=3)
+    return EvidenceConfig(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, max_factor=1, examples=100, depth=3)
 
 
 def reproduce_config() -> EvidenceConfig:
