@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/evidence_search.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = TeacherConfig(task="stale", steps=args.teacher_steps)
+    cfg = TeacherConfig(task="stale", hops=0, steps=args.teacher_steps)  # the evidence study's stale teacher (same cache key)
     teacher, info = load_or_train(cfg, Path(args.cache))
     sizes = {16: 48, 64: 16, 256: 4} if not args.quick else {16: 8, 64: 4, 256: 1}
     rows = []

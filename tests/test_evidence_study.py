@@ -29,6 +29,17 @@ def test_teacher_cache_round_trip_and_curriculum(tmp_path):
     assert schedule(mh, 0, g)["max_hops"] == 1 and schedule(mh, 99, g)["max_hops"] == 3
 
 
+def test_aux_hop_targets_follow_the_chain(tmp_path):
+    from masklab.evidence.teacher import hop_targets, train_teacher
+
+    cfg = TeacherConfig(task="multihop", items=8, vocab=64, hops=3, dim=16, depth=4, heads=2, steps=3, batch=4, eval_examples=8, max_factor=1, aux=1.0)
+    batch = gym_of(cfg).sample(6, 8, np.random.default_rng(1))
+    t = hop_targets(batch, 4)
+    assert torch.equal(t[:, 2], batch.answer) and torch.equal(t[:, 3], batch.answer)  # stays at the answer
+    model, info = train_teacher(cfg)
+    assert 0.0 <= info["acc_n"] <= 1.0 and len(info["curves"]["loss"]) > 0
+
+
 @pytest.mark.slow
 def test_quick_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "ev"

@@ -53,7 +53,7 @@ class EvidenceConfig:
     """Gyms, teacher and evaluation. Teachers are cached under ``cache`` keyed by their config."""
 
     tasks: list[str] = field(default_factory=lambda: ["multihop", "stale", "kv", "aggregate"])
-    hops: list[int] = field(default_factory=lambda: [2, 3])
+    hops: list[int] = field(default_factory=lambda: [2])
     updates: int = 2
     items: int = 16
     vocab: int = 256
