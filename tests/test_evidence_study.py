@@ -29,6 +29,23 @@ def test_teacher_cache_round_trip_and_curriculum(tmp_path):
     assert schedule(mh, 0, g)["max_hops"] == 1 and schedule(mh, 99, g)["max_hops"] == 3
 
 
+def test_late_options_keep_old_cache_keys_and_recency_reader_runs():
+    import hashlib
+    from dataclasses import asdict
+
+    from masklab.evidence.teacher import CACHE_VERSION, build_teacher
+
+    cfg = TeacherConfig(task="stale", hops=0)
+    old = {k: v for k, v in asdict(cfg).items() if k != "recency"}
+    raw = json.dumps({"v": CACHE_VERSION, **old}, sort_keys=True)
+    assert cfg.key() == f"stale-{hashlib.sha1(raw.encode()).hexdigest()[:12]}"
+    rec = TeacherConfig(task="stale", hops=0, recency=True, items=6, vocab=32, dim=16, depth=1, heads=2)
+    assert rec.key() != cfg.key()
+    batch = gym_of(rec).sample(3, 6, np.random.default_rng(0))
+    logits, _ = build_teacher(rec)(batch.items, batch.query, batch.valid, batch.positions)
+    assert logits.shape == (3, 32)
+
+
 def test_aux_hop_targets_follow_the_chain(tmp_path):
     from masklab.evidence.teacher import hop_targets, train_teacher
 

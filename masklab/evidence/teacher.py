@@ -66,13 +66,19 @@ class TeacherConfig:
     aux: float = 0.0
     eval_examples: int = 1000
     seed: int = 0
+    recency: bool = False  # reader option (see EvidenceReader); enters the key only when set
+
+    # options added later enter the cache key only when they differ from these values, so
+    # teachers cached before they existed keep their keys
+    _LATE_DEFAULTS = {"recency": False}
 
     @property
     def max_items(self) -> int:
         return self.items * self.max_factor
 
     def key(self) -> str:
-        raw = json.dumps({"v": CACHE_VERSION, **asdict(self)}, sort_keys=True)
+        fields = {k: v for k, v in asdict(self).items() if not (k in self._LATE_DEFAULTS and v == self._LATE_DEFAULTS[k])}
+        raw = json.dumps({"v": CACHE_VERSION, **fields}, sort_keys=True)
         return f"{self.task}-{hashlib.sha1(raw.encode()).hexdigest()[:12]}"
 
 
@@ -81,7 +87,7 @@ def gym_of(cfg: TeacherConfig) -> Gym:
 
 
 def build_teacher(cfg: TeacherConfig) -> EvidenceReader:
-    return EvidenceReader(cfg.vocab, cfg.max_items, cfg.dim, cfg.depth, cfg.heads)
+    return EvidenceReader(cfg.vocab, cfg.max_items, cfg.dim, cfg.depth, cfg.heads, cfg.recency)
 
 
 def schedule(cfg: TeacherConfig, step: int, gym: Gym) -> dict:

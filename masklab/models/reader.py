@@ -26,11 +26,14 @@ class EvidenceReader(nn.Module):
         vocab: number of symbols (answers are symbols too).
         max_items: largest position id an item can have.
         dim, depth, heads: width, number of blocks, heads per block.
+        recency: also add ``Linear(position / max_items)`` to every item token, a direction in
+            which later items are monotonically "larger" (helps "latest assignment wins").
     """
 
-    def __init__(self, vocab: int, max_items: int, dim: int = 64, depth: int = 4, heads: int = 4) -> None:
+    def __init__(self, vocab: int, max_items: int, dim: int = 64, depth: int = 4, heads: int = 4, recency: bool = False) -> None:
         super().__init__()
         self.vocab, self.max_items, self.dim, self.depth, self.heads = vocab, max_items, dim, depth, heads
+        self.recency = nn.Linear(1, dim) if recency else None
         self.sym = nn.Embedding(vocab, dim)
         self.item_in = nn.Linear(2 * dim, dim)
         self.query_in = nn.Linear(2 * dim, dim)
@@ -45,6 +48,8 @@ class EvidenceReader(nn.Module):
         """items ``(B, N, 2)``, query ``(B, 2)``, positions ``(B, N)`` -> ``(B, N + 1, D)``."""
         B, N, _ = items.shape
         it = self.item_in(self.sym(items).reshape(B, N, 2 * self.dim)) + self.pos(positions)
+        if self.recency is not None:
+            it = it + self.recency(positions[..., None].float() / self.max_items)
         q = self.query_in(self.sym(query).reshape(B, 1, 2 * self.dim)) + self.pos.weight[0]
         return torch.cat([q, it], dim=1)
 

@@ -74,6 +74,7 @@ class EvidenceConfig:
     teacher_lr: float = 2e-3
     max_factor: int = 4
     aux: float = 0.0
+    recency_tasks: list[str] = field(default_factory=lambda: ["stale"])  # teachers with a linear recency position feature
     cache: str = "cache"
 
 
@@ -97,6 +98,7 @@ def teacher_config(p: dict, task: str, hops: int, seed: int) -> TeacherConfig:
         task=task, items=p["items"], vocab=p["vocab"], hops=hops, updates=p["updates"], tags=p["tags"],
         max_count=p["max_count"], max_factor=p["max_factor"], dim=p["dim"], depth=p["depth"], heads=p["heads"],
         steps=p["teacher_steps"], batch=p["teacher_batch"], lr=p["teacher_lr"], aux=p["aux"], seed=seed,
+        recency=task in p.get("recency_tasks", []),
     )
 
 
@@ -400,6 +402,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--heads", type=int)
     ap.add_argument("--max-factor", type=int, help="length curriculum up to this x N (default 4)")
     ap.add_argument("--aux", type=float, help="weight of the auxiliary hop loss (multihop; default 0 = off)")
+    ap.add_argument("--recency", help="comma-separated gyms whose teacher gets a linear recency position feature (default stale; 'none')")
     ap.add_argument("--cache", help="teacher cache directory (default ./cache)")
 
 
@@ -415,6 +418,8 @@ def config_from_args(args: argparse.Namespace, base: EvidenceConfig) -> Evidence
         cfg = replace(cfg, methods=str_list(args.method))
     if args.aggregate:
         cfg = replace(cfg, aggregates=str_list(args.aggregate))
+    if args.recency:
+        cfg = replace(cfg, recency_tasks=[] if args.recency == "none" else str_list(args.recency))
     for name in ("updates", "items", "vocab", "tags", "max_count", "mode", "examples", "teacher_steps", "teacher_lr", "dim", "depth", "heads", "max_factor", "aux", "cache"):
         value = getattr(args, name)
         if value is not None:
