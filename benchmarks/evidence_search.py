@@ -84,7 +84,8 @@ def main() -> None:
             other = sets[row["method"]]
             row["exact_vs_loo"] = float(np.mean([a.items == b.items for a, b in zip(other, loo)]))
             row["jaccard_vs_loo"] = float(np.mean([
-                len(set(a.items) & set(b.items)) / max(1, len(set(a.items) | set(b.items))) for a, b in zip(other, loo)
+                len(set(a.items) & set(b.items)) / len(set(a.items) | set(b.items)) if (a.items or b.items) else 1.0
+                for a, b in zip(other, loo)
             ]))
             if row["method"] == "group-testing":
                 ks = [len(e.items) for e in loo]
@@ -96,7 +97,7 @@ def main() -> None:
         for r in rows:
             if r["n"] == n:
                 r["speed_vs_loo"] = r["examples_per_s"] / loo_speed
-    head = ["n", "method", "model", "passes_per_example", "calls_per_example", "examples_per_s", "speed_vs_loo", "set_size", "exact_vs_loo", "jaccard_vs_loo", "within_k_log2n_plus_1"]
+    head = ["n", "method", "model", "passes_per_example", "calls_per_example", "examples_per_s", "speed_vs_loo", "set_size", "exact_vs_loo", "jaccard_vs_loo", "within_k_log2n_plus_1", "within_k_log2n_plus_k_plus_1"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r.get(h):.3g}" if isinstance(r.get(h), float) else str(r.get(h, "-")) for h in head) + " |")
