@@ -74,7 +74,7 @@ class EvidenceConfig:
     teacher_lr: float = 2e-3
     max_factor: int = 4
     aux: float = 0.0
-    recency_tasks: list[str] = field(default_factory=lambda: ["stale"])  # teachers with a linear recency position feature
+    recency_tasks: list[str] = field(default_factory=list)  # gyms whose teacher gets a linear recency position feature
     cache: str = "cache"
 
 
@@ -222,6 +222,8 @@ def task_label(task: str, hops: int) -> str:
 
 def specs_for(cfg: EvidenceConfig) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "seeds", "hops")}
+    if not base["recency_tasks"]:  # a later option: absent when unused, so earlier finished runs still resume
+        del base["recency_tasks"]
     specs = []
     for task in cfg.tasks:
         for hops in cfg.hops if task == "multihop" else [0]:
@@ -402,7 +404,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--heads", type=int)
     ap.add_argument("--max-factor", type=int, help="length curriculum up to this x N (default 4)")
     ap.add_argument("--aux", type=float, help="weight of the auxiliary hop loss (multihop; default 0 = off)")
-    ap.add_argument("--recency", help="comma-separated gyms whose teacher gets a linear recency position feature (default stale; 'none')")
+    ap.add_argument("--recency", help="comma-separated gyms whose teacher gets a linear recency position feature (default none)")
     ap.add_argument("--cache", help="teacher cache directory (default ./cache)")
 
 
@@ -420,6 +422,9 @@ def config_from_args(args: argparse.Namespace, base: EvidenceConfig) -> Evidence
         cfg = replace(cfg, aggregates=str_list(args.aggregate))
     if args.recency:
         cfg = replace(cfg, recency_tasks=[] if args.recency == "none" else str_list(args.recency))
+    for t in cfg.recency_tasks:
+        if t not in GYMS:
+            raise MasklabError(f"unknown gym {t!r} in --recency; choose from {', '.join(GYMS)}")
     for name in ("updates", "items", "vocab", "tags", "max_count", "mode", "examples", "teacher_steps", "teacher_lr", "dim", "depth", "heads", "max_factor", "aux", "cache"):
         value = getattr(args, name)
         if value is not None:
