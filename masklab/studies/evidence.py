@@ -36,7 +36,7 @@ from masklab.evidence.attention_targets import AGGREGATES, SELECTIONS, aggregate
 from masklab.evidence.interventions import MODES, answer_logits, evidence_mask, evidence_sets
 from masklab.evidence.search import SEARCHES
 from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
-from masklab.report import markdown_table, plot_curves
+from masklab.report import markdown_table, plot_curves, save_figure
 from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, summarize, write_json
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
@@ -313,8 +313,7 @@ def plot_agreement(summary: list[dict], path: Path) -> None:
     axes[0][-1].legend(fontsize=8)
     fig.suptitle("Evidence sets vs gold: causal searches and attention targets")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_stale_layers(summary: list[dict], path: Path) -> bool:
@@ -334,8 +333,7 @@ def plot_stale_layers(summary: list[dict], path: Path) -> bool:
     ax.set_title("stale: attention prefers the stale assignment")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
