@@ -25,6 +25,7 @@ STUDIES = {
     "arith": "masklab.studies.arith",
     "vision": "masklab.studies.vision",
     "lm": "masklab.studies.lm",
+    "evidence": "masklab.studies.evidence",
     "stale": "masklab.studies.stale",
     "prune": "masklab.studies.prune",
     "pretrained": "masklab.studies.pretrained",

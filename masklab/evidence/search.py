@@ -35,6 +35,8 @@ import torch
 from torch import Tensor
 
 Oracle = Callable[[Tensor], Tensor]
+# Many examples at once: a list of (V_b, N_b) keep-masks -> a list of (V_b,) bool results.
+ManyOracle = Callable[[list[Tensor]], list[Tensor]]
 
 
 @dataclass
@@ -72,12 +74,33 @@ class EvidenceSearch:
         """Search the evidence of one example with ``n_items`` items."""
         raise NotImplementedError
 
+    def find_many(self, holds_many: ManyOracle, n_items: Sequence[int], orders: Sequence[Sequence[int] | None] | None = None) -> list[Evidence]:
+        """Search several examples; ``holds_many`` evaluates one keep-mask list (one entry per
+        example) in a single batched call. Default: one example after another; searches
+        whose variants do not depend on earlier answers (``loo``) batch all examples."""
+        orders = orders if orders is not None else [None] * len(n_items)
+        out = []
+        for b, n in enumerate(n_items):
+            out.append(self.find(lambda keep, b=b: _one(holds_many, b, len(n_items), keep), n, orders[b]))
+        return out
+
+
+def _one(holds_many: ManyOracle, b: int, n_examples: int, keep: Tensor) -> Tensor:
+    """Ask a many-example oracle about example ``b`` only (the others get no variants)."""
+    keeps = [torch.ones(0, keep.shape[1], dtype=torch.bool) for _ in range(n_examples)]
+    keeps[b] = keep
+    return holds_many(keeps)[b]
+
 
 @register("loo")
 class LeaveOneOut(EvidenceSearch):
     def find(self, holds: Oracle, n_items: int, order: Sequence[int] | None = None) -> Evidence:
         ok = holds(hide_rows([[i] for i in range(n_items)], n_items))
         return Evidence([i for i in range(n_items) if not ok[i]], n_items)
+
+    def find_many(self, holds_many, n_items, orders=None):
+        oks = holds_many([hide_rows([[i] for i in range(n)], n) for n in n_items])
+        return [Evidence([i for i in range(n) if not ok[i]], n) for ok, n in zip(oks, n_items)]
 
 
 @register("greedy-minimal")

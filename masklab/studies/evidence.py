@@ -1,0 +1,430 @@
+"""Study B, first half: causal evidence sets vs attention, on gyms with exact gold evidence.
+
+Per gym and seed: train (or load from the cache) a dense teacher
+(:mod:`masklab.evidence.teacher`), draw fresh held-out examples with ``items`` items, and
+compare against the gold evidence, on the examples the teacher answers correctly:
+
+* every evidence search (:data:`masklab.evidence.search.SEARCHES`: ``loo``,
+  ``greedy-minimal``, ``group-testing``) run on the teacher through interventions;
+* every attention target (:data:`masklab.evidence.attention_targets.AGGREGATES` x
+  :data:`SELECTIONS`: ``topk`` with k = the gold size, ``top10pct``).
+
+Metrics per set S against gold G (means over correctly answered examples): ``precision``
+|S & G| / |S| (0 when S is empty), ``recall`` |S & G| / |G|, ``exact`` S == G, ``size`` |S|,
+``keep_acc`` the teacher's accuracy when only S is visible (does the set suffice?),
+``passes`` forward passes per example (searches only). Per gym: ``teacher_acc`` (held-out, N
+items), ``teacher_acc_max`` (at ``max_factor`` x N); for ``stale`` ``stale_over_current_<agg>``:
+the fraction of correct answers whose attention on a stale assignment of the queried key
+exceeds the attention on the current one (per layer ``layer<l>`` and per aggregate); for
+``multihop`` ``miss_link<i>`` the fraction of correct answers whose attention top-k (k =
+hops, ``last-mean``) misses chain link i, and ``middle_miss`` the fraction missing a link that
+touches neither the query symbol nor the answer (hops >= 3 only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from masklab.evidence.attention_targets import AGGREGATES, SELECTIONS, aggregate_fn, attention_maps, per_layer
+from masklab.evidence.interventions import MODES, answer_logits, evidence_mask, evidence_sets
+from masklab.evidence.search import SEARCHES
+from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
+from masklab.report import markdown_table, plot_curves, save_figure
+from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, summarize, write_json
+from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
+
+NAME = "evidence"
+SET_METRICS = ["precision", "recall", "exact", "size", "keep_acc", "passes"]
+
+# The paper (../shared/papers.md) reports these qualitatively for attention vs causal sets;
+# its numbers are for routers (the routing study), so nothing numeric is claimed here.
+PAPER: list[dict] = []
+
+
+@dataclass
+class EvidenceConfig:
+    """Gyms, teacher and evaluation. Teachers are cached under ``cache`` keyed by their config."""
+
+    tasks: list[str] = field(default_factory=lambda: ["multihop", "stale", "kv", "aggregate"])
+    hops: list[int] = field(default_factory=lambda: [2])
+    updates: int = 2
+    items: int = 16
+    vocab: int = 256
+    tags: int = 8
+    max_count: int = 4
+    methods: list[str] = field(default_factory=lambda: list(SEARCHES))
+    aggregates: list[str] = field(default_factory=lambda: list(AGGREGATES))
+    selections: list[str] = field(default_factory=lambda: list(SELECTIONS))
+    mode: str = "key_bias"
+    examples: int = 300
+    seeds: list[int] = field(default_factory=lambda: [0])
+    # teacher
+    dim: int = 64
+    depth: int = 4
+    heads: int = 4
+    teacher_steps: int = 3000
+    teacher_batch: int = 64
+    teacher_lr: float = 2e-3
+    max_factor: int = 4
+    aux: float = 0.0
+    recency_tasks: list[str] = field(default_factory=list)  # gyms whose teacher gets a linear recency position feature
+    cache: str = "cache"
+
+
+Config = EvidenceConfig
+
+
+def quick_config() -> EvidenceConfig:
+    # small contexts and a short-trained teacher: shows the pipeline, not the full accuracy
+    return EvidenceConfig(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, max_factor=1, examples=100, depth=3)
+
+
+def reproduce_config() -> EvidenceConfig:
+    return EvidenceConfig()
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def teacher_config(p: dict, task: str, hops: int, seed: int) -> TeacherConfig:
+    return TeacherConfig(
+        task=task, items=p["items"], vocab=p["vocab"], hops=hops, updates=p["updates"], tags=p["tags"],
+        max_count=p["max_count"], max_factor=p["max_factor"], dim=p["dim"], depth=p["depth"], heads=p["heads"],
+        steps=p["teacher_steps"], batch=p["teacher_batch"], lr=p["teacher_lr"], aux=p["aux"], seed=seed,
+        recency=task in p.get("recency_tasks", []),
+    )
+
+
+def set_metrics(sel: torch.Tensor, gold: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-example precision / recall / exact / size of ``sel`` vs ``gold`` (both ``(B, N)`` bool)."""
+    inter = (sel & gold).sum(1).float()
+    size = sel.sum(1).float()
+    return {
+        "precision": torch.where(size > 0, inter / size.clamp(min=1), torch.zeros_like(size)),
+        "recall": inter / gold.sum(1).float().clamp(min=1),
+        "exact": (sel == gold).all(1).float(),
+        "size": size,
+    }
+
+
+def keep_accuracy(model, batch: EvidenceBatch, sel: torch.Tensor, mode: str) -> torch.Tensor:
+    """``(B,)`` 1.0 where the teacher still answers correctly seeing only ``sel``."""
+    return (answer_logits(model, batch, sel, mode).argmax(-1) == batch.answer).float()
+
+
+def stale_fractions(batch: EvidenceBatch, scores: torch.Tensor) -> float:
+    """Fraction of examples whose max attention on a stale assignment of the queried key
+    exceeds the attention on the current (gold) one; ``scores`` ``(B, N)``."""
+    same_key = (batch.items[..., 0] == batch.query[:, :1]) & batch.valid
+    stale = same_key & ~batch.gold
+    stale_max = scores.masked_fill(~stale, float("-inf")).amax(1)
+    current = scores.masked_fill(~batch.gold, float("-inf")).amax(1)
+    return float((stale_max > current).float().mean())
+
+
+def chain_links(batch: EvidenceBatch) -> torch.Tensor:
+    """Multihop: ``(B, hops)`` item index of chain link i (from the query symbol onwards)."""
+    H = int(batch.hops.max())
+    out = torch.full((len(batch), H), -1, dtype=torch.long)
+    for b in range(len(batch)):
+        n = int(batch.valid[b].sum())
+        where = {a: j for j, (a, _) in enumerate(batch.items[b, :n].tolist())}
+        node = int(batch.query[b, 0])
+        for i in range(int(batch.hops[b])):
+            j = where[node]
+            out[b, i] = j
+            node = int(batch.items[b, j, 1])
+    return out
+
+
+def run_one(spec: dict, ckpt_dir: Path) -> dict:
+    p = spec["params"]
+    task, hops, seed = p["gym"], p["hops"], spec["seed"]
+    tcfg = teacher_config(p, task, hops, seed)
+    t0 = time.perf_counter()
+    model, info = load_or_train(tcfg, Path(p["cache"]), ckpt_dir)
+    teacher_seconds = time.perf_counter() - t0
+    torch.manual_seed(seed)
+    gym = gym_of(tcfg)
+    batch = gym.sample(p["examples"], p["items"], np.random.default_rng([seed, 4242]))
+    with torch.no_grad():
+        pred = answer_logits(model, batch, mode=p["mode"]).argmax(-1)
+    correct = pred == batch.answer
+    if int(correct.sum()) == 0:
+        raise MasklabError(f"the {task} teacher answers no held-out example correctly; train it longer (--teacher-steps)")
+    ok = batch.select(correct)
+    N = ok.items.shape[1]
+    metrics: dict[str, float | None] = {
+        "teacher_acc": float(correct.float().mean()),
+        "teacher_acc_n": info["acc_n"],
+        "teacher_acc_max": info["acc_max"],
+        "teacher_seconds": round(teacher_seconds, 2),
+        "teacher_cached": float(info["cached"]),
+        "examples_correct": int(correct.sum()),
+    }
+
+    def record(name: str, sel: torch.Tensor, passes: list[int] | None = None) -> None:
+        for k, v in set_metrics(sel, ok.gold).items():
+            metrics[f"{name}|{k}"] = float(v.mean())
+        metrics[f"{name}|keep_acc"] = float(keep_accuracy(model, ok, sel, p["mode"]).mean())
+        metrics[f"{name}|passes"] = float(np.mean(passes)) if passes is not None else None
+
+    search_seconds = {}
+    for method in p["methods"]:
+        t = time.perf_counter()
+        evs = evidence_sets(model, ok, method, p["mode"])
+        search_seconds[method] = round(time.perf_counter() - t, 3)
+        record(method, evidence_mask(evs, N), [e.forward_passes for e in evs])
+    attn = attention_maps(model, ok)
+    k_gold = ok.gold.sum(1)
+    for agg in p["aggregates"]:
+        scores = aggregate_fn(agg)(attn).masked_fill(~ok.valid, 0.0)
+        for sel_name in p["selections"]:
+            record(f"{agg}/{sel_name}", SELECTIONS[sel_name](scores, ok.valid, k_gold))
+        if task == "stale":
+            metrics[f"stale_over_current_{agg}"] = stale_fractions(ok, scores)
+    layers = per_layer(attn)  # (B, L, N)
+    if task == "stale":
+        for layer in range(layers.shape[1]):
+            metrics[f"stale_over_current_layer{layer}"] = stale_fractions(ok, layers[:, layer])
+    if task == "multihop":
+        links = chain_links(ok)
+        top = SELECTIONS["topk"](aggregate_fn("last-mean")(attn).masked_fill(~ok.valid, 0.0), ok.valid, hops)
+        hit = torch.gather(top, 1, links.clamp(min=0))  # (B, hops)
+        for i in range(hops):
+            metrics[f"miss_link{i}"] = float((~hit[:, i]).float().mean())
+        metrics["middle_miss"] = float((~hit[:, 1:-1]).any(1).float().mean()) if hops >= 3 else None
+        # which layer looks at which link: mean attention mass on link i per layer
+        mass = torch.gather(layers, 2, links.clamp(min=0)[:, None, :].expand(-1, layers.shape[1], -1)).mean(0)
+        extra_links = mass.tolist()
+    else:
+        extra_links = None
+    return {
+        "metrics": metrics,
+        "curves": info["curves"],
+        "extra": {"teacher_key": tcfg.key(), "search_seconds": search_seconds, "link_attention_per_layer": extra_links},
+    }
+
+
+# ----------------------------------------------------------------------------- study
+
+
+def task_label(task: str, hops: int) -> str:
+    return f"multihop-h{hops}" if task == "multihop" else task
+
+
+def specs_for(cfg: EvidenceConfig) -> list[RunSpec]:
+    base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "seeds", "hops")}
+    if not base["recency_tasks"]:  # a later option: absent when unused, so earlier finished runs still resume
+        del base["recency_tasks"]
+    specs = []
+    for task in cfg.tasks:
+        for hops in cfg.hops if task == "multihop" else [0]:
+            for seed in cfg.seeds:
+                specs.append(RunSpec(task_label(task, hops), "study", seed, {**base, "gym": task, "hops": hops}))
+    return specs
+
+
+def validate(cfg: EvidenceConfig) -> None:
+    for t in cfg.tasks:
+        if t not in GYMS:
+            raise MasklabError(f"unknown evidence task {t!r}; choose from {', '.join(GYMS)}")
+    for m in cfg.methods:
+        if m not in SEARCHES:
+            raise MasklabError(f"unknown evidence method {m!r}; choose from {', '.join(SEARCHES)}")
+    for a in cfg.aggregates:
+        aggregate_fn(a)
+    for s in cfg.selections:
+        if s not in SELECTIONS:
+            raise MasklabError(f"unknown selection {s!r}; choose from {', '.join(SELECTIONS)}")
+    if cfg.mode not in MODES:
+        raise MasklabError(f"unknown --mode {cfg.mode!r}; choose from {', '.join(MODES)}")
+    if cfg.items < 1 or cfg.examples < 1 or cfg.teacher_steps < 1:
+        raise MasklabError("--items, --examples and --teacher-steps must be positive")
+    for t in cfg.tasks:  # vocabulary and sizes, checked before any training
+        for h in cfg.hops if t == "multihop" else [2]:
+            gym_of(TeacherConfig(task=t, vocab=cfg.vocab, hops=h, updates=cfg.updates, tags=cfg.tags, max_count=cfg.max_count)).check(cfg.items * cfg.max_factor)
+
+
+def expand(runs: list[dict]) -> list[dict]:
+    """One pseudo-run per (task, set method) from the flat ``method|metric`` keys, plus a
+    ``teacher`` row with the per-gym metrics."""
+    out = []
+    for r in runs:
+        per: dict[str, dict] = {}
+        for key, v in r["metrics"].items():
+            if "|" in key:
+                name, metric = key.split("|", 1)
+                per.setdefault(name, {})[metric] = v
+            else:
+                per.setdefault("teacher", {})[key] = v
+        out += [{"task": r["task"], "method": m, "seed": r["seed"], "metrics": ms} for m, ms in per.items()]
+    return out
+
+
+NOTES = """\
+Rows: evidence searches (loo, greedy-minimal, group-testing) on the teacher, and attention targets
+`<aggregate>/<selection>` (topk: k = gold size; top10pct: ceil(0.1 N) items). Metrics over the held-out
+examples the teacher answers correctly: `precision`, `recall`, `exact` against gold evidence, `size`
+of the set, `keep_acc` teacher accuracy when only the set is visible, `passes` forward passes per example.
+A causal set that differs from gold is a finding about the teacher (what it needs), not a bug."""
+
+
+def run(cfg: EvidenceConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab evidence") -> dict:
+    validate(cfg)
+    out = Path(out)
+    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.evidence:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
+    results["summary"] = summarize(expand(results["runs"]))
+    write_json(out / "results.json", results)
+    report(results, out, command)
+    return results
+
+
+def _teacher_table(summary: list[dict]) -> str:
+    rows = [r for r in summary if r["method"] == "teacher"]
+    keys = ["teacher_acc", "teacher_acc_max", "miss_link0", "miss_link1", "miss_link2", "middle_miss"]
+    keys += sorted({k[: -len("_mean")] for r in rows for k in r if k.startswith("stale_over_current") and k.endswith("_mean")})
+    keys = [k for k in keys if any(r.get(f"{k}_mean") is not None for r in rows)]
+    return markdown_table(rows, [], keys)
+
+
+def plot_agreement(summary: list[dict], path: Path) -> None:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    tasks = list(dict.fromkeys(r["task"] for r in summary))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.2), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        rows = [r for r in summary if r["task"] == task and r["method"] != "teacher"]
+        names = [r["method"] for r in rows]
+        x = np.arange(len(rows))
+        for off, metric in ((-0.27, "recall"), (0.0, "precision"), (0.27, "keep_acc")):
+            ax.bar(x + off, [r.get(f"{metric}_mean") or 0.0 for r in rows], width=0.27, label=metric)
+        ax.set_xticks(x, names, rotation=70, fontsize=7)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(task)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle("Evidence sets vs gold: causal searches and attention targets")
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def plot_stale_layers(summary: list[dict], path: Path) -> bool:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rows = [r for r in summary if r["method"] == "teacher" and r["task"] == "stale"]
+    if not rows:
+        return False
+    r = rows[0]
+    found = [re.fullmatch(r"stale_over_current_layer(\d+)_mean", k) for k in r]
+    layers = sorted(int(m.group(1)) for m in found if m)
+    fig, ax = plt.subplots(figsize=(4.5, 3.4))
+    ax.plot(layers, [r[f"stale_over_current_layer{l}_mean"] for l in layers], marker="o")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("fraction stale > current")
+    ax.set_ylim(0, 1)
+    ax.set_title("stale: attention prefers the stale assignment")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, path)
+    return True
+
+
+def report(results: dict, out: Path, command: str) -> None:
+    summary = results["summary"]
+    figures = ["evidence_agreement.png"]
+    plot_agreement(summary, out / figures[0])
+    if plot_stale_layers(summary, out / "evidence_stale_layers.png"):
+        figures.append("evidence_stale_layers.png")
+    plot_curves(results["runs"], "loss", out / "evidence_teacher_loss.png", ylabel="teacher training loss", title="Teachers")
+    figures.append("evidence_teacher_loss.png")
+    env = results["environment"]
+    sets = [r for r in summary if r["method"] != "teacher"]
+    parts = [
+        "# evidence",
+        "",
+        f"Regenerate with: `{command}`",
+        "",
+        "## Evidence sets vs gold",
+        "",
+        markdown_table(sets, results["paper"], SET_METRICS),
+        "",
+        "## Teachers and attention findings",
+        "",
+        _teacher_table(summary),
+        "",
+        NOTES,
+        "",
+        "`teacher_acc` held-out accuracy at N items (and `teacher_acc_max` at max_factor x N); "
+        "`miss_link<i>`: fraction of correct multihop answers whose last-layer top-k attention (k = hops) "
+        "misses chain link i (0 = the link from the query symbol); `middle_miss`: misses a link touching "
+        "neither the query nor the answer (hops >= 3); `stale_over_current_<x>`: fraction of correct stale "
+        "answers whose attention (aggregate or single layer x) on a stale assignment of the queried key "
+        "exceeds that on the current one.",
+    ]
+    parts += [f"\n![{f}]({f})" for f in figures]
+    total = sum(r["seconds"] for r in results["runs"])
+    parts += [
+        "",
+        f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
+        f"{env.get('torch_threads_per_run')} thread(s) per run, {env.get('jobs')} job(s), git {env['git_rev']}; "
+        f"sum of run times {total:.0f} s.",
+    ]
+    atomic_write_text(out / "results.md", "\n".join(parts) + "\n")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--task", help=f"comma-separated gyms ({', '.join(GYMS)}); default all")
+    ap.add_argument("--hops", help="multihop chain length(s), comma-separated, 1..4 (default 2)")
+    ap.add_argument("--updates", type=int, help="stale: assignments of the queried key (>= 2)")
+    ap.add_argument("--items", type=int, help="items per context N (default 16)")
+    ap.add_argument("--vocab", type=int, help="number of symbols (default 256)")
+    ap.add_argument("--tags", type=int, help="aggregate: number of tags")
+    ap.add_argument("--max-count", type=int, help="aggregate: largest count")
+    ap.add_argument("--method", help=f"comma-separated evidence searches ({', '.join(SEARCHES)}); default all")
+    ap.add_argument("--aggregate", help=f"comma-separated attention aggregates ({', '.join(AGGREGATES)}, layer<l>)")
+    ap.add_argument("--mode", choices=MODES, help="how an item is hidden (default key_bias)")
+    ap.add_argument("--examples", type=int, help="held-out examples per gym")
+    ap.add_argument("--teacher-steps", type=int)
+    ap.add_argument("--teacher-lr", type=float)
+    ap.add_argument("--dim", type=int, help="teacher width")
+    ap.add_argument("--depth", type=int, help="teacher depth")
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--max-factor", type=int, help="length curriculum up to this x N (default 4)")
+    ap.add_argument("--aux", type=float, help="weight of the auxiliary hop loss (multihop; default 0 = off)")
+    ap.add_argument("--recency", help="comma-separated gyms whose teacher gets a linear recency position feature (default none)")
+    ap.add_argument("--cache", help="teacher cache directory (default ./cache)")
+
+
+def config_from_args(args: argparse.Namespace, base: EvidenceConfig) -> EvidenceConfig:
+    from masklab.cli import int_list, str_list  # noqa: PLC0415
+
+    cfg = base
+    if args.task:
+        cfg = replace(cfg, tasks=str_list(args.task))
+    if args.hops:
+        cfg = replace(cfg, hops=int_list(args.hops))
+    if args.method:
+        cfg = replace(cfg, methods=str_list(args.method))
+    if args.aggregate:
+        cfg = replace(cfg, aggregates=str_list(args.aggregate))
+    if args.recency:
+        cfg = replace(cfg, recency_tasks=[] if args.recency == "none" else str_list(args.recency))
+    for t in cfg.recency_tasks:
+        if t not in GYMS:
+            raise MasklabError(f"unknown gym {t!r} in --recency; choose from {', '.join(GYMS)}")
+    for name in ("updates", "items", "vocab", "tags", "max_count", "mode", "examples", "teacher_steps", "teacher_lr", "dim", "depth", "heads", "max_factor", "aux", "cache"):
+        value = getattr(args, name)
+        if value is not None:
+            cfg = replace(cfg, **{name: value})
+    return cfg

@@ -1,0 +1,80 @@
+"""Teacher cache and the `masklab evidence --quick` CLI end to end."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from masklab.cli import main
+from masklab.evidence.teacher import TeacherConfig, load_or_train, schedule, gym_of
+
+
+def test_teacher_cache_round_trip_and_curriculum(tmp_path):
+    cfg = TeacherConfig(task="kv", items=6, vocab=32, dim=16, depth=1, heads=2, steps=5, batch=8, eval_examples=20, max_factor=2)
+    a, info_a = load_or_train(cfg, tmp_path)
+    b, info_b = load_or_train(cfg, tmp_path)
+    assert not info_a["cached"] and info_b["cached"]
+    assert info_a["acc_n"] == info_b["acc_n"]
+    files = sorted(p.name for p in (tmp_path / "teachers").iterdir())
+    assert files == [f"{cfg.key()}.json", f"{cfg.key()}.safetensors"]
+    batch = gym_of(cfg).sample(4, 6, np.random.default_rng(0))
+    args = (batch.items, batch.query, batch.valid, batch.positions)
+    assert torch.equal(a(*args)[0], b(*args)[0])
+    assert cfg.key() != TeacherConfig(task="kv", items=6, vocab=32, dim=16, depth=1, heads=2, steps=6, batch=8, eval_examples=20, max_factor=2).key()
+    # length curriculum: N first, up to max_factor * N at the end; hop curriculum for multihop
+    mh = TeacherConfig(task="multihop", items=16, hops=3, steps=100)
+    g = gym_of(mh)
+    assert schedule(mh, 0, g)["n_items"][1] == 16 and schedule(mh, 99, g)["n_items"][1] == 64
+    assert schedule(mh, 0, g)["max_hops"] == 1 and schedule(mh, 99, g)["max_hops"] == 3
+
+
+def test_late_options_keep_old_cache_keys_and_recency_reader_runs():
+    import hashlib
+    from dataclasses import asdict
+
+    from masklab.evidence.teacher import CACHE_VERSION, build_teacher
+
+    cfg = TeacherConfig(task="stale", hops=0)
+    old = {k: v for k, v in asdict(cfg).items() if k != "recency"}
+    raw = json.dumps({"v": CACHE_VERSION, **old}, sort_keys=True)
+    assert cfg.key() == f"stale-{hashlib.sha1(raw.encode()).hexdigest()[:12]}"
+    rec = TeacherConfig(task="stale", hops=0, recency=True, items=6, vocab=32, dim=16, depth=1, heads=2)
+    assert rec.key() != cfg.key()
+    batch = gym_of(rec).sample(3, 6, np.random.default_rng(0))
+    logits, _ = build_teacher(rec)(batch.items, batch.query, batch.valid, batch.positions)
+    assert logits.shape == (3, 32)
+
+
+def test_aux_hop_targets_follow_the_chain(tmp_path):
+    from masklab.evidence.teacher import hop_targets, train_teacher
+
+    cfg = TeacherConfig(task="multihop", items=8, vocab=64, hops=3, dim=16, depth=4, heads=2, steps=3, batch=4, eval_examples=8, max_factor=1, aux=1.0)
+    batch = gym_of(cfg).sample(6, 8, np.random.default_rng(1))
+    t = hop_targets(batch, 4)
+    assert torch.equal(t[:, 2], batch.answer) and torch.equal(t[:, 3], batch.answer)  # stays at the answer
+    model, info = train_teacher(cfg)
+    assert 0.0 <= info["acc_n"] <= 1.0 and len(info["curves"]["loss"]) > 0
+
+
+@pytest.mark.slow
+def test_quick_cli_end_to_end(tmp_path, capsys):
+    out = tmp_path / "ev"
+    argv = ["evidence", "--quick", "--out", str(out), "--cache", str(tmp_path / "cache"), "--jobs", "1", "--no-progress",
+            "--teacher-steps", "150", "--examples", "30"]
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["study"] == "evidence" and {r["task"] for r in res["runs"]} == {"multihop-h2", "stale"}
+    rows = {(r["task"], r["method"]): r for r in res["summary"]}
+    for task in ("multihop-h2", "stale"):
+        for method in ("loo", "greedy-minimal", "group-testing", "last-mean/topk", "rollout/top10pct"):
+            row = rows[(task, method)]
+            assert 0 <= row["recall_mean"] <= 1 and 0 <= row["precision_mean"] <= 1
+        assert rows[(task, "loo")]["passes_mean"] == 8
+    assert "stale_over_current_layer0_mean" in rows[("stale", "teacher")]
+    assert "miss_link1_mean" in rows[("multihop-h2", "teacher")]
+    assert (out / "results.md").exists() and (out / "evidence_agreement.png").exists()
+    # a second run reuses the cached teachers and the finished runs
+    assert main(argv) == 0
+    assert main(["evidence", "--quick", "--task", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown evidence task" in capsys.readouterr().err
