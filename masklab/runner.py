@@ -82,6 +82,15 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed + 1_000_003)
 
 
+def warmup_cosine(step: int, steps: int, lr: float, warmup: int, floor: float = 0.0) -> float:
+    """Learning rate at ``step``: linear warm-up over ``warmup`` steps, then cosine decay
+    from ``lr`` to ``floor * lr`` at ``steps``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from masklab.models.reader import EvidenceReader
-from masklab.runner import Checkpoint, MasklabError, read_json, seed_everything, write_json
+from masklab.runner import Checkpoint, MasklabError, read_json, seed_everything, warmup_cosine, write_json
 from masklab.tasks.evidence_gyms import EvidenceBatch, Gym, make_gym
 
 CACHE_VERSION = 1
@@ -146,10 +145,7 @@ def train_teacher(cfg: TeacherConfig, ckpt_dir: Path | None = None, log=None) ->
     gen = torch.Generator().manual_seed(cfg.seed)
 
     def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return cfg.lr * (step + 1) / cfg.warmup
-        t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+        return warmup_cosine(step, cfg.steps, cfg.lr, cfg.warmup, floor=0.05)
 
     ckpt = Checkpoint(ckpt_dir) if ckpt_dir is not None else None
     step, curves = 0, {"step": [], "loss": [], "train_acc": []}

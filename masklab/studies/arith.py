@@ -21,7 +21,6 @@ end (every method, mean over heads and layers), the mask's drift, and CPU second
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -37,7 +36,7 @@ from masklab.bias import MaskPrior  # noqa: E402
 from masklab.models import GPT  # noqa: E402
 from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
 from masklab.report import plot_curves, write_markdown  # noqa: E402
-from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
+from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything, warmup_cosine  # noqa: E402
 from masklab.structures import ARITH_PRIORS, arith_structure, emitting_position, result_width  # noqa: E402
 from masklab.tasks.arithmetic import OPS, VOCAB, WIDTHS, greedy_results, inputs_targets, make_split, score, train_count  # noqa: E402
 
@@ -135,10 +134,7 @@ def attention_stats(model: GPT, probe: torch.Tensor, structures: list[torch.Tens
 
 def lr_at(step: int, p: dict) -> float:
     """Linear warm-up for ``warmup`` steps, then cosine decay to 10% of ``lr``."""
-    if step < p["warmup"]:
-        return p["lr"] * (step + 1) / p["warmup"]
-    t = (step - p["warmup"]) / max(1, p["steps"] - p["warmup"])
-    return p["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+    return warmup_cosine(step, p["steps"], p["lr"], p["warmup"], floor=0.1)
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:

@@ -33,7 +33,7 @@ from masklab import distributed as dist
 from masklab.bias import ALiBi, MaskPrior
 from masklab.models import GPT
 from masklab.report import plot_curves, write_markdown
-from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything
+from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything, warmup_cosine
 from masklab.structures import relative_distance
 from masklab.tasks.text import CORPORA, TOKENIZERS, TokenData, load_corpus, tokenize
 
@@ -111,10 +111,8 @@ def build_model(p: dict, vocab: int) -> GPT:
 
 
 def lr_at(step: int, p: dict) -> float:
-    warm = max(1, int(p["warmup"] * p["steps"]))
-    if step < warm:
-        return p["lr"] * (step + 1) / warm
-    return p["lr"] * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, p["steps"] - warm)))
+    """Linear warm-up over ``warmup * steps`` steps, then cosine decay to 0."""
+    return warmup_cosine(step, p["steps"], p["lr"], max(1, int(p["warmup"] * p["steps"])))
 
 
 @torch.no_grad()

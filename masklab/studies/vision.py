@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from masklab.bias import MaskPrior  # noqa: E402
 from masklab.models import PRESETS, ViT  # noqa: E402
 from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
 from masklab.report import fmt, plot_curves, write_markdown  # noqa: E402
-from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
+from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything, warmup_cosine  # noqa: E402
 from masklab.structures import impulse_2d, locality_2d, neighbourhood_2d  # noqa: E402
 from masklab.tasks.vision import DATASETS, VisionData, augment, load_vision, normalise  # noqa: E402
 
@@ -111,10 +110,7 @@ def model_size(p: dict) -> dict:
 
 def lr_at(step: int, p: dict) -> float:
     """Linear warm-up over ``warmup * steps`` steps, then cosine decay to 0."""
-    warm = max(1, int(p["warmup"] * p["steps"]))
-    if step < warm:
-        return p["lr"] * (step + 1) / warm
-    return p["lr"] * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, p["steps"] - warm)))
+    return warmup_cosine(step, p["steps"], p["lr"], max(1, int(p["warmup"] * p["steps"])))
 
 
 @torch.no_grad()
