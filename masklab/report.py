@@ -51,7 +51,6 @@ def markdown_table(summary: list[dict], paper: list[dict], metrics: list[str], d
 
 def write_markdown(results: dict, out: Path, metrics: list[str], command: str, notes: str = "", figures: list[str] = ()) -> None:
     """Write ``out/results.md``."""
-    env = results["environment"]
     parts = [
         f"# {results['study']}",
         "",
@@ -65,14 +64,19 @@ def write_markdown(results: dict, out: Path, metrics: list[str], command: str, n
         parts += ["", notes.strip()]
     for fig in figures:
         parts += ["", f"![{fig}]({fig})"]
+    parts += ["", environment_line(results)]
+    atomic_write_text(Path(out) / "results.md", "\n".join(parts) + "\n")
+
+
+def environment_line(results: dict) -> str:
+    """The footer of every results.md: versions, threads, jobs, git revision, total run time."""
+    env = results["environment"]
     total = sum(r["seconds"] for r in results["runs"])
-    parts += [
-        "",
+    return (
         f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
         f"{env.get('torch_threads_per_run')} thread(s) per run, {env.get('jobs')} job(s), git {env['git_rev']}; "
-        f"sum of run times {total:.0f} s.",
-    ]
-    atomic_write_text(Path(out) / "results.md", "\n".join(parts) + "\n")
+        f"sum of run times {total:.0f} s."
+    )
 
 
 def save_figure(fig: plt.Figure, path: Path) -> None:

@@ -36,7 +36,7 @@ from masklab.evidence.attention_targets import AGGREGATES, SELECTIONS, aggregate
 from masklab.evidence.interventions import MODES, answer_logits, evidence_mask, evidence_sets
 from masklab.evidence.search import SEARCHES
 from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
-from masklab.report import markdown_table, plot_curves, save_figure
+from masklab.report import environment_line, markdown_table, plot_curves, save_figure
 from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, summarize, write_json
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
@@ -345,7 +345,6 @@ def report(results: dict, out: Path, command: str) -> None:
         figures.append("evidence_stale_layers.png")
     plot_curves(results["runs"], "loss", out / "evidence_teacher_loss.png", ylabel="teacher training loss", title="Teachers")
     figures.append("evidence_teacher_loss.png")
-    env = results["environment"]
     sets = [r for r in summary if r["method"] != "teacher"]
     parts = [
         "# evidence",
@@ -370,13 +369,7 @@ def report(results: dict, out: Path, command: str) -> None:
         "exceeds that on the current one.",
     ]
     parts += [f"\n![{f}]({f})" for f in figures]
-    total = sum(r["seconds"] for r in results["runs"])
-    parts += [
-        "",
-        f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
-        f"{env.get('torch_threads_per_run')} thread(s) per run, {env.get('jobs')} job(s), git {env['git_rev']}; "
-        f"sum of run times {total:.0f} s.",
-    ]
+    parts += ["", environment_line(results)]
     atomic_write_text(out / "results.md", "\n".join(parts) + "\n")
 
 
