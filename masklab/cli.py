@@ -29,7 +29,10 @@ STUDIES = {
     "stale": "masklab.studies.stale",
     "prune": "masklab.studies.prune",
     "pretrained": "masklab.studies.pretrained",
+    "route": "masklab.studies.routing",
 }
+# `masklab reproduce NAME` also accepts the names of the paper tables
+REPRODUCE = {**{name: name for name in STUDIES}, "routing": "route"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
 
 
@@ -64,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_arguments(p)
         p.set_defaults(study=module)
     rep = sub.add_parser("reproduce", help="run the study that reproduces a paper table, on its defaults")
-    rep.add_argument("name", choices=sorted(STUDIES))
+    rep.add_argument("name", choices=sorted(REPRODUCE))
     _common(rep, "")
     mp = sub.add_parser("models", help="list the pretrained models masklab can load and whether they are installed")
     mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             return pretrained_cli.main(args)
         distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
         if args.command in ("reproduce", "sweep"):
-            module = (STUDIES if args.command == "reproduce" else SWEEPS)[args.name]
+            module = STUDIES[REPRODUCE[args.name]] if args.command == "reproduce" else SWEEPS[args.name]
             mod = importlib.import_module(module)
             cfg = mod.quick_config() if args.quick else mod.reproduce_config()
             out = Path(args.out or f"runs/{args.name}")

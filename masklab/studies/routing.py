@@ -1,0 +1,511 @@
+"""Study B, second half: routers trained on causal evidence vs attention vs gold, sparse inference.
+
+Per gym (``multihop`` at each ``--hops``, ``stale``, ``kv``, ``aggregate``):
+
+1. **prepare** (one run per gym): the dense teacher (cached, shared with ``masklab evidence``:
+   same settings, same cache key) and, per seed, a *pool* of ``pool`` training examples with
+   ``items / 2 .. items`` items and every training target computed once with the teacher:
+   ``gold``, ``causal`` (= ``loo`` leave-one-out evidence of the teacher's dense answer),
+   ``attention`` (= ``last-mean/topk``: the items with the highest last-layer attention from
+   the query, k = gold size), or any other name of :func:`masklab.evidence.targets.target_names`.
+   One pool per (gym, seed) serves every target, so the targets differ and nothing else does.
+2. **routers** (one run per gym x target x seed): the same router, trained for the same
+   number of steps on the same pool, only the target column differs
+   (:func:`masklab.routing.train.train_router`); the ``independent`` router (items scored
+   without seeing each other) is trained on ``independent_targets``.
+3. **evaluation** at ``lengths`` x N items (the router is trained at N only; the teacher
+   reads up to 4N): keep the top items by each router and by each baseline (``dense``,
+   ``random``, ``recent``, ``teacher-attention`` = SnapKV-style selection from the teacher's
+   own dense pre-fill, ``oracle-gold``), let the teacher answer from the kept items only
+   (dropping the others), at the headline ``budget`` and along the ``budgets`` curve.
+
+Metrics (means over ``examples`` fresh held-out examples): ``acc_<m>x`` accuracy of the
+teacher's answer from the kept items at m x N items (headline budget), ``recall_<m>x``
+fraction of gold evidence kept, ``acc_<m>x@<b>`` / ``recall_<m>x@<b>`` along the budget
+curve, ``flops_ratio_<m>x`` (router + sparse teacher) / dense teacher FLOPs by formula,
+``speedup_<m>x`` measured dense / (router + sparse teacher) wall-clock on the eval batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from masklab.evidence.interventions import answer_logits
+from masklab.evidence.targets import target_masks, target_names
+from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
+from masklab.report import environment_line, markdown_table, save_figure
+from masklab.routing.routers import build_router
+from masklab.routing.sparse import SELECTORS, AttentionSelector, budget_label, keep_mask, parse_budget, teacher_answer, teacher_flops
+from masklab.routing.train import LOSSES, train_router
+from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, summarize, write_json
+from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
+
+NAME = "routing"
+
+# ../shared/papers.md, Study B, multi-hop retrieval: the teacher answering from the items a
+# router keeps. Only these three numbers are stated; nothing else is compared numerically.
+PAPER = [
+    {"task": "multihop-h2", "method": "router/attention", "metric": "acc", "value": 0.41},
+    {"task": "multihop-h2", "method": "router/causal", "metric": "acc", "value": 0.99},
+    {"task": "multihop-h2", "method": "dense", "metric": "acc", "value": 0.99},
+]
+
+# short names for the training targets of the paper
+TARGET_ALIASES = {"causal": "loo", "attention": "last-mean/topk"}
+BASELINES = ("dense", "random", "recent", "teacher-attention", "oracle-gold")
+_SELECTOR_OF = {"dense": "dense", "random": "random", "recent": "recent", "teacher-attention": "attention", "oracle-gold": "gold"}
+
+
+@dataclass
+class RoutingConfig:
+    """Gyms, teacher (same fields as ``masklab evidence``, so teachers are shared), routers, evaluation."""
+
+    tasks: list[str] = field(default_factory=lambda: ["multihop", "stale", "kv", "aggregate"])
+    hops: list[int] = field(default_factory=lambda: [2, 3])
+    updates: int = 2
+    items: int = 16
+    vocab: int = 256
+    tags: int = 8
+    max_count: int = 4
+    targets: list[str] = field(default_factory=lambda: ["gold", "causal", "attention"])
+    independent_targets: list[str] = field(default_factory=lambda: ["causal"])
+    router_dim: int = 32
+    router_depth: int = 3
+    router_heads: int = 4
+    router_steps: int = 3000
+    router_batch: int = 64
+    router_lr: float = 2e-3
+    loss: str = "bce"
+    pool: int = 24000
+    budget: str = "gold"
+    budgets: list[str] = field(default_factory=lambda: ["1", "2", "3", "4", "6", "8", "10%"])
+    lengths: list[int] = field(default_factory=lambda: [1, 2, 4])
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
+    snap_aggregate: str = "layer-mean"
+    examples: int = 500
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    # teacher (see masklab.evidence.teacher.TeacherConfig)
+    dim: int = 64
+    depth: int = 4
+    heads: int = 4
+    teacher_steps: int = 3000
+    teacher_batch: int = 64
+    teacher_lr: float = 2e-3
+    max_factor: int = 4
+    aux_hops: int = 3  # multihop teachers with at least this many hops get the auxiliary hop loss
+    teacher_seed: int = 0
+    mode: str = "delete"
+    cache: str = "cache"
+
+
+Config = RoutingConfig
+
+
+def quick_config() -> RoutingConfig:
+    # two gyms at N = 8, short-trained teachers and routers: shows the pipeline in about a minute
+    return RoutingConfig(
+        tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, depth=3, max_factor=2,
+        router_steps=400, pool=3000, examples=200, seeds=[0], lengths=[1, 2], budgets=["1", "2", "4"],
+        independent_targets=[],
+    )
+
+
+def reproduce_config() -> RoutingConfig:
+    return RoutingConfig()
+
+
+def resolve_target(name: str) -> str:
+    return TARGET_ALIASES.get(name, name)
+
+
+def task_label(task: str, hops: int) -> str:
+    return f"multihop-h{hops}" if task == "multihop" else task
+
+
+def teacher_config(p: dict, task: str, hops: int) -> TeacherConfig:
+    return TeacherConfig(
+        task=task, items=p["items"], vocab=p["vocab"], hops=hops, updates=p["updates"], tags=p["tags"],
+        max_count=p["max_count"], max_factor=p["max_factor"], dim=p["dim"], depth=p["depth"], heads=p["heads"],
+        steps=p["teacher_steps"], batch=p["teacher_batch"], lr=p["teacher_lr"],
+        aux=1.0 if task == "multihop" and hops >= p["aux_hops"] else 0.0, seed=p["teacher_seed"],
+    )
+
+
+# ----------------------------------------------------------------------------- pools
+
+POOL_FIELDS = ("items", "valid", "positions", "query", "answer", "gold", "hops")
+
+
+def pool_path(p: dict, task: str, hops: int, seed: int) -> Path:
+    raw = json.dumps({"teacher": teacher_config(p, task, hops).key(), "pool": p["pool"], "items": p["items"], "seed": seed,
+                      "targets": sorted(pool_targets(p))}, sort_keys=True)
+    return Path(p["cache"]) / "pools" / f"{task_label(task, hops)}-{hashlib.sha1(raw.encode()).hexdigest()[:12]}.safetensors"
+
+
+def pool_targets(p: dict) -> list[str]:
+    return sorted({resolve_target(t) for t in [*p["targets"], *p["independent_targets"]]})
+
+
+def build_pool(teacher, p: dict, task: str, hops: int, seed: int) -> tuple[EvidenceBatch, dict[str, torch.Tensor]]:
+    """``pool`` fresh training examples and every training target for them, computed once."""
+    gym = gym_of(teacher_config(p, task, hops))
+    N = p["items"]
+    pool = gym.sample(p["pool"], (max(gym.min_items, N // 2), N), np.random.default_rng([seed, 2024]))
+    targets = {}
+    for name in pool_targets(p):
+        parts = [target_masks(teacher, pool.select(slice(s, s + 2048)), name) for s in range(0, len(pool), 2048)]
+        targets[name] = torch.cat(parts)
+    return pool, targets
+
+
+def save_pool(path: Path, pool: EvidenceBatch, targets: dict[str, torch.Tensor]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {f: getattr(pool, f).contiguous() for f in POOL_FIELDS}
+    tensors.update({f"target:{k}": v.contiguous() for k, v in targets.items()})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp), metadata={"task": pool.task})
+    os.replace(tmp, path)
+
+
+def load_pool(path: Path) -> tuple[EvidenceBatch, dict[str, torch.Tensor]]:
+    if not path.exists():
+        raise MasklabError(f"training pool {path} is missing; run the study's prepare step (it runs first)")
+    t = load_file(str(path))
+    with safe_open(str(path), "pt") as f:
+        task = f.metadata()["task"]
+    pool = EvidenceBatch(task, *(t[f] for f in POOL_FIELDS))
+    return pool, {k.split(":", 1)[1]: v for k, v in t.items() if k.startswith("target:")}
+
+
+def prepare_one(spec: dict, ckpt_dir: Path) -> dict:
+    """Teacher (cached) and one training pool per seed for one gym."""
+    p = spec["params"]
+    task, hops = p["gym"], p["hops"]
+    t0 = time.perf_counter()
+    teacher, info = load_or_train(teacher_config(p, task, hops), Path(p["cache"]), ckpt_dir)
+    teacher_seconds = time.perf_counter() - t0
+    pool_seconds = []
+    for seed in p["seeds"]:
+        path = pool_path(p, task, hops, seed)
+        t1 = time.perf_counter()
+        if not path.exists():
+            save_pool(path, *build_pool(teacher, p, task, hops, seed))
+        pool_seconds.append(round(time.perf_counter() - t1, 2))
+    metrics = {
+        "teacher_acc_n": info["acc_n"], "teacher_acc_max": info["acc_max"], "teacher_cached": float(info["cached"]),
+        "teacher_seconds": round(teacher_seconds, 2), "pool_seconds": float(np.sum(pool_seconds)),
+    }
+    return {"metrics": metrics, "curves": info["curves"], "extra": {"teacher_key": teacher_config(p, task, hops).key()}}
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def eval_batches(p: dict, task: str, hops: int, seed: int) -> dict[int, EvidenceBatch]:
+    gym = gym_of(teacher_config(p, task, hops))
+    return {m: gym.sample(p["examples"], m * p["items"], np.random.default_rng([seed, 999, m])) for m in p["lengths"]}
+
+
+def evaluate_scores(teacher, batch: EvidenceBatch, scores: torch.Tensor, p: dict, m: int, keep_all: bool = False) -> dict[str, float]:
+    """Accuracy and gold recall of the teacher reading the kept items, for every budget."""
+    out = {}
+    budgets = [p["budget"], *p["budgets"]]
+    for i, b in enumerate(budgets):
+        keep = batch.valid.clone() if keep_all else keep_mask(scores, batch.valid, parse_budget(b), gold=batch.gold)
+        acc = float((teacher_answer(teacher, batch, keep, p["mode"]) == batch.answer).float().mean())
+        recall = float(((keep & batch.gold).sum(1).float() / batch.gold.sum(1).clamp(min=1).float()).mean())
+        suffix = "" if i == 0 else f"@{budget_label(parse_budget(b))}"
+        out[f"acc_{m}x{suffix}"] = acc
+        out[f"recall_{m}x{suffix}"] = recall
+        if i == 0:
+            out[f"kept_{m}x"] = float(keep.sum(1).float().mean())
+    return out
+
+
+def timed(fn, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def router_cost(teacher, router, batch: EvidenceBatch, p: dict, m: int) -> dict[str, float]:
+    """FLOPs ratio by formula and measured wall-clock speed-up of router + sparse teacher."""
+    budget = parse_budget(p["budget"])
+    n = int(batch.items.shape[1])
+
+    def sparse():
+        with torch.no_grad():
+            s = router(batch.items, batch.query, batch.valid, batch.positions)
+            keep = keep_mask(s, batch.valid, budget, gold=batch.gold)
+            answer_logits(teacher, batch, keep, "delete")
+
+    def dense():
+        answer_logits(teacher, batch)
+
+    with torch.no_grad():
+        s = router(batch.items, batch.query, batch.valid, batch.positions)
+        k = float(keep_mask(s, batch.valid, budget, gold=batch.gold).sum(1).float().mean())
+    flops = (router.flops(n) + teacher_flops(teacher, round(k))) / teacher_flops(teacher, n)
+    return {f"flops_ratio_{m}x": flops, f"speedup_{m}x": timed(dense) / timed(sparse)}
+
+
+def load_teacher_for(p: dict, task: str, hops: int):
+    teacher, _ = load_or_train(teacher_config(p, task, hops), Path(p["cache"]))  # cached by prepare
+    return teacher
+
+
+def router_one(spec: dict, ckpt_dir: Path) -> dict:
+    """Train one router on one target of the (gym, seed) pool and evaluate it."""
+    p = spec["params"]
+    task, hops, seed = p["gym"], p["hops"], spec["seed"]
+    teacher = load_teacher_for(p, task, hops)
+    pool, targets = load_pool(pool_path(p, task, hops, seed))
+    target = resolve_target(p["target"])
+    torch.manual_seed(seed)
+    router = build_router(p["router"], p["vocab"], p["router_dim"], p["router_depth"], p["router_heads"])
+    info = train_router(router, pool, targets[target], items=p["items"], steps=p["router_steps"], batch=p["router_batch"],
+                        lr=p["router_lr"], loss=p["loss"], seed=seed, ckpt_dir=ckpt_dir)
+    metrics: dict[str, float] = {"target_fit": info["curves"]["recall"][-1], "train_seconds": info["seconds"]}
+    for m, batch in eval_batches(p, task, hops, seed).items():
+        with torch.no_grad():
+            scores = router(batch.items, batch.query, batch.valid, batch.positions)
+        metrics.update(evaluate_scores(teacher, batch, scores, p, m))
+        metrics.update(router_cost(teacher, router, batch, p, m))
+    params = sum(x.numel() for x in router.parameters())
+    extra = {"router_parameters": params, "teacher_parameters": sum(x.numel() for x in teacher.parameters())}
+    return {"metrics": metrics, "curves": info["curves"], "extra": extra}
+
+
+def baselines_one(spec: dict, ckpt_dir: Path) -> dict:
+    """Every baseline selection at every length and budget (``name|metric`` keys)."""
+    p = spec["params"]
+    task, hops, seed = p["gym"], p["hops"], spec["seed"]
+    teacher = load_teacher_for(p, task, hops)
+    rng = np.random.default_rng([seed, 555])
+    metrics: dict[str, float] = {}
+    for m, batch in eval_batches(p, task, hops, seed).items():
+        for name in p["baselines"]:
+            sel = SELECTORS[_SELECTOR_OF[name]]
+            if name == "teacher-attention":
+                sel = AttentionSelector(p["snap_aggregate"])
+            scores = sel.score(teacher, batch, rng)
+            res = evaluate_scores(teacher, batch, scores, p, m, keep_all=name == "dense")
+            metrics.update({f"{name}|{k}": v for k, v in res.items()})
+    return {"metrics": metrics, "curves": {}, "extra": {}}
+
+
+def run_one(spec: dict, ckpt_dir: Path) -> dict:
+    return {"prepare": prepare_one, "router": router_one, "baselines": baselines_one}[spec["params"]["kind"]](spec, ckpt_dir)
+
+
+# ----------------------------------------------------------------------------- study
+
+
+def gym_runs(cfg: RoutingConfig) -> list[tuple[str, int]]:
+    return [(t, h) for t in cfg.tasks for h in (cfg.hops if t == "multihop" else [0])]
+
+
+def base_params(cfg: RoutingConfig) -> dict:
+    return {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds")}
+
+
+def prepare_specs(cfg: RoutingConfig) -> list[RunSpec]:
+    base = base_params(cfg)
+    return [RunSpec(task_label(t, h), "prepare", cfg.teacher_seed, {**base, "gym": t, "hops": h, "kind": "prepare", "seeds": cfg.seeds}) for t, h in gym_runs(cfg)]
+
+
+def router_specs(cfg: RoutingConfig) -> list[RunSpec]:
+    base = base_params(cfg)
+    specs = []
+    for t, h in gym_runs(cfg):
+        for seed in cfg.seeds:
+            gym = {**base, "gym": t, "hops": h}
+            for router, targets in (("transformer", cfg.targets), ("independent", cfg.independent_targets)):
+                for target in targets:
+                    label = f"router/{target}" if router == "transformer" else f"{router}/{target}"
+                    specs.append(RunSpec(task_label(t, h), label, seed, {**gym, "kind": "router", "router": router, "target": target}))
+            specs.append(RunSpec(task_label(t, h), "baselines", seed, {**gym, "kind": "baselines"}))
+    return specs
+
+
+def validate(cfg: RoutingConfig) -> None:
+    for t in cfg.tasks:
+        if t not in GYMS:
+            raise MasklabError(f"unknown task {t!r}; choose from {', '.join(GYMS)}")
+    names = set(target_names())
+    for t in [*cfg.targets, *cfg.independent_targets]:
+        if resolve_target(t) not in names and not re.fullmatch(r"layer\d+(/topk|/top10pct)?", t):
+            raise MasklabError(f"unknown router target {t!r}; choose from causal, attention, {', '.join(sorted(names))}")
+    for b in cfg.baselines:
+        if b not in BASELINES:
+            raise MasklabError(f"unknown baseline {b!r}; choose from {', '.join(BASELINES)}")
+    for b in [cfg.budget, *cfg.budgets]:
+        parse_budget(b)
+    if cfg.loss not in LOSSES:
+        raise MasklabError(f"unknown --loss {cfg.loss!r}; choose from {', '.join(LOSSES)}")
+    if max(cfg.lengths) > cfg.max_factor or min(cfg.lengths) < 1:
+        raise MasklabError(f"--lengths must be in 1..{cfg.max_factor} (the teacher reads up to max_factor x N)")
+    if cfg.items < 2 or cfg.pool < cfg.router_batch or cfg.examples < 1 or cfg.router_steps < 1:
+        raise MasklabError("--items must be >= 2, --pool >= the router batch, --examples and --router-steps positive")
+    for t, h in gym_runs(cfg):
+        gym_of(teacher_config({**base_params(cfg)}, t, h)).check(cfg.items * cfg.max_factor)
+
+
+def expand(runs: list[dict]) -> list[dict]:
+    """Baseline runs hold ``name|metric`` keys: one pseudo-run per baseline."""
+    out = []
+    for r in runs:
+        if r["method"] != "baselines":
+            out.append(r)
+            continue
+        per: dict[str, dict] = {}
+        for key, v in r["metrics"].items():
+            name, metric = key.split("|", 1)
+            per.setdefault(name, {})[metric] = v
+        out += [{"task": r["task"], "method": name, "seed": r["seed"], "metrics": ms, "curves": {}} for name, ms in per.items()]
+    return out
+
+
+def run(cfg: RoutingConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab route") -> dict:
+    validate(cfg)
+    out = Path(out)
+    prep = run_study(f"{NAME}-prepare", asdict(cfg), prepare_specs(cfg), "masklab.studies.routing:run_one", out / "prepare", jobs=jobs, progress=progress)
+    results = run_study(NAME, asdict(cfg), router_specs(cfg), "masklab.studies.routing:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
+    results["summary"] = summarize(expand(results["runs"]))
+    results["teachers"] = prep["summary"]
+    write_json(out / "results.json", results)
+    report(results, cfg, out, command)
+    return results
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def plot_budget_curves(summary: list[dict], cfg: RoutingConfig, path: Path) -> None:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    tasks = list(dict.fromkeys(r["task"] for r in summary))
+    lengths = [min(cfg.lengths), max(cfg.lengths)] if len(cfg.lengths) > 1 else cfg.lengths
+    counts = [b for b in cfg.budgets if isinstance(parse_budget(b), int)]
+    fig, axes = plt.subplots(len(lengths), len(tasks), figsize=(4.0 * len(tasks), 3.3 * len(lengths)), squeeze=False)
+    for i, m in enumerate(lengths):
+        for ax, task in zip(axes[i], tasks):
+            for r in (r for r in summary if r["task"] == task):
+                ys = [r.get(f"acc_{m}x@{b}_mean") for b in counts]
+                es = [r.get(f"acc_{m}x@{b}_std") or 0.0 for b in counts]
+                if any(y is None for y in ys):
+                    continue
+                style = "-" if r["method"].startswith(("router", "independent")) else "--"
+                ax.errorbar([int(b) for b in counts], ys, yerr=es, label=r["method"], linestyle=style, marker="o", ms=3, capsize=2)
+            ax.set_title(f"{task}, {m} x N = {m * cfg.items} items")
+            ax.set_xlabel("items kept (k)")
+            ax.set_ylabel("teacher accuracy")
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("Accuracy of the teacher reading only the kept items, vs budget")
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+NOTES = """\
+Rows: `router/<target>` a transformer router trained on that target (`causal` = leave-one-out evidence of the
+teacher's dense answer, `attention` = the teacher's last-layer top-k attention items, k = gold size, `gold` = the
+gym's exact evidence); `independent/<target>` a router whose items do not see each other; baselines `dense`
+(teacher reads everything), `random`, `recent` (the last k items), `teacher-attention` (SnapKV-style: the items the
+teacher attends to most in a dense pre-fill), `oracle-gold`. `acc_<m>x`: the teacher's accuracy reading only the
+kept items at m x N items; `recall_<m>x`: fraction of gold evidence kept; routers are trained at N only.
+`flops_ratio_4x`: (router + sparse teacher) / dense teacher FLOPs by formula; `speedup_4x`: measured wall-clock
+dense / (router + sparse teacher) on the evaluation batch (one process, one thread)."""
+
+
+def report(results: dict, cfg: RoutingConfig, out: Path, command: str) -> None:
+    summary = results["summary"]
+    m_hi = max(cfg.lengths)
+    main = ["acc_1x", "recall_1x", *(f"acc_{m}x" for m in cfg.lengths if m > 1), f"recall_{m_hi}x", "kept_1x"]
+    cost = [f"flops_ratio_{m_hi}x", f"speedup_{m_hi}x", "target_fit"]
+    paper = [{**p, "metric": "acc"} for p in results["paper"]]
+    plot_budget_curves(summary, cfg, out / "routing_budget.png")
+    routers = [r for r in summary if r["method"].startswith(("router", "independent"))]
+    ten = [f"acc_{m_hi}x@10pct", f"recall_{m_hi}x@10pct"] if "10%" in cfg.budgets else []
+    teachers = markdown_table(results["teachers"], [], ["teacher_acc_n", "teacher_acc_max", "teacher_seconds", "pool_seconds"])
+    parts = [
+        "# routing",
+        "",
+        f"Regenerate with: `{command}`",
+        "",
+        f"## Teacher accuracy from the kept items (budget `{cfg.budget}`; N = {cfg.items})",
+        "",
+        markdown_table(summary, paper, main),
+        "",
+        NOTES,
+        "",
+        "## Cost and fit of the routers",
+        "",
+        markdown_table(routers, [], cost),
+        "",
+    ]
+    if ten:
+        parts += [f"## At {m_hi} x N with a 10% budget", "", markdown_table(summary, [], ten), ""]
+    parts += ["## Teachers and training pools", "", teachers, "", "![routing_budget.png](routing_budget.png)", "", environment_line(results)]
+    atomic_write_text(out / "results.md", "\n".join(parts) + "\n")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--task", help=f"comma-separated gyms ({', '.join(GYMS)}); default all")
+    ap.add_argument("--hops", help="multihop chain length(s), comma-separated (default 2,3)")
+    ap.add_argument("--items", type=int, help="items per context N the routers are trained at (default 16)")
+    ap.add_argument("--targets", help="comma-separated router targets: causal, attention, gold, or any evidence target name (default causal,attention,gold)")
+    ap.add_argument("--independent", help="targets for the independent (no item interaction) router; 'none' for none (default causal)")
+    ap.add_argument("--budget", help="headline budget: items (3), fraction (10%%) or gold (default gold = the gold evidence size)")
+    ap.add_argument("--budgets", help="comma-separated budget curve (default 1,2,3,4,6,8,10%%)")
+    ap.add_argument("--lengths", help="evaluate at these multiples of N (default 1,2,4)")
+    ap.add_argument("--router-dim", type=int)
+    ap.add_argument("--router-depth", type=int)
+    ap.add_argument("--router-steps", type=int)
+    ap.add_argument("--loss", choices=LOSSES)
+    ap.add_argument("--pool", type=int, help="training examples per (gym, seed), targets computed once (default 24000)")
+    ap.add_argument("--snap-aggregate", help="attention aggregate of the teacher-attention baseline (default layer-mean)")
+    ap.add_argument("--examples", type=int, help="held-out examples per length")
+    ap.add_argument("--vocab", type=int)
+    ap.add_argument("--updates", type=int)
+    ap.add_argument("--teacher-steps", type=int)
+    ap.add_argument("--cache", help="teacher and pool cache directory (default ./cache)")
+
+
+def config_from_args(args: argparse.Namespace, base: RoutingConfig) -> RoutingConfig:
+    from masklab.cli import int_list, str_list  # noqa: PLC0415
+
+    cfg = base
+    for name, conv in (("task", "tasks"), ("targets", "targets"), ("budgets", "budgets")):
+        if getattr(args, name):
+            cfg = replace(cfg, **{conv: str_list(getattr(args, name))})
+    if args.hops:
+        cfg = replace(cfg, hops=int_list(args.hops))
+    if args.lengths:
+        cfg = replace(cfg, lengths=int_list(args.lengths))
+    if args.independent:
+        cfg = replace(cfg, independent_targets=[] if args.independent == "none" else str_list(args.independent))
+    for name in ("items", "budget", "router_dim", "router_depth", "router_steps", "loss", "pool", "snap_aggregate", "examples", "vocab", "updates", "teacher_steps", "cache"):
+        value = getattr(args, name)
+        if value is not None:
+            cfg = replace(cfg, **{name: value})
+    return cfg
