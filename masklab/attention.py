@@ -55,8 +55,12 @@ class Attention(nn.Module):
             total = total + t
         return total
 
-    def forward(self, x: Tensor, bias: Tensor | None = None, return_probs: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x: ``(B, T, D)``; bias: additive ``(B|1, H|1, T, T)`` (``-inf`` allowed).
+    def forward(
+        self, x: Tensor, bias: Tensor | None = None, return_probs: bool = False, query_scale: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: ``(B, T, D)``; bias: additive ``(B|1, H|1, T, T)`` (``-inf`` allowed);
+        query_scale: optional ``(B,)`` factor on every query of an example, i.e. a per-example
+        inverse temperature of the logits (e.g. ``log n`` length scaling).
 
         Returns ``(y, probs)``: ``y`` is ``(B, T, D)``; ``probs`` is ``(B, H, T, T)`` when
         ``return_probs`` else ``None``. A query row whose keys are all ``-inf`` is undefined
@@ -65,6 +69,8 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         shape = (B, T, self.heads, self.head_dim)
         q = self.q(x).view(shape).transpose(1, 2)  # (B, H, T, dh)
+        if query_scale is not None:
+            q = q * query_scale.view(B, 1, 1, 1).to(q.dtype)
         k = self.k(x).view(shape).transpose(1, 2)
         v = self.v(x).view(shape).transpose(1, 2)
         mask = self.logit_bias(T, bias)
@@ -105,8 +111,10 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_hidden)
 
-    def forward(self, x: Tensor, bias: Tensor | None = None, return_probs: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x: ``(B, T, D)`` -> ``((B, T, D), probs (B, H, T, T) or None)``."""
-        a, probs = self.attn(self.ln1(x), bias, return_probs)
+    def forward(
+        self, x: Tensor, bias: Tensor | None = None, return_probs: bool = False, query_scale: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: ``(B, T, D)`` -> ``((B, T, D), probs (B, H, T, T) or None)``; see :meth:`Attention.forward`."""
+        a, probs = self.attn(self.ln1(x), bias, return_probs, query_scale)
         x = x + a
         return x + self.mlp(self.ln2(x)), probs

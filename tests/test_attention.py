@@ -85,3 +85,18 @@ def test_sdpa_is_the_fused_path():
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=prior(6))
     want = attn.out(want.transpose(1, 2).reshape(2, 6, 12))
     assert torch.allclose(attn(x)[0], want, atol=1e-6)
+
+
+def test_query_scale_is_a_per_example_inverse_temperature():
+    torch.manual_seed(0)
+    attn = Attention(16, 2)
+    x = torch.randn(2, 5, 16)
+    _, p1 = attn(x, return_probs=True)
+    scale = torch.tensor([1.0, 3.0])
+    y, p = attn(x, return_probs=True, query_scale=scale)
+    assert torch.allclose(p[0], p1[0], atol=1e-6)
+    q = attn.q(x[1]).view(5, 2, 8).transpose(0, 1)
+    k = attn.k(x[1]).view(5, 2, 8).transpose(0, 1)
+    assert torch.allclose(p[1], (3.0 * q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1), atol=1e-5)
+    fused, _ = attn(x, query_scale=scale)
+    assert torch.allclose(fused, y, atol=1e-5)  # both paths honour it

@@ -59,9 +59,9 @@ class Router(nn.Module):
 
     name = "base"
 
-    def __init__(self, vocab: int, dim: int = 64, depth: int = 3, heads: int = 4) -> None:
+    def __init__(self, vocab: int, dim: int = 32, depth: int = 2, heads: int = 2, length_scale: bool = True) -> None:
         super().__init__()
-        self.vocab, self.dim, self.depth, self.heads = vocab, dim, depth, heads
+        self.vocab, self.dim, self.depth, self.heads, self.length_scale = vocab, dim, depth, heads, length_scale
         self.sym = nn.Embedding(vocab, dim)
         nn.init.normal_(self.sym.weight, std=0.5)
 
@@ -89,10 +89,13 @@ class Router(nn.Module):
 
 @register("transformer")
 class TransformerRouter(Router):
-    """Items and query as tokens through ``depth`` blocks of the shared attention core."""
+    """Items and query as tokens through ``depth`` blocks of the shared attention core.
 
-    def __init__(self, vocab: int, dim: int = 64, depth: int = 3, heads: int = 4) -> None:
-        super().__init__(vocab, dim, depth, heads)
+    ``length_scale``: multiply every query by ``log(n + 1)`` (``n + 1`` visible tokens), so an
+    attention pattern learned at N items stays as sharp among 4N (log-n length scaling)."""
+
+    def __init__(self, vocab: int, dim: int = 32, depth: int = 2, heads: int = 2, length_scale: bool = True) -> None:
+        super().__init__(vocab, dim, depth, heads, length_scale)
         self.item_in = nn.Linear(2 * dim, dim)
         self.query_in = nn.Linear(2 * dim, dim)
         self.where = nn.Linear(1, dim)  # relative position
@@ -105,8 +108,9 @@ class TransformerRouter(Router):
         x = torch.cat([self.query_in(q)[:, None], self.item_in(it) + self.where(relative_position(positions, valid))], dim=1)
         keep = torch.cat([torch.ones_like(valid[:, :1]), valid], dim=1)
         bias = key_bias(keep)  # (B, 1, 1, N+1)
+        scale = torch.log(keep.sum(1).float()) if self.length_scale else None  # (B,)
         for block in self.blocks:
-            x, _ = block(x, bias)
+            x, _ = block(x, bias, query_scale=scale)
         return self.out(self.ln(x[:, 1:])).squeeze(-1)
 
     def flops(self, n_items: int) -> int:
@@ -115,10 +119,11 @@ class TransformerRouter(Router):
 
 @register("independent")
 class IndependentRouter(Router):
-    """``MLP([item fields; query fields; relative position])`` per item, ``depth`` hidden layers."""
+    """``MLP([item fields; query fields; relative position])`` per item, ``depth`` hidden layers
+    (``heads`` and ``length_scale`` do not apply: there is no attention)."""
 
-    def __init__(self, vocab: int, dim: int = 64, depth: int = 3, heads: int = 4) -> None:
-        super().__init__(vocab, dim, depth, heads)
+    def __init__(self, vocab: int, dim: int = 32, depth: int = 2, heads: int = 2, length_scale: bool = True) -> None:
+        super().__init__(vocab, dim, depth, heads, length_scale)
         layers: list[nn.Module] = [nn.Linear(4 * dim + 1, 2 * dim), nn.GELU()]
         for _ in range(depth - 1):
             layers += [nn.Linear(2 * dim, 2 * dim), nn.GELU()]
@@ -134,7 +139,7 @@ class IndependentRouter(Router):
         return 2 * n_items * (4 * d * 2 * d + (self.depth - 1) * (2 * d) ** 2 + 2 * d)
 
 
-def build_router(name: str, vocab: int, dim: int = 64, depth: int = 3, heads: int = 4) -> Router:
+def build_router(name: str, vocab: int, dim: int = 32, depth: int = 2, heads: int = 2, length_scale: bool = True) -> Router:
     if name not in ROUTERS:
         raise MasklabError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
-    return ROUTERS[name](vocab, dim, depth, heads)
+    return ROUTERS[name](vocab, dim, depth, heads, length_scale)

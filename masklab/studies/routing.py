@@ -82,8 +82,9 @@ class RoutingConfig:
     targets: list[str] = field(default_factory=lambda: ["gold", "causal", "attention"])
     independent_targets: list[str] = field(default_factory=lambda: ["causal"])
     router_dim: int = 32
-    router_depth: int = 3
-    router_heads: int = 4
+    router_depth: int = 2
+    router_heads: int = 2
+    length_scale: bool = True  # log-n query scaling in the router (see TransformerRouter)
     router_steps: int = 3000
     router_batch: int = 64
     router_lr: float = 2e-3
@@ -277,7 +278,7 @@ def router_one(spec: dict, ckpt_dir: Path) -> dict:
     pool, targets = load_pool(pool_path(p, task, hops, seed))
     target = resolve_target(p["target"])
     torch.manual_seed(seed)
-    router = build_router(p["router"], p["vocab"], p["router_dim"], p["router_depth"], p["router_heads"])
+    router = build_router(p["router"], p["vocab"], p["router_dim"], p["router_depth"], p["router_heads"], p["length_scale"])
     info = train_router(router, pool, targets[target], items=p["items"], steps=p["router_steps"], batch=p["router_batch"],
                         lr=p["router_lr"], loss=p["loss"], seed=seed, ckpt_dir=ckpt_dir)
     metrics: dict[str, float] = {"target_fit": info["curves"]["recall"][-1], "train_seconds": info["seconds"]}
@@ -481,6 +482,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--router-dim", type=int)
     ap.add_argument("--router-depth", type=int)
     ap.add_argument("--router-steps", type=int)
+    ap.add_argument("--no-length-scale", action="store_true", help="no log-n query scaling in the router (a length-generalisation factor)")
     ap.add_argument("--loss", choices=LOSSES)
     ap.add_argument("--pool", type=int, help="training examples per (gym, seed), targets computed once (default 24000)")
     ap.add_argument("--snap-aggregate", help="attention aggregate of the teacher-attention baseline (default layer-mean)")
@@ -502,6 +504,8 @@ def config_from_args(args: argparse.Namespace, base: RoutingConfig) -> RoutingCo
         cfg = replace(cfg, hops=int_list(args.hops))
     if args.lengths:
         cfg = replace(cfg, lengths=int_list(args.lengths))
+    if args.no_length_scale:
+        cfg = replace(cfg, length_scale=False)
     if args.independent:
         cfg = replace(cfg, independent_targets=[] if args.independent == "none" else str_list(args.independent))
     for name in ("items", "budget", "router_dim", "router_depth", "router_steps", "loss", "pool", "snap_aggregate", "examples", "vocab", "updates", "teacher_steps", "cache"):
