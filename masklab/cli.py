@@ -33,7 +33,7 @@ STUDIES = {
 }
 # `masklab reproduce NAME` also accepts the names of the paper tables
 REPRODUCE = {**{name: name for name in STUDIES}, "routing": "route"}
-SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs"}
+SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets"}
 
 
 def str_list(text: str) -> list[str]:

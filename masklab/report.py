@@ -79,9 +79,10 @@ def environment_line(results: dict) -> str:
     )
 
 
-def save_figure(fig: plt.Figure, path: Path) -> None:
-    """Lay out, write ``path`` via a temporary file and an atomic rename, close."""
-    fig.tight_layout()
+def save_figure(fig: plt.Figure, path: Path, rect: tuple[float, float, float, float] | None = None) -> None:
+    """Lay out (within ``rect`` of the figure, if given), write ``path`` via a temporary file
+    and an atomic rename, close."""
+    fig.tight_layout(rect=rect)
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -136,9 +136,15 @@ def test_baseline_selectors():
     assert r.shape == b.valid.shape
 
 
-def test_reproduce_routing_is_the_route_study():
-    args = build_parser().parse_args(["reproduce", "routing", "--quick"])
-    assert args.name == "routing"
+def test_reproduce_routing_is_the_route_study_and_the_target_sweep_uses_it():
+    from masklab.cli import REPRODUCE, STUDIES, SWEEPS
+    from masklab.studies import routing_targets
+
+    assert build_parser().parse_args(["reproduce", "routing", "--quick"]).name == "routing"
+    assert STUDIES[REPRODUCE["routing"]] == "masklab.studies.routing" and "routing-targets" in SWEEPS
+    cfg = routing_targets.quick_config()
+    routing_targets.routing.validate(cfg)  # every target name of the sweep is known
+    assert {"causal", "rollout/topk", "last-mean"} <= set(cfg.targets)
 
 
 def test_route_cli_quick_end_to_end(tmp_path, capsys):

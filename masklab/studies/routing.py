@@ -403,7 +403,7 @@ def plot_budget_curves(summary: list[dict], cfg: RoutingConfig, path: Path) -> N
     tasks = list(dict.fromkeys(r["task"] for r in summary))
     lengths = [min(cfg.lengths), max(cfg.lengths)] if len(cfg.lengths) > 1 else cfg.lengths
     counts = [b for b in cfg.budgets if isinstance(parse_budget(b), int)]
-    fig, axes = plt.subplots(len(lengths), len(tasks), figsize=(4.0 * len(tasks), 3.3 * len(lengths)), squeeze=False)
+    fig, axes = plt.subplots(len(lengths), len(tasks), figsize=(4.0 * len(tasks) + 2.0, 3.3 * len(lengths) + 0.5), squeeze=False)
     for i, m in enumerate(lengths):
         for ax, task in zip(axes[i], tasks):
             for r in (r for r in summary if r["task"] == task):
@@ -413,15 +413,15 @@ def plot_budget_curves(summary: list[dict], cfg: RoutingConfig, path: Path) -> N
                     continue
                 style = "-" if r["method"].startswith(("router", "independent")) else "--"
                 ax.errorbar([int(b) for b in counts], ys, yerr=es, label=r["method"], linestyle=style, marker="o", ms=3, capsize=2)
-            ax.set_title(f"{task}, {m} x N = {m * cfg.items} items")
+            ax.set_title(f"{task}, {m} x N = {m * cfg.items} items", fontsize=10)
             ax.set_xlabel("items kept (k)")
             ax.set_ylabel("teacher accuracy")
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
-    fig.suptitle("Accuracy of the teacher reading only the kept items, vs budget")
-    fig.tight_layout()
-    save_figure(fig, path)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=8)
+    fig.suptitle("Teacher accuracy reading only the kept items, vs budget")
+    save_figure(fig, path, rect=(0, 0, 1 - 2.0 / fig.get_figwidth(), 1))
 
 
 NOTES = """\
@@ -439,10 +439,13 @@ def report(results: dict, cfg: RoutingConfig, out: Path, command: str) -> None:
     summary = results["summary"]
     m_hi = max(cfg.lengths)
     main = ["acc_1x", "recall_1x", *(f"acc_{m}x" for m in cfg.lengths if m > 1), f"recall_{m_hi}x", "kept_1x"]
-    cost = [f"flops_ratio_{m_hi}x", f"speedup_{m_hi}x", "target_fit"]
+    cost = ["param_ratio", f"flops_ratio_{m_hi}x", f"speedup_{m_hi}x", "target_fit", "train_seconds"]
     paper = [{**p, "metric": "acc"} for p in results["paper"]]
     plot_budget_curves(summary, cfg, out / "routing_budget.png")
-    routers = [r for r in summary if r["method"].startswith(("router", "independent"))]
+    routers = [dict(r) for r in summary if r["method"].startswith(("router", "independent"))]
+    for r in routers:  # parameters of the router relative to the teacher's
+        ratios = [x["extra"]["router_parameters"] / x["extra"]["teacher_parameters"] for x in results["runs"] if (x["task"], x["method"]) == (r["task"], r["method"])]
+        r["param_ratio_mean"], r["param_ratio_std"] = float(np.mean(ratios)), float(np.std(ratios))
     ten = [f"acc_{m_hi}x@10pct", f"recall_{m_hi}x@10pct"] if "10%" in cfg.budgets else []
     teachers = markdown_table(results["teachers"], [], ["teacher_acc_n", "teacher_acc_max", "teacher_seconds", "pool_seconds"])
     parts = [
