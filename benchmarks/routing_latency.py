@@ -4,7 +4,7 @@
 
 For every context size n and batch size: the dense teacher (the routing study's default
 ``EvidenceReader``: width 64, depth 4) reads all n items; the routed path runs the default
-``transformer`` router (width 32, depth 2, 2 heads) over all n items, keeps the budget (top 10% by
+``transformer`` router (width 32, depth 3, 4 heads) over all n items, keeps the budget (top 10% by
 default) and lets the teacher read only the kept items (dropped from the sequence). Both are
 timed interleaved (median of ``reps``), so machine noise hits both; latency does not depend
 on the weights, so untrained models of the right shapes are used. Prints the FLOPs ratio by
@@ -37,8 +37,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--router-dim", type=int, default=32)
-    ap.add_argument("--router-depth", type=int, default=2)
-    ap.add_argument("--router-heads", type=int, default=2)
+    ap.add_argument("--router-depth", type=int, default=3)
+    ap.add_argument("--router-heads", type=int, default=4)
     ap.add_argument("--json", help="also write the rows to this JSON file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -59,7 +59,7 @@ class Router(nn.Module):
 
     name = "base"
 
-    def __init__(self, vocab: int, dim: int = 32, depth: int = 2, heads: int = 2, length_scale: bool = True) -> None:
+    def __init__(self, vocab: int, dim: int = 32, depth: int = 3, heads: int = 4, length_scale: bool = True) -> None:
         super().__init__()
         self.vocab, self.dim, self.depth, self.heads, self.length_scale = vocab, dim, depth, heads, length_scale
         self.sym = nn.Embedding(vocab, dim)
@@ -94,7 +94,7 @@ class TransformerRouter(Router):
     ``length_scale``: multiply every query by ``log(n + 1)`` (``n + 1`` visible tokens), so an
     attention pattern learned at N items stays as sharp among 4N (log-n length scaling)."""
 
-    def __init__(self, vocab: int, dim: int = 32, depth: int = 2, heads: int = 2, length_scale: bool = True) -> None:
+    def __init__(self, vocab: int, dim: int = 32, depth: int = 3, heads: int = 4, length_scale: bool = True) -> None:
         super().__init__(vocab, dim, depth, heads, length_scale)
         self.item_in = nn.Linear(2 * dim, dim)
         self.query_in = nn.Linear(2 * dim, dim)
@@ -122,7 +122,7 @@ class IndependentRouter(Router):
     """``MLP([item fields; query fields; relative position])`` per item, ``depth`` hidden layers
     (``heads`` and ``length_scale`` do not apply: there is no attention)."""
 
-    def __init__(self, vocab: int, dim: int = 32, depth: int = 2, heads: int = 2, length_scale: bool = True) -> None:
+    def __init__(self, vocab: int, dim: int = 32, depth: int = 3, heads: int = 4, length_scale: bool = True) -> None:
         super().__init__(vocab, dim, depth, heads, length_scale)
         layers: list[nn.Module] = [nn.Linear(4 * dim + 1, 2 * dim), nn.GELU()]
         for _ in range(depth - 1):
@@ -139,7 +139,7 @@ class IndependentRouter(Router):
         return 2 * n_items * (4 * d * 2 * d + (self.depth - 1) * (2 * d) ** 2 + 2 * d)
 
 
-def build_router(name: str, vocab: int, dim: int = 32, depth: int = 2, heads: int = 2, length_scale: bool = True) -> Router:
+def build_router(name: str, vocab: int, dim: int = 32, depth: int = 3, heads: int = 4, length_scale: bool = True) -> Router:
     if name not in ROUTERS:
         raise MasklabError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
     return ROUTERS[name](vocab, dim, depth, heads, length_scale)

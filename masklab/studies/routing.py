@@ -82,10 +82,10 @@ class RoutingConfig:
     targets: list[str] = field(default_factory=lambda: ["gold", "causal", "attention"])
     independent_targets: list[str] = field(default_factory=lambda: ["causal"])
     router_dim: int = 32
-    router_depth: int = 2
-    router_heads: int = 2
+    router_depth: int = 3
+    router_heads: int = 4
     length_scale: bool = True  # log-n query scaling in the router (see TransformerRouter)
-    router_steps: int = 3000
+    router_steps: int = 2500
     router_batch: int = 64
     router_lr: float = 2e-3
     loss: str = "bce"
@@ -340,7 +340,8 @@ def router_specs(cfg: RoutingConfig) -> list[RunSpec]:
                 for target in targets:
                     label = f"router/{target}" if router == "transformer" else f"{router}/{target}"
                     specs.append(RunSpec(task_label(t, h), label, seed, {**gym, "kind": "router", "router": router, "target": target}))
-            specs.append(RunSpec(task_label(t, h), "baselines", seed, {**gym, "kind": "baselines"}))
+            if cfg.baselines:
+                specs.append(RunSpec(task_label(t, h), "baselines", seed, {**gym, "kind": "baselines"}))
     return specs
 
 
@@ -484,10 +485,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lengths", help="evaluate at these multiples of N (default 1,2,4)")
     ap.add_argument("--router-dim", type=int)
     ap.add_argument("--router-depth", type=int)
+    ap.add_argument("--router-heads", type=int)
     ap.add_argument("--router-steps", type=int)
+    ap.add_argument("--router-lr", type=float)
     ap.add_argument("--no-length-scale", action="store_true", help="no log-n query scaling in the router (a length-generalisation factor)")
     ap.add_argument("--loss", choices=LOSSES)
     ap.add_argument("--pool", type=int, help="training examples per (gym, seed), targets computed once (default 24000)")
+    ap.add_argument("--baselines", help=f"comma-separated baselines ({', '.join(BASELINES)}) or 'none' (default all)")
     ap.add_argument("--snap-aggregate", help="attention aggregate of the teacher-attention baseline (default layer-mean)")
     ap.add_argument("--examples", type=int, help="held-out examples per length")
     ap.add_argument("--vocab", type=int)
@@ -507,11 +511,13 @@ def config_from_args(args: argparse.Namespace, base: RoutingConfig) -> RoutingCo
         cfg = replace(cfg, hops=int_list(args.hops))
     if args.lengths:
         cfg = replace(cfg, lengths=int_list(args.lengths))
+    if args.baselines:
+        cfg = replace(cfg, baselines=[] if args.baselines == "none" else str_list(args.baselines))
     if args.no_length_scale:
         cfg = replace(cfg, length_scale=False)
     if args.independent:
         cfg = replace(cfg, independent_targets=[] if args.independent == "none" else str_list(args.independent))
-    for name in ("items", "budget", "router_dim", "router_depth", "router_steps", "loss", "pool", "snap_aggregate", "examples", "vocab", "updates", "teacher_steps", "cache"):
+    for name in ("items", "budget", "router_dim", "router_depth", "router_heads", "router_steps", "router_lr", "loss", "pool", "snap_aggregate", "examples", "vocab", "updates", "teacher_steps", "cache"):
         value = getattr(args, name)
         if value is not None:
             cfg = replace(cfg, **{name: value})
