@@ -118,7 +118,7 @@ def quick_config() -> RoutingConfig:
     # two gyms at N = 8, short-trained teachers and routers: shows the pipeline in about a minute
     return RoutingConfig(
         tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, depth=3, max_factor=2,
-        router_steps=400, pool=3000, examples=200, seeds=[0], lengths=[1, 2], budgets=["1", "2", "4"],
+        router_steps=1000, pool=3000, examples=200, seeds=[0], lengths=[1, 2], budgets=["1", "2", "4"],
         independent_targets=[],
     )
 
