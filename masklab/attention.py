@@ -9,7 +9,9 @@ Every model, intervention and router in masklab goes through :class:`Attention`:
   returns ``logsigmoid(M)``, always <= 0);
 * ``bias`` is the sum of the caller's additive terms for this forward pass: causal mask,
   padding, hidden context items, a router's keep-mask (``-inf`` entries), built with the
-  helpers in :mod:`masklab.bias`.
+  helpers in :mod:`masklab.bias`;
+* an optional per-example ``query_scale`` multiplies ``q`` (an inverse temperature, e.g. a
+  router's ``log n`` length scaling).
 
 The default path is ``torch.nn.functional.scaled_dot_product_attention``. ``return_probs=True``
 switches to an eager path that also returns the attention probabilities (for analysis);

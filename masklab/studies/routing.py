@@ -42,6 +42,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from masklab.evidence.attention_targets import aggregate_fn
 from masklab.evidence.interventions import answer_logits
 from masklab.evidence.targets import target_masks, target_names
 from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
@@ -353,6 +354,7 @@ def validate(cfg: RoutingConfig) -> None:
     for t in [*cfg.targets, *cfg.independent_targets]:
         if resolve_target(t) not in names and not re.fullmatch(r"layer\d+(/topk|/top10pct)?", t):
             raise MasklabError(f"unknown router target {t!r}; choose from causal, attention, {', '.join(sorted(names))}")
+    aggregate_fn(cfg.snap_aggregate)
     for b in cfg.baselines:
         if b not in BASELINES:
             raise MasklabError(f"unknown baseline {b!r}; choose from {', '.join(BASELINES)}")
