@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from masklab.pretrained.lm import Encoded, encode, last_token_attention
+from masklab.pretrained.lm import Encoded, last_token_attention
 from masklab.pretrained.models import LoadedModel
 
 ROUTER_LABELS = ("evidence", "attention")

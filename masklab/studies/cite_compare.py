@@ -17,7 +17,6 @@ and ``seconds`` per prompt.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
