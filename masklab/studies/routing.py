@@ -46,6 +46,7 @@ from masklab.evidence.attention_targets import aggregate_fn
 from masklab.evidence.interventions import answer_logits
 from masklab.evidence.targets import target_masks, target_names
 from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
+from masklab.studies import evidence
 from masklab.report import environment_line, markdown_table, save_figure
 from masklab.routing.routers import build_router
 from masklab.routing.sparse import SELECTORS, AttentionSelector, budget_label, keep_mask, parse_budget, teacher_answer, teacher_flops
@@ -137,12 +138,10 @@ def task_label(task: str, hops: int) -> str:
 
 
 def teacher_config(p: dict, task: str, hops: int) -> TeacherConfig:
-    return TeacherConfig(
-        task=task, items=p["items"], vocab=p["vocab"], hops=hops, updates=p["updates"], tags=p["tags"],
-        max_count=p["max_count"], max_factor=p["max_factor"], dim=p["dim"], depth=p["depth"], heads=p["heads"],
-        steps=p["teacher_steps"], batch=p["teacher_batch"], lr=p["teacher_lr"],
-        aux=1.0 if task == "multihop" and hops >= p["aux_hops"] else 0.0, seed=p["teacher_seed"],
-    )
+    """The evidence study's teacher for this gym (same cache key), with the auxiliary hop loss
+    for chains of ``aux_hops`` or more links."""
+    aux = 1.0 if task == "multihop" and hops >= p["aux_hops"] else 0.0
+    return evidence.teacher_config({**p, "aux": aux}, task, hops, p["teacher_seed"])
 
 
 # ----------------------------------------------------------------------------- pools
