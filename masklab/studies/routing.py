@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from masklab.evidence.attention_targets import aggregate_fn
 from masklab.evidence.interventions import answer_logits
@@ -183,9 +183,9 @@ def save_pool(path: Path, pool: EvidenceBatch, targets: dict[str, torch.Tensor])
 def load_pool(path: Path) -> tuple[EvidenceBatch, dict[str, torch.Tensor]]:
     if not path.exists():
         raise MasklabError(f"training pool {path} is missing; run the study's prepare step (it runs first)")
-    t = load_file(str(path))
     with safe_open(str(path), "pt") as f:
         task = f.metadata()["task"]
+        t = {k: f.get_tensor(k) for k in f.keys()}
     pool = EvidenceBatch(task, *(t[f] for f in POOL_FIELDS))
     return pool, {k.split(":", 1)[1]: v for k, v in t.items() if k.startswith("target:")}
 
@@ -244,8 +244,9 @@ def timed(fn, repeats: int = 3) -> float:
     return best
 
 
-def router_cost(teacher, router, batch: EvidenceBatch, p: dict, m: int) -> dict[str, float]:
-    """FLOPs ratio by formula and measured wall-clock speed-up of router + sparse teacher."""
+def router_cost(teacher, router, batch: EvidenceBatch, scores: torch.Tensor, p: dict, m: int) -> dict[str, float]:
+    """FLOPs ratio by formula (``scores``: the router's scores on ``batch``, for the kept count)
+    and measured wall-clock speed-up of router + sparse teacher."""
     budget = parse_budget(p["budget"])
     n = int(batch.items.shape[1])
 
@@ -258,9 +259,7 @@ def router_cost(teacher, router, batch: EvidenceBatch, p: dict, m: int) -> dict[
     def dense():
         answer_logits(teacher, batch)
 
-    with torch.no_grad():
-        s = router(batch.items, batch.query, batch.valid, batch.positions)
-        k = float(keep_mask(s, batch.valid, budget, gold=batch.gold).sum(1).float().mean())
+    k = float(keep_mask(scores, batch.valid, budget, gold=batch.gold).sum(1).float().mean())
     flops = (router.flops(n) + teacher_flops(teacher, round(k))) / teacher_flops(teacher, n)
     return {f"flops_ratio_{m}x": flops, f"speedup_{m}x": timed(dense) / timed(sparse)}
 
@@ -286,7 +285,7 @@ def router_one(spec: dict, ckpt_dir: Path) -> dict:
         with torch.no_grad():
             scores = router(batch.items, batch.query, batch.valid, batch.positions)
         metrics.update(evaluate_scores(teacher, batch, scores, p, m))
-        metrics.update(router_cost(teacher, router, batch, p, m))
+        metrics.update(router_cost(teacher, router, batch, scores, p, m))
     params = sum(x.numel() for x in router.parameters())
     extra = {"router_parameters": params, "teacher_parameters": sum(x.numel() for x in teacher.parameters())}
     return {"metrics": metrics, "curves": info["curves"], "extra": extra}
