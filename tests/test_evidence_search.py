@@ -64,15 +64,19 @@ def test_group_testing_with_redundancy_differs_from_loo_and_says_so():
     assert SEARCHES["group-testing"].find(holds, 16).items != []
 
 
-def test_greedy_minimal_batched_over_examples_equals_one_at_a_time():
-    cases = [(needs({2}, [{5, 9}])[0], 12, None), (needs({0, 3})[0], 5, [4, 3, 2, 1, 0]), (needs(set())[0], 3, None)]
+@pytest.mark.parametrize("name", ["loo", "greedy-minimal", "group-testing"])
+def test_batched_over_examples_equals_one_at_a_time(name):
+    cases = [(needs({2}, [{5, 9}])[0], 12, None), (needs({0, 3})[0], 5, [4, 3, 2, 1, 0]), (needs(set())[0], 3, None), (needs({40})[0], 64, None)]
     calls = []
 
     def holds_many(keeps):
         calls.append(sum(k.shape[0] for k in keeps))
         return [case[0](k) if k.shape[0] else torch.zeros(0, dtype=torch.bool) for case, k in zip(cases, keeps)]
 
-    many = SEARCHES["greedy-minimal"].find_many(holds_many, [c[1] for c in cases], [c[2] for c in cases])
-    one = [SEARCHES["greedy-minimal"].find(h, n, o) for h, n, o in cases]
-    assert [e.items for e in many] == [e.items for e in one] == [[2, 9], [0, 3], []]
-    assert len(calls) == 12 and sum(calls) == 12 + 5 + 3  # max(n) batched calls, sum(n) variants
+    many = SEARCHES[name].find_many(holds_many, [c[1] for c in cases], [c[2] for c in cases])
+    one = [SEARCHES[name].find(h, n, o) for h, n, o in cases]
+    assert [(e.items, e.forward_passes) for e in many] == [(e.items, e.forward_passes) for e in one]
+    assert sum(calls) == sum(e.forward_passes for e in one)  # every variant asked once
+    assert len(calls) == max(e.forward_passes if name != "loo" else 1 for e in one)  # one call per step
+    if name == "greedy-minimal":
+        assert [e.items for e in many] == [[2, 9], [0, 3], [], [40]]

@@ -46,6 +46,25 @@ def test_late_options_keep_old_cache_keys_and_recency_reader_runs():
     assert logits.shape == (3, 32)
 
 
+def test_per_gym_teacher_recipe_and_explicit_flags_win():
+    from masklab.studies import evidence, routing
+
+    def teachers(specs):
+        return {s.task: evidence.teacher_config(s.params, s.params["gym"], s.params["hops"], s.seed) for s in specs}
+
+    default = teachers(evidence.specs_for(evidence.EvidenceConfig()))
+    assert (default["stale"].steps, default["stale"].recency) == (6000, True)
+    assert (default["kv"].steps, default["kv"].recency) == (3000, False)
+    assert "recency" not in evidence.specs_for(evidence.EvidenceConfig(tasks=["kv"]))[0].params  # old records resume
+    flags = teachers(evidence.specs_for(evidence.EvidenceConfig(teacher_steps=500, recency_tasks=["kv"])))
+    assert (flags["stale"].steps, flags["stale"].recency) == (500, False)
+    assert (flags["kv"].steps, flags["kv"].recency) == (500, True)
+    # the routing study reads the same recipe, so it finds the evidence study's cached teachers
+    cfg = routing.RoutingConfig(tasks=["stale", "kv"])
+    route = {s.task: routing.teacher_config(s.params, s.params["gym"], s.params["hops"]) for s in routing.prepare_specs(cfg)}
+    assert route["stale"].key() == default["stale"].key() and route["kv"].key() == default["kv"].key()
+
+
 def test_aux_hop_targets_follow_the_chain(tmp_path):
     from masklab.evidence.teacher import hop_targets, train_teacher
 

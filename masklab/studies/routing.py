@@ -103,7 +103,7 @@ class RoutingConfig:
     dim: int = 64
     depth: int = 4
     heads: int = 4
-    teacher_steps: int = 3000
+    teacher_steps: int | None = None  # None: the evidence study's per-gym recipe (evidence.TEACHER_RECIPES)
     teacher_batch: int = 64
     teacher_lr: float = 2e-3
     max_factor: int = 4
@@ -320,21 +320,21 @@ def gym_runs(cfg: RoutingConfig) -> list[tuple[str, int]]:
     return [(t, h) for t in cfg.tasks for h in (cfg.hops if t == "multihop" else [0])]
 
 
-def base_params(cfg: RoutingConfig) -> dict:
-    return {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds")}
+def gym_params(cfg: RoutingConfig, task: str, hops: int) -> dict:
+    """Run parameters shared by every run of one gym, with its teacher recipe resolved."""
+    base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds", "teacher_steps")}
+    return {**base, **evidence.teacher_recipe(task, cfg.teacher_steps), "gym": task, "hops": hops}
 
 
 def prepare_specs(cfg: RoutingConfig) -> list[RunSpec]:
-    base = base_params(cfg)
-    return [RunSpec(task_label(t, h), "prepare", cfg.teacher_seed, {**base, "gym": t, "hops": h, "kind": "prepare", "seeds": cfg.seeds}) for t, h in gym_runs(cfg)]
+    return [RunSpec(task_label(t, h), "prepare", cfg.teacher_seed, {**gym_params(cfg, t, h), "kind": "prepare", "seeds": cfg.seeds}) for t, h in gym_runs(cfg)]
 
 
 def router_specs(cfg: RoutingConfig) -> list[RunSpec]:
-    base = base_params(cfg)
     specs = []
     for t, h in gym_runs(cfg):
+        gym = gym_params(cfg, t, h)
         for seed in cfg.seeds:
-            gym = {**base, "gym": t, "hops": h}
             for router, targets in (("transformer", cfg.targets), ("independent", cfg.independent_targets)):
                 for target in targets:
                     label = f"router/{target}" if router == "transformer" else f"{router}/{target}"
@@ -365,7 +365,7 @@ def validate(cfg: RoutingConfig) -> None:
     if cfg.items < 2 or cfg.pool < cfg.router_batch or cfg.examples < 1 or cfg.router_steps < 1:
         raise MasklabError("--items must be >= 2, --pool >= the router batch, --examples and --router-steps positive")
     for t, h in gym_runs(cfg):
-        gym_of(teacher_config({**base_params(cfg)}, t, h)).check(cfg.items * cfg.max_factor)
+        gym_of(teacher_config(gym_params(cfg, t, h), t, h)).check(cfg.items * cfg.max_factor)
 
 
 def expand(runs: list[dict]) -> list[dict]:
@@ -496,7 +496,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--examples", type=int, help="held-out examples per length")
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--updates", type=int)
-    ap.add_argument("--teacher-steps", type=int)
+    ap.add_argument("--teacher-steps", type=int, help="teacher training steps for every gym (default: 6000 for stale, 3000 for the others)")
     ap.add_argument("--cache", help="teacher and pool cache directory (default ./cache)")
 
 
