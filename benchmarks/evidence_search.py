@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from masklab.evidence import SEARCHES, evidence_sets  # noqa: E402
 from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train  # noqa: E402
 from masklab.models.reader import EvidenceReader  # noqa: E402
+from masklab.studies import evidence  # noqa: E402
 
 
 class CountingModel(torch.nn.Module):
@@ -49,11 +50,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cache", default="cache")
-    ap.add_argument("--teacher-steps", type=int, default=3000)
+    ap.add_argument("--teacher-steps", type=int, help="default: the evidence study's stale recipe")
     ap.add_argument("--out", default="benchmarks/evidence_search.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = TeacherConfig(task="stale", hops=0, steps=args.teacher_steps)  # the evidence study's stale teacher (same cache key)
+    spec = evidence.specs_for(evidence.EvidenceConfig(tasks=["stale"], teacher_steps=args.teacher_steps))[0]
+    cfg = evidence.teacher_config(spec.params, "stale", 0, spec.seed)  # the evidence study's stale teacher (same cache key)
     teacher, info = load_or_train(cfg, Path(args.cache))
     sizes = {16: 48, 64: 16, 256: 4} if not args.quick else {16: 8, 64: 4, 256: 1}
     rows = []
@@ -63,7 +65,7 @@ def main() -> None:
             model, gym = teacher, gym_of(cfg)
         else:
             torch.manual_seed(0)
-            model, gym = EvidenceReader(2 * n, n, cfg.dim, cfg.depth, cfg.heads).eval(), gym_of(TeacherConfig(task="stale", vocab=2 * n))
+            model, gym = EvidenceReader(2 * n, n, cfg.dim, cfg.depth, cfg.heads, cfg.recency).eval(), gym_of(TeacherConfig(task="stale", vocab=2 * n))
         batch = gym.sample(examples, n, np.random.default_rng(n))
         sets = {}
         for method in SEARCHES:

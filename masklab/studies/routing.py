@@ -47,6 +47,7 @@ from masklab.evidence.interventions import answer_logits
 from masklab.evidence.targets import target_masks, target_names
 from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
 from masklab.studies import evidence
+from masklab.studies.evidence import task_label
 from masklab.report import environment_line, markdown_table, save_figure
 from masklab.routing.routers import build_router
 from masklab.routing.sparse import SELECTORS, AttentionSelector, budget_label, keep_mask, parse_budget, teacher_answer, teacher_flops
@@ -107,7 +108,7 @@ class RoutingConfig:
     teacher_batch: int = 64
     teacher_lr: float = 2e-3
     max_factor: int = 4
-    aux_hops: int = 3  # multihop teachers with at least this many hops get the auxiliary hop loss
+    aux: float = 0.0  # auxiliary hop loss of multihop teachers (off: it shapes the attention targets)
     teacher_seed: int = 0
     mode: str = "delete"
     cache: str = "cache"
@@ -133,15 +134,9 @@ def resolve_target(name: str) -> str:
     return TARGET_ALIASES.get(name, name)
 
 
-def task_label(task: str, hops: int) -> str:
-    return f"multihop-h{hops}" if task == "multihop" else task
-
-
 def teacher_config(p: dict, task: str, hops: int) -> TeacherConfig:
-    """The evidence study's teacher for this gym (same cache key), with the auxiliary hop loss
-    for chains of ``aux_hops`` or more links."""
-    aux = 1.0 if task == "multihop" and hops >= p["aux_hops"] else 0.0
-    return evidence.teacher_config({**p, "aux": aux}, task, hops, p["teacher_seed"])
+    """The evidence study's teacher for this gym (same recipe, same cache key)."""
+    return evidence.teacher_config(p, task, hops, p["teacher_seed"])
 
 
 # ----------------------------------------------------------------------------- pools
@@ -323,7 +318,7 @@ def gym_runs(cfg: RoutingConfig) -> list[tuple[str, int]]:
 def gym_params(cfg: RoutingConfig, task: str, hops: int) -> dict:
     """Run parameters shared by every run of one gym, with its teacher recipe resolved."""
     base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds", "teacher_steps")}
-    return {**base, **evidence.teacher_recipe(task, cfg.teacher_steps), "gym": task, "hops": hops}
+    return {**base, **evidence.teacher_recipe(task, hops, cfg.teacher_steps), "gym": task, "hops": hops}
 
 
 def prepare_specs(cfg: RoutingConfig) -> list[RunSpec]:
@@ -496,7 +491,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--examples", type=int, help="held-out examples per length")
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--updates", type=int)
-    ap.add_argument("--teacher-steps", type=int, help="teacher training steps for every gym (default: 6000 for stale, 3000 for the others)")
+    ap.add_argument("--teacher-steps", type=int, help="teacher training steps for every gym (default: 6000 for stale, 9000 for 3 hops, 3000 otherwise)")
     ap.add_argument("--cache", help="teacher and pool cache directory (default ./cache)")
 
 
