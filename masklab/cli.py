@@ -48,7 +48,7 @@ def int_list(text: str) -> list[int]:
 
 
 def _common(ap: argparse.ArgumentParser, default_out: str) -> None:
-    ap.add_argument("--out", default=default_out, help=f"output directory (default {default_out})")
+    ap.add_argument("--out", default=default_out, help=f"output directory (default {default_out or 'runs/NAME'})")
     seeds = ap.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", type=int, help="run seeds 0..N-1")
     seeds.add_argument("--seed", type=int, help="run this one seed")

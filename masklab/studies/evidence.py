@@ -106,7 +106,8 @@ def quick_config() -> EvidenceConfig:
 
 
 def reproduce_config() -> EvidenceConfig:
-    return EvidenceConfig()
+    # 2 and 3 hops: the middle-link question needs a link that touches neither end
+    return EvidenceConfig(hops=[2, 3])
 
 
 # ----------------------------------------------------------------------------- one run
