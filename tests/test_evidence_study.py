@@ -56,7 +56,7 @@ def test_per_gym_teacher_recipe_and_explicit_flags_win():
     assert (default["stale"].steps, default["stale"].recency) == (6000, True)
     assert (default["kv"].steps, default["kv"].recency) == (3000, False)
     h3 = teachers(evidence.specs_for(evidence.EvidenceConfig(tasks=["multihop"], hops=[2, 3])))
-    assert h3["multihop-h2"].steps == 3000 and h3["multihop-h3"].steps == 9000 and h3["multihop-h3"].aux == 0
+    assert h3["multihop-h2"].steps == 3000 and h3["multihop-h3"].steps == 6000 and h3["multihop-h3"].aux == 0
     assert "recency" not in evidence.specs_for(evidence.EvidenceConfig(tasks=["kv"]))[0].params  # old records resume
     flags = teachers(evidence.specs_for(evidence.EvidenceConfig(teacher_steps=500, recency_tasks=["kv"])))
     assert (flags["stale"].steps, flags["stale"].recency) == (500, False)
