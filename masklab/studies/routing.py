@@ -492,6 +492,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--updates", type=int)
     ap.add_argument("--teacher-steps", type=int, help="teacher training steps for every gym (default: 6000 for stale and for 3 hops, 3000 otherwise)")
+    ap.add_argument("--aux", type=float, help="auxiliary hop loss of multihop teachers (default 0 = off; it shapes the attention targets)")
     ap.add_argument("--cache", help="teacher and pool cache directory (default ./cache)")
 
 
@@ -512,7 +513,7 @@ def config_from_args(args: argparse.Namespace, base: RoutingConfig) -> RoutingCo
         cfg = replace(cfg, length_scale=False)
     if args.independent:
         cfg = replace(cfg, independent_targets=[] if args.independent == "none" else str_list(args.independent))
-    for name in ("items", "budget", "router_dim", "router_depth", "router_heads", "router_steps", "router_lr", "loss", "pool", "snap_aggregate", "examples", "vocab", "updates", "teacher_steps", "cache"):
+    for name in ("items", "budget", "router_dim", "router_depth", "router_heads", "router_steps", "router_lr", "loss", "pool", "snap_aggregate", "examples", "vocab", "updates", "teacher_steps", "aux", "cache"):
         value = getattr(args, name)
         if value is not None:
             cfg = replace(cfg, **{name: value})
