@@ -80,3 +80,20 @@ def test_batched_over_examples_equals_one_at_a_time(name):
     assert len(calls) == max(e.forward_passes if name != "loo" else 1 for e in one)  # one call per step
     if name == "greedy-minimal":
         assert [e.items for e in many] == [[2, 9], [0, 3], [], [40]]
+
+
+def test_a_new_search_is_one_generator_method():
+    from masklab.evidence.search import EvidenceSearch, hide_rows, register
+
+    @register("last-item")
+    class LastItem(EvidenceSearch):
+        def steps(self, n_items, order):
+            ok = yield hide_rows([[n_items - 1]], n_items)
+            return [] if ok[0] else [n_items - 1]
+
+    try:
+        assert SEARCHES["last-item"].find(needs({4})[0], 5).items == [4]
+        many = SEARCHES["last-item"].find_many(lambda keeps: [needs({2})[0](k) for k in keeps], [3, 5])
+        assert [(e.items, e.forward_passes) for e in many] == [([2], 1), ([], 1)]
+    finally:
+        del SEARCHES["last-item"]
