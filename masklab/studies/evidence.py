@@ -100,6 +100,12 @@ def teacher_recipe(task: str, hops: int, steps: int | None = None, recency_tasks
     return {"teacher_steps": r["teacher_steps"], **({"recency": True} if r["recency"] else {})}
 
 
+def teacher_steps_help() -> str:
+    """``--teacher-steps`` help, from the recipes (one place for the numbers)."""
+    per = ", ".join(f"{r['teacher_steps']} for {label}" for label, r in TEACHER_RECIPES.items() if "teacher_steps" in r)
+    return f"teacher training steps for every gym (default: {per}, {TEACHER_DEFAULTS['teacher_steps']} otherwise)"
+
+
 def quick_config() -> EvidenceConfig:
     # small contexts and a short-trained teacher: shows the pipeline, not the full accuracy
     return EvidenceConfig(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, max_factor=1, examples=100, depth=3)
@@ -407,14 +413,15 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--aggregate", help=f"comma-separated attention aggregates ({', '.join(AGGREGATES)}, layer<l>)")
     ap.add_argument("--mode", choices=MODES, help="how an item is hidden (default key_bias)")
     ap.add_argument("--examples", type=int, help="held-out examples per gym")
-    ap.add_argument("--teacher-steps", type=int, help="teacher training steps for every gym (default: 6000 for stale and for 3 hops, 3000 otherwise)")
+    ap.add_argument("--teacher-steps", type=int, help=teacher_steps_help())
     ap.add_argument("--teacher-lr", type=float)
     ap.add_argument("--dim", type=int, help="teacher width")
     ap.add_argument("--depth", type=int, help="teacher depth")
     ap.add_argument("--heads", type=int)
     ap.add_argument("--max-factor", type=int, help="length curriculum up to this x N (default 4)")
     ap.add_argument("--aux", type=float, help="weight of the auxiliary hop loss (multihop; default 0 = off)")
-    ap.add_argument("--recency", help="comma-separated gyms whose teacher gets a linear recency position feature, or none (default: stale)")
+    ap.add_argument("--recency", help="comma-separated gyms whose teacher gets a linear recency position feature, or none (default: "
+                    + ", ".join(label for label, r in TEACHER_RECIPES.items() if r.get("recency")) + ")")
     ap.add_argument("--cache", help="teacher cache directory (default ./cache)")
 
 

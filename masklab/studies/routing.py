@@ -491,7 +491,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--examples", type=int, help="held-out examples per length")
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--updates", type=int)
-    ap.add_argument("--teacher-steps", type=int, help="teacher training steps for every gym (default: 6000 for stale and for 3 hops, 3000 otherwise)")
+    ap.add_argument("--teacher-steps", type=int, help=evidence.teacher_steps_help())
     ap.add_argument("--aux", type=float, help="auxiliary hop loss of multihop teachers (default 0 = off; it shapes the attention targets)")
     ap.add_argument("--cache", help="teacher and pool cache directory (default ./cache)")
 
