@@ -31,14 +31,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-from masklab.bias import MaskPrior  # noqa: E402
 from masklab.models import GPT  # noqa: E402
-from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
+from masklab.qk_init import allowed_mass  # noqa: E402
 from masklab.report import plot_curves, write_markdown  # noqa: E402
-from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything, warmup_cosine  # noqa: E402
+from masklab.runner import MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
 from masklab.structures import ARITH_PRIORS, arith_structure, emitting_position, result_width  # noqa: E402
 from masklab.tasks.arithmetic import OPS, VOCAB, WIDTHS, greedy_results, inputs_targets, make_split, score, train_count  # noqa: E402
+from masklab.train import Recipe, init_qk, priors_for, steps_to, train  # noqa: E402
 
 NAME = "arith"
 METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard")
@@ -122,19 +123,11 @@ def emitting_rows(p: dict) -> list[int]:
 
 
 @torch.no_grad()
-def attention_stats(model: GPT, probe: torch.Tensor, structures: list[torch.Tensor], rows: list[int]) -> tuple[float, float | None]:
-    """(mass of the result-emitting queries on allowed keys, mean over heads/layers/probe;
-    mean mask drift or None)."""
+def attention_mass(model: GPT, probe: torch.Tensor, structures: list[torch.Tensor], rows: list[int]) -> float:
+    """Mass of the result-emitting queries on the prior's allowed keys, mean over heads,
+    layers and the probe ``(B, T)``."""
     _, attn = model(probe, return_attn=True)
-    mass = float(np.mean([allowed_mass(a[:, :, rows], s[:, rows], "all") for a, s in zip(attn, structures)]))
-    priors = [b.attn.prior for b in model.blocks if b.attn.prior is not None]
-    drift = float(np.mean([q.drift() for q in priors])) if priors else None
-    return mass, drift
-
-
-def lr_at(step: int, p: dict) -> float:
-    """Linear warm-up for ``warmup`` steps, then cosine decay to 10% of ``lr``."""
-    return warmup_cosine(step, p["steps"], p["lr"], p["warmup"], floor=0.1)
+    return float(np.mean([allowed_mass(a[:, :, rows], s[:, rows], "all") for a, s in zip(attn, structures)]))
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
@@ -147,76 +140,42 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     x_train, y_train = inputs_targets(split.sequences("train"), width)
     test_seq = split.sequences("test")
     train_seq = split.sequences("train")[:TRAIN_PROBE]
-    T = x_train.shape[1]
     structures = structures_for(p)
     rows = emitting_rows(p)
-    priors = None
-    if method.startswith("mask"):
-        mode = "learnable" if method == "mask" else method.split("-", 1)[1]
-        priors = [MaskPrior(s, p["allowed"], p["suppressed"], mode) for s in structures]
-    model = GPT(VOCAB, T, p["dim"], p["depth"], p["heads"], priors)
+    model = GPT(VOCAB, x_train.shape[1], p["dim"], p["depth"], p["heads"], priors_for(method, structures, p["allowed"], p["suppressed"]))
     probe = inputs_targets(test_seq[:ATTN_PROBE], width)[0]
     curve_seq = test_seq[:CURVE_PROBE]
-    if method in QK_INITS:
-        sample = x_train[torch.randperm(len(x_train), generator=gen)[:256]]
-        QK_INITS[method].apply(model, sample, structures, p["allowed"], p["suppressed"])
+    sample = lambda: x_train[torch.randperm(len(x_train), generator=gen)[:256]]  # noqa: E731
+    init_qk(method, model, structures, p["allowed"], p["suppressed"], sample)
 
-    decay = [q for name, q in model.named_parameters() if q.dim() >= 2 and not name.endswith("attn.prior.m") and q.requires_grad]
-    rest = [q for name, q in model.named_parameters() if (q.dim() < 2 or name.endswith("attn.prior.m")) and q.requires_grad]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p["weight_decay"]}, {"params": rest, "weight_decay": 0.0}], lr=p["lr"])
-    ckpt = Checkpoint(ckpt_dir)
-    eval_every = max(1, p["steps"] // p["evals"])
-    curve_keys = ("step", "test_exact_acc", "train_loss", "prior_mass", "mask_drift")
-
-    def evaluate(step: int, loss: float | None, curves: dict) -> None:
-        model.eval()
-        acc = score(greedy_results(model, curve_seq, width), curve_seq, width)["exact_acc"]
-        mass, drift = attention_stats(model, probe, structures, rows)
-        model.train()
-        for k, v in zip(curve_keys, (step, acc, loss, mass, drift)):
-            curves[k].append(None if v is None else float(v))
-
-    step, curves, cpu_before = 0, {k: [] for k in curve_keys}, 0.0
-    if ckpt.exists:
-        step, extra = ckpt.load(model, opt, gen)
-        curves, cpu_before = extra["curves"], extra["cpu_seconds"]
-    else:
-        evaluate(0, None, curves)
-    model.train()
-    running = []
-    while step < p["steps"]:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, p)
+    def loss_of(net: torch.nn.Module, step: int) -> torch.Tensor:
         idx = torch.randint(len(x_train), (p["batch"],), generator=gen)
-        loss = model.loss(x_train[idx], y_train[idx])
-        if not torch.isfinite(loss):
-            raise MasklabError(f"loss became {loss.item()} at step {step} ({spec['task']}/{method}); lower --lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        running.append(loss.item())
-        step += 1
-        if step % eval_every == 0 or step == p["steps"]:
-            evaluate(step, float(np.mean(running)), curves)
-            running = []
-            ckpt.save(step, model, opt, gen, {"curves": curves, "cpu_seconds": cpu_before + time.process_time() - cpu0})
+        logits, _ = net(x_train[idx])
+        return F.cross_entropy(logits.flatten(0, 1), y_train[idx].flatten())
 
-    below = [s for s, a in zip(curves["step"], curves["test_exact_acc"]) if a < 0.9]
-    after = [s for s in curves["step"] if not below or s > below[-1]]  # >= 90% from here on
+    def evaluate(step: int) -> dict:
+        acc = score(greedy_results(model, curve_seq, width), curve_seq, width)["exact_acc"]
+        return {"test_exact_acc": float(acc), "prior_mass": attention_mass(model, probe, structures, rows)}
+
+    recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], p["warmup"], floor=0.1, evals=p["evals"])  # cosine to 10% of lr
+    cpu_setup = time.process_time() - cpu0
+    trained = train(model, recipe, loss_of, evaluate, gen, ckpt_dir, f"{spec['task']}/{method}")
+    curves, cpu1 = trained.curves, time.process_time()
+
     model.eval()
     test = score(greedy_results(model, test_seq, width), test_seq, width)
-    train = score(greedy_results(model, train_seq, width), train_seq, width)
+    train_scores = score(greedy_results(model, train_seq, width), train_seq, width)
     metrics = {
         "exact_acc": test["exact_acc"],
         "digit_acc": test["digit_acc"],
-        "train_exact_acc": train["exact_acc"],
-        "train_digit_acc": train["digit_acc"],
+        "train_exact_acc": train_scores["exact_acc"],
+        "train_digit_acc": train_scores["digit_acc"],
         "final_train_loss": curves["train_loss"][-1],
-        "steps_to_90": after[0] if after else None,
+        "steps_to_90": steps_to(curves["step"], curves["test_exact_acc"], 0.9, stay=True),
         "prior_mass_step0": curves["prior_mass"][0],
         "prior_mass_final": curves["prior_mass"][-1],
         "mask_drift": curves["mask_drift"][-1],
-        "cpu_seconds": cpu_before + time.process_time() - cpu0,
+        "cpu_seconds": cpu_setup + trained.cpu_seconds + time.process_time() - cpu1,
     }
     extra = {
         "n_train": len(split.train),
@@ -224,7 +183,6 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         "parameters": sum(q.numel() for q in model.parameters()),
         "digit_acc_by_position": test["digit_acc_by_position"],
     }
-    ckpt.clear()
     return {"metrics": metrics, "curves": curves, "extra": extra}
 
 

@@ -27,11 +27,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from masklab.bias import MaskPrior
 from masklab.models import TokenEncoder
-from masklab.qk_init import QK_INITS, allowed_mass
+from masklab.qk_init import allowed_mass
 from masklab.report import plot_curves, write_markdown
-from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything
+from masklab.runner import MasklabError, RunSpec, run_study, seed_everything
 from masklab.structures import DESIGNS, design_structure
 from masklab.tasks.boolean import (
     DIM,
@@ -43,6 +42,7 @@ from masklab.tasks.boolean import (
     minimum_degree_interpolator,
     monomials,
 )
+from masklab.train import Recipe, init_qk, priors_for, steps_to, train
 
 NAME = "gotu"
 METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard")
@@ -134,14 +134,12 @@ def predict(model: TokenEncoder, tokens: torch.Tensor, chunk: int = 2048) -> np.
 
 
 @torch.no_grad()
-def persistence(model: TokenEncoder, probe: torch.Tensor, structures: list[torch.Tensor]) -> tuple[float, float, float | None]:
-    """(CLS-row allowed mass, all-rows allowed mass, mean mask drift or None), mean over layers."""
+def persistence(model: TokenEncoder, probe: torch.Tensor, structures: list[torch.Tensor]) -> tuple[float, float]:
+    """(CLS-row allowed mass, all-rows allowed mass), mean over layers."""
     _, attn = model(probe, return_attn=True)
     cls = float(np.mean([allowed_mass(p, s, "cls") for p, s in zip(attn, structures)]))
     rows = float(np.mean([allowed_mass(p, s, "all") for p, s in zip(attn, structures)]))
-    priors = [b.attn.prior for b in model.blocks if b.attn.prior is not None]
-    drift = float(np.mean([p.drift() for p in priors])) if priors else None
-    return cls, rows, drift
+    return cls, rows
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
@@ -153,11 +151,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     gen = seed_everything(spec["seed"])
     design = p["design"] or task.default_design
     structures = [design_structure(design, task.groups, n, layer, p["depth"], p["heads"]) for layer in range(p["depth"])]
-    priors = None
-    if method.startswith("mask"):
-        mode = "learnable" if method == "mask" else method.split("-", 1)[1]
-        priors = [MaskPrior(s, p["allowed"], p["suppressed"], mode) for s in structures]
-    model = TokenEncoder(2, n, p["width"], p["depth"], p["heads"], priors)
+    model = TokenEncoder(2, n, p["width"], p["depth"], p["heads"], priors_for(method, structures, p["allowed"], p["suppressed"]))
 
     x_all = tokens_of(task.x)
     y_all = task.y.astype(np.float64)
@@ -166,49 +160,25 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     probe = x_all[:: max(1, len(x_all) // 256)]  # fixed 256 points for attention statistics
     # curves use a fixed subsample (up to 2048 seen + 2048 unseen points); final metrics the full cube
     sub = np.concatenate([np.flatnonzero(d)[:: max(1, d.sum() // 2048)] for d in (task.seen, task.unseen)])
-    if method in QK_INITS:
-        sample = x_all[seen_idx[torch.randperm(len(seen_idx), generator=gen)[:256]]]
-        QK_INITS[method].apply(model, sample, structures, p["allowed"], p["suppressed"])
+    sample = lambda: x_all[seen_idx[torch.randperm(len(seen_idx), generator=gen)[:256]]]  # noqa: E731
+    init_qk(method, model, structures, p["allowed"], p["suppressed"], sample)
 
-    # weight decay on weight matrices only: never on biases, norms or the mask prior
-    params = [(name, q) for name, q in model.named_parameters() if q.requires_grad]
-    decay = [q for name, q in params if q.dim() == 2]
-    rest = [q for name, q in params if q.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p["weight_decay"]}, {"params": rest, "weight_decay": 0.0}], lr=p["lr"])
-    ckpt = Checkpoint(ckpt_dir)
-    eval_every = max(1, p["steps"] // p["evals"])
-    curve_keys = ("step", "unseen_acc", "full_acc", "train_mse", "prior_mass", "prior_mass_all", "mask_drift")
+    def loss_of(net: torch.nn.Module, step: int) -> torch.Tensor:
+        idx = seen_idx[torch.randint(len(seen_idx), (p["batch"],), generator=gen)]
+        return F.mse_loss(net(x_all[idx])[0][:, 0], y_t[idx])
 
-    def evaluate(step: int, curves: dict) -> None:
+    def evaluate(step: int) -> dict:
         pred = predict(model, x_all[sub])
         y, seen = y_all[sub], task.seen[sub]
         sign_ok = np.sign(pred) == np.sign(y)
         # full-cube accuracy re-weighted from the subsample's seen/unseen halves
         full = sign_ok[seen].mean() * task.seen.mean() + sign_ok[~seen].mean() * task.unseen.mean()
-        cls, rows, drift = persistence(model, probe, structures)
-        values = (step, sign_ok[~seen].mean(), full, np.mean((pred - y)[seen] ** 2), cls, rows, drift)
-        for k, v in zip(curve_keys, values):
-            curves[k].append(None if v is None else float(v))
+        cls, rows = persistence(model, probe, structures)
+        values = (sign_ok[~seen].mean(), full, np.mean((pred - y)[seen] ** 2), cls, rows)
+        return {k: float(v) for k, v in zip(("unseen_acc", "full_acc", "train_mse", "prior_mass", "prior_mass_all"), values)}
 
-    step, curves = 0, {k: [] for k in curve_keys}
-    if ckpt.exists:
-        step, extra = ckpt.load(model, opt, gen)
-        curves = extra["curves"]
-    else:
-        evaluate(0, curves)
-    while step < p["steps"]:
-        idx = seen_idx[torch.randint(len(seen_idx), (p["batch"],), generator=gen)]
-        out, _ = model(x_all[idx])
-        loss = F.mse_loss(out[:, 0], y_t[idx])
-        if not torch.isfinite(loss):
-            raise MasklabError(f"loss became {loss.item()} at step {step} ({spec['task']}/{spec['method']}); lower --lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        if step % eval_every == 0 or step == p["steps"]:
-            evaluate(step, curves)
-            ckpt.save(step, model, opt, gen, {"curves": curves})
+    recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], evals=p["evals"])  # constant lr
+    curves = train(model, recipe, loss_of, evaluate, gen, ckpt_dir, f"{spec['task']}/{method}").curves
 
     pred = predict(model, x_all)
     sign_ok = np.sign(pred) == np.sign(y_all)
@@ -218,8 +188,6 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         fourier_mdi = fourier(task.x, mdi, monomials(task.groups))
     except MasklabError:
         mdi_agreement, fourier_mdi = None, {}
-    below = [s for s, a in zip(curves["step"], curves["unseen_acc"]) if a < 0.99]
-    after = [s for s in curves["step"] if not below or s > below[-1]]  # >= 99% from here on
     metrics = {
         "unseen_acc": float(sign_ok[task.unseen].mean()),
         "full_acc": float(sign_ok.mean()),
@@ -228,7 +196,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         "train_mse": float(np.mean((pred - y_all)[task.seen] ** 2)),
         "u": float(pred[task.unseen].mean()),
         "mdi_agreement": mdi_agreement,
-        "steps_to_99": after[0] if after else None,
+        "steps_to_99": steps_to(curves["step"], curves["unseen_acc"], 0.99, stay=True),
         "prior_mass_step0": curves["prior_mass"][0],
         "prior_mass_final": curves["prior_mass"][-1],
         "prior_mass_all_step0": curves["prior_mass_all"][0],
@@ -242,7 +210,6 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         "fourier_target": fourier(task.x, y_all, subsets),
         "fourier_mdi": fourier_mdi,
     }
-    ckpt.clear()
     return {"metrics": metrics, "curves": curves, "extra": extra}
 
 

@@ -25,17 +25,16 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from masklab import distributed as dist
-from masklab.bias import ALiBi, MaskPrior
 from masklab.models import GPT
 from masklab.report import plot_curves, write_markdown
-from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything, warmup_cosine
+from masklab.runner import MasklabError, RunSpec, run_study, seed_everything
 from masklab.structures import relative_distance
 from masklab.tasks.text import CORPORA, TOKENIZERS, TokenData, load_corpus, tokenize
+from masklab.train import Recipe, priors_for, steps_to, train
 
 NAME = "lm"
 METHODS = ("vanilla", "alibi", "mask", "mask-nopos")
@@ -98,21 +97,13 @@ def _tokens(corpus: str, data_dir: str | None, max_chars: int | None, tokenizer:
 
 
 def build_model(p: dict, vocab: int) -> GPT:
+    """The GPT of ``p["method"]``: its priors (:func:`masklab.train.priors_for`), with learned
+    absolute positions for ``vanilla`` and ``mask`` only."""
     method, T, H = p["method"], p["block"], p["heads"]
-    if method == "vanilla":
-        return GPT(vocab, T, p["dim"], p["depth"], H)
-    if method == "alibi":
-        return GPT(vocab, T, p["dim"], p["depth"], H, [ALiBi(H) for _ in range(p["depth"])], positions=False)
-    if method in ("mask", "mask-nopos"):
-        s = relative_distance(T, H)
-        priors = [MaskPrior(s, p["allowed"], p["suppressed"]) for _ in range(p["depth"])]
-        return GPT(vocab, T, p["dim"], p["depth"], H, priors, positions=(method == "mask"))
-    raise MasklabError(f"unknown LM prior {method!r}; choose from {', '.join(METHODS)}")
-
-
-def lr_at(step: int, p: dict) -> float:
-    """Linear warm-up over ``warmup * steps`` steps, then cosine decay to 0."""
-    return warmup_cosine(step, p["steps"], p["lr"], max(1, int(p["warmup"] * p["steps"])))
+    if method not in METHODS:
+        raise MasklabError(f"unknown LM prior {method!r}; choose from {', '.join(METHODS)}")
+    priors = priors_for(method, [relative_distance(T, H)] * p["depth"], p["allowed"], p["suppressed"])
+    return GPT(vocab, T, p["dim"], p["depth"], H, priors, positions=method in ("vanilla", "mask"))
 
 
 @torch.no_grad()
@@ -139,66 +130,31 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     device = dist.device()  # a GPU when there is one (MASKLAB_DEVICE=cpu forces the CPU)
     model.to(device)
     windows = windows.to(device)
-    decay = [q for n, q in model.named_parameters() if q.dim() >= 2 and not n.endswith("attn.prior.m") and n != "pos"]
-    rest = [q for n, q in model.named_parameters() if not (q.dim() >= 2 and not n.endswith("attn.prior.m") and n != "pos")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p["weight_decay"]}, {"params": rest, "weight_decay": 0.0}], lr=p["lr"])
-    ckpt = Checkpoint(ckpt_dir)
-    eval_every = max(1, p["steps"] // p["evals"])
-    keys = ("step", "val_loss", "val_ppl", "train_loss", "mask_drift")
-
-    def record(step: int, curves: dict, train: float | None) -> None:
-        model.eval()
-        loss = val_loss(model, windows)
-        model.train()
-        drift = [b.attn.prior.drift() for b in model.blocks if isinstance(b.attn.prior, MaskPrior)]
-        for k, v in zip(keys, (step, loss, math.exp(loss), train, float(np.mean(drift)) if drift else None)):
-            curves[k].append(v)
-
-    step, curves = 0, {k: [] for k in keys}
-    if ckpt.exists:
-        step, extra = ckpt.load(model, opt, gen)
-        curves = extra["curves"]
-    else:
-        record(0, curves, None)
-    resumed_from = step
-    net = dist.wrap(model)
-    net.train()
     offsets = torch.arange(T + 1)
-    running: list[float] = []
-    while step < p["steps"]:
+
+    def loss_of(net: torch.nn.Module, step: int) -> torch.Tensor:
         starts = torch.randint(len(data.train) - T - 1, (p["batch"],), generator=gen)  # global batch, same on every rank
         (w,) = dist.shard(data.train[starts[:, None] + offsets].to(device))  # (B / world, T + 1)
         logits, _ = net(w[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
-        if not torch.isfinite(loss):
-            raise MasklabError(f"loss became {loss.item()} at step {step} ({spec['task']}/{spec['method']}); lower --lr")
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, p)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        running.append(dist.mean_across(loss))
-        step += 1
-        if step % eval_every == 0 or step == p["steps"]:
-            record(step, curves, float(np.mean(running)))
-            running = []
-            if dist.is_main():
-                ckpt.save(step, model, opt, gen, {"curves": curves})
-            dist.barrier()
+        return F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
 
-    reached = [s for s, ppl in zip(curves["step"], curves["val_ppl"]) if ppl <= p["target_ppl"]]
+    def evaluate(step: int) -> dict:
+        loss = val_loss(model, windows)
+        return {"val_loss": loss, "val_ppl": math.exp(loss)}
+
+    recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], max(1, int(p["warmup"] * p["steps"])), floor=0.0, evals=p["evals"])
+    trained = train(model, recipe, loss_of, evaluate, gen, ckpt_dir, f"{spec['task']}/{spec['method']}")
+    curves = trained.curves
     metrics = {
         "val_ppl": curves["val_ppl"][-1],
         "best_val_ppl": min(curves["val_ppl"]),
         "val_loss": curves["val_loss"][-1],
-        "steps_to_target": reached[0] if reached else None,
+        "steps_to_target": steps_to(curves["step"], curves["val_ppl"], p["target_ppl"], above=False),
         "train_loss": curves["train_loss"][-1],
         "mask_drift": curves["mask_drift"][-1],
     }
-    dist.barrier()
-    if dist.is_main():
-        ckpt.clear()
-    return {"metrics": metrics, "curves": curves, "extra": {"vocab": data.vocab, "train_tokens": len(data.train), "world_size": dist.world_size(), "resumed_from": resumed_from}}
+    extra = {"vocab": data.vocab, "train_tokens": len(data.train), "world_size": dist.world_size(), "resumed_from": trained.resumed_from}
+    return {"metrics": metrics, "curves": curves, "extra": extra}
 
 
 # ----------------------------------------------------------------------------- study

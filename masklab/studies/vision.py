@@ -31,13 +31,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from masklab import distributed as dist  # noqa: E402
-from masklab.bias import MaskPrior  # noqa: E402
 from masklab.models import PRESETS, ViT  # noqa: E402
-from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
+from masklab.qk_init import allowed_mass  # noqa: E402
 from masklab.report import fmt, plot_curves, write_markdown  # noqa: E402
-from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything, warmup_cosine  # noqa: E402
+from masklab.runner import MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
 from masklab.structures import impulse_2d, locality_2d, neighbourhood_2d  # noqa: E402
 from masklab.tasks.vision import DATASETS, VisionData, augment, load_vision, normalise  # noqa: E402
+from masklab.train import Recipe, init_qk, priors_for, train  # noqa: E402
 
 NAME = "vision"
 METHODS = ("default", "mimetic", "impulse", "mask")
@@ -108,11 +108,6 @@ def model_size(p: dict) -> dict:
     return size
 
 
-def lr_at(step: int, p: dict) -> float:
-    """Linear warm-up over ``warmup * steps`` steps, then cosine decay to 0."""
-    return warmup_cosine(step, p["steps"], p["lr"], max(1, int(p["warmup"] * p["steps"])))
-
-
 @torch.no_grad()
 def evaluate(model: ViT, x: torch.Tensor, y: torch.Tensor, chunk: int = 500) -> tuple[float, float]:
     """(top-1 accuracy in %, mean cross-entropy) of normalised images ``x`` ``(N, C, S, S)``."""
@@ -141,6 +136,8 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     """Train one ViT and evaluate it; see the module docstring."""
     p = spec["params"]
     method = p["method"]
+    if method not in METHODS:
+        raise MasklabError(f"unknown vision method {method!r}; choose from {', '.join(METHODS)}")
     data = _data(p["data"], p["data_dir"], p["image_size"])
     size = model_size(p)
     gen = seed_everything(spec["seed"])
@@ -149,10 +146,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     grid = data.image_size // size["patch"]
     if data.image_size % size["patch"]:
         raise MasklabError(f"image size {data.image_size} is not divisible by patch size {size['patch']}")
-    priors = None
-    if method == "mask":
-        s = locality_2d(grid, size["heads"], p["radius"])
-        priors = [MaskPrior(s, p["allowed"], p["suppressed"]) for _ in range(size["depth"])]
+    priors = priors_for(method, [locality_2d(grid, size["heads"], p["radius"])] * size["depth"], p["allowed"], p["suppressed"])
     model = ViT(data.image_size, size["patch"], data.channels, data.classes, size["dim"], size["depth"], size["heads"], priors)
     impulse = impulse_2d(grid, size["heads"])
     local = torch.ones(1, grid * grid + 1, grid * grid + 1)
@@ -160,66 +154,27 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     local[0, 1:, 0] = 0.0
     sample = normalise(data.train_x[torch.randperm(len(data.train_x), generator=gen)[:256]], data, mean, std)
     probe = sample[:64]
-    if method in QK_INITS:
-        QK_INITS[method].apply(model, sample, [impulse] * size["depth"], p["allowed"], p["suppressed"])
-    elif method != "mask":
-        raise MasklabError(f"unknown vision method {method!r}; choose from {', '.join(METHODS)}")
+    init_qk(method, model, [impulse] * size["depth"], p["allowed"], p["suppressed"], lambda: sample)
     device = dist.device()  # a GPU when there is one (MASKLAB_DEVICE=cpu forces the CPU)
     model.to(device)
     test_x, test_y, probe = test_x.to(device), data.test_y.to(device), probe.to(device)
     local, impulse = local.to(device), impulse.to(device)
 
-    decay = [q for name, q in model.named_parameters() if q.dim() >= 2 and not name.endswith("attn.prior.m") and name != "pos"]
-    rest = [q for name, q in model.named_parameters() if not (q.dim() >= 2 and not name.endswith("attn.prior.m") and name != "pos")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p["weight_decay"]}, {"params": rest, "weight_decay": 0.0}], lr=p["lr"])
-    ckpt = Checkpoint(ckpt_dir)
-    eval_every = max(1, p["steps"] // p["evals"])
-    keys = ("step", "test_acc", "test_loss", "train_loss", "local_mass", "impulse_mass", "mask_drift")
-
-    def record(step: int, curves: dict, train_loss: float | None) -> None:
-        acc, loss = evaluate(model, test_x, test_y)
-        loc, imp, maps = locality(model, probe, local, impulse)
-        drift = [b.attn.prior.drift() for b in model.blocks if b.attn.prior is not None]
-        for k, v in zip(keys, (step, acc, loss, train_loss, loc, imp, float(np.mean(drift)) if drift else None)):
-            curves[k].append(v)
-        if step == 0:
-            curves["attn0"] = maps
-
-    step, curves = 0, {k: [] for k in keys}
-    if ckpt.exists:
-        step, extra = ckpt.load(model, opt, gen)
-        curves = extra["curves"]
-    else:
-        model.eval()
-        record(0, curves, None)
-    resumed_from = step
-    net = dist.wrap(model)
-    net.train()
-    running: list[float] = []
-    while step < p["steps"]:
+    def loss_of(net: torch.nn.Module, step: int) -> torch.Tensor:
         idx = torch.randint(len(data.train_x), (p["batch"],), generator=gen)  # the global batch, same on every rank
         xb = normalise(augment(data.train_x[idx].float(), data.pad, data.flip, gen), data, mean, std)
         xb, yb = dist.shard(xb.to(device), data.train_y[idx].to(device))
-        logits, _ = net(xb)
-        loss = F.cross_entropy(logits, yb)
-        if not torch.isfinite(loss):
-            raise MasklabError(f"loss became {loss.item()} at step {step} ({spec['task']}/{method}); lower --lr")
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, p)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        running.append(dist.mean_across(loss))
-        step += 1
-        if step % eval_every == 0 or step == p["steps"]:
-            model.eval()
-            record(step, curves, float(np.mean(running)))
-            model.train()
-            running = []
-            if dist.is_main():
-                ckpt.save(step, model, opt, gen, {"curves": curves})
-            dist.barrier()
+        return F.cross_entropy(net(xb)[0], yb)
 
+    def record(step: int) -> dict:
+        acc, loss = evaluate(model, test_x, test_y)
+        loc, imp, maps = locality(model, probe, local, impulse)
+        return {"test_acc": acc, "test_loss": loss, "local_mass": loc, "impulse_mass": imp, **({"attn0": maps} if step == 0 else {})}
+
+    recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], max(1, int(p["warmup"] * p["steps"])), floor=0.0, evals=p["evals"])
+    trained = train(model, recipe, loss_of, record, gen, ckpt_dir, f"{spec['task']}/{method}")
+    curves = trained.curves
+    curves["attn0"] = curves["attn0"][0]  # recorded once, at step 0
     metrics = {
         "test_acc": curves["test_acc"][-1],
         "test_loss": curves["test_loss"][-1],
@@ -230,10 +185,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         "impulse_mass_final": curves["impulse_mass"][-1],
         "mask_drift": curves["mask_drift"][-1],
     }
-    dist.barrier()
-    if dist.is_main():
-        ckpt.clear()
-    return {"metrics": metrics, "curves": curves, "extra": {"size": size, "grid": grid, "world_size": dist.world_size(), "resumed_from": resumed_from}}
+    return {"metrics": metrics, "curves": curves, "extra": {"size": size, "grid": grid, "world_size": dist.world_size(), "resumed_from": trained.resumed_from}}
 
 
 # ----------------------------------------------------------------------------- study
