@@ -8,7 +8,8 @@ causal and keep/padding masks (:func:`causal_bias`, :func:`key_bias`).
 from masklab.attention import MLP, Attention, Block
 from masklab.bias import MaskPrior, causal_bias, key_bias
 from masklab.qk_init import QK_INITS, allowed_mass
-from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study
+from masklab.errors import MasklabError
+from masklab.runner import Checkpoint, RunSpec, run_study
 from masklab.structures import DESIGNS, design_structure
 
 __version__ = "0.1.0"

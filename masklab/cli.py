@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from masklab import distributed
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 
 STUDIES = {
     "gotu": "masklab.studies.gotu",

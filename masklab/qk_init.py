@@ -26,16 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-QK_INITS: dict[str, "QKInit"] = {}
+from masklab.registry import Registry
 
-
-def register(name: str):
-    def wrap(cls):
-        cls.name = name
-        QK_INITS[name] = cls()
-        return cls
-
-    return wrap
+QK_INITS: Registry["QKInit"] = Registry("QK init", instantiate=True)
+register = QK_INITS.register
 
 
 def target_logits(structure: Tensor, allowed: float = 6.0, suppressed: float = 6.0) -> Tensor:

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from masklab.registry import Registry
+
 Groups = Sequence[Sequence[int]]
 
 
@@ -110,7 +112,7 @@ def pairs_per_head(groups: Groups, n_vars: int, heads: int) -> Tensor:
 
 
 Design = Callable[[Groups, int, int, int, int], Tensor]
-DESIGNS: dict[str, Design] = {
+DESIGNS: Registry[Design] = Registry("prior design", items={
     # one pattern for every layer and head
     "support-block": lambda g, n, layer, depth, heads: support_block(g, n),
     "pairwise": lambda g, n, layer, depth, heads: pairwise(g, n),
@@ -119,13 +121,11 @@ DESIGNS: dict[str, Design] = {
         interaction_only(g, n) if layer < depth - 1 else readout(g, n)
     ),
     "per-head": lambda g, n, layer, depth, heads: pairs_per_head(g, n, heads),
-}
+})
 
 
 def design_structure(name: str, groups: Groups, n_vars: int, layer: int, depth: int, heads: int) -> Tensor:
     """Structure of design ``name`` for one layer: ``(H|1, T, T)``."""
-    if name not in DESIGNS:
-        raise ValueError(f"unknown prior design {name!r}; choose one of {sorted(DESIGNS)}")
     s = DESIGNS[name](groups, n_vars, layer, depth, heads)
     return s if s.dim() == 3 else s[None]
 

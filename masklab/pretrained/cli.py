@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 
 
 def add_cite_parser(sub) -> None:

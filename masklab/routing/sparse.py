@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from masklab.errors import MasklabError
 from masklab.evidence.attention_targets import aggregate_fn, attention_maps, top_k
 from masklab.evidence.interventions import MODES, answer_logits
+from masklab.registry import Registry
 from masklab.routing.routers import Router, transformer_flops
-from masklab.runner import MasklabError
 from masklab.tasks.evidence_gyms import EvidenceBatch
 
 Budget = int | float | str
@@ -124,16 +125,8 @@ def teacher_flops(teacher, n_items: int) -> int:
 
 # ----------------------------------------------------------------------------- selectors
 
-SELECTORS: dict[str, "Selector"] = {}
-
-
-def register(name: str):
-    def wrap(cls):
-        cls.name = name
-        SELECTORS[name] = cls()
-        return cls
-
-    return wrap
+SELECTORS: Registry["Selector"] = Registry("selector", instantiate=True)
+register = SELECTORS.register
 
 
 @dataclass

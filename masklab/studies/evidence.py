@@ -37,7 +37,8 @@ from masklab.evidence.interventions import MODES, answer_logits, evidence_mask, 
 from masklab.evidence.search import SEARCHES
 from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
 from masklab.report import environment_line, markdown_table, plot_curves, save_figure
-from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, summarize, write_json
+from masklab.errors import MasklabError
+from masklab.runner import RunSpec, atomic_write_text, run_study, summarize, write_json
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "evidence"

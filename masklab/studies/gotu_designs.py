@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from masklab.report import plot_bars, write_markdown
-from masklab.runner import MasklabError, RunSpec, run_study
+from masklab.errors import MasklabError
+from masklab.runner import RunSpec, run_study
 from masklab.structures import DESIGNS
 from masklab.studies.gotu import PAPER, GotuConfig, validate
 

@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 from masklab.report import markdown_table
-from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, write_json
+from masklab.errors import MasklabError
+from masklab.runner import RunSpec, atomic_write_text, run_study, write_json
 
 NAME = "prune"
 SENTENCE_METHODS = ("router-evidence", "router-attention", "attention-keep", "random")

@@ -52,7 +52,8 @@ from masklab.report import environment_line, markdown_table, save_figure
 from masklab.routing.routers import build_router
 from masklab.routing.sparse import SELECTORS, AttentionSelector, budget_label, keep_mask, parse_budget, teacher_answer, teacher_flops
 from masklab.routing.train import LOSSES, train_router
-from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, summarize, write_json
+from masklab.errors import MasklabError
+from masklab.runner import RunSpec, atomic_write_text, run_study, summarize, write_json
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "routing"

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from masklab.report import write_markdown
-from masklab.runner import MasklabError, RunSpec, run_study
+from masklab.errors import MasklabError
+from masklab.runner import RunSpec, run_study
 
 NAME = "stale"
 TABLE_METRICS = ["accuracy", "stale_rate", "stale_higher", "stale_higher_heads", "best_head", "worst_head",
