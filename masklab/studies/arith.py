@@ -20,7 +20,6 @@ end (every method, mean over heads and layers), the mask's drift, and CPU second
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from masklab.bias import MaskPrior  # noqa: E402
+from masklab.flags import flag, str_list, strength_flag  # noqa: E402
 from masklab.models import GPT  # noqa: E402
 from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
 from masklab.report import plot_curves, write_markdown  # noqa: E402
@@ -62,33 +62,63 @@ PAPER = [
 ]
 
 
+def parse_fractions(items: list[str], ops: list[str]) -> dict[str, list[float]]:
+    """``["0.004"]`` -> that fraction for every op in ``ops``; ``["add:0.004", "mul:0.03"]`` ->
+    per op (an op named nowhere keeps its default). Returns ``{"add_fractions": ..., ...}``."""
+    per: dict[str, list[float]] = {}
+    for item in items:
+        op, _, value = item.rpartition(":")
+        try:
+            f = float(value)
+        except ValueError:
+            raise MasklabError(f"--fraction takes numbers or op:number items (e.g. 0.004 or add:0.004,mul:0.03), got {item!r}") from None
+        for o in [op] if op else ops:
+            if o not in OPS:
+                raise MasklabError(f"unknown operation {o!r} in --fraction; choose from {', '.join(OPS)}")
+            per.setdefault(o, []).append(f)
+    return {f"{o}_fractions": v for o, v in per.items()}
+
+
+def fraction_updates(items: list[str], base: "ArithConfig", updates: dict) -> dict:
+    """``--fraction``: the per-op fraction lists; ``add:0.004`` alone (no ``--op``) also
+    means addition only."""
+    up = parse_fractions(items, updates.get("ops", base.ops))
+    if "ops" not in updates and all(":" in i for i in items):
+        up["ops"] = [o for o in OPS if f"{o}_fractions" in up]
+    return up
+
+
 @dataclass
 class ArithConfig:
     """Everything an arithmetic run depends on. Model: ``depth`` pre-LN blocks of width
     ``dim`` with ``heads`` heads (about 0.1 M parameters at the defaults)."""
 
-    ops: list[str] = field(default_factory=lambda: ["add", "mul"])
-    add_fractions: list[float] = field(default_factory=lambda: [0.002, 0.004, 0.01, 0.03])
+    ops: list[str] = flag(factory=lambda: ["add", "mul"], name="--op", help=f"comma-separated operations ({', '.join(OPS)})")
+    add_fractions: list[float] = flag(
+        factory=lambda: [0.002, 0.004, 0.01, 0.03], name="--fraction", parse=str_list, apply=fraction_updates,
+        metavar="[OP:]F,...", default_text="the paper's sweep: add 0.002,0.004,0.01,0.03, mul 0.01,0.03,0.1",
+        help="comma-separated training fractions of all operand pairs: 0.004 (every --op) or add:0.004,mul:0.03")
     mul_fractions: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1])
-    methods: list[str] = field(default_factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"])
+    methods: list[str] = flag(factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"], name="--method",
+                              help=f"comma-separated methods ({', '.join(METHODS)})")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    width: int = 3
-    reverse: bool = False
-    prior: str = "shared"  # or "per-head"
-    mul_window: int | None = None  # None: every partial product i + j <= k
-    allowed: float = 6.0
+    width: int = flag(3, help="operand digits, 2..5")
+    reverse: bool = flag(False, help="write the result least significant digit first")
+    prior: str = flag("shared", choices=ARITH_PRIORS, help="one alignment pattern shared by all heads, or one per head")
+    mul_window: int | None = flag(None, help="multiplication prior: only partial products with k-W <= i+j <= k",
+                                  default_text="all i+j <= k")
+    allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
-    dim: int = 64
-    depth: int = 2
-    heads: int = 4
-    steps: int = 2500
-    batch: int = 128
-    lr: float = 1e-3
+    dim: int = flag(64, help="model width")
+    depth: int = flag(2, help="transformer blocks")
+    heads: int = flag(4, help="attention heads")
+    steps: int = flag(2500, help="training steps")
+    batch: int = flag(128, help="batch size")
+    lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
     warmup: int = 100
-    weight_decay: float = 0.1
-    test_size: int = 10_000
-    evals: int = 10
-
+    weight_decay: float = flag(0.1, help="weight decay on weight matrices")
+    test_size: int = flag(10_000, help="held-out pairs")
+    evals: int = flag(10, help="evaluations during training")
 
 Config = ArithConfig
 
@@ -340,70 +370,3 @@ def report(results: dict, out: Path, command: str) -> None:
         f"CPU seconds over all runs {sum(r['metrics'].get('cpu_seconds', 0) for r in runs):.0f}."
     )
     write_markdown(results, out, TABLE_METRICS, command, notes, figures)
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--op", help="comma-separated operations (add, mul); default both")
-    ap.add_argument("--fraction", help="comma-separated training fractions of all operand pairs: 0.004 (every --op) or add:0.004,mul:0.03; default the paper's sweep")
-    ap.add_argument("--method", help=f"comma-separated methods ({', '.join(METHODS)}); default vanilla,qk-svd,qk-opt,mask")
-    ap.add_argument("--width", type=int, help="operand digits, 2..5 (default 3)")
-    ap.add_argument("--reverse", action=argparse.BooleanOptionalAction, default=None, help="write the result least significant digit first")
-    ap.add_argument("--prior", choices=ARITH_PRIORS, help="one alignment pattern shared by all heads (default) or one per head")
-    ap.add_argument("--mul-window", type=int, help="multiplication prior: only partial products with k-W <= i+j <= k (default: all i+j <= k)")
-    ap.add_argument("--strength", help="init strengths 'a' or 'a,b': M = +a where allowed, -b where suppressed (default 6)")
-    ap.add_argument("--steps", type=int)
-    ap.add_argument("--batch", type=int)
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--weight-decay", type=float)
-    ap.add_argument("--dim", type=int, help="model width")
-    ap.add_argument("--depth", type=int)
-    ap.add_argument("--heads", type=int)
-    ap.add_argument("--test-size", type=int, help="held-out pairs (default 10000)")
-    ap.add_argument("--evals", type=int, help="evaluations during training")
-
-
-def parse_fractions(items: list[str], ops: list[str]) -> dict[str, list[float]]:
-    """``["0.004"]`` -> that fraction for every op in ``ops``; ``["add:0.004", "mul:0.03"]`` ->
-    per op (an op named nowhere keeps its default). Returns ``{"add_fractions": ..., ...}``."""
-    per: dict[str, list[float]] = {}
-    for item in items:
-        op, _, value = item.rpartition(":")
-        try:
-            f = float(value)
-        except ValueError:
-            raise MasklabError(f"--fraction takes numbers or op:number items (e.g. 0.004 or add:0.004,mul:0.03), got {item!r}") from None
-        for o in [op] if op else ops:
-            if o not in OPS:
-                raise MasklabError(f"unknown operation {o!r} in --fraction; choose from {', '.join(OPS)}")
-            per.setdefault(o, []).append(f)
-    return {f"{o}_fractions": v for o, v in per.items()}
-
-
-def config_from_args(args: argparse.Namespace, base: ArithConfig) -> ArithConfig:
-    from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
-
-    updates: dict = {}
-    if args.op:
-        updates["ops"] = str_list(args.op)
-    if args.fraction:
-        items = str_list(args.fraction)
-        updates.update(parse_fractions(items, updates.get("ops", base.ops)))
-        if not args.op and all(":" in i for i in items):  # add:0.004 alone means addition only
-            updates["ops"] = [o for o in OPS if f"{o}_fractions" in updates]
-    if args.method:
-        updates["methods"] = str_list(args.method)
-    for name in ("width", "reverse", "prior", "mul_window", "steps", "batch", "lr", "weight_decay", "dim", "depth", "heads", "test_size", "evals"):
-        if getattr(args, name) is not None:
-            updates[name] = getattr(args, name)
-    if args.strength:
-        try:
-            vals = [float(v) for v in args.strength.split(",")]
-        except ValueError:
-            vals = []
-        if len(vals) not in (1, 2) or min(vals) <= 0:
-            raise MasklabError("--strength takes one or two positive numbers, e.g. 6 or 4,8")
-        updates["allowed"], updates["suppressed"] = vals[0], vals[-1]
-    return replace(base, **updates)

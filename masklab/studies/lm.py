@@ -19,7 +19,6 @@ the final value, and the number of steps to reach a target perplexity.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 
 from masklab import distributed as dist
 from masklab.bias import ALiBi, MaskPrior
+from masklab.flags import flag
 from masklab.models import GPT
 from masklab.report import plot_curves, write_markdown
 from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything, warmup_cosine
@@ -51,28 +51,27 @@ PAPER: list[dict] = []
 class LMConfig:
     """Everything an LM run depends on."""
 
-    corpus: str = "pydoc"
-    data_dir: str | None = None
-    max_chars: int | None = 20_000_000  # cap on characters read per split (TinyStories is 2 GB)
-    tokenizer: str = "byte"
-    bpe_vocab: int = 1024
-    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    corpus: str = flag("pydoc", choices=CORPORA, help="corpus (pydoc is embedded)")
+    data_dir: str | None = flag(None, help="local folder with the wikitext2 / tinystories files")
+    max_chars: int | None = flag(20_000_000, help="read at most this many characters per split (TinyStories is 2 GB)")
+    tokenizer: str = flag("byte", choices=TOKENIZERS, help="byte, or bpe (trained with the tokenizers library)")
+    bpe_vocab: int = flag(1024, help="BPE vocabulary size")
+    methods: list[str] = flag(factory=lambda: list(DEFAULT_METHODS), name="--method", help=f"comma-separated priors ({', '.join(METHODS)})")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    block: int = 64
-    dim: int = 64
-    depth: int = 3
-    heads: int = 4
-    steps: int = 1000
-    batch: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 0.1
+    block: int = flag(64, help="context length in tokens")
+    dim: int = flag(64, help="model width")
+    depth: int = flag(3, help="transformer blocks")
+    heads: int = flag(4, help="attention heads")
+    steps: int = flag(1000, help="training steps")
+    batch: int = flag(32, help="batch size (windows)")
+    lr: float = flag(2e-3, help="peak learning rate (AdamW, warm-up then cosine)")
+    weight_decay: float = flag(0.1, help="weight decay")
     warmup: float = 0.05
     allowed: float = 6.0
     suppressed: float = 6.0
-    evals: int = 10
-    val_windows: int = 128
-    target_ppl: float = 8.0
-
+    evals: int = flag(10, help="evaluations during training")
+    val_windows: int = flag(128, help="validation windows per evaluation")
+    target_ppl: float = flag(8.0, help="validation perplexity for steps_to_target")
 
 Config = LMConfig
 
@@ -248,32 +247,3 @@ def report(results: dict, out: Path, command: str) -> None:
     plot_curves(results["runs"], "val_ppl", out / figures[0], ylabel="validation perplexity", title="Validation perplexity", logy=True)
     notes = NOTES + f"\nTarget perplexity: {results['config']['target_ppl']}."
     write_markdown(results, out, TABLE_METRICS, command, notes, figures)
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--corpus", choices=CORPORA, help="corpus (default pydoc, embedded)")
-    ap.add_argument("--data-dir", help="local folder with the wikitext2 / tinystories files")
-    ap.add_argument("--max-chars", type=int, help="read at most this many characters per split")
-    ap.add_argument("--tokenizer", choices=TOKENIZERS, help="byte (default) or bpe (trained with the tokenizers library)")
-    ap.add_argument("--bpe-vocab", type=int)
-    ap.add_argument("--method", help=f"comma-separated priors ({', '.join(METHODS)}); default {','.join(DEFAULT_METHODS)}")
-    for name in ("block", "dim", "depth", "heads", "steps", "batch", "evals", "val_windows"):
-        ap.add_argument(f"--{name.replace('_', '-')}", type=int)
-    for name in ("lr", "weight_decay", "target_ppl"):
-        ap.add_argument(f"--{name.replace('_', '-')}", type=float)
-
-
-def config_from_args(args: argparse.Namespace, base: LMConfig) -> LMConfig:
-    from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
-
-    updates: dict = {}
-    if args.method:
-        updates["methods"] = str_list(args.method)
-    names = ("corpus", "data_dir", "max_chars", "tokenizer", "bpe_vocab", "block", "dim", "depth", "heads", "steps", "batch", "evals", "val_windows", "lr", "weight_decay", "target_ppl")
-    for name in names:
-        if getattr(args, name) is not None:
-            updates[name] = getattr(args, name)
-    return replace(base, **updates)

@@ -28,7 +28,6 @@ curve, ``flops_ratio_<m>x`` (router + sparse teacher) / dense teacher FLOPs by f
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -53,6 +52,7 @@ from masklab.routing.routers import build_router
 from masklab.routing.sparse import SELECTORS, AttentionSelector, budget_label, keep_mask, parse_budget, teacher_answer, teacher_flops
 from masklab.routing.train import LOSSES, train_router
 from masklab.errors import MasklabError
+from masklab.flags import flag, list_or_none
 from masklab.runner import RunSpec, atomic_write_text, run_study, summarize, write_json
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
@@ -76,44 +76,47 @@ _SELECTOR_OF = {"dense": "dense", "random": "random", "recent": "recent", "teach
 class RoutingConfig:
     """Gyms, teacher (same fields as ``masklab evidence``, so teachers are shared), routers, evaluation."""
 
-    tasks: list[str] = field(default_factory=lambda: ["multihop", "stale", "kv", "aggregate"])
-    hops: list[int] = field(default_factory=lambda: [2, 3])
-    updates: int = 2
-    items: int = 16
-    vocab: int = 256
+    tasks: list[str] = flag(factory=lambda: ["multihop", "stale", "kv", "aggregate"], name="--task",
+                            help=f"comma-separated gyms ({', '.join(GYMS)})")
+    hops: list[int] = flag(factory=lambda: [2, 3], help="multihop chain length(s), comma-separated")
+    updates: int = flag(2, help="stale: assignments of the queried key")
+    items: int = flag(16, help="items per context N the routers are trained at")
+    vocab: int = flag(256, help="number of symbols")
     tags: int = 8
     max_count: int = 4
-    targets: list[str] = field(default_factory=lambda: ["gold", "causal", "attention"])
-    independent_targets: list[str] = field(default_factory=lambda: ["causal"])
-    router_dim: int = 32
-    router_depth: int = 3
-    router_heads: int = 4
-    length_scale: bool = True  # log-n query scaling in the router (see TransformerRouter)
-    router_steps: int = 2500
+    targets: list[str] = flag(factory=lambda: ["gold", "causal", "attention"],
+                              help="comma-separated router targets: causal, attention, gold, or any evidence target name")
+    independent_targets: list[str] = flag(factory=lambda: ["causal"], name="--independent", parse=list_or_none,
+                                          help="targets for the independent (no item interaction) router; 'none' for none")
+    router_dim: int = flag(32, help="router width")
+    router_depth: int = flag(3, help="router blocks")
+    router_heads: int = flag(4, help="router heads")
+    length_scale: bool = flag(True, help="log-n query scaling in the router (--no-length-scale: a length-generalisation factor)")
+    router_steps: int = flag(2500, help="router training steps")
     router_batch: int = 64
-    router_lr: float = 2e-3
-    loss: str = "bce"
-    pool: int = 24000
-    budget: str = "gold"
-    budgets: list[str] = field(default_factory=lambda: ["1", "2", "3", "4", "6", "8", "10%"])
-    lengths: list[int] = field(default_factory=lambda: [1, 2, 4])
-    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
-    snap_aggregate: str = "layer-mean"
-    examples: int = 500
+    router_lr: float = flag(2e-3, help="router learning rate")
+    loss: str = flag("bce", choices=LOSSES, help="router training loss")
+    pool: int = flag(24000, help="training examples per (gym, seed), targets computed once")
+    budget: str = flag("gold", help="headline budget: items (3), fraction (10%) or gold (the gold evidence size)")
+    budgets: list[str] = flag(factory=lambda: ["1", "2", "3", "4", "6", "8", "10%"], help="comma-separated budget curve")
+    lengths: list[int] = flag(factory=lambda: [1, 2, 4], help="evaluate at these multiples of N")
+    baselines: list[str] = flag(factory=lambda: list(BASELINES), parse=list_or_none,
+                                help=f"comma-separated baselines ({', '.join(BASELINES)}) or 'none'")
+    snap_aggregate: str = flag("layer-mean", help="attention aggregate of the teacher-attention baseline")
+    examples: int = flag(500, help="held-out examples per length")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     # teacher (see masklab.evidence.teacher.TeacherConfig)
     dim: int = 64
     depth: int = 4
     heads: int = 4
-    teacher_steps: int | None = None  # None: the evidence study's per-gym recipe (evidence.TEACHER_RECIPES)
+    teacher_steps: int | None = flag(None, help="teacher training steps for every gym", default_text=evidence.teacher_steps_default())
     teacher_batch: int = 64
     teacher_lr: float = 2e-3
     max_factor: int = 4
-    aux: float = 0.0  # auxiliary hop loss of multihop teachers (off: it shapes the attention targets)
+    aux: float = flag(0.0, help="auxiliary hop loss of multihop teachers (0 = off; it shapes the attention targets)")
     teacher_seed: int = 0
     mode: str = "delete"
-    cache: str = "cache"
-
+    cache: str = flag("cache", help="teacher and pool cache directory")
 
 Config = RoutingConfig
 
@@ -465,57 +468,3 @@ def report(results: dict, cfg: RoutingConfig, out: Path, command: str) -> None:
         parts += [f"## At {m_hi} x N with a 10% budget", "", markdown_table(summary, [], ten), ""]
     parts += ["## Teachers and training pools", "", teachers, "", "![routing_budget.png](routing_budget.png)", "", environment_line(results)]
     atomic_write_text(out / "results.md", "\n".join(parts) + "\n")
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--task", help=f"comma-separated gyms ({', '.join(GYMS)}); default all")
-    ap.add_argument("--hops", help="multihop chain length(s), comma-separated (default 2,3)")
-    ap.add_argument("--items", type=int, help="items per context N the routers are trained at (default 16)")
-    ap.add_argument("--targets", help="comma-separated router targets: causal, attention, gold, or any evidence target name (default causal,attention,gold)")
-    ap.add_argument("--independent", help="targets for the independent (no item interaction) router; 'none' for none (default causal)")
-    ap.add_argument("--budget", help="headline budget: items (3), fraction (10%%) or gold (default gold = the gold evidence size)")
-    ap.add_argument("--budgets", help="comma-separated budget curve (default 1,2,3,4,6,8,10%%)")
-    ap.add_argument("--lengths", help="evaluate at these multiples of N (default 1,2,4)")
-    ap.add_argument("--router-dim", type=int, help="router width (default 32)")
-    ap.add_argument("--router-depth", type=int, help="router blocks (default 3)")
-    ap.add_argument("--router-heads", type=int, help="router heads (default 4)")
-    ap.add_argument("--router-steps", type=int, help="router training steps (default 2500)")
-    ap.add_argument("--router-lr", type=float, help="router learning rate (default 2e-3)")
-    ap.add_argument("--no-length-scale", action="store_true", help="no log-n query scaling in the router (a length-generalisation factor)")
-    ap.add_argument("--loss", choices=LOSSES)
-    ap.add_argument("--pool", type=int, help="training examples per (gym, seed), targets computed once (default 24000)")
-    ap.add_argument("--baselines", help=f"comma-separated baselines ({', '.join(BASELINES)}) or 'none' (default all)")
-    ap.add_argument("--snap-aggregate", help="attention aggregate of the teacher-attention baseline (default layer-mean)")
-    ap.add_argument("--examples", type=int, help="held-out examples per length")
-    ap.add_argument("--vocab", type=int)
-    ap.add_argument("--updates", type=int)
-    ap.add_argument("--teacher-steps", type=int, help=evidence.teacher_steps_help())
-    ap.add_argument("--aux", type=float, help="auxiliary hop loss of multihop teachers (default 0 = off; it shapes the attention targets)")
-    ap.add_argument("--cache", help="teacher and pool cache directory (default ./cache)")
-
-
-def config_from_args(args: argparse.Namespace, base: RoutingConfig) -> RoutingConfig:
-    from masklab.cli import int_list, str_list  # noqa: PLC0415
-
-    cfg = base
-    for name, conv in (("task", "tasks"), ("targets", "targets"), ("budgets", "budgets")):
-        if getattr(args, name):
-            cfg = replace(cfg, **{conv: str_list(getattr(args, name))})
-    if args.hops:
-        cfg = replace(cfg, hops=int_list(args.hops))
-    if args.lengths:
-        cfg = replace(cfg, lengths=int_list(args.lengths))
-    if args.baselines:
-        cfg = replace(cfg, baselines=[] if args.baselines == "none" else str_list(args.baselines))
-    if args.no_length_scale:
-        cfg = replace(cfg, length_scale=False)
-    if args.independent:
-        cfg = replace(cfg, independent_targets=[] if args.independent == "none" else str_list(args.independent))
-    for name in ("items", "budget", "router_dim", "router_depth", "router_heads", "router_steps", "router_lr", "loss", "pool", "snap_aggregate", "examples", "vocab", "updates", "teacher_steps", "aux", "cache"):
-        value = getattr(args, name)
-        if value is not None:
-            cfg = replace(cfg, **{name: value})
-    return cfg

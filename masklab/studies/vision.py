@@ -17,7 +17,6 @@ the layer-0 attention of the centre patch at step 0 is kept for the figure.
 
 from __future__ import annotations
 
-import argparse
 import functools
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from masklab import distributed as dist  # noqa: E402
 from masklab.bias import MaskPrior  # noqa: E402
+from masklab.flags import flag, strength_flag  # noqa: E402
 from masklab.models import PRESETS, ViT  # noqa: E402
 from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
 from masklab.report import fmt, plot_curves, write_markdown  # noqa: E402
@@ -56,26 +56,25 @@ class VisionConfig:
     """Everything a vision run depends on. ``patch``/``dim``/``depth``/``heads`` override
     the ``model`` preset when set."""
 
-    data: str = "digits"
-    data_dir: str | None = None
-    image_size: int = 64  # imagefolder only: images are resized to this side
-    model: str = "cpu-digits"
-    patch: int | None = None
-    dim: int | None = None
-    depth: int | None = None
-    heads: int | None = None
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    data: str = flag("digits", choices=DATASETS, help="data set (digits is embedded)")
+    data_dir: str | None = flag(None, help="local folder of cifar10/cifar100 (binary version) or imagefolder data")
+    image_size: int = flag(64, help="imagefolder only: resize images to this side")
+    model: str = flag("cpu-digits", help=f"ViT preset ({', '.join(PRESETS)})")
+    patch: int | None = flag(None, help="patch side", default_text="the preset's")
+    dim: int | None = flag(None, help="model width", default_text="the preset's")
+    depth: int | None = flag(None, help="transformer blocks", default_text="the preset's")
+    heads: int | None = flag(None, help="attention heads", default_text="the preset's")
+    methods: list[str] = flag(factory=lambda: list(METHODS), name="--method", help=f"comma-separated methods ({', '.join(METHODS)})")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    steps: int = 1000
-    batch: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.05
+    steps: int = flag(1000, help="training steps")
+    batch: int = flag(128, help="batch size")
+    lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
+    weight_decay: float = flag(0.05, help="weight decay")
     warmup: float = 0.05  # fraction of steps
-    allowed: float = 6.0
+    allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
     radius: int = 1
-    evals: int = 10
-
+    evals: int = flag(10, help="evaluations during training")
 
 Config = VisionConfig
 
@@ -318,36 +317,3 @@ def report(results: dict, out: Path, command: str) -> None:
     plot_attention(results, out / figures[2])
     notes = NOTES + "\n\nOurs beside the paper:\n\n" + paper_table(results)
     write_markdown(results, out, TABLE_METRICS, command, notes, figures)
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--data", choices=DATASETS, help="data set (default digits, embedded)")
-    ap.add_argument("--data-dir", help="local folder of cifar10/cifar100 (binary version) or imagefolder data")
-    ap.add_argument("--image-size", type=int, help="imagefolder: resize images to this side (default 64)")
-    ap.add_argument("--model", help=f"ViT preset ({', '.join(PRESETS)}); default cpu-digits")
-    ap.add_argument("--method", help=f"comma-separated methods ({', '.join(METHODS)}); default all")
-    for name in ("patch", "dim", "depth", "heads", "steps", "batch", "evals"):
-        ap.add_argument(f"--{name}", type=int)
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--weight-decay", type=float)
-    ap.add_argument("--strength", help="mask init strengths 'a' or 'a,b' (default 6)")
-
-
-def config_from_args(args: argparse.Namespace, base: VisionConfig) -> VisionConfig:
-    from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
-
-    updates: dict = {}
-    if args.method:
-        updates["methods"] = str_list(args.method)
-    for name in ("data", "data_dir", "image_size", "model", "patch", "dim", "depth", "heads", "steps", "batch", "evals", "lr", "weight_decay"):
-        if getattr(args, name) is not None:
-            updates[name] = getattr(args, name)
-    if args.strength:
-        vals = [float(v) for v in args.strength.split(",")]
-        if len(vals) not in (1, 2) or min(vals) <= 0:
-            raise MasklabError("--strength takes one or two positive numbers, e.g. 6 or 4,8")
-        updates["allowed"], updates["suppressed"] = vals[0], vals[-1]
-    return replace(base, **updates)
