@@ -121,22 +121,18 @@ class Opt(QKInit):
     lr: float = 0.02
 
     def fit(self, attn: nn.Module, x: Tensor, target: Tensor) -> None:
-        B, T, D = x.shape
+        """Adam on W_Q, W_K (in place) to minimise KL(softmax(target) || attention) over ``x``."""
         want = target.softmax(-1)  # (H, T, T)
-        wq = attn.q.weight.detach().clone().requires_grad_(True)
-        wk = attn.k.weight.detach().clone().requires_grad_(True)
-        opt = torch.optim.Adam([wq, wk], lr=self.lr)
+        opt = torch.optim.Adam([attn.q.weight, attn.k.weight], lr=self.lr)
         with torch.enable_grad():
             for _ in range(self.steps):
-                q = (x @ wq.T + attn.q.bias).view(B, T, attn.heads, -1).transpose(1, 2)
-                k = (x @ wk.T + attn.k.bias).view(B, T, attn.heads, -1).transpose(1, 2)
-                logp = (q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)).log_softmax(-1)
+                logp = attn.logits(x).log_softmax(-1)  # (B, H, T, T), the core's own logits
                 loss = (want * (want.clamp_min(1e-12).log() - logp)).sum(-1).mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-        attn.q.weight.copy_(wq.detach())
-        attn.k.weight.copy_(wk.detach())
+        for q in attn.parameters():
+            q.grad = None
 
 
 # ----------------------------------------------------------------------------- vision inits

@@ -15,8 +15,8 @@ them in the attention bias because items keep their position ids (tested).
 
 Selectors (registry :data:`SELECTORS`, one class each, one method ``score``) give the scores
 that a budget turns into a keep-mask; they are the baselines a router is compared with:
-``random``, ``recent`` (most recent items), ``attention`` (the teacher's own attention from a
-dense pre-fill, SnapKV-style), ``gold`` (oracle) and ``dense`` (keep everything).
+``random``, ``recent`` (most recent items), ``teacher-attention`` (the teacher's own attention
+from a dense pre-fill, SnapKV-style), ``oracle-gold`` and ``dense`` (keep everything).
 """
 
 from __future__ import annotations
@@ -164,10 +164,10 @@ class AttentionSelector(Selector):
         return aggregate_fn(self.aggregate)(attention_maps(teacher, batch))
 
 
-register("attention")(AttentionSelector)
+register("teacher-attention")(AttentionSelector)
 
 
-@register("gold")
+@register("oracle-gold")
 class GoldSelector(Selector):
     def score(self, teacher, batch, rng):
         return batch.gold.float()

@@ -68,8 +68,7 @@ PAPER = [
 
 # short names for the training targets of the paper
 TARGET_ALIASES = {"causal": "loo", "attention": "last-mean/topk"}
-BASELINES = ("dense", "random", "recent", "teacher-attention", "oracle-gold")
-_SELECTOR_OF = {"dense": "dense", "random": "random", "recent": "recent", "teacher-attention": "attention", "oracle-gold": "gold"}
+BASELINES = ("dense", "random", "recent", "teacher-attention", "oracle-gold")  # selectors (routing.sparse.SELECTORS)
 
 
 @dataclass
@@ -299,7 +298,7 @@ def baselines_one(spec: dict, ckpt_dir: Path) -> dict:
     metrics: dict[str, float] = {}
     for m, batch in eval_batches(p, task, hops, seed).items():
         for name in p["baselines"]:
-            sel = SELECTORS[_SELECTOR_OF[name]]
+            sel = SELECTORS[name]
             if name == "teacher-attention":
                 sel = AttentionSelector(p["snap_aggregate"])
             scores = sel.score(teacher, batch, rng)
