@@ -13,7 +13,7 @@ name from :data:`QK_INITS`:
 
 Target logits are exactly the bias the corresponding mask prior would add,
 ``logsigmoid(a S - b (1 - S))``, so at step 0 a QK-initialised model attends like the
-mask model (check it with :func:`allowed_mass`). Blocks are fitted in order, each on the
+mask model (check it with :func:`masklab.structures.allowed_mass`). Blocks are fitted in order, each on the
 inputs produced by the already-initialised blocks below it.
 """
 
@@ -47,17 +47,6 @@ def block_inputs(model: nn.Module, tokens: Tensor, upto: int) -> Tensor:
         for block in model.blocks[:upto]:
             x, _ = block(x, bias)
         return model.blocks[upto].ln1(x)
-
-
-def allowed_mass(probs: Tensor, structure: Tensor, rows: str = "cls") -> float:
-    """Attention mass on allowed keys.
-
-    probs: ``(B, H, T, T)``; structure: ``(H|1, T, T)`` in [0, 1] (> 0.5 = allowed).
-    ``rows="cls"`` averages the CLS query (row 0) over batch and heads; ``"all"`` every row.
-    """
-    allowed = (structure > 0.5).to(probs.dtype)
-    mass = (probs * allowed).sum(-1)  # (B, H, T)
-    return (mass[..., 0] if rows == "cls" else mass).mean().item()
 
 
 class QKInit:

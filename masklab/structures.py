@@ -111,6 +111,20 @@ def pairs_per_head(groups: Groups, n_vars: int, heads: int) -> Tensor:
     return s
 
 
+# ----------------------------------------------------------------------------- metrics
+
+
+def allowed_mass(probs: Tensor, structure: Tensor, rows: str = "cls") -> float:
+    """Attention mass on allowed keys.
+
+    probs: ``(B, H, T, T)``; structure: ``(H|1, T, T)`` in [0, 1] (> 0.5 = allowed).
+    ``rows="cls"`` averages the CLS query (row 0) over batch and heads; ``"all"`` every row.
+    """
+    allowed = (structure > 0.5).to(probs.dtype)
+    mass = (probs * allowed).sum(-1)  # (B, H, T)
+    return (mass[..., 0] if rows == "cls" else mass).mean().item()
+
+
 Design = Callable[[Groups, int, int, int, int], Tensor]
 DESIGNS: Registry[Design] = Registry("prior design", items={
     # one pattern for every layer and head

@@ -22,7 +22,20 @@ def test_same_config_as_the_hand_written_command_line(argv):
     want = EXPECTED[" ".join(argv)]
     if "error" in want:  # the subcommand `route` is now `routing` (route is an alias)
         want = {"error": want["error"].replace("masklab route:", "masklab routing:")}
-    assert resolve(argv) == want
+    got = resolve(argv)
+    if argv[0] == "arith" and "config" in want:  # arith's warmup was 100 steps; now a fraction, as in lm and vision
+        assert got["config"].pop("warmup") == (0.25 if "--quick" in argv else 0.04)
+        assert want["config"].pop("warmup") == 100
+    assert got == want
+
+
+def test_warmup_is_a_fraction_everywhere_and_arith_keeps_its_100_steps():
+    from masklab.studies import arith, lm, vision
+
+    for mod in (arith, lm, vision):
+        assert flags.flags_of(mod.Config)[0] and isinstance(mod.Config().warmup, float)
+    for cfg in (arith.quick_config(), arith.reproduce_config()):  # the runs behind the published numbers
+        assert max(1, int(cfg.warmup * cfg.steps)) == 100
 
 
 @pytest.mark.parametrize("name", sorted(cli.STUDIES))

@@ -34,10 +34,10 @@ import torch  # noqa: E402
 from masklab.bias import MaskPrior  # noqa: E402
 from masklab.flags import flag, str_list, strength_flag  # noqa: E402
 from masklab.models import GPT  # noqa: E402
-from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
+from masklab.qk_init import QK_INITS  # noqa: E402
 from masklab.report import plot_curves, write_markdown  # noqa: E402
 from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything, warmup_cosine  # noqa: E402
-from masklab.structures import ARITH_PRIORS, arith_structure, emitting_position, result_width  # noqa: E402
+from masklab.structures import ARITH_PRIORS, allowed_mass, arith_structure, emitting_position, result_width  # noqa: E402
 from masklab.tasks.arithmetic import OPS, VOCAB, WIDTHS, greedy_results, inputs_targets, make_split, score, train_count  # noqa: E402
 
 NAME = "arith"
@@ -79,7 +79,7 @@ def parse_fractions(items: list[str], ops: list[str]) -> dict[str, list[float]]:
     return {f"{o}_fractions": v for o, v in per.items()}
 
 
-def fraction_updates(items: list[str], base: "ArithConfig", updates: dict) -> dict:
+def fraction_updates(items: list[str], base: "Config", updates: dict) -> dict:
     """``--fraction``: the per-op fraction lists; ``add:0.004`` alone (no ``--op``) also
     means addition only."""
     up = parse_fractions(items, updates.get("ops", base.ops))
@@ -89,7 +89,7 @@ def fraction_updates(items: list[str], base: "ArithConfig", updates: dict) -> di
 
 
 @dataclass
-class ArithConfig:
+class Config:
     """Everything an arithmetic run depends on. Model: ``depth`` pre-LN blocks of width
     ``dim`` with ``heads`` heads (about 0.1 M parameters at the defaults)."""
 
@@ -115,17 +115,15 @@ class ArithConfig:
     steps: int = flag(2500, help="training steps")
     batch: int = flag(128, help="batch size")
     lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
-    warmup: int = 100
+    warmup: float = flag(0.04, help="learning-rate warm-up, as a fraction of --steps")
     weight_decay: float = flag(0.1, help="weight decay on weight matrices")
     test_size: int = flag(10_000, help="held-out pairs")
     evals: int = flag(10, help="evaluations during training")
 
-Config = ArithConfig
 
-
-def quick_config() -> ArithConfig:
+def quick_config() -> Config:
     """One task (addition, 1%), one seed, the four methods, 400 steps (about a minute of CPU)."""
-    return ArithConfig(ops=["add"], add_fractions=[0.01], mul_fractions=[0.03], seeds=[0], steps=400, evals=4)
+    return Config(ops=["add"], add_fractions=[0.01], mul_fractions=[0.03], seeds=[0], steps=400, evals=4, warmup=0.25)
 
 
 # reproduce: 7 tasks (add at 4 fractions, mul at 3) x 4 methods x 3 seeds = 84 runs of 2500 steps
@@ -133,8 +131,8 @@ def quick_config() -> ArithConfig:
 # with 2 jobs on an idle 2-core CPU. Quick: 4 runs of 400 steps, about 60 CPU-s in all.
 
 
-def reproduce_config() -> ArithConfig:
-    return ArithConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 # ----------------------------------------------------------------------------- one run
@@ -163,8 +161,8 @@ def attention_stats(model: GPT, probe: torch.Tensor, structures: list[torch.Tens
 
 
 def lr_at(step: int, p: dict) -> float:
-    """Linear warm-up for ``warmup`` steps, then cosine decay to 10% of ``lr``."""
-    return warmup_cosine(step, p["steps"], p["lr"], p["warmup"], floor=0.1)
+    """Linear warm-up over ``warmup * steps`` steps, then cosine decay to 10% of ``lr``."""
+    return warmup_cosine(step, p["steps"], p["lr"], max(1, int(p["warmup"] * p["steps"])), floor=0.1)
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
@@ -261,7 +259,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def tasks_of(cfg: ArithConfig) -> list[tuple[str, float]]:
+def tasks_of(cfg: Config) -> list[tuple[str, float]]:
     """(op, fraction) pairs of the study, in order."""
     out = []
     for op in cfg.ops:
@@ -270,7 +268,7 @@ def tasks_of(cfg: ArithConfig) -> list[tuple[str, float]]:
     return out
 
 
-def specs_for(cfg: ArithConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("ops", "add_fractions", "mul_fractions", "methods", "seeds")}
     return [
         RunSpec(task_name(op, f), method, seed, {**base, "op": op, "fraction": f, "method": method})
@@ -280,7 +278,7 @@ def specs_for(cfg: ArithConfig) -> list[RunSpec]:
     ]
 
 
-def validate(cfg: ArithConfig) -> None:
+def validate(cfg: Config) -> None:
     for op in cfg.ops:
         if op not in OPS:
             raise MasklabError(f"unknown operation {op!r}; choose from {', '.join(OPS)}")
@@ -315,7 +313,7 @@ reproduces the pattern), `mask_drift` mean |change| of logsigmoid(M).
 Tasks are named `op-fraction` (e.g. `add-0.4%`: 0.4% of the 10^6 operand pairs for training)."""
 
 
-def run(cfg: ArithConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab arith") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab arith") -> dict:
     validate(cfg)
     paper = PAPER if cfg.width == 3 else []
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.arith:run_one", out, jobs=jobs, paper=paper, progress=progress)
@@ -364,7 +362,7 @@ def report(results: dict, out: Path, command: str) -> None:
     n_params = runs[0]["extra"]["parameters"] if runs else None
     notes = NOTES + (
         f"\n\nModel: GPT decoder, dim {cfg['dim']}, depth {cfg['depth']}, heads {cfg['heads']} ({n_params} parameters); "
-        f"{cfg['steps']} AdamW steps of batch {cfg['batch']}, lr {cfg['lr']} (warm-up {cfg['warmup']}, cosine to 10%), "
+        f"{cfg['steps']} AdamW steps of batch {cfg['batch']}, lr {cfg['lr']} (warm-up {cfg['warmup']:.0%} of the steps, cosine to 10%), "
         f"weight decay {cfg['weight_decay']}; result {'reversed (LSB first)' if cfg['reverse'] else 'plain (MSB first)'}; "
         f"prior `{cfg['prior']}`, strengths +{cfg['allowed']}/-{cfg['suppressed']}; test set {cfg['test_size']} pairs; "
         f"CPU seconds over all runs {sum(r['metrics'].get('cpu_seconds', 0) for r in runs):.0f}."

@@ -85,7 +85,7 @@ def recency_list(text: str) -> list[str]:
 
 
 @dataclass
-class EvidenceConfig:
+class Config:
     """Gyms, teacher and evaluation. Teachers are cached under ``cache`` keyed by their config."""
 
     tasks: list[str] = flag(factory=lambda: ["multihop", "stale", "kv", "aggregate"], name="--task",
@@ -118,16 +118,14 @@ class EvidenceConfig:
         help="comma-separated gyms whose teacher gets a linear recency position feature, or none")
     cache: str = flag("cache", help="teacher cache directory")
 
-Config = EvidenceConfig
-
-def quick_config() -> EvidenceConfig:
+def quick_config() -> Config:
     # small contexts and a short-trained teacher: shows the pipeline, not the full accuracy
-    return EvidenceConfig(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, max_factor=1, examples=100, depth=3)
+    return Config(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, max_factor=1, examples=100, depth=3)
 
 
-def reproduce_config() -> EvidenceConfig:
+def reproduce_config() -> Config:
     # 2 and 3 hops: the middle-link question needs a link that touches neither end
-    return EvidenceConfig(hops=[2, 3])
+    return Config(hops=[2, 3])
 
 
 # ----------------------------------------------------------------------------- one run
@@ -260,7 +258,7 @@ def task_label(task: str, hops: int) -> str:
     return f"multihop-h{hops}" if task == "multihop" else task
 
 
-def specs_for(cfg: EvidenceConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "seeds", "hops", "teacher_steps", "recency_tasks")}
     specs = []
     for task in cfg.tasks:
@@ -271,7 +269,7 @@ def specs_for(cfg: EvidenceConfig) -> list[RunSpec]:
     return specs
 
 
-def validate(cfg: EvidenceConfig) -> None:
+def validate(cfg: Config) -> None:
     for t in cfg.tasks:
         if t not in GYMS:
             raise MasklabError(f"unknown evidence task {t!r}; choose from {', '.join(GYMS)}")
@@ -316,7 +314,7 @@ of the set, `keep_acc` teacher accuracy when only the set is visible, `passes` f
 A causal set that differs from gold is a finding about the teacher (what it needs), not a bug."""
 
 
-def run(cfg: EvidenceConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab evidence") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab evidence") -> dict:
     validate(cfg)
     out = Path(out)
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.evidence:run_one", out, jobs=jobs, paper=PAPER, progress=progress)

@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from masklab.bias import MaskPrior
 from masklab.flags import flag, strength_flag
 from masklab.models import TokenEncoder
-from masklab.qk_init import QK_INITS, allowed_mass
+from masklab.qk_init import QK_INITS
 from masklab.report import plot_curves, write_markdown
 from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything
-from masklab.structures import DESIGNS, design_structure
+from masklab.structures import DESIGNS, allowed_mass, design_structure
 from masklab.tasks.boolean import (
     DIM,
     TASKS,
@@ -75,7 +75,7 @@ PAPER = [
 
 
 @dataclass
-class GotuConfig:
+class Config:
     """Everything a GOTU run depends on. Model: ``depth`` pre-LN blocks of width ``width``."""
 
     tasks: list[str] = flag(factory=lambda: list(TASKS), name="--task", help=f"comma-separated tasks ({', '.join(TASKS)})")
@@ -99,19 +99,17 @@ class GotuConfig:
     support: list[int] | None = flag(None, help="custom prior support, e.g. 0,1,2")
     n_vars: int = flag(DIM, name="--dim", help="number of Boolean variables of a custom task")
 
-Config = GotuConfig
 
-
-def quick_config() -> GotuConfig:
-    return GotuConfig(tasks=["cyclic3", "2parity"], seeds=[0], steps=600, evals=6)
+def quick_config() -> Config:
+    return Config(tasks=["cyclic3", "2parity"], seeds=[0], steps=600, evals=6)
 
 
 # reproduce: 3 tasks x 4 methods x 3 seeds x 1500 steps of batch 128, 2-block width-64 model
 # (about 25 min with 2 jobs on an idle 2-core CPU)
 
 
-def reproduce_config() -> GotuConfig:
-    return GotuConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 # ----------------------------------------------------------------------------- one run
@@ -249,7 +247,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def specs_for(cfg: GotuConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "methods", "seeds")}
     tasks = ["custom"] if cfg.function else cfg.tasks
     return [
@@ -260,7 +258,7 @@ def specs_for(cfg: GotuConfig) -> list[RunSpec]:
     ]
 
 
-def validate(cfg: GotuConfig) -> None:
+def validate(cfg: Config) -> None:
     for t in cfg.tasks:
         if t not in TASKS and not cfg.function:
             raise MasklabError(f"unknown task {t!r}; choose from {', '.join(TASKS)} or give --function/--seen/--support")
@@ -290,7 +288,7 @@ mean |change| of logsigmoid(M).
 The paper's `loss` and Cyclic3 `acc` do not say on which domain they are measured."""
 
 
-def run(cfg: GotuConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab gotu") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab gotu") -> dict:
     validate(cfg)
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.gotu:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
     report(results, Path(out), command)

@@ -48,7 +48,7 @@ PAPER: list[dict] = []
 
 
 @dataclass
-class LMConfig:
+class Config:
     """Everything an LM run depends on."""
 
     corpus: str = flag("pydoc", choices=CORPORA, help="corpus (pydoc is embedded)")
@@ -66,26 +66,24 @@ class LMConfig:
     batch: int = flag(32, help="batch size (windows)")
     lr: float = flag(2e-3, help="peak learning rate (AdamW, warm-up then cosine)")
     weight_decay: float = flag(0.1, help="weight decay")
-    warmup: float = 0.05
+    warmup: float = flag(0.05, help="learning-rate warm-up, as a fraction of --steps")
     allowed: float = 6.0
     suppressed: float = 6.0
     evals: int = flag(10, help="evaluations during training")
     val_windows: int = flag(128, help="validation windows per evaluation")
     target_ppl: float = flag(8.0, help="validation perplexity for steps_to_target")
 
-Config = LMConfig
 
-
-def quick_config() -> LMConfig:
-    return LMConfig(seeds=[0], dim=32, depth=2, block=32, steps=300, evals=3, val_windows=32, target_ppl=12.0)
+def quick_config() -> Config:
+    return Config(seeds=[0], dim=32, depth=2, block=32, steps=300, evals=3, val_windows=32, target_ppl=12.0)
 
 
 # reproduce: pydoc bytes, dim 64, depth 3, 4 heads, context 64, 3 methods x 3 seeds x 1000 steps
 # of batch 32 (2M tokens, ~5 epochs); about 2-3 min per run on one thread.
 
 
-def reproduce_config() -> LMConfig:
-    return LMConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 # ----------------------------------------------------------------------------- one run
@@ -203,12 +201,12 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def specs_for(cfg: LMConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("methods", "seeds")}
     return [RunSpec(cfg.corpus, m, s, {**base, "method": m}) for m in cfg.methods for s in cfg.seeds]
 
 
-def validate(cfg: LMConfig) -> None:
+def validate(cfg: Config) -> None:
     if cfg.corpus not in CORPORA:
         raise MasklabError(f"unknown corpus {cfg.corpus!r}; choose from {', '.join(CORPORA)}")
     if cfg.tokenizer not in TOKENIZERS:
@@ -234,7 +232,7 @@ logsigmoid(M) (mask runs only). Perplexities are per token of the chosen tokeniz
 (per byte for `byte`). The paper reports only "modest but consistent gains" (no number)."""
 
 
-def run(cfg: LMConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab lm") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab lm") -> dict:
     validate(cfg)
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.lm:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
     if dist.is_main():

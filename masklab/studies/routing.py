@@ -72,7 +72,7 @@ BASELINES = ("dense", "random", "recent", "teacher-attention", "oracle-gold")  #
 
 
 @dataclass
-class RoutingConfig:
+class Config:
     """Gyms, teacher (same fields as ``masklab evidence``, so teachers are shared), routers, evaluation."""
 
     tasks: list[str] = flag(factory=lambda: ["multihop", "stale", "kv", "aggregate"], name="--task",
@@ -117,20 +117,18 @@ class RoutingConfig:
     mode: str = "delete"
     cache: str = flag("cache", help="teacher and pool cache directory")
 
-Config = RoutingConfig
 
-
-def quick_config() -> RoutingConfig:
+def quick_config() -> Config:
     # two gyms at N = 8, short-trained teachers and routers: shows the pipeline in about a minute
-    return RoutingConfig(
+    return Config(
         tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, depth=3, max_factor=2,
         router_steps=1000, pool=3000, examples=200, seeds=[0], lengths=[1, 2], budgets=["1", "2", "4"],
         independent_targets=[],
     )
 
 
-def reproduce_config() -> RoutingConfig:
-    return RoutingConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 def resolve_target(name: str) -> str:
@@ -314,21 +312,21 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def gym_runs(cfg: RoutingConfig) -> list[tuple[str, int]]:
+def gym_runs(cfg: Config) -> list[tuple[str, int]]:
     return [(t, h) for t in cfg.tasks for h in (cfg.hops if t == "multihop" else [0])]
 
 
-def gym_params(cfg: RoutingConfig, task: str, hops: int) -> dict:
+def gym_params(cfg: Config, task: str, hops: int) -> dict:
     """Run parameters shared by every run of one gym, with its teacher recipe resolved."""
     base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds", "teacher_steps")}
     return {**base, **evidence.teacher_recipe(task, hops, cfg.teacher_steps), "gym": task, "hops": hops}
 
 
-def prepare_specs(cfg: RoutingConfig) -> list[RunSpec]:
+def prepare_specs(cfg: Config) -> list[RunSpec]:
     return [RunSpec(task_label(t, h), "prepare", cfg.teacher_seed, {**gym_params(cfg, t, h), "kind": "prepare", "seeds": cfg.seeds}) for t, h in gym_runs(cfg)]
 
 
-def router_specs(cfg: RoutingConfig) -> list[RunSpec]:
+def router_specs(cfg: Config) -> list[RunSpec]:
     specs = []
     for t, h in gym_runs(cfg):
         gym = gym_params(cfg, t, h)
@@ -342,7 +340,7 @@ def router_specs(cfg: RoutingConfig) -> list[RunSpec]:
     return specs
 
 
-def validate(cfg: RoutingConfig) -> None:
+def validate(cfg: Config) -> None:
     for t in cfg.tasks:
         if t not in GYMS:
             raise MasklabError(f"unknown task {t!r}; choose from {', '.join(GYMS)}")
@@ -381,7 +379,7 @@ def expand(runs: list[dict]) -> list[dict]:
     return out
 
 
-def run(cfg: RoutingConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab route") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab route") -> dict:
     validate(cfg)
     out = Path(out)
     prep = run_study(f"{NAME}-prepare", asdict(cfg), prepare_specs(cfg), "masklab.studies.routing:run_one", out / "prepare", jobs=jobs, progress=progress)
@@ -396,7 +394,7 @@ def run(cfg: RoutingConfig, out: Path, jobs: int = 1, progress: bool = True, com
 # ----------------------------------------------------------------------------- report
 
 
-def plot_budget_curves(summary: list[dict], cfg: RoutingConfig, path: Path) -> None:
+def plot_budget_curves(summary: list[dict], cfg: Config, path: Path) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     tasks = list(dict.fromkeys(r["task"] for r in summary))
@@ -434,7 +432,7 @@ kept items at m x N items; `recall_<m>x`: fraction of gold evidence kept; router
 dense / (router + sparse teacher) on the evaluation batch (one process, one thread)."""
 
 
-def report(results: dict, cfg: RoutingConfig, out: Path, command: str) -> None:
+def report(results: dict, cfg: Config, out: Path, command: str) -> None:
     summary = results["summary"]
     m_hi = max(cfg.lengths)
     main = ["acc_1x", "recall_1x", *(f"acc_{m}x" for m in cfg.lengths if m > 1), f"recall_{m_hi}x", "kept_1x"]

@@ -33,10 +33,10 @@ from masklab import distributed as dist  # noqa: E402
 from masklab.bias import MaskPrior  # noqa: E402
 from masklab.flags import flag, strength_flag  # noqa: E402
 from masklab.models import PRESETS, ViT  # noqa: E402
-from masklab.qk_init import QK_INITS, allowed_mass  # noqa: E402
+from masklab.qk_init import QK_INITS  # noqa: E402
 from masklab.report import fmt, plot_curves, write_markdown  # noqa: E402
 from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study, seed_everything, warmup_cosine  # noqa: E402
-from masklab.structures import impulse_2d, locality_2d, neighbourhood_2d  # noqa: E402
+from masklab.structures import allowed_mass, impulse_2d, locality_2d, neighbourhood_2d  # noqa: E402
 from masklab.tasks.vision import DATASETS, VisionData, augment, load_vision, normalise  # noqa: E402
 
 NAME = "vision"
@@ -52,7 +52,7 @@ PAPER = [
 
 
 @dataclass
-class VisionConfig:
+class Config:
     """Everything a vision run depends on. ``patch``/``dim``/``depth``/``heads`` override
     the ``model`` preset when set."""
 
@@ -70,25 +70,23 @@ class VisionConfig:
     batch: int = flag(128, help="batch size")
     lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
     weight_decay: float = flag(0.05, help="weight decay")
-    warmup: float = 0.05  # fraction of steps
+    warmup: float = flag(0.05, help="learning-rate warm-up, as a fraction of --steps")
     allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
     radius: int = 1
     evals: int = flag(10, help="evaluations during training")
 
-Config = VisionConfig
 
-
-def quick_config() -> VisionConfig:
-    return VisionConfig(model="cpu-micro", seeds=[0], steps=200, evals=4)
+def quick_config() -> Config:
+    return Config(model="cpu-micro", seeds=[0], steps=200, evals=4)
 
 
 # reproduce: digits, cpu-digits (dim 64, depth 4, 4 heads, 16 patches), 4 methods x 3 seeds x
 # 1000 steps of batch 128; about 2 min per run on one thread, about 15 min with 2 jobs on 2 cores.
 
 
-def reproduce_config() -> VisionConfig:
-    return VisionConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 # ----------------------------------------------------------------------------- one run
@@ -238,12 +236,12 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def specs_for(cfg: VisionConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("methods", "seeds")}
     return [RunSpec(cfg.data, m, s, {**base, "method": m}) for m in cfg.methods for s in cfg.seeds]
 
 
-def validate(cfg: VisionConfig) -> None:
+def validate(cfg: Config) -> None:
     if cfg.data not in DATASETS:
         raise MasklabError(f"unknown data set {cfg.data!r}; choose from {', '.join(DATASETS)}")
     for m in cfg.methods:
@@ -302,7 +300,7 @@ def plot_attention(results: dict, path: Path) -> None:
     tmp.replace(path)
 
 
-def run(cfg: VisionConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab vision") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab vision") -> dict:
     validate(cfg)
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.vision:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
     if dist.is_main():
