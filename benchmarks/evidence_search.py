@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/evidence_search.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    spec = evidence.specs_for(evidence.EvidenceConfig(tasks=["stale"], teacher_steps=args.teacher_steps))[0]
+    spec = evidence.specs_for(evidence.Config(tasks=["stale"], teacher_steps=args.teacher_steps))[0]
     cfg = evidence.teacher_config(spec.params, "stale", 0, spec.seed)  # the evidence study's stale teacher (same cache key)
     teacher, info = load_or_train(cfg, Path(args.cache))
     sizes = {16: 48, 64: 16, 256: 4} if not args.quick else {16: 8, 64: 4, 256: 1}

@@ -7,9 +7,10 @@ causal and keep/padding masks (:func:`causal_bias`, :func:`key_bias`).
 
 from masklab.attention import MLP, Attention, Block
 from masklab.bias import MaskPrior, causal_bias, key_bias
-from masklab.qk_init import QK_INITS, allowed_mass
-from masklab.runner import Checkpoint, MasklabError, RunSpec, run_study
-from masklab.structures import DESIGNS, design_structure
+from masklab.qk_init import QK_INITS
+from masklab.errors import MasklabError
+from masklab.runner import Checkpoint, RunSpec, run_study
+from masklab.structures import DESIGNS, allowed_mass, design_structure
 
 __version__ = "0.1.0"
 __all__ = [

@@ -89,6 +89,17 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.dim)
         return self.out(y), probs
 
+    def logits(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """Pre-softmax logits ``(B, H, T, T)`` of x ``(B, T, D)``: ``q.k / sqrt(dh)`` plus the
+        prior and ``bias`` (what :meth:`forward` softmaxes; used to fit W_Q, W_K)."""
+        B, T, _ = x.shape
+        shape = (B, T, self.heads, self.head_dim)
+        q = self.q(x).view(shape).transpose(1, 2)
+        k = self.k(x).view(shape).transpose(1, 2)
+        logits = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        mask = self.logit_bias(T, bias)
+        return logits if mask is None else logits + mask.to(logits.dtype)
+
 
 class MLP(nn.Module):
     """Position-wise feed-forward: ``(B, T, D) -> (B, T, D)``."""

@@ -1,9 +1,10 @@
 """The ``masklab`` command.
 
 Every study is a subcommand taking ``--out DIR``, ``--seeds N`` (or ``--seed S``),
-``--quick`` and ``--jobs``; ``masklab reproduce NAME`` runs a paper table on its defaults,
-``masklab sweep NAME`` a factor sweep. A study module provides ``NAME``,
-``add_arguments(parser)``, ``config_from_args(args, base)``, ``quick_config()``,
+``--quick``, ``--jobs`` and ``--no-progress`` (added here, once) and the flags declared on
+its config dataclass (:mod:`masklab.flags`); ``masklab reproduce NAME`` runs a paper table
+on its defaults, ``masklab sweep NAME`` a factor sweep. A study module provides ``NAME``,
+``Config`` (a dataclass whose fields declare the flags), ``quick_config()``,
 ``reproduce_config()`` and ``run(cfg, out, jobs, progress, command)``.
 """
 
@@ -17,8 +18,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from masklab import distributed
-from masklab.runner import MasklabError
+from masklab import distributed, flags
+from masklab.errors import MasklabError
 
 STUDIES = {
     "gotu": "masklab.studies.gotu",
@@ -29,31 +30,21 @@ STUDIES = {
     "stale": "masklab.studies.stale",
     "prune": "masklab.studies.prune",
     "pretrained": "masklab.studies.pretrained",
-    "route": "masklab.studies.routing",
+    "routing": "masklab.studies.routing",
 }
-# `masklab reproduce NAME` also accepts the names of the paper tables
-REPRODUCE = {**{name: name for name in STUDIES}, "routing": "route"}
+# old command names that still work (not listed in --help)
+ALIASES = {"route": "routing"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets"}
 
 
-def str_list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(t) for t in str_list(text)]
-    except ValueError:
-        raise MasklabError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _common(ap: argparse.ArgumentParser, default_out: str) -> None:
-    ap.add_argument("--out", default=default_out, help=f"output directory (default {default_out or 'runs/NAME'})")
+def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = "the study's seeds") -> None:
+    ap.add_argument("--out", default=default_out, metavar="DIR", help=f"output directory (default {default_out or 'runs/NAME'})")
     seeds = ap.add_mutually_exclusive_group()
-    seeds.add_argument("--seeds", type=int, help="run seeds 0..N-1")
-    seeds.add_argument("--seed", type=int, help="run this one seed")
+    seeds.add_argument("--seeds", type=int, metavar="N", help=f"run seeds 0..N-1 (default {seeds_default})")
+    seeds.add_argument("--seed", type=int, metavar="S", help="run this one seed")
     ap.add_argument("--quick", action="store_true", help="small version that finishes in a minute or two")
-    ap.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4), help="runs in parallel (one torch thread each)")
+    jobs = min(os.cpu_count() or 1, 4)
+    ap.add_argument("--jobs", type=int, default=jobs, metavar="N", help=f"runs in parallel, one torch thread each (default {jobs}: the CPUs, at most 4)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -63,11 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module in STUDIES.items():
         mod = importlib.import_module(module)
         p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
-        _common(p, f"runs/{name}")
-        mod.add_arguments(p)
+        _common(p, f"runs/{name}", ",".join(map(str, mod.Config().seeds)))
+        flags.add_flags(p, mod.Config)
         p.set_defaults(study=module)
     rep = sub.add_parser("reproduce", help="run the study that reproduces a paper table, on its defaults")
-    rep.add_argument("name", choices=sorted(REPRODUCE))
+    rep.add_argument("name", choices=sorted(STUDIES))
     _common(rep, "")
     mp = sub.add_parser("models", help="list the pretrained models masklab can load and whether they are installed")
     mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
@@ -90,10 +81,27 @@ def _seeds(args: argparse.Namespace, cfg):
     return cfg
 
 
+def resolve_config(args: argparse.Namespace):
+    """The config a study subcommand runs: its quick or default config, the flags given
+    applied (:func:`masklab.flags.config_from_args`), then ``--seeds``/``--seed``."""
+    mod = importlib.import_module(args.study)
+    return _seeds(args, flags.config_from_args(args, mod.quick_config() if args.quick else mod.Config()))
+
+
+def _unalias(argv: list[str]) -> list[str]:
+    """``route ...`` -> ``routing ...`` (also after ``reproduce``)."""
+    argv = list(argv)
+    for i in (0, 1):
+        if len(argv) > i and argv[i] in ALIASES and (i == 0 or argv[0] == "reproduce"):
+            argv[i] = ALIASES[argv[i]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
     command = "masklab " + shlex.join(argv)
+    argv = _unalias(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.command in ("models", "cite"):
             from masklab.pretrained import cli as pretrained_cli
@@ -101,15 +109,14 @@ def main(argv: list[str] | None = None) -> int:
             return pretrained_cli.main(args)
         distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
         if args.command in ("reproduce", "sweep"):
-            module = STUDIES[REPRODUCE[args.name]] if args.command == "reproduce" else SWEEPS[args.name]
+            module = STUDIES[args.name] if args.command == "reproduce" else SWEEPS[args.name]
             mod = importlib.import_module(module)
-            cfg = mod.quick_config() if args.quick else mod.reproduce_config()
+            cfg = _seeds(args, mod.quick_config() if args.quick else mod.reproduce_config())
             out = Path(args.out or f"runs/{args.name}")
         else:
             mod = importlib.import_module(args.study)
-            cfg = mod.config_from_args(args, mod.quick_config() if args.quick else mod.Config())
+            cfg = resolve_config(args)
             out = Path(args.out)
-        cfg = _seeds(args, cfg)
         if args.jobs < 1:
             raise MasklabError("--jobs must be at least 1")
         mod.run(cfg, out, jobs=args.jobs, progress=not args.no_progress, command=command)

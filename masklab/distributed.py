@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 
 
 def init_from_env() -> bool:

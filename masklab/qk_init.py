@@ -13,7 +13,7 @@ name from :data:`QK_INITS`:
 
 Target logits are exactly the bias the corresponding mask prior would add,
 ``logsigmoid(a S - b (1 - S))``, so at step 0 a QK-initialised model attends like the
-mask model (check it with :func:`allowed_mass`). Blocks are fitted in order, each on the
+mask model (check it with :func:`masklab.structures.allowed_mass`). Blocks are fitted in order, each on the
 inputs produced by the already-initialised blocks below it.
 """
 
@@ -26,16 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-QK_INITS: dict[str, "QKInit"] = {}
+from masklab.registry import Registry
 
-
-def register(name: str):
-    def wrap(cls):
-        cls.name = name
-        QK_INITS[name] = cls()
-        return cls
-
-    return wrap
+QK_INITS: Registry["QKInit"] = Registry("QK init", instantiate=True)
+register = QK_INITS.register
 
 
 def target_logits(structure: Tensor, allowed: float = 6.0, suppressed: float = 6.0) -> Tensor:
@@ -53,17 +47,6 @@ def block_inputs(model: nn.Module, tokens: Tensor, upto: int) -> Tensor:
         for block in model.blocks[:upto]:
             x, _ = block(x, bias)
         return model.blocks[upto].ln1(x)
-
-
-def allowed_mass(probs: Tensor, structure: Tensor, rows: str = "cls") -> float:
-    """Attention mass on allowed keys.
-
-    probs: ``(B, H, T, T)``; structure: ``(H|1, T, T)`` in [0, 1] (> 0.5 = allowed).
-    ``rows="cls"`` averages the CLS query (row 0) over batch and heads; ``"all"`` every row.
-    """
-    allowed = (structure > 0.5).to(probs.dtype)
-    mass = (probs * allowed).sum(-1)  # (B, H, T)
-    return (mass[..., 0] if rows == "cls" else mass).mean().item()
 
 
 class QKInit:
@@ -127,22 +110,18 @@ class Opt(QKInit):
     lr: float = 0.02
 
     def fit(self, attn: nn.Module, x: Tensor, target: Tensor) -> None:
-        B, T, D = x.shape
+        """Adam on W_Q, W_K (in place) to minimise KL(softmax(target) || attention) over ``x``."""
         want = target.softmax(-1)  # (H, T, T)
-        wq = attn.q.weight.detach().clone().requires_grad_(True)
-        wk = attn.k.weight.detach().clone().requires_grad_(True)
-        opt = torch.optim.Adam([wq, wk], lr=self.lr)
+        opt = torch.optim.Adam([attn.q.weight, attn.k.weight], lr=self.lr)
         with torch.enable_grad():
             for _ in range(self.steps):
-                q = (x @ wq.T + attn.q.bias).view(B, T, attn.heads, -1).transpose(1, 2)
-                k = (x @ wk.T + attn.k.bias).view(B, T, attn.heads, -1).transpose(1, 2)
-                logp = (q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)).log_softmax(-1)
+                logp = attn.logits(x).log_softmax(-1)  # (B, H, T, T), the core's own logits
                 loss = (want * (want.clamp_min(1e-12).log() - logp)).sum(-1).mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-        attn.q.weight.copy_(wq.detach())
-        attn.k.weight.copy_(wk.detach())
+        for q in attn.parameters():
+            q.grad = None
 
 
 # ----------------------------------------------------------------------------- vision inits

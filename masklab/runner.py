@@ -36,9 +36,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from masklab import distributed
+from masklab.errors import MasklabError  # noqa: F401 (re-export)
 
-class MasklabError(Exception):
-    """An error with a message meant for the user (bad input, missing package, NaN loss)."""
+
+# MasklabError lives in masklab.errors (no masklab imports, so no cycles); re-exported here
+# because many modules import it from the runner.
 
 
 # ----------------------------------------------------------------------------- files
@@ -239,7 +242,6 @@ def run_study(
 
     Under ``torchrun`` (see :mod:`masklab.distributed`) every process runs every spec
     in-process, together; only rank 0 writes files."""
-    from masklab import distributed  # noqa: PLC0415 (it imports this module)
 
     main = distributed.is_main()
     if distributed.world_size() > 1:

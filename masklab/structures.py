@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from masklab.registry import Registry
+
 Groups = Sequence[Sequence[int]]
 
 
@@ -109,8 +111,22 @@ def pairs_per_head(groups: Groups, n_vars: int, heads: int) -> Tensor:
     return s
 
 
+# ----------------------------------------------------------------------------- metrics
+
+
+def allowed_mass(probs: Tensor, structure: Tensor, rows: str = "cls") -> float:
+    """Attention mass on allowed keys.
+
+    probs: ``(B, H, T, T)``; structure: ``(H|1, T, T)`` in [0, 1] (> 0.5 = allowed).
+    ``rows="cls"`` averages the CLS query (row 0) over batch and heads; ``"all"`` every row.
+    """
+    allowed = (structure > 0.5).to(probs.dtype)
+    mass = (probs * allowed).sum(-1)  # (B, H, T)
+    return (mass[..., 0] if rows == "cls" else mass).mean().item()
+
+
 Design = Callable[[Groups, int, int, int, int], Tensor]
-DESIGNS: dict[str, Design] = {
+DESIGNS: Registry[Design] = Registry("prior design", items={
     # one pattern for every layer and head
     "support-block": lambda g, n, layer, depth, heads: support_block(g, n),
     "pairwise": lambda g, n, layer, depth, heads: pairwise(g, n),
@@ -119,13 +135,11 @@ DESIGNS: dict[str, Design] = {
         interaction_only(g, n) if layer < depth - 1 else readout(g, n)
     ),
     "per-head": lambda g, n, layer, depth, heads: pairs_per_head(g, n, heads),
-}
+})
 
 
 def design_structure(name: str, groups: Groups, n_vars: int, layer: int, depth: int, heads: int) -> Tensor:
     """Structure of design ``name`` for one layer: ``(H|1, T, T)``."""
-    if name not in DESIGNS:
-        raise ValueError(f"unknown prior design {name!r}; choose one of {sorted(DESIGNS)}")
     s = DESIGNS[name](groups, n_vars, layer, depth, heads)
     return s if s.dim() == 3 else s[None]
 

@@ -71,14 +71,19 @@ def init_qk(method: str, model: nn.Module, structures: list[Tensor], allowed: fl
 
 @dataclass
 class Recipe:
-    """How to train: ``steps`` AdamW steps at peak learning rate ``lr`` after ``warmup`` linear
-    warm-up steps, cosine decay to ``floor * lr`` at ``steps`` (``floor=1``: constant),
-    ``evals`` evaluations, optional gradient-norm clipping ``clip``."""
+    """How to train: ``steps`` AdamW steps at peak learning rate ``lr`` after a linear warm-up
+    over the fraction ``warmup`` of the steps (at least one step when ``warmup > 0``), cosine
+    decay to ``floor * lr`` at ``steps`` (``floor=1``: constant), ``evals`` evaluations,
+    optional gradient-norm clipping ``clip``."""
 
     steps: int
     lr: float
     weight_decay: float = 0.0
-    warmup: int = 0
+    warmup: float = 0.0
+
+    @property
+    def warmup_steps(self) -> int:
+        return max(1, int(self.warmup * self.steps)) if self.warmup > 0 else 0
     floor: float = 1.0
     evals: int = 10
     clip: float | None = None
@@ -127,7 +132,7 @@ def train(
     if ckpt.exists:
         step, extra = ckpt.load(model, opt, gen)
         curves, cpu_before = extra["curves"], extra["cpu_seconds"]
-    lr_at = lambda s: warmup_cosine(s, recipe.steps, recipe.lr, recipe.warmup, recipe.floor)  # noqa: E731
+    lr_at = lambda s: warmup_cosine(s, recipe.steps, recipe.lr, recipe.warmup_steps, recipe.floor)  # noqa: E731
     schedule = LambdaLR(opt, lr_at, last_epoch=step - 1)  # sets the lr of ``step``
     cpu0 = time.process_time()
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from masklab.runner import MasklabError, execute, read_json, write_json
+from masklab.errors import MasklabError
+from masklab.runner import execute, read_json, write_json
 
 
 def main(argv: list[str]) -> int:

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from masklab.bias import MaskPrior
+from masklab import flags
 from masklab.cli import build_parser, main
 from masklab.models import GPT
-from masklab.qk_init import QK_INITS, allowed_mass
+from masklab.qk_init import QK_INITS
+from masklab.structures import allowed_mass
 from masklab.runner import MasklabError
 from masklab.structures import (
     addition_alignment,
@@ -248,9 +250,9 @@ def test_fraction_option_per_op():
 
 def test_fraction_items_pick_the_ops():
     ap = build_parser()
-    cfg = arith.config_from_args(ap.parse_args(["arith", "--fraction", "mul:0.03"]), arith.ArithConfig())
+    cfg = flags.config_from_args(ap.parse_args(["arith", "--fraction", "mul:0.03"]), arith.Config())
     assert cfg.ops == ["mul"] and cfg.mul_fractions == [0.03]
-    cfg = arith.config_from_args(ap.parse_args(["arith", "--fraction", "0.01"]), arith.ArithConfig())
+    cfg = flags.config_from_args(ap.parse_args(["arith", "--fraction", "0.01"]), arith.Config())
     assert cfg.ops == ["add", "mul"] and cfg.add_fractions == cfg.mul_fractions == [0.01]
 
 

@@ -52,17 +52,17 @@ def test_per_gym_teacher_recipe_and_explicit_flags_win():
     def teachers(specs):
         return {s.task: evidence.teacher_config(s.params, s.params["gym"], s.params["hops"], s.seed) for s in specs}
 
-    default = teachers(evidence.specs_for(evidence.EvidenceConfig()))
+    default = teachers(evidence.specs_for(evidence.Config()))
     assert (default["stale"].steps, default["stale"].recency) == (6000, True)
     assert (default["kv"].steps, default["kv"].recency) == (3000, False)
-    h3 = teachers(evidence.specs_for(evidence.EvidenceConfig(tasks=["multihop"], hops=[2, 3])))
+    h3 = teachers(evidence.specs_for(evidence.Config(tasks=["multihop"], hops=[2, 3])))
     assert h3["multihop-h2"].steps == 3000 and h3["multihop-h3"].steps == 6000 and h3["multihop-h3"].aux == 0
-    assert "recency" not in evidence.specs_for(evidence.EvidenceConfig(tasks=["kv"]))[0].params  # old records resume
-    flags = teachers(evidence.specs_for(evidence.EvidenceConfig(teacher_steps=500, recency_tasks=["kv"])))
+    assert "recency" not in evidence.specs_for(evidence.Config(tasks=["kv"]))[0].params  # old records resume
+    flags = teachers(evidence.specs_for(evidence.Config(teacher_steps=500, recency_tasks=["kv"])))
     assert (flags["stale"].steps, flags["stale"].recency) == (500, False)
     assert (flags["kv"].steps, flags["kv"].recency) == (500, True)
     # the routing study reads the same recipe, so it finds the evidence study's cached teachers
-    cfg = routing.RoutingConfig(tasks=["stale", "kv", "multihop"], hops=[3])
+    cfg = routing.Config(tasks=["stale", "kv", "multihop"], hops=[3])
     route = {s.task: routing.teacher_config(s.params, s.params["gym"], s.params["hops"]) for s in routing.prepare_specs(cfg)}
     assert route["stale"].key() == default["stale"].key() and route["kv"].key() == default["kv"].key()
     assert route["multihop-h3"].key() == h3["multihop-h3"].key()

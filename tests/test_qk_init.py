@@ -5,7 +5,8 @@ import torch
 
 from masklab.bias import MaskPrior
 from masklab.models import GPT, TokenEncoder
-from masklab.qk_init import QK_INITS, allowed_mass
+from masklab.qk_init import QK_INITS
+from masklab.structures import allowed_mass
 from masklab.structures import design_structure
 
 

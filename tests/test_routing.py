@@ -1,4 +1,4 @@
-"""Routers, budgets, sparse inference (= masking), router training, and `masklab route --quick`."""
+"""Routers, budgets, sparse inference (= masking), router training, and `masklab routing --quick`."""
 
 import json
 
@@ -131,25 +131,31 @@ def test_baseline_selectors():
     rng = np.random.default_rng(0)
     recent = keep_mask(SELECTORS["recent"].score(None, b, rng), b.valid, 2)
     assert recent[:, -2:].all() and not recent[:, :-2].any()
-    assert torch.equal(keep_mask(SELECTORS["gold"].score(None, b, rng), b.valid, "gold", gold=b.gold), b.gold)
+    assert torch.equal(keep_mask(SELECTORS["oracle-gold"].score(None, b, rng), b.valid, "gold", gold=b.gold), b.gold)
     r = SELECTORS["random"].score(None, b, rng)
     assert r.shape == b.valid.shape
 
 
-def test_reproduce_routing_is_the_route_study_and_the_target_sweep_uses_it():
-    from masklab.cli import REPRODUCE, STUDIES, SWEEPS
+def test_every_baseline_is_a_selector():
+    from masklab.studies.routing import BASELINES
+
+    assert set(BASELINES) == set(SELECTORS)
+
+
+def test_reproduce_routing_is_the_routing_study_and_the_target_sweep_uses_it():
+    from masklab.cli import STUDIES, SWEEPS
     from masklab.studies import routing_targets
 
     assert build_parser().parse_args(["reproduce", "routing", "--quick"]).name == "routing"
-    assert STUDIES[REPRODUCE["routing"]] == "masklab.studies.routing" and "routing-targets" in SWEEPS
+    assert STUDIES["routing"] == "masklab.studies.routing" and "routing-targets" in SWEEPS
     cfg = routing_targets.quick_config()
     routing_targets.routing.validate(cfg)  # every target name of the sweep is known
     assert {"causal", "rollout/topk", "last-mean"} <= set(cfg.targets)
 
 
-def test_route_cli_quick_end_to_end(tmp_path, capsys):
+def test_routing_cli_quick_end_to_end(tmp_path, capsys):
     out, cache = tmp_path / "r", tmp_path / "cache"
-    argv = ["route", "--quick", "--task", "kv", "--items", "6", "--teacher-steps", "150", "--router-steps", "60", "--pool", "200",
+    argv = ["routing", "--quick", "--task", "kv", "--items", "6", "--teacher-steps", "150", "--router-steps", "60", "--pool", "200",
             "--examples", "40", "--budgets", "1,2", "--lengths", "1,2", "--out", str(out), "--cache", str(cache), "--jobs", "1", "--no-progress"]
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())

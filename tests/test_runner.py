@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from masklab.runner import Checkpoint, MasklabError, RunSpec, read_json, run_study, summarize
-from masklab.studies.gotu import GotuConfig, run_one, specs_for
+from masklab.studies.gotu import Config, run_one, specs_for
 
 TINY = dict(tasks=["2parity"], methods=["mask"], seeds=[0], steps=30, evals=3, width=16, depth=1, heads=2, batch=32)
 
 
 def _spec(**kw):
-    return asdict(specs_for(GotuConfig(**{**TINY, **kw}))[0])
+    return asdict(specs_for(Config(**{**TINY, **kw}))[0])
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
@@ -67,7 +67,7 @@ def test_checkpoint_round_trip_restores_optimizer_and_generator(tmp_path):
 
 
 def test_study_skips_finished_runs_and_parallel_equals_serial(tmp_path):
-    specs = specs_for(GotuConfig(**{**TINY, "seeds": [0, 1]}))
+    specs = specs_for(Config(**{**TINY, "seeds": [0, 1]}))
     serial = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "s", jobs=1, progress=False)
     parallel = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "p", jobs=2, progress=False)
     strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]  # noqa: E731
@@ -83,7 +83,7 @@ def test_study_skips_finished_runs_and_parallel_equals_serial(tmp_path):
 
 
 def test_failed_worker_keeps_finished_runs(tmp_path):
-    good = specs_for(GotuConfig(**TINY))[0]
+    good = specs_for(Config(**TINY))[0]
     bad = RunSpec("2parity", "mask", 1, {**good.params, "lr": float("inf")})
     with pytest.raises(MasklabError, match="a run failed"):
         run_study("gotu", {}, [good, bad], "masklab.studies.gotu:run_one", tmp_path, jobs=2, progress=False)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from masklab.errors import MasklabError
 from masklab.structures import DESIGNS, cyclic_groups, design_structure, pairs_per_head, pairwise, support_block
 
 
@@ -61,7 +62,7 @@ def test_every_design_leaves_each_query_a_key(name):
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="unknown prior design"):
+    with pytest.raises(MasklabError, match="unknown prior design 'nope'; choose from support-block, pairwise"):
         design_structure("nope", [(0, 1)], 3, 0, 1, 1)
     with pytest.raises(ValueError, match="outside"):
         support_block([(0, 5)], 3)

@@ -79,7 +79,7 @@ def parity_setup(mode: str = "learnable", seed: int = 0):
     return model, loss_of, evaluate, gen
 
 
-RECIPE = Recipe(steps=12, lr=3e-3, weight_decay=0.1, warmup=3, floor=0.1, evals=4)
+RECIPE = Recipe(steps=12, lr=3e-3, weight_decay=0.1, warmup=0.25, floor=0.1, evals=4)
 
 
 def test_curves_cadence_and_lr_schedule_follow_the_recipe(tmp_path, monkeypatch):

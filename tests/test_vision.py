@@ -13,7 +13,8 @@ import torch
 
 from masklab.bias import MaskPrior
 from masklab.models import ViT
-from masklab.qk_init import QK_INITS, allowed_mass
+from masklab.qk_init import QK_INITS
+from masklab.structures import allowed_mass
 from masklab.runner import MasklabError
 from masklab.structures import impulse_2d, locality_2d, neighbourhood_2d, offset_2d
 from masklab.tasks.vision import augment, load_cifar, load_digits, load_imagefolder, load_vision

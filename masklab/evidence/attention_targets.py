@@ -26,19 +26,13 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
+from masklab.registry import Registry
 from masklab.tasks.evidence_gyms import EvidenceBatch
 
-AGGREGATES: dict[str, Callable[[list[Tensor]], Tensor]] = {}
-SELECTIONS: dict[str, Callable[..., Tensor]] = {}
-
-
-def aggregate(name: str):
-    def wrap(fn):
-        AGGREGATES[name] = fn
-        return fn
-
-    return wrap
+AGGREGATES: Registry[Callable[[list[Tensor]], Tensor]] = Registry("attention aggregate")
+SELECTIONS: Registry[Callable[..., Tensor]] = Registry("attention selection")
+aggregate = AGGREGATES.register
 
 
 @aggregate("last-mean")
@@ -82,12 +76,7 @@ def aggregate_fn(name: str) -> Callable[[list[Tensor]], Tensor]:
     raise MasklabError(f"unknown attention aggregate {name!r}; choose from {', '.join(AGGREGATES)} or layer<l>")
 
 
-def selection(name: str):
-    def wrap(fn):
-        SELECTIONS[name] = fn
-        return fn
-
-    return wrap
+selection = SELECTIONS.register
 
 
 @selection("topk")
@@ -127,6 +116,4 @@ def attention_targets(
     scores = aggregate_fn(aggregate)(attention_maps(model, batch)).masked_fill(~batch.valid, 0.0)
     if select is None:
         return scores
-    if select not in SELECTIONS:
-        raise MasklabError(f"unknown attention selection {select!r}; choose from {', '.join(SELECTIONS)}")
     return SELECTIONS[select](scores, batch.valid, batch.gold.sum(1) if k is None else k)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from masklab.evidence.search import SEARCHES, Evidence
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 from masklab.tasks.evidence_gyms import EvidenceBatch
 
 MODES = ("key_bias", "delete")

@@ -42,6 +42,8 @@ from typing import Callable, Generator, Sequence
 import torch
 from torch import Tensor
 
+from masklab.registry import Registry
+
 Oracle = Callable[[Tensor], Tensor]
 # Many examples at once: a list of (V_b, N_b) keep-masks -> a list of (V_b,) bool results.
 ManyOracle = Callable[[list[Tensor]], list[Tensor]]
@@ -57,16 +59,8 @@ class Evidence:
     forward_passes: int
 
 
-SEARCHES: dict[str, "EvidenceSearch"] = {}
-
-
-def register(name: str):
-    def wrap(cls):
-        cls.name = name
-        SEARCHES[name] = cls()
-        return cls
-
-    return wrap
+SEARCHES: Registry["EvidenceSearch"] = Registry("search", instantiate=True)
+register = SEARCHES.register
 
 
 def hide_rows(groups: Sequence[Sequence[int]], n_items: int) -> Tensor:

@@ -21,7 +21,7 @@ from torch import Tensor
 from masklab.evidence.attention_targets import AGGREGATES, SELECTIONS, attention_targets
 from masklab.evidence.interventions import evidence_mask, evidence_sets
 from masklab.evidence.search import SEARCHES
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 from masklab.tasks.evidence_gyms import EvidenceBatch
 
 

@@ -6,18 +6,18 @@ import argparse
 import json
 from pathlib import Path
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 
 
 def add_cite_parser(sub) -> None:
     p = sub.add_parser("cite", help="which sentences of a context a pretrained LM's answer causally depends on")
-    p.add_argument("--model", default="smollm2-135m", help="registered name (see `masklab models`), model directory or .gguf file")
+    p.add_argument("--model", default="smollm2-135m", help="registered name (see `masklab models`), model directory or .gguf file (default %(default)s)")
     p.add_argument("--context", required=True, help="text file with the context")
     p.add_argument("--query", required=True, help="the question")
-    p.add_argument("--method", default="group-testing", help="evidence search: loo, greedy-minimal, group-testing, or contextcite")
-    p.add_argument("--hide", default="mask", choices=["mask", "delete"], help="hide a sentence by masking its tokens' keys or by deleting it")
-    p.add_argument("--tolerance", type=float, default=1.0, help="answer 'holds' while its log-probability drops by less than this (nats) and it stays the greedy answer")
-    p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument("--method", default="group-testing", help="evidence search: loo, greedy-minimal, group-testing, or contextcite (default %(default)s)")
+    p.add_argument("--hide", default="mask", choices=["mask", "delete"], help="hide a sentence by masking its tokens' keys or by deleting it (default %(default)s)")
+    p.add_argument("--tolerance", type=float, default=1.0, help="answer 'holds' while its log-probability drops by less than this (nats) and it stays the greedy answer (default %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=8, help="answer length in tokens (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 

@@ -22,7 +22,7 @@ from torch import Tensor
 from masklab.evidence.search import SEARCHES
 from masklab.pretrained.lm import Encoded, answer_scores, answer_tokens, encode, generate
 from masklab.pretrained.models import LoadedModel
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 from masklab.tasks.stale_prompts import answer_head, split_sentences
 
 HIDES = ("mask", "delete")

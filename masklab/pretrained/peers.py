@@ -153,7 +153,7 @@ class KVPressRunner:
         obj = None
         if press is not None:
             if press not in self.factories:
-                from masklab.runner import MasklabError
+                from masklab.errors import MasklabError
 
                 raise MasklabError(f"unknown press {press!r}: use one of {', '.join(self.factories)}")
             obj = self.factories[press](max(0.0, min(0.99, 1.0 - keep)))

@@ -26,18 +26,10 @@ from torch import Tensor, nn
 
 from masklab.attention import Block
 from masklab.bias import key_bias
-from masklab.runner import MasklabError
+from masklab.registry import Registry
 
-ROUTERS: dict[str, type["Router"]] = {}
-
-
-def register(name: str):
-    def wrap(cls):
-        cls.name = name
-        ROUTERS[name] = cls
-        return cls
-
-    return wrap
+ROUTERS: Registry[type["Router"]] = Registry("router")
+register = ROUTERS.register
 
 
 def transformer_flops(tokens: int, dim: int, depth: int, mlp_ratio: int = 4) -> int:
@@ -140,6 +132,4 @@ class IndependentRouter(Router):
 
 
 def build_router(name: str, vocab: int, dim: int = 32, depth: int = 3, heads: int = 4, length_scale: bool = True) -> Router:
-    if name not in ROUTERS:
-        raise MasklabError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
     return ROUTERS[name](vocab, dim, depth, heads, length_scale)

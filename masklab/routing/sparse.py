@@ -15,8 +15,8 @@ them in the attention bias because items keep their position ids (tested).
 
 Selectors (registry :data:`SELECTORS`, one class each, one method ``score``) give the scores
 that a budget turns into a keep-mask; they are the baselines a router is compared with:
-``random``, ``recent`` (most recent items), ``attention`` (the teacher's own attention from a
-dense pre-fill, SnapKV-style), ``gold`` (oracle) and ``dense`` (keep everything).
+``random``, ``recent`` (most recent items), ``teacher-attention`` (the teacher's own attention
+from a dense pre-fill, SnapKV-style), ``oracle-gold`` and ``dense`` (keep everything).
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from masklab.errors import MasklabError
 from masklab.evidence.attention_targets import aggregate_fn, attention_maps, top_k
 from masklab.evidence.interventions import MODES, answer_logits
+from masklab.registry import Registry
 from masklab.routing.routers import Router, transformer_flops
-from masklab.runner import MasklabError
 from masklab.tasks.evidence_gyms import EvidenceBatch
 
 Budget = int | float | str
@@ -124,16 +125,8 @@ def teacher_flops(teacher, n_items: int) -> int:
 
 # ----------------------------------------------------------------------------- selectors
 
-SELECTORS: dict[str, "Selector"] = {}
-
-
-def register(name: str):
-    def wrap(cls):
-        cls.name = name
-        SELECTORS[name] = cls()
-        return cls
-
-    return wrap
+SELECTORS: Registry["Selector"] = Registry("selector", instantiate=True)
+register = SELECTORS.register
 
 
 @dataclass
@@ -171,10 +164,10 @@ class AttentionSelector(Selector):
         return aggregate_fn(self.aggregate)(attention_maps(teacher, batch))
 
 
-register("attention")(AttentionSelector)
+register("teacher-attention")(AttentionSelector)
 
 
-@register("gold")
+@register("oracle-gold")
 class GoldSelector(Selector):
     def score(self, teacher, batch, rng):
         return batch.gold.float()

@@ -20,9 +20,8 @@ end (every method, mean over heads and layers), the mask's drift, and CPU second
 
 from __future__ import annotations
 
-import argparse
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -33,11 +32,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from masklab.flags import flag, str_list, strength_flag  # noqa: E402
 from masklab.models import GPT  # noqa: E402
-from masklab.qk_init import allowed_mass  # noqa: E402
 from masklab.report import plot_curves, write_markdown  # noqa: E402
 from masklab.runner import MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
-from masklab.structures import ARITH_PRIORS, arith_structure, emitting_position, result_width  # noqa: E402
+from masklab.structures import ARITH_PRIORS, allowed_mass, arith_structure, emitting_position, result_width  # noqa: E402
 from masklab.tasks.arithmetic import OPS, VOCAB, WIDTHS, greedy_results, inputs_targets, make_split, score, train_count  # noqa: E402
 from masklab.train import Recipe, init_qk, priors_for, steps_to, train  # noqa: E402
 
@@ -63,40 +62,68 @@ PAPER = [
 ]
 
 
+def parse_fractions(items: list[str], ops: list[str]) -> dict[str, list[float]]:
+    """``["0.004"]`` -> that fraction for every op in ``ops``; ``["add:0.004", "mul:0.03"]`` ->
+    per op (an op named nowhere keeps its default). Returns ``{"add_fractions": ..., ...}``."""
+    per: dict[str, list[float]] = {}
+    for item in items:
+        op, _, value = item.rpartition(":")
+        try:
+            f = float(value)
+        except ValueError:
+            raise MasklabError(f"--fraction takes numbers or op:number items (e.g. 0.004 or add:0.004,mul:0.03), got {item!r}") from None
+        for o in [op] if op else ops:
+            if o not in OPS:
+                raise MasklabError(f"unknown operation {o!r} in --fraction; choose from {', '.join(OPS)}")
+            per.setdefault(o, []).append(f)
+    return {f"{o}_fractions": v for o, v in per.items()}
+
+
+def fraction_updates(items: list[str], base: "Config", updates: dict) -> dict:
+    """``--fraction``: the per-op fraction lists; ``add:0.004`` alone (no ``--op``) also
+    means addition only."""
+    up = parse_fractions(items, updates.get("ops", base.ops))
+    if "ops" not in updates and all(":" in i for i in items):
+        up["ops"] = [o for o in OPS if f"{o}_fractions" in up]
+    return up
+
+
 @dataclass
-class ArithConfig:
+class Config:
     """Everything an arithmetic run depends on. Model: ``depth`` pre-LN blocks of width
     ``dim`` with ``heads`` heads (about 0.1 M parameters at the defaults)."""
 
-    ops: list[str] = field(default_factory=lambda: ["add", "mul"])
-    add_fractions: list[float] = field(default_factory=lambda: [0.002, 0.004, 0.01, 0.03])
+    ops: list[str] = flag(factory=lambda: ["add", "mul"], name="--op", help=f"comma-separated operations ({', '.join(OPS)})")
+    add_fractions: list[float] = flag(
+        factory=lambda: [0.002, 0.004, 0.01, 0.03], name="--fraction", parse=str_list, apply=fraction_updates,
+        metavar="[OP:]F,...", default_text="the paper's sweep: add 0.002,0.004,0.01,0.03, mul 0.01,0.03,0.1",
+        help="comma-separated training fractions of all operand pairs: 0.004 (every --op) or add:0.004,mul:0.03")
     mul_fractions: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1])
-    methods: list[str] = field(default_factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"])
+    methods: list[str] = flag(factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"], name="--method",
+                              help=f"comma-separated methods ({', '.join(METHODS)})")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    width: int = 3
-    reverse: bool = False
-    prior: str = "shared"  # or "per-head"
-    mul_window: int | None = None  # None: every partial product i + j <= k
-    allowed: float = 6.0
+    width: int = flag(3, help="operand digits, 2..5")
+    reverse: bool = flag(False, help="write the result least significant digit first")
+    prior: str = flag("shared", choices=ARITH_PRIORS, help="one alignment pattern shared by all heads, or one per head")
+    mul_window: int | None = flag(None, help="multiplication prior: only partial products with k-W <= i+j <= k",
+                                  default_text="all i+j <= k")
+    allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
-    dim: int = 64
-    depth: int = 2
-    heads: int = 4
-    steps: int = 2500
-    batch: int = 128
-    lr: float = 1e-3
-    warmup: int = 100
-    weight_decay: float = 0.1
-    test_size: int = 10_000
-    evals: int = 10
+    dim: int = flag(64, help="model width")
+    depth: int = flag(2, help="transformer blocks")
+    heads: int = flag(4, help="attention heads")
+    steps: int = flag(2500, help="training steps")
+    batch: int = flag(128, help="batch size")
+    lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
+    warmup: float = flag(0.04, help="learning-rate warm-up, as a fraction of --steps")
+    weight_decay: float = flag(0.1, help="weight decay on weight matrices")
+    test_size: int = flag(10_000, help="held-out pairs")
+    evals: int = flag(10, help="evaluations during training")
 
 
-Config = ArithConfig
-
-
-def quick_config() -> ArithConfig:
+def quick_config() -> Config:
     """One task (addition, 1%), one seed, the four methods, 400 steps (about a minute of CPU)."""
-    return ArithConfig(ops=["add"], add_fractions=[0.01], mul_fractions=[0.03], seeds=[0], steps=400, evals=4)
+    return Config(ops=["add"], add_fractions=[0.01], mul_fractions=[0.03], seeds=[0], steps=400, evals=4, warmup=0.25)
 
 
 # reproduce: 7 tasks (add at 4 fractions, mul at 3) x 4 methods x 3 seeds = 84 runs of 2500 steps
@@ -104,8 +131,8 @@ def quick_config() -> ArithConfig:
 # with 2 jobs on an idle 2-core CPU. Quick: 4 runs of 400 steps, about 60 CPU-s in all.
 
 
-def reproduce_config() -> ArithConfig:
-    return ArithConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 # ----------------------------------------------------------------------------- one run
@@ -189,7 +216,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def tasks_of(cfg: ArithConfig) -> list[tuple[str, float]]:
+def tasks_of(cfg: Config) -> list[tuple[str, float]]:
     """(op, fraction) pairs of the study, in order."""
     out = []
     for op in cfg.ops:
@@ -198,7 +225,7 @@ def tasks_of(cfg: ArithConfig) -> list[tuple[str, float]]:
     return out
 
 
-def specs_for(cfg: ArithConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("ops", "add_fractions", "mul_fractions", "methods", "seeds")}
     return [
         RunSpec(task_name(op, f), method, seed, {**base, "op": op, "fraction": f, "method": method})
@@ -208,7 +235,7 @@ def specs_for(cfg: ArithConfig) -> list[RunSpec]:
     ]
 
 
-def validate(cfg: ArithConfig) -> None:
+def validate(cfg: Config) -> None:
     for op in cfg.ops:
         if op not in OPS:
             raise MasklabError(f"unknown operation {op!r}; choose from {', '.join(OPS)}")
@@ -243,7 +270,7 @@ reproduces the pattern), `mask_drift` mean |change| of logsigmoid(M).
 Tasks are named `op-fraction` (e.g. `add-0.4%`: 0.4% of the 10^6 operand pairs for training)."""
 
 
-def run(cfg: ArithConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab arith") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab arith") -> dict:
     validate(cfg)
     paper = PAPER if cfg.width == 3 else []
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.arith:run_one", out, jobs=jobs, paper=paper, progress=progress)
@@ -292,76 +319,9 @@ def report(results: dict, out: Path, command: str) -> None:
     n_params = runs[0]["extra"]["parameters"] if runs else None
     notes = NOTES + (
         f"\n\nModel: GPT decoder, dim {cfg['dim']}, depth {cfg['depth']}, heads {cfg['heads']} ({n_params} parameters); "
-        f"{cfg['steps']} AdamW steps of batch {cfg['batch']}, lr {cfg['lr']} (warm-up {cfg['warmup']}, cosine to 10%), "
+        f"{cfg['steps']} AdamW steps of batch {cfg['batch']}, lr {cfg['lr']} (warm-up {cfg['warmup']:.0%} of the steps, cosine to 10%), "
         f"weight decay {cfg['weight_decay']}; result {'reversed (LSB first)' if cfg['reverse'] else 'plain (MSB first)'}; "
         f"prior `{cfg['prior']}`, strengths +{cfg['allowed']}/-{cfg['suppressed']}; test set {cfg['test_size']} pairs; "
         f"CPU seconds over all runs {sum(r['metrics'].get('cpu_seconds', 0) for r in runs):.0f}."
     )
     write_markdown(results, out, TABLE_METRICS, command, notes, figures)
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--op", help="comma-separated operations (add, mul); default both")
-    ap.add_argument("--fraction", help="comma-separated training fractions of all operand pairs: 0.004 (every --op) or add:0.004,mul:0.03; default the paper's sweep")
-    ap.add_argument("--method", help=f"comma-separated methods ({', '.join(METHODS)}); default vanilla,qk-svd,qk-opt,mask")
-    ap.add_argument("--width", type=int, help="operand digits, 2..5 (default 3)")
-    ap.add_argument("--reverse", action=argparse.BooleanOptionalAction, default=None, help="write the result least significant digit first")
-    ap.add_argument("--prior", choices=ARITH_PRIORS, help="one alignment pattern shared by all heads (default) or one per head")
-    ap.add_argument("--mul-window", type=int, help="multiplication prior: only partial products with k-W <= i+j <= k (default: all i+j <= k)")
-    ap.add_argument("--strength", help="init strengths 'a' or 'a,b': M = +a where allowed, -b where suppressed (default 6)")
-    ap.add_argument("--steps", type=int)
-    ap.add_argument("--batch", type=int)
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--weight-decay", type=float)
-    ap.add_argument("--dim", type=int, help="model width")
-    ap.add_argument("--depth", type=int)
-    ap.add_argument("--heads", type=int)
-    ap.add_argument("--test-size", type=int, help="held-out pairs (default 10000)")
-    ap.add_argument("--evals", type=int, help="evaluations during training")
-
-
-def parse_fractions(items: list[str], ops: list[str]) -> dict[str, list[float]]:
-    """``["0.004"]`` -> that fraction for every op in ``ops``; ``["add:0.004", "mul:0.03"]`` ->
-    per op (an op named nowhere keeps its default). Returns ``{"add_fractions": ..., ...}``."""
-    per: dict[str, list[float]] = {}
-    for item in items:
-        op, _, value = item.rpartition(":")
-        try:
-            f = float(value)
-        except ValueError:
-            raise MasklabError(f"--fraction takes numbers or op:number items (e.g. 0.004 or add:0.004,mul:0.03), got {item!r}") from None
-        for o in [op] if op else ops:
-            if o not in OPS:
-                raise MasklabError(f"unknown operation {o!r} in --fraction; choose from {', '.join(OPS)}")
-            per.setdefault(o, []).append(f)
-    return {f"{o}_fractions": v for o, v in per.items()}
-
-
-def config_from_args(args: argparse.Namespace, base: ArithConfig) -> ArithConfig:
-    from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
-
-    updates: dict = {}
-    if args.op:
-        updates["ops"] = str_list(args.op)
-    if args.fraction:
-        items = str_list(args.fraction)
-        updates.update(parse_fractions(items, updates.get("ops", base.ops)))
-        if not args.op and all(":" in i for i in items):  # add:0.004 alone means addition only
-            updates["ops"] = [o for o in OPS if f"{o}_fractions" in updates]
-    if args.method:
-        updates["methods"] = str_list(args.method)
-    for name in ("width", "reverse", "prior", "mul_window", "steps", "batch", "lr", "weight_decay", "dim", "depth", "heads", "test_size", "evals"):
-        if getattr(args, name) is not None:
-            updates[name] = getattr(args, name)
-    if args.strength:
-        try:
-            vals = [float(v) for v in args.strength.split(",")]
-        except ValueError:
-            vals = []
-        if len(vals) not in (1, 2) or min(vals) <= 0:
-            raise MasklabError("--strength takes one or two positive numbers, e.g. 6 or 4,8")
-        updates["allowed"], updates["suppressed"] = vals[0], vals[-1]
-    return replace(base, **updates)

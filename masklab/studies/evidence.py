@@ -23,10 +23,9 @@ touches neither the query symbol nor the answer (hops >= 3 only).
 
 from __future__ import annotations
 
-import argparse
 import re
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,9 @@ from masklab.evidence.interventions import MODES, answer_logits, evidence_mask, 
 from masklab.evidence.search import SEARCHES
 from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
 from masklab.report import environment_line, markdown_table, plot_curves, save_figure
-from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, summarize, write_json
+from masklab.errors import MasklabError
+from masklab.flags import flag, list_or_none
+from masklab.runner import RunSpec, atomic_write_text, run_study, summarize, write_json
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "evidence"
@@ -47,38 +48,6 @@ SET_METRICS = ["precision", "recall", "exact", "size", "keep_acc", "passes"]
 # its numbers are for routers (the routing study), so nothing numeric is claimed here.
 PAPER: list[dict] = []
 
-
-@dataclass
-class EvidenceConfig:
-    """Gyms, teacher and evaluation. Teachers are cached under ``cache`` keyed by their config."""
-
-    tasks: list[str] = field(default_factory=lambda: ["multihop", "stale", "kv", "aggregate"])
-    hops: list[int] = field(default_factory=lambda: [2])
-    updates: int = 2
-    items: int = 16
-    vocab: int = 256
-    tags: int = 8
-    max_count: int = 4
-    methods: list[str] = field(default_factory=lambda: list(SEARCHES))
-    aggregates: list[str] = field(default_factory=lambda: list(AGGREGATES))
-    selections: list[str] = field(default_factory=lambda: list(SELECTIONS))
-    mode: str = "key_bias"
-    examples: int = 300
-    seeds: list[int] = field(default_factory=lambda: [0])
-    # teacher
-    dim: int = 64
-    depth: int = 4
-    heads: int = 4
-    teacher_steps: int | None = None  # None: the gym's recipe (TEACHER_RECIPES), else 3000
-    teacher_batch: int = 64
-    teacher_lr: float = 2e-3
-    max_factor: int = 4
-    aux: float = 0.0
-    recency_tasks: list[str] | None = None  # gyms whose teacher gets a linear recency feature; None: the recipes
-    cache: str = "cache"
-
-
-Config = EvidenceConfig
 
 # Teacher recipes per gym (task label), used unless --teacher-steps / --recency are given, as
 # measured in docs/evidence.md ("Teacher recipes"): the stale teacher needs twice the steps and
@@ -100,20 +69,63 @@ def teacher_recipe(task: str, hops: int, steps: int | None = None, recency_tasks
     return {"teacher_steps": r["teacher_steps"], **({"recency": True} if r["recency"] else {})}
 
 
-def teacher_steps_help() -> str:
-    """``--teacher-steps`` help, from the recipes (one place for the numbers)."""
+def teacher_steps_default() -> str:
+    """``--teacher-steps``'s default in words, from the recipes (one place for the numbers)."""
     per = ", ".join(f"{r['teacher_steps']} for {label}" for label, r in TEACHER_RECIPES.items() if "teacher_steps" in r)
-    return f"teacher training steps for every gym (default: {per}, {TEACHER_DEFAULTS['teacher_steps']} otherwise)"
+    return f"{per}, {TEACHER_DEFAULTS['teacher_steps']} otherwise"
 
 
-def quick_config() -> EvidenceConfig:
+def recency_list(text: str) -> list[str]:
+    """``--recency``: gym names, or ``none``."""
+    tasks = list_or_none(text)
+    for t in tasks:
+        if t not in GYMS:
+            raise MasklabError(f"unknown gym {t!r} in --recency; choose from {', '.join(GYMS)}")
+    return tasks
+
+
+@dataclass
+class Config:
+    """Gyms, teacher and evaluation. Teachers are cached under ``cache`` keyed by their config."""
+
+    tasks: list[str] = flag(factory=lambda: ["multihop", "stale", "kv", "aggregate"], name="--task",
+                            help=f"comma-separated gyms ({', '.join(GYMS)})")
+    hops: list[int] = flag(factory=lambda: [2], help="multihop chain length(s), comma-separated, 1..4")
+    updates: int = flag(2, help="stale: assignments of the queried key (>= 2)")
+    items: int = flag(16, help="items per context N")
+    vocab: int = flag(256, help="number of symbols")
+    tags: int = flag(8, help="aggregate: number of tags")
+    max_count: int = flag(4, help="aggregate: largest count")
+    methods: list[str] = flag(factory=lambda: list(SEARCHES), name="--method", help=f"comma-separated evidence searches ({', '.join(SEARCHES)})")
+    aggregates: list[str] = flag(factory=lambda: list(AGGREGATES), name="--aggregate",
+                                 help=f"comma-separated attention aggregates ({', '.join(AGGREGATES)}, layer<l>)")
+    selections: list[str] = field(default_factory=lambda: list(SELECTIONS))
+    mode: str = flag("key_bias", choices=MODES, help="how an item is hidden")
+    examples: int = flag(300, help="held-out examples per gym")
+    seeds: list[int] = field(default_factory=lambda: [0])
+    # teacher
+    dim: int = flag(64, help="teacher width")
+    depth: int = flag(4, help="teacher depth")
+    heads: int = flag(4, help="teacher heads")
+    teacher_steps: int | None = flag(None, help="teacher training steps for every gym", default_text=teacher_steps_default())
+    teacher_batch: int = 64
+    teacher_lr: float = flag(2e-3, help="teacher learning rate")
+    max_factor: int = flag(4, help="length curriculum up to this x N")
+    aux: float = flag(0.0, help="weight of the auxiliary hop loss (multihop; 0 = off)")
+    recency_tasks: list[str] | None = flag(
+        None, name="--recency", parse=recency_list, metavar="GYM,...|none",
+        default_text=", ".join(label for label, r in TEACHER_RECIPES.items() if r.get("recency")),
+        help="comma-separated gyms whose teacher gets a linear recency position feature, or none")
+    cache: str = flag("cache", help="teacher cache directory")
+
+def quick_config() -> Config:
     # small contexts and a short-trained teacher: shows the pipeline, not the full accuracy
-    return EvidenceConfig(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, max_factor=1, examples=100, depth=3)
+    return Config(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, max_factor=1, examples=100, depth=3)
 
 
-def reproduce_config() -> EvidenceConfig:
+def reproduce_config() -> Config:
     # 2 and 3 hops: the middle-link question needs a link that touches neither end
-    return EvidenceConfig(hops=[2, 3])
+    return Config(hops=[2, 3])
 
 
 # ----------------------------------------------------------------------------- one run
@@ -246,7 +258,7 @@ def task_label(task: str, hops: int) -> str:
     return f"multihop-h{hops}" if task == "multihop" else task
 
 
-def specs_for(cfg: EvidenceConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "seeds", "hops", "teacher_steps", "recency_tasks")}
     specs = []
     for task in cfg.tasks:
@@ -257,7 +269,7 @@ def specs_for(cfg: EvidenceConfig) -> list[RunSpec]:
     return specs
 
 
-def validate(cfg: EvidenceConfig) -> None:
+def validate(cfg: Config) -> None:
     for t in cfg.tasks:
         if t not in GYMS:
             raise MasklabError(f"unknown evidence task {t!r}; choose from {', '.join(GYMS)}")
@@ -302,7 +314,7 @@ of the set, `keep_acc` teacher accuracy when only the set is visible, `passes` f
 A causal set that differs from gold is a finding about the teacher (what it needs), not a bug."""
 
 
-def run(cfg: EvidenceConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab evidence") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab evidence") -> dict:
     validate(cfg)
     out = Path(out)
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.evidence:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
@@ -396,54 +408,3 @@ def report(results: dict, out: Path, command: str) -> None:
     parts += [f"\n![{f}]({f})" for f in figures]
     parts += ["", environment_line(results)]
     atomic_write_text(out / "results.md", "\n".join(parts) + "\n")
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--task", help=f"comma-separated gyms ({', '.join(GYMS)}); default all")
-    ap.add_argument("--hops", help="multihop chain length(s), comma-separated, 1..4 (default 2)")
-    ap.add_argument("--updates", type=int, help="stale: assignments of the queried key (>= 2)")
-    ap.add_argument("--items", type=int, help="items per context N (default 16)")
-    ap.add_argument("--vocab", type=int, help="number of symbols (default 256)")
-    ap.add_argument("--tags", type=int, help="aggregate: number of tags")
-    ap.add_argument("--max-count", type=int, help="aggregate: largest count")
-    ap.add_argument("--method", help=f"comma-separated evidence searches ({', '.join(SEARCHES)}); default all")
-    ap.add_argument("--aggregate", help=f"comma-separated attention aggregates ({', '.join(AGGREGATES)}, layer<l>)")
-    ap.add_argument("--mode", choices=MODES, help="how an item is hidden (default key_bias)")
-    ap.add_argument("--examples", type=int, help="held-out examples per gym")
-    ap.add_argument("--teacher-steps", type=int, help=teacher_steps_help())
-    ap.add_argument("--teacher-lr", type=float)
-    ap.add_argument("--dim", type=int, help="teacher width")
-    ap.add_argument("--depth", type=int, help="teacher depth")
-    ap.add_argument("--heads", type=int)
-    ap.add_argument("--max-factor", type=int, help="length curriculum up to this x N (default 4)")
-    ap.add_argument("--aux", type=float, help="weight of the auxiliary hop loss (multihop; default 0 = off)")
-    ap.add_argument("--recency", help="comma-separated gyms whose teacher gets a linear recency position feature, or none (default: "
-                    + ", ".join(label for label, r in TEACHER_RECIPES.items() if r.get("recency")) + ")")
-    ap.add_argument("--cache", help="teacher cache directory (default ./cache)")
-
-
-def config_from_args(args: argparse.Namespace, base: EvidenceConfig) -> EvidenceConfig:
-    from masklab.cli import int_list, str_list  # noqa: PLC0415
-
-    cfg = base
-    if args.task:
-        cfg = replace(cfg, tasks=str_list(args.task))
-    if args.hops:
-        cfg = replace(cfg, hops=int_list(args.hops))
-    if args.method:
-        cfg = replace(cfg, methods=str_list(args.method))
-    if args.aggregate:
-        cfg = replace(cfg, aggregates=str_list(args.aggregate))
-    if args.recency:
-        cfg = replace(cfg, recency_tasks=[] if args.recency == "none" else str_list(args.recency))
-    for t in cfg.recency_tasks or []:
-        if t not in GYMS:
-            raise MasklabError(f"unknown gym {t!r} in --recency; choose from {', '.join(GYMS)}")
-    for name in ("updates", "items", "vocab", "tags", "max_count", "mode", "examples", "teacher_steps", "teacher_lr", "dim", "depth", "heads", "max_factor", "aux", "cache"):
-        value = getattr(args, name)
-        if value is not None:
-            cfg = replace(cfg, **{name: value})
-    return cfg

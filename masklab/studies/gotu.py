@@ -19,19 +19,18 @@ layers) and the mask's drift, over training, for every method.
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from masklab.flags import flag, strength_flag
 from masklab.models import TokenEncoder
-from masklab.qk_init import allowed_mass
 from masklab.report import plot_curves, write_markdown
 from masklab.runner import MasklabError, RunSpec, run_study, seed_everything
-from masklab.structures import DESIGNS, design_structure
+from masklab.structures import DESIGNS, allowed_mass, design_structure
 from masklab.tasks.boolean import (
     DIM,
     TASKS,
@@ -75,43 +74,41 @@ PAPER = [
 
 
 @dataclass
-class GotuConfig:
+class Config:
     """Everything a GOTU run depends on. Model: ``depth`` pre-LN blocks of width ``width``."""
 
-    tasks: list[str] = field(default_factory=lambda: list(TASKS))
-    methods: list[str] = field(default_factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"])
+    tasks: list[str] = flag(factory=lambda: list(TASKS), name="--task", help=f"comma-separated tasks ({', '.join(TASKS)})")
+    methods: list[str] = flag(factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"], name="--method",
+                              help=f"comma-separated methods ({', '.join(METHODS)})")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    design: str | None = None  # None: the task's default (support-block; pairwise for maj3)
-    allowed: float = 6.0
+    design: str | None = flag(None, choices=sorted(DESIGNS), help="prior design", default_text="the task's own")
+    allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
-    width: int = 64
-    depth: int = 2
-    heads: int = 4
-    steps: int = 1500
-    batch: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    evals: int = 10
+    width: int = flag(64, help="model width")
+    depth: int = flag(2, help="transformer blocks")
+    heads: int = flag(4, help="attention heads")
+    steps: int = flag(1500, help="training steps")
+    batch: int = flag(128, help="batch size")
+    lr: float = flag(1e-3, help="learning rate (AdamW)")
+    weight_decay: float = flag(0.0, help="weight decay on weight matrices")
+    evals: int = flag(10, help="evaluations during training")
     # custom task (used when ``function`` is set)
-    function: str | None = None
-    seen: str | None = None
-    support: list[int] | None = None
-    n_vars: int = DIM
+    function: str | None = flag(None, help='custom target, e.g. "x0*x1*x2"')
+    seen: str | None = flag(None, help='custom seen domain, e.g. "x0==1 or x1==1"')
+    support: list[int] | None = flag(None, help="custom prior support, e.g. 0,1,2")
+    n_vars: int = flag(DIM, name="--dim", help="number of Boolean variables of a custom task")
 
 
-Config = GotuConfig
-
-
-def quick_config() -> GotuConfig:
-    return GotuConfig(tasks=["cyclic3", "2parity"], seeds=[0], steps=600, evals=6)
+def quick_config() -> Config:
+    return Config(tasks=["cyclic3", "2parity"], seeds=[0], steps=600, evals=6)
 
 
 # reproduce: 3 tasks x 4 methods x 3 seeds x 1500 steps of batch 128, 2-block width-64 model
 # (about 25 min with 2 jobs on an idle 2-core CPU)
 
 
-def reproduce_config() -> GotuConfig:
-    return GotuConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 # ----------------------------------------------------------------------------- one run
@@ -216,7 +213,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def specs_for(cfg: GotuConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "methods", "seeds")}
     tasks = ["custom"] if cfg.function else cfg.tasks
     return [
@@ -227,7 +224,7 @@ def specs_for(cfg: GotuConfig) -> list[RunSpec]:
     ]
 
 
-def validate(cfg: GotuConfig) -> None:
+def validate(cfg: Config) -> None:
     for t in cfg.tasks:
         if t not in TASKS and not cfg.function:
             raise MasklabError(f"unknown task {t!r}; choose from {', '.join(TASKS)} or give --function/--seen/--support")
@@ -257,7 +254,7 @@ mean |change| of logsigmoid(M).
 The paper's `loss` and Cyclic3 `acc` do not say on which domain they are measured."""
 
 
-def run(cfg: GotuConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab gotu") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab gotu") -> dict:
     validate(cfg)
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.gotu:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
     report(results, Path(out), command)
@@ -270,49 +267,3 @@ def report(results: dict, out: Path, command: str) -> None:
     plot_curves(results["runs"], "prior_mass_all", out / figures[1], ylabel="mass on allowed keys (all queries)", title="Prior persistence")
     plot_curves(results["runs"], "prior_mass", out / figures[2], ylabel="CLS mass on allowed keys", title="Prior persistence (CLS query)")
     write_markdown(results, out, TABLE_METRICS, command, NOTES, figures)
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--task", help=f"comma-separated tasks ({', '.join(TASKS)}); default all")
-    ap.add_argument("--method", help=f"comma-separated methods ({', '.join(METHODS)}); default vanilla,qk-svd,qk-opt,mask")
-    ap.add_argument("--design", choices=sorted(DESIGNS), help="prior design (default: the task's own)")
-    ap.add_argument("--strength", help="init strengths 'a' or 'a,b': M = +a where allowed, -b where suppressed (default 6)")
-    ap.add_argument("--steps", type=int)
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--batch", type=int)
-    ap.add_argument("--weight-decay", type=float)
-    ap.add_argument("--width", type=int, help="model width")
-    ap.add_argument("--depth", type=int)
-    ap.add_argument("--heads", type=int)
-    ap.add_argument("--function", help='custom target, e.g. "x0*x1*x2"')
-    ap.add_argument("--seen", help='custom seen domain, e.g. "x0==1 or x1==1"')
-    ap.add_argument("--support", help="custom prior support, e.g. 0,1,2")
-    ap.add_argument("--dim", type=int, help="number of Boolean variables of a custom task (default 15)")
-
-
-def config_from_args(args: argparse.Namespace, base: GotuConfig) -> GotuConfig:
-    from masklab.cli import int_list, str_list  # noqa: PLC0415 (avoid an import cycle)
-
-    cfg = base
-    updates: dict = {}
-    if args.task:
-        updates["tasks"] = str_list(args.task)
-    if args.method:
-        updates["methods"] = str_list(args.method)
-    for name in ("design", "steps", "lr", "batch", "weight_decay", "width", "depth", "heads", "function", "seen"):
-        if getattr(args, name) is not None:
-            updates[name] = getattr(args, name)
-    if args.dim is not None:
-        updates["n_vars"] = args.dim
-    if args.support:
-        updates["support"] = int_list(args.support)
-    if args.strength:
-        vals = [float(v) for v in args.strength.split(",")]
-        if len(vals) not in (1, 2) or min(vals) <= 0:
-            raise MasklabError("--strength takes one or two positive numbers, e.g. 6 or 4,8")
-        updates["allowed"], updates["suppressed"] = vals[0], vals[-1]
-    return replace(cfg, **updates)
-

@@ -17,16 +17,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from masklab.report import plot_bars, write_markdown
-from masklab.runner import MasklabError, RunSpec, run_study
+from masklab.errors import MasklabError
+from masklab.runner import RunSpec, run_study
 from masklab.structures import DESIGNS
-from masklab.studies.gotu import PAPER, GotuConfig, validate
+from masklab.studies import gotu
+from masklab.studies.gotu import PAPER, validate
 
 NAME = "gotu-designs"
 TABLE_METRICS = ["unseen_acc", "full_acc", "u", "mdi_agreement", "train_mse", "prior_mass_final", "mask_drift"]
 
 
 @dataclass
-class Config(GotuConfig):
+class Config(gotu.Config):
     tasks: list[str] = field(default_factory=lambda: ["2parity", "maj3"])
     designs: list[str] = field(default_factory=lambda: ["vanilla", *sorted(DESIGNS)])
     weight_decays: list[float] = field(default_factory=lambda: [0.0, 0.1, 1.0])
@@ -68,7 +70,7 @@ coefficients of the learned function are in results.json (`runs[i].extra.fourier
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab sweep gotu-designs") -> dict:
-    validate(GotuConfig(tasks=cfg.tasks))
+    validate(gotu.Config(tasks=cfg.tasks))
     for d in cfg.designs:
         if d != "vanilla" and d not in DESIGNS:
             raise MasklabError(f"unknown design {d!r}; choose from vanilla, {', '.join(sorted(DESIGNS))}")

@@ -19,16 +19,16 @@ the final value, and the number of steps to reach a target perplexity.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from masklab import distributed as dist
+from masklab.flags import flag
 from masklab.models import GPT
 from masklab.report import plot_curves, write_markdown
 from masklab.runner import MasklabError, RunSpec, run_study, seed_everything
@@ -47,45 +47,42 @@ PAPER: list[dict] = []
 
 
 @dataclass
-class LMConfig:
+class Config:
     """Everything an LM run depends on."""
 
-    corpus: str = "pydoc"
-    data_dir: str | None = None
-    max_chars: int | None = 20_000_000  # cap on characters read per split (TinyStories is 2 GB)
-    tokenizer: str = "byte"
-    bpe_vocab: int = 1024
-    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    corpus: str = flag("pydoc", choices=CORPORA, help="corpus (pydoc is embedded)")
+    data_dir: str | None = flag(None, help="local folder with the wikitext2 / tinystories files")
+    max_chars: int | None = flag(20_000_000, help="read at most this many characters per split (TinyStories is 2 GB)")
+    tokenizer: str = flag("byte", choices=TOKENIZERS, help="byte, or bpe (trained with the tokenizers library)")
+    bpe_vocab: int = flag(1024, help="BPE vocabulary size")
+    methods: list[str] = flag(factory=lambda: list(DEFAULT_METHODS), name="--method", help=f"comma-separated priors ({', '.join(METHODS)})")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    block: int = 64
-    dim: int = 64
-    depth: int = 3
-    heads: int = 4
-    steps: int = 1000
-    batch: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 0.1
-    warmup: float = 0.05
+    block: int = flag(64, help="context length in tokens")
+    dim: int = flag(64, help="model width")
+    depth: int = flag(3, help="transformer blocks")
+    heads: int = flag(4, help="attention heads")
+    steps: int = flag(1000, help="training steps")
+    batch: int = flag(32, help="batch size (windows)")
+    lr: float = flag(2e-3, help="peak learning rate (AdamW, warm-up then cosine)")
+    weight_decay: float = flag(0.1, help="weight decay")
+    warmup: float = flag(0.05, help="learning-rate warm-up, as a fraction of --steps")
     allowed: float = 6.0
     suppressed: float = 6.0
-    evals: int = 10
-    val_windows: int = 128
-    target_ppl: float = 8.0
+    evals: int = flag(10, help="evaluations during training")
+    val_windows: int = flag(128, help="validation windows per evaluation")
+    target_ppl: float = flag(8.0, help="validation perplexity for steps_to_target")
 
 
-Config = LMConfig
-
-
-def quick_config() -> LMConfig:
-    return LMConfig(seeds=[0], dim=32, depth=2, block=32, steps=300, evals=3, val_windows=32, target_ppl=12.0)
+def quick_config() -> Config:
+    return Config(seeds=[0], dim=32, depth=2, block=32, steps=300, evals=3, val_windows=32, target_ppl=12.0)
 
 
 # reproduce: pydoc bytes, dim 64, depth 3, 4 heads, context 64, 3 methods x 3 seeds x 1000 steps
 # of batch 32 (2M tokens, ~5 epochs); about 2-3 min per run on one thread.
 
 
-def reproduce_config() -> LMConfig:
-    return LMConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 # ----------------------------------------------------------------------------- one run
@@ -142,7 +139,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         loss = val_loss(model, windows)
         return {"val_loss": loss, "val_ppl": math.exp(loss)}
 
-    recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], max(1, int(p["warmup"] * p["steps"])), floor=0.0, evals=p["evals"])
+    recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], p["warmup"], floor=0.0, evals=p["evals"])
     trained = train(model, recipe, loss_of, evaluate, gen, ckpt_dir, f"{spec['task']}/{spec['method']}")
     curves = trained.curves
     metrics = {
@@ -160,12 +157,12 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def specs_for(cfg: LMConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("methods", "seeds")}
     return [RunSpec(cfg.corpus, m, s, {**base, "method": m}) for m in cfg.methods for s in cfg.seeds]
 
 
-def validate(cfg: LMConfig) -> None:
+def validate(cfg: Config) -> None:
     if cfg.corpus not in CORPORA:
         raise MasklabError(f"unknown corpus {cfg.corpus!r}; choose from {', '.join(CORPORA)}")
     if cfg.tokenizer not in TOKENIZERS:
@@ -191,7 +188,7 @@ logsigmoid(M) (mask runs only). Perplexities are per token of the chosen tokeniz
 (per byte for `byte`). The paper reports only "modest but consistent gains" (no number)."""
 
 
-def run(cfg: LMConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab lm") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab lm") -> dict:
     validate(cfg)
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.lm:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
     if dist.is_main():
@@ -204,32 +201,3 @@ def report(results: dict, out: Path, command: str) -> None:
     plot_curves(results["runs"], "val_ppl", out / figures[0], ylabel="validation perplexity", title="Validation perplexity", logy=True)
     notes = NOTES + f"\nTarget perplexity: {results['config']['target_ppl']}."
     write_markdown(results, out, TABLE_METRICS, command, notes, figures)
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--corpus", choices=CORPORA, help="corpus (default pydoc, embedded)")
-    ap.add_argument("--data-dir", help="local folder with the wikitext2 / tinystories files")
-    ap.add_argument("--max-chars", type=int, help="read at most this many characters per split")
-    ap.add_argument("--tokenizer", choices=TOKENIZERS, help="byte (default) or bpe (trained with the tokenizers library)")
-    ap.add_argument("--bpe-vocab", type=int)
-    ap.add_argument("--method", help=f"comma-separated priors ({', '.join(METHODS)}); default {','.join(DEFAULT_METHODS)}")
-    for name in ("block", "dim", "depth", "heads", "steps", "batch", "evals", "val_windows"):
-        ap.add_argument(f"--{name.replace('_', '-')}", type=int)
-    for name in ("lr", "weight_decay", "target_ppl"):
-        ap.add_argument(f"--{name.replace('_', '-')}", type=float)
-
-
-def config_from_args(args: argparse.Namespace, base: LMConfig) -> LMConfig:
-    from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
-
-    updates: dict = {}
-    if args.method:
-        updates["methods"] = str_list(args.method)
-    names = ("corpus", "data_dir", "max_chars", "tokenizer", "bpe_vocab", "block", "dim", "depth", "heads", "steps", "batch", "evals", "val_windows", "lr", "weight_decay", "target_ppl")
-    for name in names:
-        if getattr(args, name) is not None:
-            updates[name] = getattr(args, name)
-    return replace(base, **updates)

@@ -9,22 +9,42 @@ runs a few minutes.
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
 from pathlib import Path
 
+from masklab.flags import Flag, flag, str_list
 from masklab.runner import atomic_write_text, environment, write_json
 from masklab.studies import cite_compare, prune, stale
 
 NAME = "pretrained"
 
 
+PARTS = ("stale", "cite", "prune")
+
+
+def set_in(parts: tuple[str, ...], name: str) -> Callable[[Any, Any, dict], dict]:
+    """``apply`` of a flag that sets field ``name`` of the sub-configs ``parts``."""
+    return lambda v, base, up: {p: replace(up.get(p, getattr(base, p)), **{name: v}) for p in parts}
+
+
 @dataclass
 class Config:
-    stale: stale.Config = field(default_factory=stale.Config)
-    cite: cite_compare.Config = field(default_factory=cite_compare.Config)
-    prune: prune.Config = field(default_factory=lambda: replace(prune.Config(), models=["gemma3-270m", "smollm2-135m"],
-                                                               train_prompts=30, test_prompts=30))
+    stale: stale.Config = flag(
+        factory=stale.Config, name="--models", parse=str_list, apply=set_in(PARTS, "models"), metavar="A,...",
+        default_text="gemma3-270m,smollm2-135m", help="comma-separated models for all three parts",
+        more=[Flag("prompts per model in the stale attention part", name="--stale-prompts", parse=int,
+                   metavar="N", apply=set_in(("stale",), "prompts"), default_text="200")])
+    cite: cite_compare.Config = flag(factory=cite_compare.Config, name="--cite-prompts", parse=int, metavar="N",
+                                     apply=set_in(("cite",), "prompts"), default_text="10",
+                                     help="prompts per model in the evidence vs ContextCite part")
+    prune: prune.Config = flag(
+        factory=lambda: replace(prune.Config(), models=["gemma3-270m", "smollm2-135m"], train_prompts=30, test_prompts=30),
+        name="--train-prompts", parse=int, metavar="N", apply=set_in(("prune",), "train_prompts"), default_text="30",
+        help="router training prompts per model in the pruning part",
+        more=[Flag("test prompts per model in the pruning part", name="--test-prompts", parse=int, metavar="N",
+                   apply=set_in(("prune",), "test_prompts"), default_text="30")])
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
@@ -57,30 +77,3 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
         md += [f"## {name}", text.strip(), ""]
     atomic_write_text(out / "results.md", "\n".join(md) + "\n")
     return results
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--models", help="comma-separated models for all three parts (default gemma3-270m,smollm2-135m)")
-    ap.add_argument("--stale-prompts", type=int, help="prompts per model in the stale attention part (default 200)")
-    ap.add_argument("--cite-prompts", type=int, help="prompts per model in the evidence vs ContextCite part (default 10)")
-    ap.add_argument("--train-prompts", type=int, help="router training prompts per model in the pruning part (default 30)")
-    ap.add_argument("--test-prompts", type=int, help="test prompts per model in the pruning part (default 30)")
-
-
-def config_from_args(args: argparse.Namespace, base: Config) -> Config:
-    from masklab.cli import str_list
-
-    cfg = base
-    if args.models:
-        ms = str_list(args.models)
-        cfg = replace(cfg, stale=replace(cfg.stale, models=ms), cite=replace(cfg.cite, models=ms),
-                      prune=replace(cfg.prune, models=ms))
-    if args.stale_prompts:
-        cfg = replace(cfg, stale=replace(cfg.stale, prompts=args.stale_prompts))
-    if args.cite_prompts:
-        cfg = replace(cfg, cite=replace(cfg.cite, prompts=args.cite_prompts))
-    if args.train_prompts:
-        cfg = replace(cfg, prune=replace(cfg.prune, train_prompts=args.train_prompts))
-    if args.test_prompts:
-        cfg = replace(cfg, prune=replace(cfg.prune, test_prompts=args.test_prompts))
-    return cfg

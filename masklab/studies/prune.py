@@ -23,16 +23,17 @@ router is then trained on SQuAD questions too).
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from masklab.report import markdown_table
-from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, write_json
+from masklab.errors import MasklabError
+from masklab.flags import flag, str_list
+from masklab.runner import RunSpec, atomic_write_text, run_study, write_json
 
 NAME = "prune"
 SENTENCE_METHODS = ("router-evidence", "router-attention", "attention-keep", "random")
@@ -45,19 +46,28 @@ PAPER = [
 ]
 
 
+def budget_list(text: str) -> list[float]:
+    try:
+        return [float(b) for b in str_list(text)]
+    except ValueError:
+        raise MasklabError(f"--budget takes fractions, got {text!r}") from None
+
+
 @dataclass
 class Config:
-    models: list[str] = field(default_factory=lambda: ["gemma3-270m"])
-    task: str = "stale"
-    squad: str | None = None
-    budgets: list[float] = field(default_factory=lambda: [0.3])
-    compare: list[str] = field(default_factory=lambda: ["snapkv", "knorm", "tova", "streaming", "expected-attention"])
-    methods: list[str] = field(default_factory=lambda: ["full", *SENTENCE_METHODS])
-    train_prompts: int = 40
-    test_prompts: int = 40
-    filler_max: int = 6
+    models: list[str] = flag(factory=lambda: ["gemma3-270m"], name="--model", help="comma-separated models")
+    task: str = flag("stale", choices=["stale", "squad"], help="generated stale-fact prompts or SQuAD v1.1")
+    squad: str | None = flag(None, help="path to the official SQuAD v1.1 JSON (with --task squad)")
+    budgets: list[float] = flag(factory=lambda: [0.3], name="--budget", parse=budget_list,
+                                help="kept fraction(s) of the context, e.g. 0.3 or 0.2,0.5")
+    compare: list[str] = flag(factory=lambda: ["snapkv", "knorm", "tova", "streaming", "expected-attention"],
+                              help="kvpress presses ('' for none)")
+    methods: list[str] = flag(factory=lambda: ["full", *SENTENCE_METHODS], help=f"sentence methods (full, {', '.join(SENTENCE_METHODS)})")
+    train_prompts: int = flag(40, help="router training prompts per model")
+    test_prompts: int = flag(40, help="test prompts per model")
+    filler_max: int = flag(6, help="at most this many distractor sentences per gap")
     max_new_tokens: int = 6
-    threads: int = 1
+    threads: int = flag(1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
@@ -258,41 +268,3 @@ def write_report(res: dict, out: Path, command: str) -> None:
     lines += ["", f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
               f"{env.get('torch_threads_per_run')} thread(s) per run, git {env['git_rev']}."]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", help="comma-separated models (default gemma3-270m)")
-    ap.add_argument("--task", choices=["stale", "squad"], help="generated stale-fact prompts (default) or SQuAD v1.1")
-    ap.add_argument("--squad", help="path to the official SQuAD v1.1 JSON (with --task squad)")
-    ap.add_argument("--budget", help="kept fraction(s) of the context, e.g. 0.3 or 0.2,0.5")
-    ap.add_argument("--compare", help="kvpress presses: snapkv,knorm,tova,streaming,expected-attention ('' for none)")
-    ap.add_argument("--methods", help=f"sentence methods: full,{','.join(SENTENCE_METHODS)}")
-    ap.add_argument("--train-prompts", type=int)
-    ap.add_argument("--test-prompts", type=int)
-    ap.add_argument("--filler-max", type=int, help="at most this many distractor sentences per gap (default 6)")
-    ap.add_argument("--threads", type=int, help="torch threads per run (default 1)")
-
-
-def config_from_args(args: argparse.Namespace, base: Config) -> Config:
-    from masklab.cli import str_list
-
-    up: dict = {}
-    if args.model:
-        up["models"] = str_list(args.model)
-    if args.task:
-        up["task"] = args.task
-    if args.squad:
-        up["squad"] = args.squad
-    if args.budget:
-        try:
-            up["budgets"] = [float(b) for b in str_list(args.budget)]
-        except ValueError:
-            raise MasklabError(f"--budget takes fractions, got {args.budget!r}") from None
-    if args.compare is not None:
-        up["compare"] = str_list(args.compare)
-    if args.methods:
-        up["methods"] = str_list(args.methods)
-    for name in ("train_prompts", "test_prompts", "threads", "filler_max"):
-        if getattr(args, name) is not None:
-            up[name] = getattr(args, name)
-    return replace(base, **up)

@@ -28,13 +28,12 @@ curve, ``flops_ratio_<m>x`` (router + sparse teacher) / dense teacher FLOPs by f
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +51,9 @@ from masklab.report import environment_line, markdown_table, save_figure
 from masklab.routing.routers import build_router
 from masklab.routing.sparse import SELECTORS, AttentionSelector, budget_label, keep_mask, parse_budget, teacher_answer, teacher_flops
 from masklab.routing.train import LOSSES, train_router
-from masklab.runner import MasklabError, RunSpec, atomic_write_text, run_study, summarize, write_json
+from masklab.errors import MasklabError
+from masklab.flags import flag, list_or_none
+from masklab.runner import RunSpec, atomic_write_text, run_study, summarize, write_json
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "routing"
@@ -67,67 +68,67 @@ PAPER = [
 
 # short names for the training targets of the paper
 TARGET_ALIASES = {"causal": "loo", "attention": "last-mean/topk"}
-BASELINES = ("dense", "random", "recent", "teacher-attention", "oracle-gold")
-_SELECTOR_OF = {"dense": "dense", "random": "random", "recent": "recent", "teacher-attention": "attention", "oracle-gold": "gold"}
+BASELINES = ("dense", "random", "recent", "teacher-attention", "oracle-gold")  # selectors (routing.sparse.SELECTORS)
 
 
 @dataclass
-class RoutingConfig:
+class Config:
     """Gyms, teacher (same fields as ``masklab evidence``, so teachers are shared), routers, evaluation."""
 
-    tasks: list[str] = field(default_factory=lambda: ["multihop", "stale", "kv", "aggregate"])
-    hops: list[int] = field(default_factory=lambda: [2, 3])
-    updates: int = 2
-    items: int = 16
-    vocab: int = 256
+    tasks: list[str] = flag(factory=lambda: ["multihop", "stale", "kv", "aggregate"], name="--task",
+                            help=f"comma-separated gyms ({', '.join(GYMS)})")
+    hops: list[int] = flag(factory=lambda: [2, 3], help="multihop chain length(s), comma-separated")
+    updates: int = flag(2, help="stale: assignments of the queried key")
+    items: int = flag(16, help="items per context N the routers are trained at")
+    vocab: int = flag(256, help="number of symbols")
     tags: int = 8
     max_count: int = 4
-    targets: list[str] = field(default_factory=lambda: ["gold", "causal", "attention"])
-    independent_targets: list[str] = field(default_factory=lambda: ["causal"])
-    router_dim: int = 32
-    router_depth: int = 3
-    router_heads: int = 4
-    length_scale: bool = True  # log-n query scaling in the router (see TransformerRouter)
-    router_steps: int = 2500
+    targets: list[str] = flag(factory=lambda: ["gold", "causal", "attention"],
+                              help="comma-separated router targets: causal, attention, gold, or any evidence target name")
+    independent_targets: list[str] = flag(factory=lambda: ["causal"], name="--independent", parse=list_or_none,
+                                          help="targets for the independent (no item interaction) router; 'none' for none")
+    router_dim: int = flag(32, help="router width")
+    router_depth: int = flag(3, help="router blocks")
+    router_heads: int = flag(4, help="router heads")
+    length_scale: bool = flag(True, help="log-n query scaling in the router (--no-length-scale: a length-generalisation factor)")
+    router_steps: int = flag(2500, help="router training steps")
     router_batch: int = 64
-    router_lr: float = 2e-3
-    loss: str = "bce"
-    pool: int = 24000
-    budget: str = "gold"
-    budgets: list[str] = field(default_factory=lambda: ["1", "2", "3", "4", "6", "8", "10%"])
-    lengths: list[int] = field(default_factory=lambda: [1, 2, 4])
-    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
-    snap_aggregate: str = "layer-mean"
-    examples: int = 500
+    router_lr: float = flag(2e-3, help="router learning rate")
+    loss: str = flag("bce", choices=LOSSES, help="router training loss")
+    pool: int = flag(24000, help="training examples per (gym, seed), targets computed once")
+    budget: str = flag("gold", help="headline budget: items (3), fraction (10%) or gold (the gold evidence size)")
+    budgets: list[str] = flag(factory=lambda: ["1", "2", "3", "4", "6", "8", "10%"], help="comma-separated budget curve")
+    lengths: list[int] = flag(factory=lambda: [1, 2, 4], help="evaluate at these multiples of N")
+    baselines: list[str] = flag(factory=lambda: list(BASELINES), parse=list_or_none,
+                                help=f"comma-separated baselines ({', '.join(BASELINES)}) or 'none'")
+    snap_aggregate: str = flag("layer-mean", help="attention aggregate of the teacher-attention baseline")
+    examples: int = flag(500, help="held-out examples per length")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     # teacher (see masklab.evidence.teacher.TeacherConfig)
     dim: int = 64
     depth: int = 4
     heads: int = 4
-    teacher_steps: int | None = None  # None: the evidence study's per-gym recipe (evidence.TEACHER_RECIPES)
+    teacher_steps: int | None = flag(None, help="teacher training steps for every gym", default_text=evidence.teacher_steps_default())
     teacher_batch: int = 64
     teacher_lr: float = 2e-3
     max_factor: int = 4
-    aux: float = 0.0  # auxiliary hop loss of multihop teachers (off: it shapes the attention targets)
+    aux: float = flag(0.0, help="auxiliary hop loss of multihop teachers (0 = off; it shapes the attention targets)")
     teacher_seed: int = 0
     mode: str = "delete"
-    cache: str = "cache"
+    cache: str = flag("cache", help="teacher and pool cache directory")
 
 
-Config = RoutingConfig
-
-
-def quick_config() -> RoutingConfig:
+def quick_config() -> Config:
     # two gyms at N = 8, short-trained teachers and routers: shows the pipeline in about a minute
-    return RoutingConfig(
+    return Config(
         tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, depth=3, max_factor=2,
         router_steps=1000, pool=3000, examples=200, seeds=[0], lengths=[1, 2], budgets=["1", "2", "4"],
         independent_targets=[],
     )
 
 
-def reproduce_config() -> RoutingConfig:
-    return RoutingConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 def resolve_target(name: str) -> str:
@@ -295,7 +296,7 @@ def baselines_one(spec: dict, ckpt_dir: Path) -> dict:
     metrics: dict[str, float] = {}
     for m, batch in eval_batches(p, task, hops, seed).items():
         for name in p["baselines"]:
-            sel = SELECTORS[_SELECTOR_OF[name]]
+            sel = SELECTORS[name]
             if name == "teacher-attention":
                 sel = AttentionSelector(p["snap_aggregate"])
             scores = sel.score(teacher, batch, rng)
@@ -311,21 +312,21 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def gym_runs(cfg: RoutingConfig) -> list[tuple[str, int]]:
+def gym_runs(cfg: Config) -> list[tuple[str, int]]:
     return [(t, h) for t in cfg.tasks for h in (cfg.hops if t == "multihop" else [0])]
 
 
-def gym_params(cfg: RoutingConfig, task: str, hops: int) -> dict:
+def gym_params(cfg: Config, task: str, hops: int) -> dict:
     """Run parameters shared by every run of one gym, with its teacher recipe resolved."""
     base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds", "teacher_steps")}
     return {**base, **evidence.teacher_recipe(task, hops, cfg.teacher_steps), "gym": task, "hops": hops}
 
 
-def prepare_specs(cfg: RoutingConfig) -> list[RunSpec]:
+def prepare_specs(cfg: Config) -> list[RunSpec]:
     return [RunSpec(task_label(t, h), "prepare", cfg.teacher_seed, {**gym_params(cfg, t, h), "kind": "prepare", "seeds": cfg.seeds}) for t, h in gym_runs(cfg)]
 
 
-def router_specs(cfg: RoutingConfig) -> list[RunSpec]:
+def router_specs(cfg: Config) -> list[RunSpec]:
     specs = []
     for t, h in gym_runs(cfg):
         gym = gym_params(cfg, t, h)
@@ -339,7 +340,7 @@ def router_specs(cfg: RoutingConfig) -> list[RunSpec]:
     return specs
 
 
-def validate(cfg: RoutingConfig) -> None:
+def validate(cfg: Config) -> None:
     for t in cfg.tasks:
         if t not in GYMS:
             raise MasklabError(f"unknown task {t!r}; choose from {', '.join(GYMS)}")
@@ -378,7 +379,7 @@ def expand(runs: list[dict]) -> list[dict]:
     return out
 
 
-def run(cfg: RoutingConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab route") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab route") -> dict:
     validate(cfg)
     out = Path(out)
     prep = run_study(f"{NAME}-prepare", asdict(cfg), prepare_specs(cfg), "masklab.studies.routing:run_one", out / "prepare", jobs=jobs, progress=progress)
@@ -393,7 +394,7 @@ def run(cfg: RoutingConfig, out: Path, jobs: int = 1, progress: bool = True, com
 # ----------------------------------------------------------------------------- report
 
 
-def plot_budget_curves(summary: list[dict], cfg: RoutingConfig, path: Path) -> None:
+def plot_budget_curves(summary: list[dict], cfg: Config, path: Path) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     tasks = list(dict.fromkeys(r["task"] for r in summary))
@@ -431,7 +432,7 @@ kept items at m x N items; `recall_<m>x`: fraction of gold evidence kept; router
 dense / (router + sparse teacher) on the evaluation batch (one process, one thread)."""
 
 
-def report(results: dict, cfg: RoutingConfig, out: Path, command: str) -> None:
+def report(results: dict, cfg: Config, out: Path, command: str) -> None:
     summary = results["summary"]
     m_hi = max(cfg.lengths)
     main = ["acc_1x", "recall_1x", *(f"acc_{m}x" for m in cfg.lengths if m > 1), f"recall_{m_hi}x", "kept_1x"]
@@ -464,57 +465,3 @@ def report(results: dict, cfg: RoutingConfig, out: Path, command: str) -> None:
         parts += [f"## At {m_hi} x N with a 10% budget", "", markdown_table(summary, [], ten), ""]
     parts += ["## Teachers and training pools", "", teachers, "", "![routing_budget.png](routing_budget.png)", "", environment_line(results)]
     atomic_write_text(out / "results.md", "\n".join(parts) + "\n")
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--task", help=f"comma-separated gyms ({', '.join(GYMS)}); default all")
-    ap.add_argument("--hops", help="multihop chain length(s), comma-separated (default 2,3)")
-    ap.add_argument("--items", type=int, help="items per context N the routers are trained at (default 16)")
-    ap.add_argument("--targets", help="comma-separated router targets: causal, attention, gold, or any evidence target name (default causal,attention,gold)")
-    ap.add_argument("--independent", help="targets for the independent (no item interaction) router; 'none' for none (default causal)")
-    ap.add_argument("--budget", help="headline budget: items (3), fraction (10%%) or gold (default gold = the gold evidence size)")
-    ap.add_argument("--budgets", help="comma-separated budget curve (default 1,2,3,4,6,8,10%%)")
-    ap.add_argument("--lengths", help="evaluate at these multiples of N (default 1,2,4)")
-    ap.add_argument("--router-dim", type=int, help="router width (default 32)")
-    ap.add_argument("--router-depth", type=int, help="router blocks (default 3)")
-    ap.add_argument("--router-heads", type=int, help="router heads (default 4)")
-    ap.add_argument("--router-steps", type=int, help="router training steps (default 2500)")
-    ap.add_argument("--router-lr", type=float, help="router learning rate (default 2e-3)")
-    ap.add_argument("--no-length-scale", action="store_true", help="no log-n query scaling in the router (a length-generalisation factor)")
-    ap.add_argument("--loss", choices=LOSSES)
-    ap.add_argument("--pool", type=int, help="training examples per (gym, seed), targets computed once (default 24000)")
-    ap.add_argument("--baselines", help=f"comma-separated baselines ({', '.join(BASELINES)}) or 'none' (default all)")
-    ap.add_argument("--snap-aggregate", help="attention aggregate of the teacher-attention baseline (default layer-mean)")
-    ap.add_argument("--examples", type=int, help="held-out examples per length")
-    ap.add_argument("--vocab", type=int)
-    ap.add_argument("--updates", type=int)
-    ap.add_argument("--teacher-steps", type=int, help=evidence.teacher_steps_help())
-    ap.add_argument("--aux", type=float, help="auxiliary hop loss of multihop teachers (default 0 = off; it shapes the attention targets)")
-    ap.add_argument("--cache", help="teacher and pool cache directory (default ./cache)")
-
-
-def config_from_args(args: argparse.Namespace, base: RoutingConfig) -> RoutingConfig:
-    from masklab.cli import int_list, str_list  # noqa: PLC0415
-
-    cfg = base
-    for name, conv in (("task", "tasks"), ("targets", "targets"), ("budgets", "budgets")):
-        if getattr(args, name):
-            cfg = replace(cfg, **{conv: str_list(getattr(args, name))})
-    if args.hops:
-        cfg = replace(cfg, hops=int_list(args.hops))
-    if args.lengths:
-        cfg = replace(cfg, lengths=int_list(args.lengths))
-    if args.baselines:
-        cfg = replace(cfg, baselines=[] if args.baselines == "none" else str_list(args.baselines))
-    if args.no_length_scale:
-        cfg = replace(cfg, length_scale=False)
-    if args.independent:
-        cfg = replace(cfg, independent_targets=[] if args.independent == "none" else str_list(args.independent))
-    for name in ("items", "budget", "router_dim", "router_depth", "router_heads", "router_steps", "router_lr", "loss", "pool", "snap_aggregate", "examples", "vocab", "updates", "teacher_steps", "aux", "cache"):
-        value = getattr(args, name)
-        if value is not None:
-            cfg = replace(cfg, **{name: value})
-    return cfg

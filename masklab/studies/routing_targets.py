@@ -15,10 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from masklab.studies import routing
-from masklab.studies.routing import RoutingConfig
 
 NAME = "routing-targets"
-Config = RoutingConfig
+Config = routing.Config  # the sweep runs the routing study with other targets
 
 TARGETS = [
     "gold", "causal", "greedy-minimal",
@@ -26,13 +25,13 @@ TARGETS = [
 ]
 
 
-def quick_config() -> RoutingConfig:
+def quick_config() -> Config:
     return replace(routing.quick_config(), tasks=["multihop"], targets=TARGETS)
 
 
-def reproduce_config() -> RoutingConfig:
-    return RoutingConfig(tasks=["multihop", "stale"], hops=[2], targets=TARGETS, independent_targets=[], seeds=[0])
+def reproduce_config() -> Config:
+    return Config(tasks=["multihop", "stale"], hops=[2], targets=TARGETS, independent_targets=[], seeds=[0])
 
 
-def run(cfg: RoutingConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab sweep routing-targets") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab sweep routing-targets") -> dict:
     return routing.run(cfg, out, jobs, progress, command)

@@ -22,16 +22,18 @@ Metrics (over the prompts answered correctly unless said otherwise):
 
 from __future__ import annotations
 
-import argparse
 import time
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from masklab.report import write_markdown
-from masklab.runner import MasklabError, RunSpec, run_study
+from masklab.errors import MasklabError
+from masklab.flags import flag, int_list
+from masklab.runner import RunSpec, run_study
 
 NAME = "stale"
 TABLE_METRICS = ["accuracy", "stale_rate", "stale_higher", "stale_higher_heads", "best_head", "worst_head",
@@ -45,16 +47,32 @@ PAPER_CLAIM = ("Pretrained LMs (Qwen2.5, Gemma): even when they answer correctly
                "stale value than to the current one (paper; qualitative, no number given).")
 
 
+def min_max(name: str, least: int) -> Callable[[str], tuple[int, int]]:
+    """Parser of ``--NAME min,max`` (``least <= min <= max``)."""
+
+    def parse(text: str) -> tuple[int, int]:
+        v = int_list(text)
+        if len(v) != 2 or v[0] > v[1] or v[0] < least:
+            raise MasklabError(f"--{name} takes min,max, e.g. 1,3")
+        return v[0], v[1]
+
+    return parse
+
+
 @dataclass
 class Config:
-    models: list[str] = field(default_factory=lambda: ["gemma3-270m", "smollm2-135m"])
-    prompts: int = 200
-    updates_min: int = 1
+    models: list[str] = flag(factory=lambda: ["gemma3-270m", "smollm2-135m"], name="--model", help="comma-separated models")
+    prompts: int = flag(200, help="number of generated prompts per model")
+    updates_min: int = flag(1, name="--updates", parse=min_max("updates", 1), metavar="MIN,MAX", default_text="1,3",
+                            apply=lambda v, base, up: {"updates_min": v[0], "updates_max": v[1]},
+                            help="min,max number of updates")
     updates_max: int = 3
-    filler_min: int = 0
+    filler_min: int = flag(0, name="--filler", parse=min_max("filler", 0), metavar="MIN,MAX", default_text="0,6",
+                           apply=lambda v, base, up: {"filler_min": v[0], "filler_max": v[1]},
+                           help="min,max distractor sentences per gap")
     filler_max: int = 6
     max_new_tokens: int = 6
-    threads: int = 1
+    threads: int = flag(1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
@@ -200,30 +218,3 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
     figures = ["stale_heads.png"] if heatmap(res, Path(out) / "stale_heads.png") else []
     write_markdown(res, out, TABLE_METRICS, command, NOTES, figures)
     return res
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", help="comma-separated models (default gemma3-270m,smollm2-135m)")
-    ap.add_argument("--prompts", type=int, help="number of generated prompts per model")
-    ap.add_argument("--updates", help="min,max number of updates (default 1,3)")
-    ap.add_argument("--filler", help="min,max distractor sentences per gap (default 0,6)")
-    ap.add_argument("--threads", type=int, help="torch threads per run (default 1)")
-
-
-def config_from_args(args: argparse.Namespace, base: Config) -> Config:
-    from masklab.cli import int_list, str_list
-
-    up: dict = {}
-    if args.model:
-        up["models"] = str_list(args.model)
-    if args.prompts is not None:
-        up["prompts"] = args.prompts
-    if args.threads is not None:
-        up["threads"] = args.threads
-    for name in ("updates", "filler"):
-        if getattr(args, name):
-            v = int_list(getattr(args, name))
-            if len(v) != 2 or v[0] > v[1] or v[0] < (1 if name == "updates" else 0):
-                raise MasklabError(f"--{name} takes min,max, e.g. 1,3")
-            up[f"{name}_min"], up[f"{name}_max"] = v
-    return replace(base, **up)

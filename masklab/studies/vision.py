@@ -17,9 +17,8 @@ the layer-0 attention of the centre patch at step 0 is kept for the figure.
 
 from __future__ import annotations
 
-import argparse
 import functools
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -31,11 +30,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from masklab import distributed as dist  # noqa: E402
+from masklab.flags import flag, strength_flag  # noqa: E402
 from masklab.models import PRESETS, ViT  # noqa: E402
-from masklab.qk_init import allowed_mass  # noqa: E402
 from masklab.report import fmt, plot_curves, write_markdown  # noqa: E402
 from masklab.runner import MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
-from masklab.structures import impulse_2d, locality_2d, neighbourhood_2d  # noqa: E402
+from masklab.structures import allowed_mass, impulse_2d, locality_2d, neighbourhood_2d  # noqa: E402
 from masklab.tasks.vision import DATASETS, VisionData, augment, load_vision, normalise  # noqa: E402
 from masklab.train import Recipe, init_qk, priors_for, train  # noqa: E402
 
@@ -52,44 +51,41 @@ PAPER = [
 
 
 @dataclass
-class VisionConfig:
+class Config:
     """Everything a vision run depends on. ``patch``/``dim``/``depth``/``heads`` override
     the ``model`` preset when set."""
 
-    data: str = "digits"
-    data_dir: str | None = None
-    image_size: int = 64  # imagefolder only: images are resized to this side
-    model: str = "cpu-digits"
-    patch: int | None = None
-    dim: int | None = None
-    depth: int | None = None
-    heads: int | None = None
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    data: str = flag("digits", choices=DATASETS, help="data set (digits is embedded)")
+    data_dir: str | None = flag(None, help="local folder of cifar10/cifar100 (binary version) or imagefolder data")
+    image_size: int = flag(64, help="imagefolder only: resize images to this side")
+    model: str = flag("cpu-digits", help=f"ViT preset ({', '.join(PRESETS)})")
+    patch: int | None = flag(None, help="patch side", default_text="the preset's")
+    dim: int | None = flag(None, help="model width", default_text="the preset's")
+    depth: int | None = flag(None, help="transformer blocks", default_text="the preset's")
+    heads: int | None = flag(None, help="attention heads", default_text="the preset's")
+    methods: list[str] = flag(factory=lambda: list(METHODS), name="--method", help=f"comma-separated methods ({', '.join(METHODS)})")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    steps: int = 1000
-    batch: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    warmup: float = 0.05  # fraction of steps
-    allowed: float = 6.0
+    steps: int = flag(1000, help="training steps")
+    batch: int = flag(128, help="batch size")
+    lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
+    weight_decay: float = flag(0.05, help="weight decay")
+    warmup: float = flag(0.05, help="learning-rate warm-up, as a fraction of --steps")
+    allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
     radius: int = 1
-    evals: int = 10
+    evals: int = flag(10, help="evaluations during training")
 
 
-Config = VisionConfig
-
-
-def quick_config() -> VisionConfig:
-    return VisionConfig(model="cpu-micro", seeds=[0], steps=200, evals=4)
+def quick_config() -> Config:
+    return Config(model="cpu-micro", seeds=[0], steps=200, evals=4)
 
 
 # reproduce: digits, cpu-digits (dim 64, depth 4, 4 heads, 16 patches), 4 methods x 3 seeds x
 # 1000 steps of batch 128; about 2 min per run on one thread, about 15 min with 2 jobs on 2 cores.
 
 
-def reproduce_config() -> VisionConfig:
-    return VisionConfig()
+def reproduce_config() -> Config:
+    return Config()
 
 
 # ----------------------------------------------------------------------------- one run
@@ -171,7 +167,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         loc, imp, maps = locality(model, probe, local, impulse)
         return {"test_acc": acc, "test_loss": loss, "local_mass": loc, "impulse_mass": imp, **({"attn0": maps} if step == 0 else {})}
 
-    recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], max(1, int(p["warmup"] * p["steps"])), floor=0.0, evals=p["evals"])
+    recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], p["warmup"], floor=0.0, evals=p["evals"])
     trained = train(model, recipe, loss_of, record, gen, ckpt_dir, f"{spec['task']}/{method}")
     curves = trained.curves
     curves["attn0"] = curves["attn0"][0]  # recorded once, at step 0
@@ -191,12 +187,12 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- study
 
 
-def specs_for(cfg: VisionConfig) -> list[RunSpec]:
+def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("methods", "seeds")}
     return [RunSpec(cfg.data, m, s, {**base, "method": m}) for m in cfg.methods for s in cfg.seeds]
 
 
-def validate(cfg: VisionConfig) -> None:
+def validate(cfg: Config) -> None:
     if cfg.data not in DATASETS:
         raise MasklabError(f"unknown data set {cfg.data!r}; choose from {', '.join(DATASETS)}")
     for m in cfg.methods:
@@ -255,7 +251,7 @@ def plot_attention(results: dict, path: Path) -> None:
     tmp.replace(path)
 
 
-def run(cfg: VisionConfig, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab vision") -> dict:
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab vision") -> dict:
     validate(cfg)
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.vision:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
     if dist.is_main():
@@ -270,36 +266,3 @@ def report(results: dict, out: Path, command: str) -> None:
     plot_attention(results, out / figures[2])
     notes = NOTES + "\n\nOurs beside the paper:\n\n" + paper_table(results)
     write_markdown(results, out, TABLE_METRICS, command, notes, figures)
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--data", choices=DATASETS, help="data set (default digits, embedded)")
-    ap.add_argument("--data-dir", help="local folder of cifar10/cifar100 (binary version) or imagefolder data")
-    ap.add_argument("--image-size", type=int, help="imagefolder: resize images to this side (default 64)")
-    ap.add_argument("--model", help=f"ViT preset ({', '.join(PRESETS)}); default cpu-digits")
-    ap.add_argument("--method", help=f"comma-separated methods ({', '.join(METHODS)}); default all")
-    for name in ("patch", "dim", "depth", "heads", "steps", "batch", "evals"):
-        ap.add_argument(f"--{name}", type=int)
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--weight-decay", type=float)
-    ap.add_argument("--strength", help="mask init strengths 'a' or 'a,b' (default 6)")
-
-
-def config_from_args(args: argparse.Namespace, base: VisionConfig) -> VisionConfig:
-    from masklab.cli import str_list  # noqa: PLC0415 (avoid an import cycle)
-
-    updates: dict = {}
-    if args.method:
-        updates["methods"] = str_list(args.method)
-    for name in ("data", "data_dir", "image_size", "model", "patch", "dim", "depth", "heads", "steps", "batch", "evals", "lr", "weight_decay"):
-        if getattr(args, name) is not None:
-            updates[name] = getattr(args, name)
-    if args.strength:
-        vals = [float(v) for v in args.strength.split(",")]
-        if len(vals) not in (1, 2) or min(vals) <= 0:
-            raise MasklabError("--strength takes one or two positive numbers, e.g. 6 or 4,8")
-        updates["allowed"], updates["suppressed"] = vals[0], vals[-1]
-    return replace(base, **updates)

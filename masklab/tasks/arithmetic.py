@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 from masklab.structures import result_width
 
 PLUS, TIMES, EQUALS = 10, 11, 12

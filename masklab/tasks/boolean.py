@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 from masklab.structures import cyclic_groups
 
 DIM = 15

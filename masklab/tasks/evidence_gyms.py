@@ -40,7 +40,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
+from masklab.registry import Registry
 
 PAD = 0
 N_FIELDS = 2
@@ -141,16 +142,8 @@ class Gym:
         return torch.tensor(out, dtype=torch.long)
 
 
-GYMS: dict[str, type[Gym]] = {}
-
-
-def register(name: str):
-    def wrap(cls):
-        cls.name = name
-        GYMS[name] = cls
-        return cls
-
-    return wrap
+GYMS: Registry[type[Gym]] = Registry("evidence task")
+register = GYMS.register
 
 
 def _symbols(rng: np.random.Generator, vocab: int) -> list[int]:
@@ -295,8 +288,7 @@ class Aggregate(Gym):
 
 def make_gym(task: str, vocab: int = 256, hops: int = 2, updates: int = 2, tags: int = 8, max_count: int = 4) -> Gym:
     """Build a gym by name with its own parameters (others are ignored)."""
-    if task not in GYMS:
-        raise MasklabError(f"unknown evidence task {task!r}; choose from {', '.join(GYMS)}")
+    GYMS[task]  # an unknown name fails here with the list of tasks
     if task == "multihop":
         return Multihop(vocab, hops)
     if task == "stale":

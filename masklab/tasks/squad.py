@@ -15,7 +15,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 from masklab.tasks.stale_prompts import split_sentences
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 
 CORPORA = ("pydoc", "wikitext2", "tinystories")
 TOKENIZERS = ("byte", "bpe")

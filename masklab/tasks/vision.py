@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from masklab.runner import MasklabError
+from masklab.errors import MasklabError
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
 CIFAR_PIXELS = 3 * 32 * 32
