@@ -10,7 +10,7 @@ runs a few minutes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from pathlib import Path
 
