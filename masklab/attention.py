@@ -93,45 +93,52 @@ class BlockedBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, prior: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
-        mask = prior[None] if bias is None else prior + bias
+        mask = prior[None] if bias is None else prior + bias  # (B|1, H|1, T, T)
         out, lse = _FLASH_CPU(q, k, v, attn_mask=mask)
-        ctx.save_for_backward(q, k, v, prior, bias, out, lse)
+        if mask.shape[0] == 1:  # keep the summed mask: it does not grow with B
+            ctx.save_for_backward(q, k, v, mask, None, out, lse)
+        else:  # a per-example bias (padding): keep the two terms, add them per tile
+            ctx.save_for_backward(q, k, v, prior[None], bias, out, lse)
+        ctx.prior_heads = prior.shape[0]
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None]:  # type: ignore[override]
-        q, k, v, prior, bias, out, lse = ctx.saved_tensors
+        q, k, v, mask, bias, out, lse = ctx.saved_tensors  # mask: (1, H|1, T, T)
         B, H, T, dh = q.shape
         scale = 1.0 / math.sqrt(dh)
         dq = torch.empty_like(q)
         dk = torch.zeros_like(k)
         dv = torch.zeros_like(v)
         dprior = torch.zeros((H, T, T), dtype=q.dtype, device=q.device)
-        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, T, 1)
-        neg_lse = lse.unsqueeze(-1).neg()  # (B, H, T, 1)
+        ones = torch.ones((B, H, T, 1), dtype=q.dtype, device=q.device)
+        # fold the row terms into the matmuls: [q/sqrt(dh), -L] . [k, 1] = logits - L and
+        # [dO, -delta] . [v, 1] = dO v^T - delta, with delta = rowsum(dO * O)
+        qa = torch.cat([q * scale, lse.unsqueeze(-1).neg()], -1)  # (B, H, T, dh + 1)
+        ka_t = torch.cat([k, ones], -1).transpose(-2, -1)  # (B, H, dh + 1, T)
+        ga = torch.cat([grad_out, (grad_out * out).sum(-1, keepdim=True).neg()], -1)
+        va_t = torch.cat([v, ones], -1).transpose(-2, -1)
         row_bytes = H * T * q.element_size()
         if row_bytes * T <= BLOCK_BYTES:  # whole items per tile
             items, rows = max(1, BLOCK_BYTES // (row_bytes * T)), T
         else:  # one item, a band of query rows per tile
             items, rows = 1, max(16, BLOCK_BYTES // row_bytes)
-        qs = q * scale
-        kt, vt = k.transpose(-2, -1), v.transpose(-2, -1)
         for b0 in range(0, B, items):
             bs = slice(b0, b0 + items)
             for r0 in range(0, T, rows):
                 rs = slice(r0, r0 + rows)
-                p = torch.matmul(qs[bs, :, rs], kt[bs]).add_(prior[:, rs])
+                p = torch.matmul(qa[bs, :, rs], ka_t[bs]).add_(mask[:, :, rs])
                 if bias is not None:
                     p.add_(bias[bs if bias.shape[0] > 1 else slice(None), :, rs])
-                p = p.add_(neg_lse[bs, :, rs]).exp_()  # (items, H, rows, T)
+                p = p.exp_()  # P: (items, H, rows, T)
                 g = grad_out[bs, :, rs]
                 dv[bs] += p.transpose(-2, -1) @ g
-                ds = torch.matmul(g, vt[bs]).sub_(delta[bs, :, rs]).mul_(p)
+                ds = torch.matmul(ga[bs, :, rs], va_t[bs]).mul_(p)  # dS = P * (dP - delta)
                 dprior[:, rs] += ds[0] if ds.shape[0] == 1 else ds.sum(0)
                 dq[bs, :, rs] = (ds @ k[bs]).mul_(scale)
-                dk[bs] += ds.transpose(-2, -1) @ qs[bs, :, rs]
-        if prior.shape[0] == 1:
+                dk[bs] += ds.transpose(-2, -1) @ qa[bs, :, rs, :dh]
+        if ctx.prior_heads == 1:
             dprior = dprior.sum(0, keepdim=True)
         return dq, dk, dv, dprior, None
 
