@@ -1,22 +1,24 @@
 """Cost of a learnable mask prior: attention forward+backward per path, and whole training steps.
 
     python benchmarks/attention_overhead.py [--lengths 16,64,256,1024] [--tokens 8192] [--reps 9]
-        [--no-compile] [--out benchmarks/attention_overhead.json]
+        [--models gotu,lm,vision,arith] [--no-compile] [--out benchmarks/attention_overhead.json]
 
 Part 1, attention only: for each length T, batch B = tokens / T, width 64, 4 heads of 16, one
 thread, forward+backward of :class:`~masklab.attention.Attention` with the same weights on
 every path:
 
 * ``plain``   - no prior (SDPA's flash kernel): the denominator of every ratio;
-* ``frozen``  - a frozen :class:`~masklab.bias.MaskPrior` (a float mask without gradient);
+* ``frozen``  - a frozen :class:`~masklab.bias.MaskPrior` (a float mask without gradient),
+  ``impl="auto"``;
 * ``math``    - a learnable per-head prior, ``impl="math"`` (SDPA's math kernel, the reference);
-* ``blocked`` - the same prior, ``impl="blocked"`` (what ``impl="auto"`` picks on CPU);
+* ``blocked`` - the same prior, ``impl="blocked"`` (what ``impl="auto"`` picks on CPU for
+  T >= 128);
 * ``compile`` - ``torch.compile`` of the eager attention with the learnable prior (unless
   ``--no-compile``).
 
 Part 2, a whole training step (forward, loss, backward, AdamW step) of each study's model at
-its default size, random inputs: without prior, with a learnable prior (``auto``, i.e.
-blocked), with the prior on ``impl="math"``, and (unless ``--no-compile``) ``torch.compile`` of
+its default size, random inputs: without prior, with a learnable prior (``auto``: math at
+these lengths, all <= 64), with the prior on ``impl="math"`` and on ``impl="blocked"``, and (unless ``--no-compile``) ``torch.compile`` of
 the model without and with prior.
 
 Variants are interleaved within every repetition so machine noise hits all alike; each figure
@@ -148,10 +150,12 @@ def train_step(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]) -
     return step
 
 
-def step_part(reps: int, compile_: bool) -> dict[str, dict[str, float]]:
+def step_part(models: list[str], reps: int, compile_: bool) -> dict[str, dict[str, float]]:
     rows: dict[str, dict[str, float]] = {}
     print("whole training step (forward, loss, backward, AdamW); ratio to the same model without prior")
     for name, build in study_models().items():
+        if name not in models:
+            continue
         torch.manual_seed(0)
         base, loss_base = build(False)
         torch.manual_seed(0)
@@ -159,10 +163,14 @@ def step_part(reps: int, compile_: bool) -> dict[str, dict[str, float]]:
         torch.manual_seed(0)
         with_math, loss_math = build(True)
         set_attention_impl(with_math, "math")
+        torch.manual_seed(0)
+        with_blocked, loss_blocked = build(True)
+        set_attention_impl(with_blocked, "blocked")
         variants = {
             "no prior": train_step(base, loss_base),
             "prior": train_step(with_prior, loss_prior),
             "prior, math": train_step(with_math, loss_math),
+            "prior, blocked": train_step(with_blocked, loss_blocked),
         }
         if compile_:
             torch.manual_seed(0)
@@ -179,7 +187,8 @@ def step_part(reps: int, compile_: bool) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", default="16,64,256,1024")
+    ap.add_argument("--lengths", default="16,64,256,1024", help="comma-separated; empty: skip part 1")
+    ap.add_argument("--models", default="gotu,lm,vision,arith", help="comma-separated; empty: skip part 2")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--step-reps", type=int, default=15)
@@ -188,9 +197,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).with_suffix(".json")))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    lengths = [int(t) for t in args.lengths.split(",")]
+    lengths = [int(t) for t in args.lengths.split(",") if t]
     result = {
-        "command": "python benchmarks/attention_overhead.py" + ("" if args.compile else " --no-compile"),
+        "command": "python benchmarks/attention_overhead.py "
+        + f"--lengths '{args.lengths}' --models '{args.models}' --reps {args.reps} --step-reps {args.step_reps}"
+        + ("" if args.compile else " --no-compile"),
         "threads": args.threads,
         "tokens_per_step": args.tokens,
         "width": 64,
@@ -199,7 +210,7 @@ def main() -> None:
         "step_reps": args.step_reps,
         "torch": torch.__version__,
         "attention_ratio_to_plain": attention_part(lengths, args.tokens, args.reps, args.compile),
-        "train_step_ratio_to_no_prior": step_part(args.step_reps, args.compile),
+        "train_step_ratio_to_no_prior": step_part([m for m in args.models.split(",") if m], args.step_reps, args.compile),
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

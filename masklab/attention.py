@@ -30,8 +30,12 @@ handled (frozen priors, no prior and ``return_probs`` are unaffected):
   memory, never ``(B, H, T, T)``. A relative (per-distance) prior gets the same path: the
   gradient of its ``(H|1, T, T)`` output flows back through the prior's own indexing, which
   sums it along diagonals;
-* ``"auto"`` (default) - ``"blocked"`` on CPU in float32/float64 when the op is available,
-  else ``"math"``. On CUDA the math kernel is used; FlexAttention (a learnable bias
+* ``"auto"`` (default) - for ``T >= MIN_FAST_SEQ`` (128): ``"blocked"`` on CPU in
+  float32/float64 when the op is available, else ``"math"``; shorter sequences stay on
+  ``"math"`` (faster there, measured), so every study at its default size (T <= 64) computes
+  exactly what it did before. ``"blocked"`` and ``"auto"`` at ``T >= 128`` also hand a frozen
+  ``(H|1, T, T)`` prior to SDPA as a 4-D mask, which its CPU flash kernel accepts (a 3-D
+  mask sends SDPA to its math kernel). On CUDA the math kernel is used; FlexAttention (a learnable bias
   captured in ``score_mod``) is the GPU path to build, not built here (no GPU to test it).
 
 Asking for ``"blocked"`` where it cannot run (CUDA, other dtypes, a torch without the CPU
@@ -52,6 +56,11 @@ log = logging.getLogger(__name__)
 
 AttentionImpl = Literal["auto", "math", "blocked"]
 ATTENTION_IMPLS = ("auto", "math", "blocked")
+
+# "auto" leaves sequences shorter than this on the math path: there the blocked path's fixed
+# per-call cost outweighs the (B, H, T, T) traffic it saves (benchmarks/attention_overhead.py:
+# T = 16 attention and every study model's training step, T <= 64, ran as fast or faster on math)
+MIN_FAST_SEQ = 128
 
 # bytes of one (batch items x heads x query rows x keys) tile of P in the blocked backward:
 # about one core's L2 cache (measured by benchmarks/attention_overhead.py on a 1 MiB-L2 CPU)
@@ -199,9 +208,10 @@ class Attention(nn.Module):
         k = self.k(x).view(shape).transpose(1, 2)
         v = self.v(x).view(shape).transpose(1, 2)
         prior = self.prior(T) if self.prior is not None else None
+        fast = self.impl == "blocked" or (self.impl == "auto" and T >= MIN_FAST_SEQ)
         if (
             not return_probs
-            and self.impl != "math"
+            and fast
             and prior is not None
             and prior.requires_grad  # learnable and grad enabled
             and (bias is None or not bias.requires_grad)
@@ -218,6 +228,8 @@ class Attention(nn.Module):
         mask = _sum_bias(prior, bias)
         if mask is not None:
             mask = mask.to(q.dtype)
+            if fast and mask.dim() == 3:  # SDPA's CPU flash kernel takes 2-D or 4-D masks only,
+                mask = mask[None]  # so a frozen (H|1, T, T) prior would send it to the math kernel
         probs = None
         if return_probs:
             logits = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)

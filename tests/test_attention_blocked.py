@@ -118,6 +118,9 @@ def test_auto_uses_blocked_only_for_a_prior_that_requires_grad(monkeypatch):
     x = torch.randn(2, 8, 16)
     learnable = Attention(16, 2, MaskPrior(torch.rand(8, 8)))
     assert learnable.impl == "auto"
+    learnable(x)  # T = 8 < MIN_FAST_SEQ: the math path
+    assert len(calls) == 0
+    monkeypatch.setattr(attention_module, "MIN_FAST_SEQ", 8)
     learnable(x)
     assert len(calls) == 1
     learnable(x, return_probs=True)  # eager path keeps returning probabilities
