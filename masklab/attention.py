@@ -20,7 +20,7 @@ both paths agree to float precision (tested).
 Learnable priors. PyTorch's fused SDPA kernels return no gradient for ``attn_mask``, so a
 mask that requires grad sends SDPA to its math kernel, which materialises several
 ``(B, H, T, T)`` tensors. ``Attention(impl=...)`` picks how a prior that requires grad is
-handled (frozen priors, no prior and ``return_probs`` are unaffected):
+handled (no prior and ``return_probs`` are unaffected):
 
 * ``"math"`` - the reference: SDPA with the summed mask (its math kernel);
 * ``"blocked"`` - :class:`BlockedBiasAttention`: forward by SDPA's CPU flash kernel (which
@@ -32,8 +32,9 @@ handled (frozen priors, no prior and ``return_probs`` are unaffected):
   sums it along diagonals;
 * ``"auto"`` (default) - for ``T >= MIN_FAST_SEQ`` (128): ``"blocked"`` on CPU in
   float32/float64 when the op is available, else ``"math"``; shorter sequences stay on
-  ``"math"`` (faster there, measured), so every study at its default size (T <= 64) computes
-  exactly what it did before. ``"blocked"`` and ``"auto"`` at ``T >= 128`` also hand a frozen
+  ``"math"``: as fast at T = 16, and every study at its default size (T <= 64) computes
+  exactly what it did before (at T = 64 the blocked path is faster in attention alone but
+  was not in the LM study's whole training step; see benchmarks/attention_overhead.py). ``"blocked"`` and ``"auto"`` at ``T >= 128`` also hand a frozen
   ``(H|1, T, T)`` prior to SDPA as a 4-D mask, which its CPU flash kernel accepts (a 3-D
   mask sends SDPA to its math kernel). On CUDA the math kernel is used; FlexAttention (a learnable bias
   captured in ``score_mod``) is the GPU path to build, not built here (no GPU to test it).
@@ -57,9 +58,9 @@ log = logging.getLogger(__name__)
 AttentionImpl = Literal["auto", "math", "blocked"]
 ATTENTION_IMPLS = ("auto", "math", "blocked")
 
-# "auto" leaves sequences shorter than this on the math path: there the blocked path's fixed
-# per-call cost outweighs the (B, H, T, T) traffic it saves (benchmarks/attention_overhead.py:
-# T = 16 attention and every study model's training step, T <= 64, ran as fast or faster on math)
+# "auto" leaves sequences shorter than this on the math path (see the module docstring;
+# benchmarks/attention_overhead.py: at T = 16 math was as fast, and the study models' training
+# steps, T <= 64, were no faster on the blocked path)
 MIN_FAST_SEQ = 128
 
 # bytes of one (batch items x heads x query rows x keys) tile of P in the blocked backward:
