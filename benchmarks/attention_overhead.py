@@ -1,7 +1,7 @@
 """Cost of a learnable mask prior: attention forward+backward per path, and whole training steps.
 
     python benchmarks/attention_overhead.py [--lengths 16,64,256,1024] [--tokens 8192] [--reps 9]
-        [--models gotu,lm,vision,arith] [--no-compile] [--out benchmarks/attention_overhead.json]
+        [--models gotu,lm,vision,arith] [--compile] [--out benchmarks/attention_overhead.json]
 
 Part 1, attention only: for each length T, batch B = tokens / T, width 64, 4 heads of 16, one
 thread, forward+backward of :class:`~masklab.attention.Attention` with the same weights on
@@ -13,12 +13,12 @@ every path:
 * ``math``    - a learnable per-head prior, ``impl="math"`` (SDPA's math kernel, the reference);
 * ``blocked`` - the same prior, ``impl="blocked"`` (what ``impl="auto"`` picks on CPU for
   T >= 128);
-* ``compile`` - ``torch.compile`` of the eager attention with the learnable prior (unless
-  ``--no-compile``).
+* ``compile`` - ``torch.compile`` of the eager attention with the learnable prior (with
+  ``--compile``).
 
 Part 2, a whole training step (forward, loss, backward, AdamW step) of each study's model at
 its default size, random inputs: without prior, with a learnable prior (``auto``: math at
-these lengths, all <= 64), with the prior on ``impl="math"`` and on ``impl="blocked"``, and (unless ``--no-compile``) ``torch.compile`` of
+these lengths, all <= 64), with the prior on ``impl="math"`` and on ``impl="blocked"``, and (with ``--compile``) ``torch.compile`` of
 the model without and with prior.
 
 Variants are interleaved within every repetition so machine noise hits all alike; each figure
@@ -193,7 +193,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--step-reps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile (minutes of compiling per shape)")
     ap.add_argument("--out", default=str(Path(__file__).with_suffix(".json")))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -201,7 +201,7 @@ def main() -> None:
     result = {
         "command": "python benchmarks/attention_overhead.py "
         + f"--lengths '{args.lengths}' --models '{args.models}' --reps {args.reps} --step-reps {args.step_reps}"
-        + ("" if args.compile else " --no-compile"),
+        + (" --compile" if args.compile else ""),
         "threads": args.threads,
         "tokens_per_step": args.tokens,
         "width": 64,
