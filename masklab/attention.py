@@ -16,14 +16,148 @@ Every model, intervention and router in masklab goes through :class:`Attention`:
 The default path is ``torch.nn.functional.scaled_dot_product_attention``. ``return_probs=True``
 switches to an eager path that also returns the attention probabilities (for analysis);
 both paths agree to float precision (tested).
+
+Learnable priors. PyTorch's fused SDPA kernels return no gradient for ``attn_mask``, so a
+mask that requires grad sends SDPA to its math kernel, which materialises several
+``(B, H, T, T)`` tensors. ``Attention(impl=...)`` picks how a prior that requires grad is
+handled (no prior and ``return_probs`` are unaffected):
+
+* ``"math"`` - the reference: SDPA with the summed mask (its math kernel);
+* ``"blocked"`` - :class:`BlockedBiasAttention`: forward by SDPA's CPU flash kernel (which
+  also returns the log-sum-exp), backward by recomputing ``P`` in blocks of batch items and
+  query rows that fit in cache, giving the q, k, v and bias gradients from one recompute.
+  The bias gradient is summed over the batch block by block, so it needs ``(H|1, T, T)``
+  memory, never ``(B, H, T, T)``. A relative (per-distance) prior gets the same path: the
+  gradient of its ``(H|1, T, T)`` output flows back through the prior's own indexing, which
+  sums it along diagonals;
+* ``"auto"`` (default) - for ``T >= MIN_FAST_SEQ`` (128): ``"blocked"`` on CPU in
+  float32/float64 when the op is available, else ``"math"``; shorter sequences stay on
+  ``"math"``: as fast at T = 16, and every study at its default size (T <= 64) computes
+  exactly what it did before (at T = 64 the blocked path is faster in attention alone but
+  was not in the LM study's whole training step; see benchmarks/attention_overhead.py). ``"blocked"`` and ``"auto"`` at ``T >= 128`` also hand a frozen
+  ``(H|1, T, T)`` prior to SDPA as a 4-D mask, which its CPU flash kernel accepts (a 3-D
+  mask sends SDPA to its math kernel). On CUDA the math kernel is used; FlexAttention (a learnable bias
+  captured in ``score_mod``) is the GPU path to build, not built here (no GPU to test it).
+
+Asking for ``"blocked"`` where it cannot run (CUDA, other dtypes, a torch without the CPU
+flash op) falls back to ``"math"`` with one logged warning.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+AttentionImpl = Literal["auto", "math", "blocked"]
+ATTENTION_IMPLS = ("auto", "math", "blocked")
+
+# "auto" leaves sequences shorter than this on the math path (see the module docstring;
+# benchmarks/attention_overhead.py: at T = 16 math was as fast, and the study models' training
+# steps, T <= 64, were no faster on the blocked path)
+MIN_FAST_SEQ = 128
+
+# bytes of one (batch items x heads x query rows x keys) tile of P in the blocked backward:
+# about one core's L2 cache (measured by benchmarks/attention_overhead.py on a 1 MiB-L2 CPU)
+BLOCK_BYTES = 1 << 20
+
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_warned: set[str] = set()
+
+
+def _warn_once(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        log.warning("masklab: blocked attention unavailable (%s); using the math path", reason)
+
+
+def blocked_unavailable(q: Tensor) -> str | None:
+    """Why :class:`BlockedBiasAttention` cannot run on ``q``, or ``None`` when it can."""
+    if _FLASH_CPU is None:
+        return "this torch has no aten._scaled_dot_product_flash_attention_for_cpu"
+    if q.device.type != "cpu":
+        return f"device {q.device.type} (FlexAttention is the GPU path, not built)"
+    if q.dtype not in (torch.float32, torch.float64):
+        return f"dtype {q.dtype}"
+    return None
+
+
+class BlockedBiasAttention(torch.autograd.Function):
+    """``softmax(q k^T / sqrt(dh) + prior + bias) v`` with gradients for q, k, v and ``prior``.
+
+    q, k, v: ``(B, H, T, dh)``; prior: ``(H|1, T, T)`` (the learnable term); bias:
+    ``(B|1, H|1, T, T)`` or ``None`` (constant: causal, padding, ``-inf`` keys). Returns
+    ``(B, H, T, dh)``. Forward: SDPA's CPU flash kernel, keeping the log-sum-exp ``L``.
+    Backward, per tile of batch items and query rows (``BLOCK_BYTES`` of ``P``)::
+
+        P  = exp(q k^T / sqrt(dh) + prior + bias - L)
+        dV += P^T dO;   dS = P * (dO V^T - rowsum(dO * O))
+        dQ = dS K / sqrt(dh);   dK += dS^T Q / sqrt(dh);   dPrior += sum over batch of dS
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, prior: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        mask = prior[None] if bias is None else prior + bias  # (B|1, H|1, T, T)
+        out, lse = _FLASH_CPU(q, k, v, attn_mask=mask)
+        if mask.shape[0] == 1:  # keep the summed mask: it does not grow with B
+            ctx.save_for_backward(q, k, v, mask, None, out, lse)
+        else:  # a per-example bias (padding): keep the two terms, add them per tile
+            ctx.save_for_backward(q, k, v, prior[None], bias, out, lse)
+        ctx.prior_heads = prior.shape[0]
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None]:  # type: ignore[override]
+        q, k, v, mask, bias, out, lse = ctx.saved_tensors  # mask: (1, H|1, T, T)
+        B, H, T, dh = q.shape
+        scale = 1.0 / math.sqrt(dh)
+        dq = torch.empty_like(q)
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        dprior = torch.zeros((H, T, T), dtype=q.dtype, device=q.device)
+        ones = torch.ones((B, H, T, 1), dtype=q.dtype, device=q.device)
+        # fold the row terms into the matmuls: [q/sqrt(dh), -L] . [k, 1] = logits - L and
+        # [dO, -delta] . [v, 1] = dO v^T - delta, with delta = rowsum(dO * O)
+        qa = torch.cat([q * scale, lse.unsqueeze(-1).neg()], -1)  # (B, H, T, dh + 1)
+        ka_t = torch.cat([k, ones], -1).transpose(-2, -1)  # (B, H, dh + 1, T)
+        ga = torch.cat([grad_out, (grad_out * out).sum(-1, keepdim=True).neg()], -1)
+        va_t = torch.cat([v, ones], -1).transpose(-2, -1)
+        row_bytes = H * T * q.element_size()
+        if row_bytes * T <= BLOCK_BYTES:  # whole items per tile
+            items, rows = max(1, BLOCK_BYTES // (row_bytes * T)), T
+        else:  # one item, a band of query rows per tile
+            items, rows = 1, max(16, BLOCK_BYTES // row_bytes)
+        for b0 in range(0, B, items):
+            bs = slice(b0, b0 + items)
+            for r0 in range(0, T, rows):
+                rs = slice(r0, r0 + rows)
+                p = torch.matmul(qa[bs, :, rs], ka_t[bs]).add_(mask[:, :, rs])
+                if bias is not None:
+                    p.add_(bias[bs if bias.shape[0] > 1 else slice(None), :, rs])
+                p = p.exp_()  # P: (items, H, rows, T)
+                g = grad_out[bs, :, rs]
+                dv[bs] += p.transpose(-2, -1) @ g
+                ds = torch.matmul(ga[bs, :, rs], va_t[bs]).mul_(p)  # dS = P * (dP - delta)
+                dprior[:, rs] += ds[0] if ds.shape[0] == 1 else ds.sum(0)
+                dq[bs, :, rs] = (ds @ k[bs]).mul_(scale)
+                dk[bs] += ds.transpose(-2, -1) @ qa[bs, :, rs, :dh]
+        if ctx.prior_heads == 1:
+            dprior = dprior.sum(0, keepdim=True)
+        return dq, dk, dv, dprior, None
+
+
+def _sum_bias(prior: Tensor | None, bias: Tensor | None) -> Tensor | None:
+    """``prior + bias`` where either may be ``None``."""
+    if prior is None or bias is None:
+        return bias if prior is None else prior
+    return prior + bias
 
 
 class Attention(nn.Module):
@@ -33,12 +167,18 @@ class Attention(nn.Module):
         dim: model width ``D``.
         heads: number of heads ``H`` (``D`` must be divisible by ``H``).
         prior: optional module called as ``prior(T)`` that returns a ``(H|1, T, T)`` bias.
+        impl: how a prior that requires grad is computed: ``"auto"``, ``"math"`` (reference)
+            or ``"blocked"`` (see the module docstring). A plain attribute: set it on every
+            layer of a model with :func:`set_attention_impl`.
     """
 
-    def __init__(self, dim: int, heads: int, prior: nn.Module | None = None) -> None:
+    def __init__(self, dim: int, heads: int, prior: nn.Module | None = None, impl: AttentionImpl = "auto") -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim={dim} is not divisible by heads={heads}")
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"unknown attention impl {impl!r}; choose one of {ATTENTION_IMPLS}")
+        self.impl = impl
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.q = nn.Linear(dim, dim)
         self.k = nn.Linear(dim, dim)
@@ -48,13 +188,7 @@ class Attention(nn.Module):
 
     def logit_bias(self, seq: int, bias: Tensor | None) -> Tensor | None:
         """Sum of the prior and the caller's bias: ``(B|1, H|1, seq, seq)`` or ``None``."""
-        terms = [b for b in (self.prior(seq) if self.prior is not None else None, bias) if b is not None]
-        if not terms:
-            return None
-        total = terms[0]
-        for t in terms[1:]:
-            total = total + t
-        return total
+        return _sum_bias(self.prior(seq) if self.prior is not None else None, bias)
 
     def forward(
         self, x: Tensor, bias: Tensor | None = None, return_probs: bool = False, query_scale: Tensor | None = None
@@ -74,9 +208,29 @@ class Attention(nn.Module):
             q = q * query_scale.view(B, 1, 1, 1).to(q.dtype)
         k = self.k(x).view(shape).transpose(1, 2)
         v = self.v(x).view(shape).transpose(1, 2)
-        mask = self.logit_bias(T, bias)
+        prior = self.prior(T) if self.prior is not None else None
+        fast = self.impl == "blocked" or (self.impl == "auto" and T >= MIN_FAST_SEQ)
+        if (
+            not return_probs
+            and fast
+            and prior is not None
+            and prior.requires_grad  # learnable and grad enabled
+            and (bias is None or not bias.requires_grad)
+        ):
+            why = blocked_unavailable(q)
+            if why is None:
+                prior = prior if prior.dim() == 3 else prior.reshape(-1, T, T)
+                while bias is not None and bias.dim() < 4:
+                    bias = bias[None]
+                y = BlockedBiasAttention.apply(q, k, v, prior.to(q.dtype), None if bias is None else bias.to(q.dtype))
+                return self.out(y.transpose(1, 2).reshape(B, T, self.dim)), None
+            if self.impl == "blocked":
+                _warn_once(why)
+        mask = _sum_bias(prior, bias)
         if mask is not None:
             mask = mask.to(q.dtype)
+            if fast and mask.dim() == 3:  # SDPA's CPU flash kernel takes 2-D or 4-D masks only,
+                mask = mask[None]  # so a frozen (H|1, T, T) prior would send it to the math kernel
         probs = None
         if return_probs:
             logits = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
@@ -99,6 +253,15 @@ class Attention(nn.Module):
         logits = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         mask = self.logit_bias(T, bias)
         return logits if mask is None else logits + mask.to(logits.dtype)
+
+
+def set_attention_impl(model: nn.Module, impl: AttentionImpl) -> None:
+    """Set ``impl`` on every :class:`Attention` layer of ``model`` (e.g. ``"math"`` for a reference run)."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"unknown attention impl {impl!r}; choose one of {ATTENTION_IMPLS}")
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.impl = impl
 
 
 class MLP(nn.Module):
