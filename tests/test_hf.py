@@ -403,3 +403,18 @@ def test_smollm2_evidence_oracle_hides_per_layer(smol):
     assert (lp_l - lp_m).abs().max() > 1e-3  # hiding in two layers' head 0 only is a weaker intervention
     with pytest.raises(MasklabError):
         SentenceOracle(smol, sents, q, hide="mask", layers=[1], answer_ids=mask.answer_ids)
+
+
+def test_smollm2_evidence_searches_run_on_hide(smol):
+    """The registered searches run with per-layer hiding as their intervention; hiding in
+    every layer finds the same evidence as the 2-D mask."""
+    from masklab.pretrained.evidence import cite
+
+    sents = ["Omar works as a baker.", "The sky was grey that morning.", "Later, Omar retrained as a pilot."]
+    q = "\nQuestion: What is Omar's job now?\nAnswer: Omar works as a"
+    for method in ("loo", "group-testing"):
+        ref = cite(smol, sents, q, method=method)
+        got = cite(smol, sents, q, method=method, hide="layers")
+        assert got["evidence"] == ref["evidence"] and got["answer"] == ref["answer"]
+    part = cite(smol, sents, q, method="greedy-minimal", hide="layers", layers=list(range(15)))
+    assert part["forward_passes"] > 1
