@@ -220,13 +220,13 @@ def attach_priors(model: nn.Module, factory: PriorFactory) -> list[nn.Module]:
     heads = int(model.config.num_attention_heads)
     ref = next(model.parameters())
     priors = []
-    for i, attn in enumerate(layers):
+    for i in range(len(layers)):  # build all first: a failing factory leaves the model untouched
         p = factory(i, heads)
         if not isinstance(p, nn.Module):
             raise MasklabError(f"the prior factory returned {type(p).__name__} for layer {i}, not an nn.Module")
-        p = p.to(device=ref.device)
+        priors.append(p.to(device=ref.device))
+    for attn, p in zip(layers, priors):
         attn.add_module("prior", p)
-        priors.append(p)
     _engage(model)
     return priors
 

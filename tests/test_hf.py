@@ -176,6 +176,9 @@ def test_attach_twice_and_detach_without_priors_are_errors():
     m = tiny("llama")
     with pytest.raises(MasklabError, match="no priors"):
         detach_priors(m)
+    with pytest.raises(MasklabError, match="not an nn.Module"):
+        attach_priors(m, lambda i, h: rel(i, h) if i == 0 else None)
+    assert not priors_of(m) and m.config._attn_implementation == "sdpa"
     attach_priors(m, rel)
     with pytest.raises(MasklabError, match="already"):
         attach_priors(m, rel)
