@@ -134,6 +134,9 @@ def run_method(lm, method: str, cfg: Config, train: list, test: list) -> dict:
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            if (step + 1) % 25 == 0:
+                print(f"step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / 25:.3f} "
+                      f"{time.perf_counter() - t0:.0f}s", flush=True)
     elif method != "base":
         raise ValueError(f"unknown method {method!r}")
     train_s = time.perf_counter() - t0
