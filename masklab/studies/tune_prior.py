@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int)
     ap.add_argument("--lr", type=float)
     ap.add_argument("--test-prompts", type=int)
+    ap.add_argument("--train-filler", help="min,max distractor sentences per gap in training prompts")
+    ap.add_argument("--test-filler", help="min,max distractor sentences per gap in held-out prompts")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     cfg = quick_config() if a.quick else Config()
@@ -186,6 +188,10 @@ def main(argv: list[str] | None = None) -> None:
     for k in ("steps", "lr", "test_prompts"):
         if getattr(a, k) is not None:
             setattr(cfg, k, getattr(a, k))
+    for k in ("train_filler", "test_filler"):
+        if getattr(a, k):
+            lo, hi = (int(v) for v in getattr(a, k).split(","))
+            setattr(cfg, k, (lo, hi))
     run(cfg, a.out)
 
 
