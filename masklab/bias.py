@@ -3,6 +3,8 @@
 All structure in masklab is a bias added to attention logits (see :mod:`masklab.attention`):
 
 * :class:`MaskPrior` - the learnable soft prior ``logsigmoid(M)`` (<= 0, can only suppress);
+* :class:`RelativePrior` - a learnable per-head ``logsigmoid`` bias over relative distance
+  (defined for any length; what :mod:`masklab.hf` attaches to pretrained models);
 * :func:`causal_bias` - ``-inf`` above the diagonal;
 * :func:`key_bias` - ``-inf`` on the keys a boolean keep-mask drops (padding, hidden
   context items, a router's discarded items).
@@ -11,6 +13,8 @@ All structure in masklab is a bias added to attention logits (see :mod:`masklab.
 from __future__ import annotations
 
 from typing import Literal
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -85,13 +89,18 @@ class MaskPrior(nn.Module):
         self.register_buffer("hard", s == 0)
         self.m = nn.Parameter(m0.clone(), requires_grad=(mode != "frozen"))
 
-    def forward(self, seq: int | None = None) -> Tensor:
+    def forward(self, seq: int | None = None, keys: int | None = None, offset: int = 0) -> Tensor:
+        """``(H|1, seq, keys)`` bias of queries ``[offset, offset + seq)`` against keys
+        ``[0, keys)`` (``keys`` defaults to ``offset + seq``; ``forward(T)`` is the square
+        ``(T, T)`` block). Decoding with a KV cache asks for ``forward(1, T, T - 1)``."""
         seq = self.m.shape[-1] if seq is None else seq
-        if seq > self.m.shape[-1]:
-            raise ValueError(f"sequence length {seq} exceeds the prior's size {self.m.shape[-1]}")
-        bias = F.logsigmoid(self.m[:, :seq, :seq])
+        keys = offset + seq if keys is None else keys
+        size = self.m.shape[-1]
+        if offset + seq > size or keys > size:
+            raise ValueError(f"positions up to {max(offset + seq, keys)} exceed the prior's size {size}")
+        bias = F.logsigmoid(self.m[:, offset:offset + seq, :keys])
         if self.mode == "hard":
-            bias = bias.masked_fill(self.hard[:, :seq, :seq], float("-inf"))
+            bias = bias.masked_fill(self.hard[:, offset:offset + seq, :keys], float("-inf"))
         return bias
 
     def drift(self) -> float:
@@ -122,3 +131,68 @@ class ALiBi(nn.Module):
 
     def extra_repr(self) -> str:
         return f"heads={len(self.slopes)}"
+
+
+def relative_buckets(distance: Tensor, exact: int, max_distance: int, n_log: int) -> Tensor:
+    """Bucket of each non-negative relative distance ``i - j`` (negative distances, i.e.
+    future keys, share bucket 0 with distance 0; a causal mask removes them anyway).
+
+    Distances ``< exact`` get their own bucket; ``[exact, max_distance)`` share ``n_log``
+    log-spaced buckets (as in T5); everything ``>= max_distance`` falls in the last one.
+    Returns a long tensor of ``distance``'s shape with values in ``[0, exact + n_log)``.
+    """
+    d = distance.clamp_min(0)
+    if n_log == 0 or max_distance <= exact:
+        return d.clamp_max(exact - 1)
+    far = d.clamp_min(exact).float()
+    log_b = exact + (torch.log(far / exact) / math.log(max_distance / exact) * n_log).long()
+    log_b = log_b.clamp_max(exact + n_log - 1)
+    return torch.where(d < exact, d, log_b)
+
+
+class RelativePrior(nn.Module):
+    """Learnable per-head prior over relative distance: ``logsigmoid(theta[h, bucket(i - j)])``.
+
+    Defined for any sequence length (distances beyond ``max_distance`` share the last
+    bucket), so it fits pretrained models of any context. Like :class:`MaskPrior` it is
+    ``<= 0`` and can only suppress; at initialisation every bucket holds ``allowed``, a
+    constant per row, which leaves softmax attention exactly unchanged.
+
+    Args:
+        heads: number of query heads ``H``.
+        max_distance: distances from here on share the last bucket.
+        exact: distances ``0 .. exact - 1`` each have their own bucket.
+        log_buckets: log-spaced buckets covering ``[exact, max_distance)``.
+        allowed: initial value of every ``theta`` entry.
+
+    ``forward(Tq, Tk=None, offset=0)`` returns the ``(H, Tq, Tk)`` bias of queries
+    ``[offset, offset + Tq)`` against keys ``[0, Tk)`` (``Tk`` defaults to ``offset + Tq``).
+    """
+
+    def __init__(self, heads: int, max_distance: int = 1024, exact: int = 16, log_buckets: int = 16,
+                 allowed: float = 6.0) -> None:
+        super().__init__()
+        if heads < 1 or exact < 1 or log_buckets < 0 or max_distance < 1:
+            raise ValueError("heads and exact must be >= 1, log_buckets >= 0, max_distance >= 1")
+        self.heads, self.max_distance, self.exact, self.log_buckets = heads, max_distance, exact, log_buckets
+        self.allowed = float(allowed)
+        self.theta = nn.Parameter(torch.full((heads, exact + log_buckets), float(allowed)))
+
+    def config(self) -> dict:
+        """Constructor arguments (what a priors file records to rebuild this module)."""
+        return {"heads": self.heads, "max_distance": self.max_distance, "exact": self.exact,
+                "log_buckets": self.log_buckets, "allowed": self.allowed}
+
+    def buckets(self, seq: int, keys: int | None = None, offset: int = 0) -> Tensor:
+        """``(seq, keys)`` bucket indices of queries ``[offset, offset + seq)`` vs keys ``[0, keys)``."""
+        keys = offset + seq if keys is None else keys
+        i = torch.arange(offset, offset + seq, device=self.theta.device)
+        j = torch.arange(keys, device=self.theta.device)
+        return relative_buckets(i[:, None] - j[None, :], self.exact, self.max_distance, self.log_buckets)
+
+    def forward(self, seq: int, keys: int | None = None, offset: int = 0) -> Tensor:
+        return F.logsigmoid(self.theta)[:, self.buckets(seq, keys, offset)]  # (H, seq, keys)
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.heads}, exact={self.exact}, log_buckets={self.log_buckets}, "
+                f"max_distance={self.max_distance}")

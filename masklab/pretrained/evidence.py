@@ -5,7 +5,9 @@ question of :mod:`masklab.evidence.search`: with only these sentences visible, d
 model's answer still hold? "Holds" means both that greedy decoding still reproduces every
 answer token (argmax) and that the answer's log-probability dropped by less than
 ``tolerance`` nats. Sentences are hidden by masking their tokens' keys (default; one
-batched forward pass for all variants of a call) or by deleting their text.
+batched forward pass for all variants of a call), by hiding their keys only in chosen
+layers / heads (``hide="layers"`` with ``layers`` / ``heads``, through
+:func:`masklab.hf.hide`; all layers and heads equals ``"mask"``), or by deleting their text.
 
 :func:`cite` runs one of the evidence searches (``loo``, ``greedy-minimal``,
 ``group-testing``) or ContextCite on one context and reports forward passes and seconds.
@@ -25,7 +27,7 @@ from masklab.pretrained.models import LoadedModel
 from masklab.errors import MasklabError
 from masklab.tasks.stale_prompts import answer_head, split_sentences
 
-HIDES = ("mask", "delete")
+HIDES = ("mask", "layers", "delete")
 
 
 class SentenceOracle:
@@ -36,10 +38,14 @@ class SentenceOracle:
     """
 
     def __init__(self, lm: LoadedModel, sentences: list[str], query: str, hide: str = "mask",
-                 tolerance: float = 1.0, max_new_tokens: int = 8, answer_ids: Tensor | None = None):
+                 tolerance: float = 1.0, max_new_tokens: int = 8, answer_ids: Tensor | None = None,
+                 layers: list[int] | None = None, heads: list[int] | None = None):
         if hide not in HIDES:
             raise MasklabError(f"unknown hiding method {hide!r}: use one of {', '.join(HIDES)}")
+        if hide != "layers" and (layers is not None or heads is not None):
+            raise MasklabError("layers / heads apply only to hide='layers'")
         self.lm, self.sentences, self.query, self.hide, self.tolerance = lm, sentences, query, hide, tolerance
+        self.layers, self.heads = layers, heads
         self.enc: Encoded = encode(lm, sentences, query)
         if answer_ids is None:
             new, text = generate(lm, self.enc.ids, max_new_tokens)
@@ -57,11 +63,14 @@ class SentenceOracle:
     def scores(self, keep: Tensor) -> tuple[Tensor, Tensor]:
         """``(logp (V,), greedy (V,))`` of the answer with only ``keep (V, N)`` visible."""
         self.passes += keep.shape[0]
-        if self.hide == "mask":
+        if self.hide in ("mask", "layers"):
             item = self.enc.item_of_token  # (T,)
             visible = torch.ones(keep.shape[0], item.numel(), dtype=torch.bool)
             in_ctx = item >= 0
             visible[:, in_ctx] = keep[:, item[in_ctx]]
+            if self.hide == "layers":
+                return answer_scores(self.lm, self.enc.ids, self.answer_ids, visible, layers=self.layers,
+                                     heads=self.heads, via="hide")
             return answer_scores(self.lm, self.enc.ids, self.answer_ids, visible)
         out_lp, out_g = [], []
         for row in keep:
@@ -78,7 +87,8 @@ class SentenceOracle:
 
 
 def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "group-testing", hide: str = "mask",
-         tolerance: float = 1.0, max_new_tokens: int = 8, contextcite_ablations: int = 32) -> dict:
+         tolerance: float = 1.0, max_new_tokens: int = 8, contextcite_ablations: int = 32,
+         layers: list[int] | None = None, heads: list[int] | None = None) -> dict:
     """Evidence sentences of ``lm``'s answer to ``query`` about ``context``.
 
     ``context``: text (split into sentences without downloads) or a list of sentences.
@@ -102,7 +112,8 @@ def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "g
                 "forward_passes": res["forward_passes"], "seconds": time.perf_counter() - t0}
     if method not in SEARCHES:
         raise MasklabError(f"unknown method {method!r}: use one of {', '.join(list(SEARCHES) + ['contextcite'])}")
-    oracle = SentenceOracle(lm, sentences, query, hide=hide, tolerance=tolerance, max_new_tokens=max_new_tokens)
+    oracle = SentenceOracle(lm, sentences, query, hide=hide, tolerance=tolerance, max_new_tokens=max_new_tokens,
+                            layers=layers, heads=heads)
     scores = None
     if method == "loo":  # keep the per-sentence log-prob drops as scores
         keep = torch.ones(len(sentences), len(sentences), dtype=torch.bool)

@@ -82,9 +82,12 @@ def answer_tokens(lm: LoadedModel, new_ids: Tensor, head: str) -> Tensor:
 
 @torch.no_grad()
 def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Tensor,
-                  batch: int = 8) -> tuple[Tensor, Tensor]:
+                  batch: int = 8, layers: list[int] | None = None, heads: list[int] | None = None,
+                  via: str = "mask") -> tuple[Tensor, Tensor]:
     """Teacher-force ``answer (A,)`` after ``ids (T,)`` under key masks ``keep_tokens (V, T)``.
 
+    ``via="mask"`` hides keys through the 2-D ``attention_mask`` (every layer and head);
+    ``via="hide"`` through :func:`masklab.hf.hide`, only in ``layers`` / ``heads`` (None = all).
     Returns ``logp (V,)`` (sum of the answer tokens' log-probabilities) and ``greedy (V,)``
     (True where every answer token is still the argmax, i.e. greedy decoding reproduces it).
     """
@@ -96,8 +99,15 @@ def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Ten
         V = keep.shape[0]
         mask = torch.cat([keep.long(), torch.ones(V, A, dtype=torch.long)], dim=1)
         pos = torch.arange(T + A)[None].expand(V, -1)
-        logits = lm.model(input_ids=full[None].expand(V, -1), attention_mask=mask, position_ids=pos,
-                          logits_to_keep=A + 1).logits[:, :A].float()  # (V, A, vocab)
+        if via == "hide":
+            from masklab.hf import hide
+
+            with hide(lm.model, keep=mask.bool(), layers=layers, heads=heads):
+                logits = lm.model(input_ids=full[None].expand(V, -1), position_ids=pos,
+                                  logits_to_keep=A + 1).logits[:, :A].float()
+        else:
+            logits = lm.model(input_ids=full[None].expand(V, -1), attention_mask=mask, position_ids=pos,
+                              logits_to_keep=A + 1).logits[:, :A].float()  # (V, A, vocab)
         lp = torch.log_softmax(logits, -1)
         logps.append(lp.gather(-1, answer[None, :, None].expand(V, -1, 1))[..., 0].sum(-1))
         greedys.append((logits.argmax(-1) == answer[None]).all(-1))
