@@ -70,6 +70,21 @@ def prompt_parts(lm: LoadedModel, query: str) -> tuple[str, str]:
     return opening, question + closing + prefix
 
 
+def chat_template(lm: LoadedModel) -> str | None:
+    """A one-turn Jinja chat template that renders ``lm``'s prompt format around a user
+    message (for the peers, which format prompts through the tokenizer's chat template):
+    None for ``raw``; for ``chat``, BOS (unless the turn starts with it) + user turn +
+    assistant opening, so ``apply_chat_template`` yields ``before + message + closing``."""
+    if getattr(lm, "prompt_format", "raw") == "raw":
+        return None
+    opening, closing = chat_turns(lm.tokenizer)
+    bos = lm.tokenizer.bos_token
+    lead = "" if bos and opening.startswith(bos) else "{{ bos_token }}"
+    esc = lambda t: t.replace("\n", "\\n").replace("'", "\\'")  # noqa: E731
+    return (lead + "{{ '" + esc(opening) + "' }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+            "{{ '" + esc(closing) + "' }}")
+
+
 @dataclass
 class Encoded:
     """A tokenised prompt. ``ids (T,)``; ``item_of_token (T,)`` = sentence index of each

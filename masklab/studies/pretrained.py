@@ -65,6 +65,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cite-prompts", type=int, help="prompts per model in the evidence vs ContextCite part (default 10)")
     ap.add_argument("--train-prompts", type=int, help="router training prompts per model in the pruning part (default 30)")
     ap.add_argument("--test-prompts", type=int, help="test prompts per model in the pruning part (default 30)")
+    ap.add_argument("--prompt-format", choices=["raw", "chat"], help="raw completion or chat turns, all parts (default: each model's own)")
 
 
 def config_from_args(args: argparse.Namespace, base: Config) -> Config:
@@ -83,4 +84,8 @@ def config_from_args(args: argparse.Namespace, base: Config) -> Config:
         cfg = replace(cfg, prune=replace(cfg.prune, train_prompts=args.train_prompts))
     if args.test_prompts:
         cfg = replace(cfg, prune=replace(cfg.prune, test_prompts=args.test_prompts))
+    if args.prompt_format:
+        fmt = args.prompt_format
+        cfg = replace(cfg, stale=replace(cfg.stale, prompt_format=fmt), cite=replace(cfg.cite, prompt_format=fmt),
+                      prune=replace(cfg.prune, prompt_format=fmt))
     return cfg
