@@ -18,6 +18,8 @@ def add_cite_parser(sub) -> None:
     p.add_argument("--hide", default="mask", choices=["mask", "delete"], help="hide a sentence by masking its tokens' keys or by deleting it (default %(default)s)")
     p.add_argument("--tolerance", type=float, default=1.0, help="answer 'holds' while its log-probability drops by less than this (nats) and it stays the greedy answer (default %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=8, help="answer length in tokens (default %(default)s)")
+    p.add_argument("--prompt-format", choices=["raw", "chat"], default=None,
+                   help="raw completion or the model's chat turns (default: the model's own, see `masklab models`)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -29,7 +31,7 @@ def _models(args: argparse.Namespace) -> int:
     width = max(len(r["model"]) for r in rows)
     for r in rows:
         state = ("installed" if r["installed"] else "missing") + (", cached" if r["cached"] else "")
-        print(f"{r['model']:<{width}}  {state:<18}  {r['description']}")
+        print(f"{r['model']:<{width}}  {state:<18}  {r['description']}  (prompt format: {r['prompt_format']})")
         if not r["installed"]:
             print(f"{'':<{width}}  install: {r['install']}")
     print("also accepted wherever --model is: a local Hugging Face model directory or a .gguf file")
@@ -47,13 +49,13 @@ def _cite(args: argparse.Namespace) -> int:
     path = Path(args.context)
     if not path.is_file():
         raise MasklabError(f"context file {path} does not exist")
-    lm = load(args.model, threads=args.threads)
+    lm = load(args.model, threads=args.threads, prompt_format=args.prompt_format)
     res = cite(lm, path.read_text(), args.query, method=args.method, hide=args.hide,
                tolerance=args.tolerance, max_new_tokens=args.max_new_tokens)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
-    print(f"answer: {res['answer']!r}  (log-prob {res['answer_logprob']:.2f})")
+    print(f"answer: {res['answer']!r}  (log-prob {res['answer_logprob']:.2f}, prompt format {lm.prompt_format})")
     print(f"method: {res['method']}  forward passes: {res['forward_passes']}  seconds: {res['seconds']:.1f}")
     for i, s in enumerate(res["sentences"]):
         mark = "*" if i in res["evidence"] else " "

@@ -11,6 +11,9 @@ layers / heads (``hide="layers"`` with ``layers`` / ``heads``, through
 
 :func:`cite` runs one of the evidence searches (``loo``, ``greedy-minimal``,
 ``group-testing``) or ContextCite on one context and reports forward passes and seconds.
+An empty answer (nothing but whitespace, punctuation or special tokens such as the
+end-of-sequence token) has no evidence to find: :func:`cite` stops with
+:class:`EmptyAnswer` instead of explaining it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,22 @@ from masklab.tasks.stale_prompts import answer_head, split_sentences
 HIDES = ("mask", "layers", "delete")
 
 
+class EmptyAnswer(MasklabError):
+    """The model answered nothing, so there is no answer whose evidence could be found."""
+
+
+def is_empty_answer(text: str) -> bool:
+    """True when the scored head of a continuation (special tokens already removed) is empty."""
+    return not answer_head(text)
+
+
+def empty_answer_message(lm: LoadedModel, generated: str) -> str:
+    other = "chat" if getattr(lm, "prompt_format", "raw") == "raw" else "raw"
+    return (f"{lm.name} gave an empty answer ({generated!r}) with prompt format "
+            f"{getattr(lm, 'prompt_format', 'raw')!r}, so there is no evidence to find; the prompt format is "
+            f"the likely cause: try --prompt-format {other}")
+
+
 class SentenceOracle:
     """``holds(keep (V, N) bool) -> (V,) bool`` for one (sentences, query) pair.
 
@@ -47,8 +66,10 @@ class SentenceOracle:
         self.lm, self.sentences, self.query, self.hide, self.tolerance = lm, sentences, query, hide, tolerance
         self.layers, self.heads = layers, heads
         self.enc: Encoded = encode(lm, sentences, query)
+        self.generated = None
         if answer_ids is None:
             new, text = generate(lm, self.enc.ids, max_new_tokens)
+            self.generated = text
             answer_ids = answer_tokens(lm, new, answer_head(text))
         self.answer_ids = answer_ids
         self.answer = lm.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
@@ -92,6 +113,7 @@ def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "g
     """Evidence sentences of ``lm``'s answer to ``query`` about ``context``.
 
     ``context``: text (split into sentences without downloads) or a list of sentences.
+    Raises :class:`EmptyAnswer` when the model's answer is empty.
     Returns ``{"sentences", "answer", "answer_logprob", "method", "evidence" (indices),
     "scores" (per-sentence, or None), "forward_passes", "seconds"}``.
     """
@@ -105,6 +127,8 @@ def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "g
         from masklab.pretrained.peers import contextcite_scores
 
         res = contextcite_scores(lm, sentences, query, ablations=contextcite_ablations, max_new_tokens=max_new_tokens)
+        if is_empty_answer(res["answer"]):
+            raise EmptyAnswer(empty_answer_message(lm, res["answer"]))
         scores = res["scores"]
         top = max(range(len(scores)), key=lambda i: scores[i])
         return {"sentences": sentences, "answer": res["answer"], "answer_logprob": float("nan"), "method": method,
@@ -114,6 +138,8 @@ def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "g
         raise MasklabError(f"unknown method {method!r}: use one of {', '.join(list(SEARCHES) + ['contextcite'])}")
     oracle = SentenceOracle(lm, sentences, query, hide=hide, tolerance=tolerance, max_new_tokens=max_new_tokens,
                             layers=layers, heads=heads)
+    if is_empty_answer(oracle.generated):
+        raise EmptyAnswer(empty_answer_message(lm, oracle.generated))
     scores = None
     if method == "loo":  # keep the per-sentence log-prob drops as scores
         keep = torch.ones(len(sentences), len(sentences), dtype=torch.bool)

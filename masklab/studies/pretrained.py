@@ -35,7 +35,9 @@ class Config:
         factory=stale.Config, name="--models", parse=str_list, apply=set_in(PARTS, "models"), metavar="A,...",
         default_text="gemma3-270m,smollm2-135m", help="comma-separated models for all three parts",
         more=[Flag("prompts per model in the stale attention part", name="--stale-prompts", parse=int,
-                   metavar="N", apply=set_in(("stale",), "prompts"), default_text="200")])
+                   metavar="N", apply=set_in(("stale",), "prompts"), default_text="200"),
+              Flag("raw completion or the model's chat turns, all three parts", name="--prompt-format", parse=str,
+                   choices=["raw", "chat"], apply=set_in(PARTS, "prompt_format"), default_text="each model's own")])
     cite: cite_compare.Config = flag(factory=cite_compare.Config, name="--cite-prompts", parse=int, metavar="N",
                                      apply=set_in(("cite",), "prompts"), default_text="10",
                                      help="prompts per model in the evidence vs ContextCite part")

@@ -67,6 +67,8 @@ class Config:
     test_prompts: int = flag(40, help="test prompts per model")
     filler_max: int = flag(6, help="at most this many distractor sentences per gap")
     max_new_tokens: int = 6
+    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
+                                     help="raw completion or the model's chat turns")
     threads: int = flag(1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
@@ -112,7 +114,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     )
 
     p = spec["params"]
-    lm = load(spec["method"], attn="eager", threads=p["threads"])
+    lm = load(spec["method"], attn="eager", threads=p["threads"], prompt_format=p.get("prompt_format"))
     rng = random.Random(spec["seed"])
     n_train = p["train_prompts"]
     pool = make_examples(p, n_train + p["test_prompts"], 1000 + spec["seed"])
@@ -146,7 +148,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
     def record(method: str, budget: float, cls: str, seconds: float, kept: float, gold_kept: float | None):
         key = f"{method}|{budget}"
-        acc.setdefault(key, []).append((cls == "current", seconds, kept, gold_kept))
+        acc.setdefault(key, []).append((cls == "current", seconds, kept, gold_kept, cls == "empty"))
 
     for ex in test:
         n = len(ex.sentences)
@@ -180,10 +182,13 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
                 text, secs = kv.answer(ex.context, question, prefix, press, b, p["max_new_tokens"])
                 record(press, b, ex.classify(text), secs, b, None)
 
-    metrics: dict = {"train_used": used, "label_passes_per_prompt": label_passes / max(len(train), 1),
+    metrics: dict = {"empty_rate": sum(r[4] for rows in acc.values() for r in rows) / max(sum(len(rows) for rows in acc.values()), 1),
+                     "train_used": used, "label_passes_per_prompt": label_passes / max(len(train), 1),
                      "train_seconds": train_seconds, "n_test": len(test)}
     for key, rows in acc.items():
-        metrics[f"accuracy|{key}"] = sum(r[0] for r in rows) / len(rows)
+        scored = [r for r in rows if not r[4]]  # empty answers are counted apart, not scored
+        metrics[f"empty|{key}"] = (len(rows) - len(scored)) / len(rows)
+        metrics[f"accuracy|{key}"] = sum(r[0] for r in scored) / len(scored) if scored else float("nan")
         metrics[f"seconds|{key}"] = sum(r[1] for r in rows) / len(rows)
         metrics[f"kept|{key}"] = sum(r[2] for r in rows) / len(rows)
         g = [r[3] for r in rows if r[3] is not None]
@@ -230,10 +235,11 @@ the teacher is a small pretrained LM and the claims are tested, not assumed.
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab prune") -> dict:
-    from masklab.pretrained.models import check_models
+    from masklab.pretrained.models import check_models, check_prompt_format
     from masklab.pretrained.peers import PRESS_NAMES
 
     check_models(cfg.models)
+    check_prompt_format(cfg.prompt_format)
 
     if cfg.task not in ("stale", "squad"):
         raise MasklabError(f"unknown task {cfg.task!r}: use stale or squad (with --squad FILE)")

@@ -8,7 +8,10 @@ we sum them over the tokens of the stale value mentions and of the current value
 
 Metrics (over the prompts answered correctly unless said otherwise):
 
-* ``accuracy``, ``stale_rate``, ``other_rate`` - answer classes over all prompts;
+* ``accuracy``, ``stale_rate``, ``other_rate`` - answer classes over the prompts with a
+  non-empty answer; ``empty_rate`` / ``n_empty`` - prompts answered with nothing
+  (whitespace or an end-of-sequence token; a wrong prompt format for the model), counted
+  apart and not scored;
 * ``stale_higher`` - fraction of correct answers whose attention mass, summed over all
   layers and heads, is higher on a stale value mention (the most attended one, when
   there were several updates) than on the current value mention (the paper's claim is
@@ -36,7 +39,7 @@ from masklab.flags import flag, int_list
 from masklab.runner import RunSpec, run_study
 
 NAME = "stale"
-TABLE_METRICS = ["accuracy", "stale_rate", "stale_higher", "stale_higher_heads", "best_head", "worst_head",
+TABLE_METRICS = ["accuracy", "empty_rate", "stale_rate", "stale_higher", "stale_higher_heads", "best_head", "worst_head",
                  "stale_layers", "current_over_stale", "stale_higher_all", "n_correct"]
 
 PAPER = [
@@ -72,6 +75,8 @@ class Config:
                            help="min,max distractor sentences per gap")
     filler_max: int = 6
     max_new_tokens: int = 6
+    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
+                                     help="raw completion or the model's chat turns")
     threads: int = flag(1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
@@ -111,13 +116,17 @@ def measure(lm, p, max_new_tokens: int) -> dict:
 
 def aggregate(recs: list[dict]) -> tuple[dict, dict]:
     """Metrics over per-prompt records, and the per-layer / per-head fractions."""
-    n = len(recs)
+    n_all = len(recs)
+    n_empty = sum(r["class"] == "empty" for r in recs)
+    recs = [r for r in recs if r["class"] != "empty"]  # an empty answer is not scored
+    n = max(len(recs), 1)
     cls = [r["class"] for r in recs]
     ok = [r for r in recs if r["class"] == "current"]
     metrics = {
         "accuracy": cls.count("current") / n, "stale_rate": cls.count("stale") / n,
-        "other_rate": cls.count("other") / n, "n_correct": len(ok), "n_prompts": n,
-        "mean_tokens": float(np.mean([r["tokens"] for r in recs])),
+        "other_rate": cls.count("other") / n, "n_correct": len(ok), "n_prompts": n_all,
+        "empty_rate": n_empty / n_all, "n_empty": n_empty,
+        "mean_tokens": float(np.mean([r["tokens"] for r in recs])) if recs else float("nan"),
     }
 
     def overall(rs):
@@ -153,7 +162,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     from masklab.tasks.stale_prompts import make_prompts
 
     p = spec["params"]
-    lm = load(spec["method"], attn="eager", threads=p["threads"])
+    lm = load(spec["method"], attn="eager", threads=p["threads"], prompt_format=p.get("prompt_format"))
     prompts = make_prompts(p["prompts"], seed=spec["seed"], updates=(p["updates_min"], p["updates_max"]),
                            filler=(p["filler_min"], p["filler_max"]))
     t0 = time.perf_counter()
@@ -161,9 +170,11 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     metrics, extra = aggregate(recs)
     metrics["seconds_per_prompt"] = (time.perf_counter() - t0) / len(prompts)
     metrics["load_seconds"] = lm.load_seconds
+    extra["prompt_format"] = lm.prompt_format
     extra["examples"] = [{"prompt": q.prompt, "values": q.values, "answer": r["answer"], "class": r["class"]}
                          for q, r in list(zip(prompts, recs))[:3]]
-    extra["by_updates"] = {str(k): float(np.mean([r["class"] == "current" for q, r in zip(prompts, recs) if q.n_updates == k]))
+    extra["by_updates"] = {str(k): float(np.mean([r["class"] == "current" for q, r in zip(prompts, recs)
+                                                  if q.n_updates == k and r["class"] != "empty"] or [float("nan")]))
                            for k in sorted({q.n_updates for q in prompts})}
     return {"metrics": metrics, "curves": {}, "extra": extra}
 
@@ -210,9 +221,10 @@ def heatmap(results: dict, path: Path) -> bool:
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab stale") -> dict:
     if cfg.prompts < 1:
         raise MasklabError("--prompts must be at least 1")
-    from masklab.pretrained.models import check_models
+    from masklab.pretrained.models import check_models, check_prompt_format
 
     check_models(cfg.models)
+    check_prompt_format(cfg.prompt_format)
     res = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.stale:run_one", out,
                     jobs=min(jobs, len(cfg.models) * len(cfg.seeds)), threads=cfg.threads, paper=PAPER, progress=progress)
     figures = ["stale_heads.png"] if heatmap(res, Path(out) / "stale_heads.png") else []

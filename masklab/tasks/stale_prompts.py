@@ -175,8 +175,11 @@ def answer_head(generated: str) -> str:
 
 
 def score_answer(generated: str, prompt: StalePrompt) -> str:
-    """``current`` / ``stale`` / ``other`` by exact match of the first word(s) generated."""
+    """``current`` / ``stale`` / ``other`` by exact match of the first word(s) generated;
+    ``empty`` when nothing but whitespace, punctuation or special tokens was generated."""
     head = answer_head(generated).lower()
+    if not head:
+        return "empty"
     if head == prompt.current.lower():
         return "current"
     if head in {v.lower() for v in prompt.values[:-1]}:
