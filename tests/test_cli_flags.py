@@ -13,6 +13,15 @@ from masklab import cli, flags
 from masklab.errors import MasklabError
 
 EXPECTED = json.loads(GOLDEN.read_text())
+# fields added after the golden file was written, with the default that keeps the old behaviour
+ADDED = {"prompt_format": None}
+
+
+def without_added(config):
+    """``config`` (a dict from asdict, nested for `pretrained`) less the ADDED fields at their defaults."""
+    if not isinstance(config, dict):
+        return config
+    return {k: without_added(v) for k, v in config.items() if not (k in ADDED and v == ADDED[k])}
 
 
 @pytest.mark.parametrize("argv", CASES, ids=" ".join)
@@ -26,6 +35,8 @@ def test_same_config_as_the_hand_written_command_line(argv):
     if argv[0] == "arith" and "config" in want:  # arith's warmup was 100 steps; now a fraction, as in lm and vision
         assert got["config"].pop("warmup") == (0.25 if "--quick" in argv else 0.04)
         assert want["config"].pop("warmup") == 100
+    if "config" in got:
+        got["config"] = without_added(got["config"])
     assert got == want
 
 
