@@ -1,7 +1,8 @@
 """The ``masklab`` command.
 
 Every study is a subcommand taking ``--out DIR``, ``--seeds N`` (or ``--seed S``),
-``--quick`` and ``--jobs``; ``masklab reproduce NAME`` runs a paper table on its defaults,
+``--quick``, ``--jobs`` and ``--executor local|ray`` (with ``--ray-address``, see
+docs/cluster.md); ``masklab reproduce NAME`` runs a paper table on its defaults,
 ``masklab sweep NAME`` a factor sweep. A study module provides ``NAME``,
 ``add_arguments(parser)``, ``config_from_args(args, base)``, ``quick_config()``,
 ``reproduce_config()`` and ``run(cfg, out, jobs, progress, command)``.
@@ -17,7 +18,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from masklab import distributed
+from masklab import distributed, executors
+from masklab.executors import EXECUTORS
 from masklab.runner import MasklabError
 
 STUDIES = {
@@ -55,6 +57,10 @@ def _common(ap: argparse.ArgumentParser, default_out: str) -> None:
     ap.add_argument("--quick", action="store_true", help="small version that finishes in a minute or two")
     ap.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4), help="runs in parallel (one torch thread each)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--executor", choices=EXECUTORS, default="local",
+                    help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; docs/cluster.md)")
+    ap.add_argument("--ray-address", metavar="ADDR", default=None,
+                    help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster (default: the running local one, else start one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = _seeds(args, cfg)
         if args.jobs < 1:
             raise MasklabError("--jobs must be at least 1")
+        executors.use(args.executor, args.ray_address)
         mod.run(cfg, out, jobs=args.jobs, progress=not args.no_progress, command=command)
         if distributed.is_main():
             print((out / "results.md").read_text())
@@ -123,5 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         print("masklab: interrupted; finished runs are kept, run the same command again to resume", file=sys.stderr)
         return 130
     finally:
+        executors.use("local")  # the choice lasts one command (main() may be called again in-process)
         distributed.shutdown()
     return 0

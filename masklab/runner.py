@@ -5,8 +5,9 @@ A study is a list of :class:`RunSpec` (task, method, seed, params) and a *run fu
 named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`:
 
 * skips runs whose result file already exists with the same spec (resume);
-* runs the rest in-process (``jobs=1``) or in ``jobs`` worker processes
-  (``python -m masklab.worker``; specs and results travel as JSON, nothing is pickled);
+* runs the rest with an executor (:mod:`masklab.executors`): in-process (``jobs=1``), in
+  ``jobs`` worker processes (``python -m masklab.worker``) or as Ray tasks on a cluster;
+  specs and results travel as JSON, nothing is pickled;
 * writes ``DIR/runs/<key>.json`` per run as soon as it finishes, then ``results.json``
   and ``results.md`` (the contract in DESIGN.md).
 
@@ -29,12 +30,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from masklab import executors
 
 
 class MasklabError(Exception):
@@ -234,12 +238,15 @@ def run_study(
     threads: int = 1,
     paper: list[dict] | None = None,
     progress: bool = True,
+    executor: executors.Executor | None = None,
 ) -> dict:
     """Run (or resume) every spec, then write ``results.json``; return the results dict.
 
     Under ``torchrun`` (see :mod:`masklab.distributed`) every process runs every spec
-    in-process, together; only rank 0 writes files."""
-    from masklab import distributed  # noqa: PLC0415 (it imports this module)
+    in-process, together; only rank 0 writes files. ``executor`` (default: the one the
+    CLI chose with :func:`masklab.executors.use`, else local with ``jobs``) runs the specs
+    still to do; see :mod:`masklab.executors`."""
+    from masklab import distributed, executors  # noqa: PLC0415 (they import this module)
 
     main = distributed.is_main()
     if distributed.world_size() > 1:
@@ -262,24 +269,20 @@ def run_study(
                 continue
         todo.append(s)
     distributed.barrier()  # every rank has decided what to resume before anyone writes
+    if executor is None:
+        executor = executors.current(jobs, write=main) if distributed.world_size() == 1 else executors.LocalExecutor(1, write=main)
     bar = tqdm(total=len(specs), initial=len(done), desc=study, unit="run", disable=not (progress and main), file=sys.stderr)
     try:
-        if jobs <= 1:
-            for s in todo:
-                bar.set_postfix_str(s.key)
-                rec = execute(fn_path, asdict(s), out / "ckpt" / s.key, threads)
-                if main:
-                    write_json(out / "runs" / f"{s.key}.json", rec)
-                done[s.key] = rec
-                bar.update()
-        else:
-            _run_parallel(fn_path, todo, out, jobs, threads, done, bar)
+        for key, rec in executor.run(fn_path, todo, out, threads, bar.set_postfix_str):
+            done[key] = rec
+            bar.update()
     finally:
         bar.close()
     runs = [done[k] for k in keys]
     env = environment()
     env["torch_threads_per_run"] = threads
     env["jobs"] = jobs
+    env["executor"] = type(executor).__name__
     env["world_size"] = distributed.world_size()
     results = {
         "study": study,
@@ -292,39 +295,3 @@ def run_study(
     if main:
         write_json(out / "results.json", results)
     return results
-
-
-def _run_parallel(fn_path: str, todo: list[RunSpec], out: Path, jobs: int, threads: int, done: dict, bar: tqdm) -> None:
-    """Run specs in worker subprocesses, at most ``jobs`` at a time."""
-    queue = list(todo)
-    active: dict[str, tuple[subprocess.Popen, RunSpec]] = {}
-    failure: str | None = None
-    try:
-        while queue or active:
-            while queue and len(active) < jobs and failure is None:
-                s = queue.pop(0)
-                spec_path = out / "ckpt" / s.key / "spec.json"
-                write_json(spec_path, asdict(s))
-                cmd = [sys.executable, "-m", "masklab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads)]
-                log = open(out / "ckpt" / s.key / "stderr.log", "w")
-                active[s.key] = (subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL), s)
-                log.close()
-            if failure is not None and not active:
-                break
-            time.sleep(0.05)
-            for key, (proc, s) in list(active.items()):
-                if proc.poll() is None:
-                    continue
-                del active[key]
-                if proc.returncode != 0:
-                    err = (out / "ckpt" / key / "stderr.log").read_text()
-                    failure = failure or (err.strip().splitlines() or [f"worker exited {proc.returncode}"])[-1]
-                    continue
-                done[key] = read_json(out / "runs" / f"{key}.json")
-                bar.set_postfix_str(key)
-                bar.update()
-    finally:
-        for proc, _ in active.values():
-            proc.kill()
-    if failure is not None:
-        raise MasklabError(f"a run failed: {failure} (finished runs are kept in {out / 'runs'})")
