@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -153,8 +154,6 @@ def _ray_task(fn_path: str, spec: dict, out: str, threads: int) -> str:
 
 def _ray_probe(out: str, token_name: str, token: str) -> str:
     """On one node: can it read the driver's token file in ``out`` and write beside it?"""
-    import socket  # noqa: PLC0415
-
     host = socket.gethostname()
     path = Path(out) / token_name
     try:
@@ -170,6 +169,20 @@ def _ray_probe(out: str, token_name: str, token: str) -> str:
     return ""
 
 
+def _check_reachable(address: str) -> None:
+    """Fail fast on ``HOST:PORT`` nobody listens on (``ray.init`` would retry for minutes)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise MasklabError(f"--ray-address takes HOST:PORT (e.g. 10.0.0.1:6379) or auto, got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise MasklabError(
+            f"cannot connect to the Ray cluster at {address!r} ({e.strerror or e}); start its head with "
+            "`ray start --head --port=PORT` or pass --ray-address auto on a cluster node"
+        ) from None
+
+
 class RayExecutor:
     """One Ray task per run on the cluster at ``address`` (``None``: the running local
     cluster, or a new one on this machine; ``"auto"``: an existing cluster only)."""
@@ -180,6 +193,8 @@ class RayExecutor:
 
     def connect(self):
         ray = import_ray()
+        if self.address not in (None, "auto") and not self.address.startswith("ray://"):
+            _check_reachable(self.address)
         if ray.is_initialized():
             if getattr(self, "_connected", False):
                 return ray
