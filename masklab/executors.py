@@ -237,6 +237,8 @@ class RayExecutor:
             )
 
     def run(self, fn_path: str, todo: list[RunSpec], out: Path, threads: int, show: Callable[[str], None]) -> Iterator[tuple[str, dict]]:
+        if not todo:  # everything resumed: no cluster needed
+            return
         ray = self.connect()
         out = Path(out).resolve()
         self.check_shared(ray, out)
