@@ -1,9 +1,10 @@
 """The ``masklab`` command.
 
 Every study is a subcommand taking ``--out DIR``, ``--seeds N`` (or ``--seed S``),
-``--quick``, ``--jobs`` and ``--no-progress`` (added here, once) and the flags declared on
-its config dataclass (:mod:`masklab.flags`); ``masklab reproduce NAME`` runs a paper table
-on its defaults, ``masklab sweep NAME`` a factor sweep. A study module provides ``NAME``,
+``--quick``, ``--jobs``, ``--executor local|ray`` (with ``--ray-address``, see
+docs/cluster.md) and ``--no-progress`` (added here, once) and the flags declared on its
+config dataclass (:mod:`masklab.flags`); ``masklab reproduce NAME`` runs a paper table on
+its defaults, ``masklab sweep NAME`` a factor sweep. A study module provides ``NAME``,
 ``Config`` (a dataclass whose fields declare the flags), ``quick_config()``,
 ``reproduce_config()`` and ``run(cfg, out, jobs, progress, command)``.
 """
@@ -18,8 +19,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from masklab import distributed, flags
+from masklab import distributed, executors, flags
 from masklab.errors import MasklabError
+from masklab.executors import EXECUTORS
 
 STUDIES = {
     "gotu": "masklab.studies.gotu",
@@ -46,6 +48,10 @@ def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = 
     jobs = min(os.cpu_count() or 1, 4)
     ap.add_argument("--jobs", type=int, default=jobs, metavar="N", help=f"runs in parallel, one torch thread each (default {jobs}: the CPUs, at most 4)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--executor", choices=EXECUTORS, default="local",
+                    help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; docs/cluster.md) (default local)")
+    ap.add_argument("--ray-address", metavar="ADDR", default=None,
+                    help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster (default the running local one, else a new one on this machine)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(args.out)
         if args.jobs < 1:
             raise MasklabError("--jobs must be at least 1")
+        executors.use(args.executor, args.ray_address)
         mod.run(cfg, out, jobs=args.jobs, progress=not args.no_progress, command=command)
         if distributed.is_main():
             print((out / "results.md").read_text())
@@ -130,5 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         print("masklab: interrupted; finished runs are kept, run the same command again to resume", file=sys.stderr)
         return 130
     finally:
+        executors.use("local")  # the choice lasts one command (main() may be called again in-process)
         distributed.shutdown()
     return 0

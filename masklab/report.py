@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from masklab.runner import atomic_write_text  # noqa: E402
+from masklab.files import atomic_write_text  # noqa: E402
 
 
 def fmt(value: Any, digits: int = 3) -> str:

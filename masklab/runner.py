@@ -5,10 +5,11 @@ A study is a list of :class:`RunSpec` (task, method, seed, params) and a *run fu
 named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`:
 
 * skips runs whose result file already exists with the same spec (resume);
-* runs the rest in-process (``jobs=1``) or in ``jobs`` worker processes
-  (``python -m masklab.worker``; specs and results travel as JSON, nothing is pickled);
+* runs the rest with an executor (:mod:`masklab.executors`): in-process (``jobs=1``), in
+  ``jobs`` worker processes (``python -m masklab.worker``) or as Ray tasks on a cluster;
+  specs and results travel as JSON, nothing is pickled;
 * writes ``DIR/runs/<key>.json`` per run as soon as it finishes, then ``results.json``
-  and ``results.md`` (the contract in DESIGN.md).
+  and ``results.md`` (the contract in docs/design.md).
 
 Each run is deterministic given its seed: torch uses ``threads`` threads (default 1) in
 every run whatever ``jobs`` is, so results do not depend on how the study was scheduled.
@@ -18,8 +19,6 @@ temporary file and renamed) and continue from it after a kill.
 
 from __future__ import annotations
 
-import importlib
-import json
 import math
 import os
 import platform
@@ -27,51 +26,23 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from masklab import distributed
+from masklab import distributed, executors
 from masklab.errors import MasklabError  # noqa: F401 (re-export)
+from masklab.files import read_json, write_json
+from masklab.runs import RunSpec  # noqa: F401 (re-exported: studies build their runs from the runner's API)
 
 
 # MasklabError lives in masklab.errors (no masklab imports, so no cycles); re-exported here
 # because many modules import it from the runner.
-
-
-# ----------------------------------------------------------------------------- files
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o)}")
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text())
 
 
 # ----------------------------------------------------------------------------- seeds
@@ -150,46 +121,6 @@ class Checkpoint:
 # ----------------------------------------------------------------------------- studies
 
 
-@dataclass
-class RunSpec:
-    """One run of a study. ``params`` must be JSON-serialisable."""
-
-    task: str
-    method: str
-    seed: int
-    params: dict = field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        raw = f"{self.task}__{self.method}__s{self.seed}"
-        return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in raw)
-
-
-def resolve(path: str) -> Callable:
-    """Import ``"masklab.module:function"`` (only masklab's own functions)."""
-    module, _, name = path.partition(":")
-    if not module.startswith("masklab.") or not name:
-        raise MasklabError(f"not a masklab run function: {path!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int) -> dict:
-    """Run one spec and return its result record (what lands in ``runs/<key>.json``)."""
-    torch.set_num_threads(threads)
-    start = time.perf_counter()
-    out = resolve(fn_path)(spec, Path(ckpt_dir))
-    return {
-        "task": spec["task"],
-        "method": spec["method"],
-        "seed": spec["seed"],
-        "metrics": out.get("metrics", {}),
-        "seconds": round(time.perf_counter() - start, 3),
-        "curves": out.get("curves", {}),
-        "extra": out.get("extra", {}),
-        "spec": spec,
-    }
-
-
 def environment() -> dict:
     """Versions, threads and git revision, recorded in every results.json."""
     try:
@@ -237,11 +168,14 @@ def run_study(
     threads: int = 1,
     paper: list[dict] | None = None,
     progress: bool = True,
+    executor: executors.Executor | None = None,
 ) -> dict:
     """Run (or resume) every spec, then write ``results.json``; return the results dict.
 
     Under ``torchrun`` (see :mod:`masklab.distributed`) every process runs every spec
-    in-process, together; only rank 0 writes files."""
+    in-process, together; only rank 0 writes files. ``executor`` (default: the one the
+    CLI chose with :func:`masklab.executors.use`, else local with ``jobs``) runs the specs
+    still to do; see :mod:`masklab.executors`."""
 
     main = distributed.is_main()
     if distributed.world_size() > 1:
@@ -264,24 +198,20 @@ def run_study(
                 continue
         todo.append(s)
     distributed.barrier()  # every rank has decided what to resume before anyone writes
+    if executor is None:
+        executor = executors.current(jobs, write=main) if distributed.world_size() == 1 else executors.LocalExecutor(1, write=main)
     bar = tqdm(total=len(specs), initial=len(done), desc=study, unit="run", disable=not (progress and main), file=sys.stderr)
     try:
-        if jobs <= 1:
-            for s in todo:
-                bar.set_postfix_str(s.key)
-                rec = execute(fn_path, asdict(s), out / "ckpt" / s.key, threads)
-                if main:
-                    write_json(out / "runs" / f"{s.key}.json", rec)
-                done[s.key] = rec
-                bar.update()
-        else:
-            _run_parallel(fn_path, todo, out, jobs, threads, done, bar)
+        for key, rec in executor.run(fn_path, todo, out, threads, bar.set_postfix_str):
+            done[key] = rec
+            bar.update()
     finally:
         bar.close()
     runs = [done[k] for k in keys]
     env = environment()
     env["torch_threads_per_run"] = threads
     env["jobs"] = jobs
+    env["executor"] = type(executor).__name__
     env["world_size"] = distributed.world_size()
     results = {
         "study": study,
@@ -294,39 +224,3 @@ def run_study(
     if main:
         write_json(out / "results.json", results)
     return results
-
-
-def _run_parallel(fn_path: str, todo: list[RunSpec], out: Path, jobs: int, threads: int, done: dict, bar: tqdm) -> None:
-    """Run specs in worker subprocesses, at most ``jobs`` at a time."""
-    queue = list(todo)
-    active: dict[str, tuple[subprocess.Popen, RunSpec]] = {}
-    failure: str | None = None
-    try:
-        while queue or active:
-            while queue and len(active) < jobs and failure is None:
-                s = queue.pop(0)
-                spec_path = out / "ckpt" / s.key / "spec.json"
-                write_json(spec_path, asdict(s))
-                cmd = [sys.executable, "-m", "masklab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads)]
-                log = open(out / "ckpt" / s.key / "stderr.log", "w")
-                active[s.key] = (subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL), s)
-                log.close()
-            if failure is not None and not active:
-                break
-            time.sleep(0.05)
-            for key, (proc, s) in list(active.items()):
-                if proc.poll() is None:
-                    continue
-                del active[key]
-                if proc.returncode != 0:
-                    err = (out / "ckpt" / key / "stderr.log").read_text()
-                    failure = failure or (err.strip().splitlines() or [f"worker exited {proc.returncode}"])[-1]
-                    continue
-                done[key] = read_json(out / "runs" / f"{key}.json")
-                bar.set_postfix_str(key)
-                bar.update()
-    finally:
-        for proc, _ in active.values():
-            proc.kill()
-    if failure is not None:
-        raise MasklabError(f"a run failed: {failure} (finished runs are kept in {out / 'runs'})")

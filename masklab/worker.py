@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from masklab.errors import MasklabError
-from masklab.runner import execute, read_json, write_json
+from masklab.files import read_json, write_json
+from masklab.runs import execute
 
 
 def main(argv: list[str]) -> int:

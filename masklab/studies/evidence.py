@@ -38,7 +38,8 @@ from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
 from masklab.report import environment_line, markdown_table, plot_curves, save_figure
 from masklab.errors import MasklabError
 from masklab.flags import flag, list_or_none
-from masklab.runner import RunSpec, atomic_write_text, run_study, summarize, write_json
+from masklab.files import atomic_write_text, write_json
+from masklab.runner import RunSpec, run_study, summarize
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "evidence"

@@ -15,7 +15,8 @@ from typing import Any
 from pathlib import Path
 
 from masklab.flags import Flag, flag, str_list
-from masklab.runner import atomic_write_text, environment, write_json
+from masklab.files import atomic_write_text, write_json
+from masklab.runner import environment
 from masklab.studies import cite_compare, prune, stale
 
 NAME = "pretrained"

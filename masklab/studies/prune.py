@@ -33,7 +33,8 @@ import torch
 from masklab.report import markdown_table
 from masklab.errors import MasklabError
 from masklab.flags import flag, str_list
-from masklab.runner import RunSpec, atomic_write_text, run_study, write_json
+from masklab.files import atomic_write_text, write_json
+from masklab.runner import RunSpec, run_study
 
 NAME = "prune"
 SENTENCE_METHODS = ("router-evidence", "router-attention", "attention-keep", "random")

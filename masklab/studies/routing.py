@@ -53,7 +53,8 @@ from masklab.routing.sparse import SELECTORS, AttentionSelector, budget_label, k
 from masklab.routing.train import LOSSES, train_router
 from masklab.errors import MasklabError
 from masklab.flags import flag, list_or_none
-from masklab.runner import RunSpec, atomic_write_text, run_study, summarize, write_json
+from masklab.files import atomic_write_text, write_json
+from masklab.runner import RunSpec, run_study, summarize
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "routing"

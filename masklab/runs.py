@@ -1,0 +1,59 @@
+"""One run of a study: its spec (:class:`RunSpec`) and :func:`execute`, which runs it and
+returns the record written to ``runs/<key>.json``. Every executor (:mod:`masklab.executors`)
+and the worker process call :func:`execute`; specs and records are plain JSON."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from threadpoolctl import threadpool_limits
+
+from masklab.errors import MasklabError
+
+@dataclass
+class RunSpec:
+    """One run of a study. ``params`` must be JSON-serialisable."""
+
+    task: str
+    method: str
+    seed: int
+    params: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        raw = f"{self.task}__{self.method}__s{self.seed}"
+        return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in raw)
+
+
+def resolve(path: str) -> Callable:
+    """Import ``"masklab.module:function"`` (only masklab's own functions)."""
+    module, _, name = path.partition(":")
+    if not module.startswith("masklab.") or not name:
+        raise MasklabError(f"not a masklab run function: {path!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int) -> dict:
+    """Run one spec and return its result record (what lands in ``runs/<key>.json``).
+
+    torch and the BLAS under numpy use ``threads`` threads, so a run's numbers do not depend
+    on the machine's core count or on where it ran (in-process, a worker, a Ray task)."""
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    with threadpool_limits(threads):
+        out = resolve(fn_path)(spec, Path(ckpt_dir))
+    return {
+        "task": spec["task"],
+        "method": spec["method"],
+        "seed": spec["seed"],
+        "metrics": out.get("metrics", {}),
+        "seconds": round(time.perf_counter() - start, 3),
+        "curves": out.get("curves", {}),
+        "extra": out.get("extra", {}),
+        "spec": spec,
+    }
