@@ -1,4 +1,4 @@
-"""Markdown tables and matplotlib figures from a results dict (see DESIGN.md's contract).
+"""Markdown tables and matplotlib figures from a results dict (the contract in docs/design.md).
 
 * :func:`markdown_table` - the summary, ``mean ± std (n)`` per metric, the paper's numbers beside;
 * :func:`write_markdown` - ``results.md``: command, table, notes, environment;

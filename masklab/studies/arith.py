@@ -53,7 +53,7 @@ def task_name(op: str, fraction: float) -> str:
     return f"{op}-{fraction * 100:g}%"
 
 
-# The authors' numbers (../shared/papers.md): exact sequence accuracy, 3-digit operands.
+# The authors' numbers (docs/papers.md): exact sequence accuracy, 3-digit operands.
 PAPER = [
     {"task": "add-0.4%", "method": "mask", "metric": "exact_acc", "value": 0.7749},
     {"task": "add-0.4%", "method": "vanilla", "metric": "exact_acc", "value": 0.0119},

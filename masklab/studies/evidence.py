@@ -45,7 +45,7 @@ from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 NAME = "evidence"
 SET_METRICS = ["precision", "recall", "exact", "size", "keep_acc", "passes"]
 
-# The paper (../shared/papers.md) reports these qualitatively for attention vs causal sets;
+# The paper (docs/papers.md) reports these qualitatively for attention vs causal sets;
 # its numbers are for routers (the routing study), so nothing numeric is claimed here.
 PAPER: list[dict] = []
 

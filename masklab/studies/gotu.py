@@ -60,7 +60,7 @@ TABLE_METRICS = [
     "mask_drift",
 ]
 
-# The authors' numbers (../shared/papers.md). "full_acc" is accuracy on the whole cube, which
+# The authors' numbers (docs/papers.md). "full_acc" is accuracy on the whole cube, which
 # is what the ~75% / ~87% figures are (the MDI scores 0% / 50% on the unseen part).
 PAPER = [
     *[{"task": "2parity", "method": m, "metric": "full_acc", "value": 0.75} for m in ("vanilla", "qk-svd", "qk-opt")],

@@ -42,7 +42,7 @@ DEFAULT_METHODS = ("vanilla", "alibi", "mask")
 TABLE_METRICS = ["val_ppl", "best_val_ppl", "steps_to_target", "train_loss", "mask_drift"]
 
 # The paper gives no number we can hold a CPU-scale run to: "modest but consistent gains in
-# perplexity and convergence speed" on WikiText-2 and TinyStories (../shared/papers.md).
+# perplexity and convergence speed" on WikiText-2 and TinyStories (docs/papers.md).
 PAPER: list[dict] = []
 
 

@@ -59,7 +59,7 @@ from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "routing"
 
-# ../shared/papers.md, Study B, multi-hop retrieval: the teacher answering from the items a
+# docs/papers.md, Study B, multi-hop retrieval: the teacher answering from the items a
 # router keeps. Only these three numbers are stated; nothing else is compared numerically.
 PAPER = [
     {"task": "multihop-h2", "method": "router/attention", "metric": "acc", "value": 0.41},

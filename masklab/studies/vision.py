@@ -42,7 +42,7 @@ NAME = "vision"
 METHODS = ("default", "mimetic", "impulse", "mask")
 TABLE_METRICS = ["test_acc", "test_loss", "train_loss", "local_mass_step0", "local_mass_final", "impulse_mass_step0", "mask_drift"]
 
-# The authors' ViT-Tiny numbers (../shared/papers.md), top-1 % on CIFAR-10.
+# The authors' ViT-Tiny numbers (docs/papers.md), top-1 % on CIFAR-10.
 PAPER = [
     {"task": "cifar10", "method": "mask", "metric": "test_acc", "value": 95.66},
     {"task": "cifar10", "method": "default", "metric": "test_acc", "value": 94.20},
