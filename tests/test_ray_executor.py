@@ -18,7 +18,7 @@ import pytest
 from masklab import cli, executors
 from masklab.executors import LocalExecutor, RayExecutor
 from masklab.runner import MasklabError, read_json, run_study
-from masklab.studies.gotu import GotuConfig, specs_for
+from masklab.studies.gotu import Config, specs_for
 
 pytestmark = pytest.mark.ray
 
@@ -90,7 +90,7 @@ def _strip(runs):
 
 
 def test_ray_runs_give_the_same_results_as_local(cluster, tmp_path):
-    specs = specs_for(GotuConfig(**TINY))
+    specs = specs_for(Config(**TINY))
     local = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "local", jobs=2, progress=False)
     remote = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
     assert len(remote["runs"]) == 4
@@ -122,7 +122,7 @@ def _kill_first_worker_mid_run(out: Path, key: str, killed: dict) -> None:
 
 
 def test_worker_killed_mid_run_is_retried_and_gives_the_same_numbers(cluster, tmp_path):
-    cfg = GotuConfig(**{**TINY, "methods": ["mask"], "seeds": [0], "steps": 300, "evals": 10})
+    cfg = Config(**{**TINY, "methods": ["mask"], "seeds": [0], "steps": 300, "evals": 10})
     specs = specs_for(cfg)
     local = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "local", jobs=1, progress=False, executor=LocalExecutor(1))
     killed: dict = {}
