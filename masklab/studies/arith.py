@@ -116,7 +116,7 @@ class Config:
     batch: int = flag(128, help="batch size")
     lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
     warmup: float = flag(0.04, help="learning-rate warm-up, as a fraction of --steps")
-    weight_decay: float = flag(0.1, help="weight decay on weight matrices")
+    weight_decay: float = flag(0.1, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
     test_size: int = flag(10_000, help="held-out pairs")
     evals: int = flag(10, help="evaluations during training")
 

@@ -64,7 +64,7 @@ class Config:
     steps: int = flag(1000, help="training steps")
     batch: int = flag(32, help="batch size (windows)")
     lr: float = flag(2e-3, help="peak learning rate (AdamW, warm-up then cosine)")
-    weight_decay: float = flag(0.1, help="weight decay")
+    weight_decay: float = flag(0.1, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
     warmup: float = flag(0.05, help="learning-rate warm-up, as a fraction of --steps")
     allowed: float = 6.0
     suppressed: float = 6.0

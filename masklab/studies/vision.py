@@ -68,7 +68,7 @@ class Config:
     steps: int = flag(1000, help="training steps")
     batch: int = flag(128, help="batch size")
     lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
-    weight_decay: float = flag(0.05, help="weight decay")
+    weight_decay: float = flag(0.05, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
     warmup: float = flag(0.05, help="learning-rate warm-up, as a fraction of --steps")
     allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
