@@ -59,7 +59,7 @@ def trained(method: str, steps: int = 3):
 
 
 @needs_peft
-@pytest.mark.parametrize("method", ["base", "prior", "lora"])
+@pytest.mark.parametrize("method", ["base", "prior", "recency", "lora"])
 def test_only_the_methods_own_parameters_train(method):
     original, before, model, info, new = trained(method)
     for n, p in original.items():  # the pretrained weights are bit-identical after training
@@ -67,15 +67,31 @@ def test_only_the_methods_own_parameters_train(method):
     if method == "base":
         assert info["trainable"] == 0 and not new
         return
-    key = "prior" if method == "prior" else "lora_"
+    key = "lora_" if method == "lora" else "prior"
     assert new and all(key in n for n in new)  # nothing but the method's parameters was added
     assert info["trainable"] == sum(p.numel() for p in new.values())
     assert sorted(info["trained"]) == sorted(new)
-    if method == "prior":  # every prior moved from its initial value
+    if method != "lora":  # every prior moved from its initial value
         assert all(not torch.equal(p, torch.zeros_like(p)) for p in new.values())
     else:  # LoRA's B starts at zero; training moves it
         assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in new.items() if "lora_B" in n)
     assert info["loss_last"] != info["loss_first"]
+    if method == "recency":
+        assert info["trainable"] == 2 * 4  # one slope per (layer, head)
+
+
+def test_recency_prior_is_monotone_in_distance_and_zero_at_init():
+    from masklab.bias import RecencyPrior
+
+    p = RecencyPrior(3)
+    assert torch.equal(p(5), torch.zeros(3, 5, 5))
+    with torch.no_grad():
+        p.slope.copy_(torch.tensor([1.0, -0.5, 0.0]))
+    b = p(6)  # (H, T, T); row 5 = the last query against keys 0..5
+    assert (b[0, 5, 1:] > b[0, 5, :-1]).all()  # positive slope: nearer keys get more
+    assert (b[1, 5, 1:] < b[1, 5, :-1]).all()
+    assert torch.equal(b[2], torch.zeros(6, 6))
+    assert torch.allclose(p(2, 6, offset=4), b[:, 4:6, :])  # the rectangular crop decoding uses
 
 
 @needs_peft
@@ -141,3 +157,23 @@ def test_bad_method_is_one_clear_error(capsys):
 
     assert main(["tune-prior", "--method", "base,finetune", "--out", "/nonexistent/x"]) == 2
     assert "masklab: error: --method" in capsys.readouterr().err
+
+
+@needs_peft
+def test_recency_priors_save_and_load(tmp_path):
+    from masklab.bias import RecencyPrior
+    from masklab.hf import attach_priors, detach_priors, load_priors, priors_of, save_priors
+
+    model = tiny_llama()
+    attach_priors(model, lambda layer, heads: RecencyPrior(heads))
+    with torch.no_grad():
+        for i, p in enumerate(priors_of(model)):
+            p.slope.copy_(torch.arange(4.0) * (i + 1) - 1)
+    ids = torch.randint(3, 64, (1, 10), generator=torch.Generator().manual_seed(0))
+    want = model(ids).logits
+    path = save_priors(model, tmp_path / "recency.safetensors")
+    detach_priors(model)
+    assert not torch.allclose(model(ids).logits, want)  # the slopes mattered
+    load_priors(model, path)
+    assert all(isinstance(p, RecencyPrior) for p in priors_of(model))
+    torch.testing.assert_close(model(ids).logits, want)

@@ -33,7 +33,7 @@ from masklab.runner import RunSpec, run_study
 from masklab.studies.stale import min_max
 
 NAME = "tune-prior"
-METHODS = ("base", "prior", "lora")
+METHODS = ("base", "prior", "recency", "lora")
 TASKS = ("stale",)
 TRAIN_ATTRIBUTES = ("city", "colour", "job")
 TEST_ATTRIBUTES = ("pet", "number")
@@ -46,7 +46,8 @@ class Config:
     models: list[str] = flag(factory=lambda: ["smollm2-135m", "gemma3-270m"], name="--model", help="comma-separated models")
     task: str = flag("stale", choices=list(TASKS), help="training and evaluation prompts")
     methods: list[str] = flag(factory=lambda: list(METHODS), name="--method",
-                              help="comma-separated methods: base (no training), prior (priors only), lora (PEFT LoRA)")
+                              help="comma-separated methods: base (no training), prior (RelativePrior only), recency (RecencyPrior: "
+                                   "one slope per head), lora (PEFT LoRA)")
     train_prompts: int = flag(400, help="generated training prompts")
     test_prompts: int = flag(100, help="generated held-out prompts")
     steps: int = flag(200, help="training steps (one prompt each, same order for every method)")
@@ -125,9 +126,11 @@ def lora_layer_count(per_layer: int, layers: int, target: int) -> int:
     return min(layers, max(1, round(target / per_layer)))
 
 
-def prior_factory(cfg: Config):
-    from masklab.bias import RelativePrior
+def prior_factory(method: str, cfg: Config):
+    from masklab.bias import RecencyPrior, RelativePrior
 
+    if method == "recency":
+        return lambda layer, heads: RecencyPrior(heads)
     return lambda layer, heads: RelativePrior(heads, cfg.max_distance, cfg.exact, cfg.log_buckets, allowed=cfg.init)
 
 
@@ -171,15 +174,15 @@ def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[
     info: dict = {"trainable": 0, "trained": [], "lora_layers": []}
     if method == "base":
         return model, info
-    if method == "prior":
+    if method in ("prior", "recency"):
         from masklab.hf import attach_priors
 
-        attach_priors(model, prior_factory(cfg))
+        attach_priors(model, prior_factory(method, cfg))
         lr = cfg.lr
     else:
         model, info["lora_layers"] = add_lora(model, cfg)
         lr = cfg.lora_lr
-    key = "prior" if method == "prior" else "lora_"
+    key = "lora_" if method == "lora" else "prior"
     named = [(n, p) for n, p in model.named_parameters() if key in n]
     for _, p in named:
         p.requires_grad_(True)
@@ -250,7 +253,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     batches = [answer_batch(lm, q) for q in train]
     lm.model, info = adapt(lm.model, method, cfg, batches, spec["seed"], log=lambda s: print(s, flush=True))
     train_s = time.perf_counter() - t_train
-    if method == "prior":
+    if method in ("prior", "recency"):
         from masklab.hf import save_priors
 
         save_priors(lm.model, Path(ckpt_dir) / "priors.safetensors")
