@@ -6,8 +6,9 @@ priors are trained with teacher forcing on the *current* value of generated stal
 prompts (:mod:`masklab.tasks.stale_prompts`, in the model's prompt format) and evaluated
 by greedy decoding on held-out prompts (see :data:`NOTES` for what is disjoint).
 
-Methods (``--method``): ``base`` (no training), ``prior`` (priors only) and ``lora`` (PEFT
-LoRA on the attention projections, rank ``--lora-rank`` on ``--lora-targets``, in as many
+Methods (``--method``): ``base`` (no training), ``prior`` (``RelativePrior`` only),
+``recency`` (:class:`~masklab.bias.RecencyPrior` only: one slope per head over
+``log(1 + distance)``) and ``lora`` (PEFT LoRA on the attention projections, rank ``--lora-rank`` on ``--lora-targets``, in as many
 evenly spaced layers as bring its trainable parameters closest to the prior's; same
 prompts, same steps, same order). Reported per model and method: held-out ``accuracy``,
 ``stale_rate``, ``other_rate``, ``empty_rate`` (all over every held-out prompt),
@@ -116,7 +117,9 @@ def answer_batch(lm, p) -> tuple[torch.Tensor, int]:
 
 def answer_loss(model: torch.nn.Module, ids: torch.Tensor, T: int) -> torch.Tensor:
     """Cross-entropy of the answer tokens ``ids[0, T:]`` given everything before them."""
-    logits = model(ids).logits[0, T - 1:-1]  # predicts tokens T .. end
+    # only the positions that predict answer tokens go through the LM head (Gemma 3's
+    # 262k-token head otherwise costs as much as the rest of the model)
+    logits = model(ids, logits_to_keep=ids.shape[1] - T + 1).logits[0, :-1]  # predicts tokens T .. end
     return torch.nn.functional.cross_entropy(logits.float(), ids[0, T:])
 
 
@@ -301,9 +304,12 @@ What a relative-distance prior can express: one bias per (layer, head, distance 
 the same for every prompt. It cannot know where the current fact is; it can only make a
 head prefer some distances over others. Trained at distances 0-2 sentences per gap it
 learns where the current value sits in training prompts, and at held-out distances the
-same bias points at the wrong place; a prior can generalise across distances only as far
-as "prefer nearer tokens" helps (the current value is always the latest mention), which a
-content-independent bias cannot separate from the distractors after it.
+same bias points at the wrong place. A prior can generalise across distances only as far
+as "prefer nearer (or farther) tokens" helps: the current value is always the latest
+mention of the attribute, but the distractor sentences after it are nearer still, and a
+content-independent bias cannot tell them apart. `recency` is that monotone design (one
+slope per layer and head over log distance: it can rank nearer vs farther, it cannot
+single out a distance), measured beside `prior` to see whether the ranking transfers.
 LoRA adapts the projections (content-dependent) in the listed layers, rank `--lora-rank`.
 """
 
