@@ -81,10 +81,11 @@ def quick_config() -> Config:
 
 
 def reproduce_config() -> Config:
-    """Sized for about 60 minutes on this CPU (2 cores, one thread per run, both models
-    one after the other): 150 steps, 60 held-out prompts, 256 pydoc tokens; see
-    docs/pretrained.md for the per-step timings behind it."""
-    return Config(train_prompts=300, test_prompts=60, steps=150, ppl_tokens=256)
+    """Both models, every method: 100 steps, 50 held-out prompts, 256 pydoc tokens. Sized
+    from the quick runs' timings on this CPU under load (about 5 s per training step and
+    8 s per held-out prompt with a prior attached): about 100 minutes of run time in all,
+    about 50 minutes of wall time with the default ``--jobs 2`` (docs/pretrained.md)."""
+    return Config(train_prompts=200, test_prompts=50, steps=100, ppl_tokens=256)
 
 
 # --------------------------------------------------------------------------- data
