@@ -5,6 +5,8 @@ All structure in masklab is a bias added to attention logits (see :mod:`masklab.
 * :class:`MaskPrior` - the learnable soft prior ``logsigmoid(M)`` (<= 0, can only suppress);
 * :class:`RelativePrior` - a learnable per-head ``logsigmoid`` bias over relative distance
   (defined for any length; what :mod:`masklab.hf` attaches to pretrained models);
+* :class:`RecencyPrior` - one learnable slope per head over ``log(1 + distance)``
+  (monotone in distance, so it cannot single out particular distances);
 * :func:`causal_bias` - ``-inf`` above the diagonal;
 * :func:`key_bias` - ``-inf`` on the keys a boolean keep-mask drops (padding, hidden
   context items, a router's discarded items).
@@ -196,3 +198,38 @@ class RelativePrior(nn.Module):
     def extra_repr(self) -> str:
         return (f"heads={self.heads}, exact={self.exact}, log_buckets={self.log_buckets}, "
                 f"max_distance={self.max_distance}")
+
+
+class RecencyPrior(nn.Module):
+    """Learnable per-head monotone bias over relative distance: ``-slope[h] * log(1 + i - j)``.
+
+    One parameter per head. A positive slope prefers nearer keys, a negative one farther
+    keys; unlike :class:`RelativePrior` it cannot prefer one distance over its neighbours,
+    so what it learns transfers to distances never trained on as a ranking (nearer vs
+    farther). ``slope`` starts at ``init`` (0: no bias, outputs unchanged). Unlike the
+    other priors it is not ``<= 0`` for negative slopes.
+
+    ``forward(Tq, Tk=None, offset=0)`` returns the ``(H, Tq, Tk)`` bias of queries
+    ``[offset, offset + Tq)`` against keys ``[0, Tk)`` (``Tk`` defaults to ``offset + Tq``).
+    """
+
+    def __init__(self, heads: int, init: float = 0.0) -> None:
+        super().__init__()
+        if heads < 1:
+            raise ValueError("heads must be >= 1")
+        self.heads, self.init = heads, float(init)
+        self.slope = nn.Parameter(torch.full((heads,), float(init)))
+
+    def config(self) -> dict:
+        """Constructor arguments (what a priors file records to rebuild this module)."""
+        return {"heads": self.heads, "init": self.init}
+
+    def forward(self, seq: int, keys: int | None = None, offset: int = 0) -> Tensor:
+        keys = offset + seq if keys is None else keys
+        i = torch.arange(offset, offset + seq, device=self.slope.device)
+        j = torch.arange(keys, device=self.slope.device)
+        d = (i[:, None] - j[None, :]).clamp(min=0).to(self.slope.dtype)  # future keys are masked by the caller
+        return -self.slope[:, None, None] * torch.log1p(d)  # (H, seq, keys)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}"

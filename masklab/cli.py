@@ -33,6 +33,7 @@ STUDIES = {
     "prune": "masklab.studies.prune",
     "pretrained": "masklab.studies.pretrained",
     "routing": "masklab.studies.routing",
+    "tune-prior": "masklab.studies.tune_prior",
 }
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}

@@ -39,14 +39,15 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from masklab.bias import MaskPrior, RelativePrior
+from masklab.bias import MaskPrior, RecencyPrior, RelativePrior
 from masklab.runner import MasklabError
 
 ATTN_NAME = "masklab"
 SUPPORTED = {"llama": "Llama family (Llama, SmolLM2)", "gemma3_text": "Gemma 3 (text)"}
 FILE_FORMAT = "masklab-priors"
 FILE_VERSION = "1"
-PRIOR_TYPES: dict[str, type[nn.Module]] = {"RelativePrior": RelativePrior, "MaskPrior": MaskPrior}
+PRIOR_TYPES: dict[str, type[nn.Module]] = {"RelativePrior": RelativePrior, "RecencyPrior": RecencyPrior,
+                                           "MaskPrior": MaskPrior}
 
 PriorFactory = Callable[[int, int], nn.Module]
 
@@ -248,7 +249,7 @@ def detach_priors(model: nn.Module) -> None:
 
 
 def _prior_config(p: nn.Module) -> dict:
-    if isinstance(p, RelativePrior):
+    if isinstance(p, (RelativePrior, RecencyPrior)):
         return p.config()
     if isinstance(p, MaskPrior):
         return {"heads": int(p.m.shape[0]), "size": int(p.m.shape[-1]), "mode": p.mode}
@@ -256,8 +257,8 @@ def _prior_config(p: nn.Module) -> dict:
 
 
 def _build_prior(kind: str, cfg: dict) -> nn.Module:
-    if kind == "RelativePrior":
-        return RelativePrior(**cfg)
+    if kind in ("RelativePrior", "RecencyPrior"):
+        return PRIOR_TYPES[kind](**cfg)
     size, heads = int(cfg["size"]), int(cfg["heads"])
     return MaskPrior(torch.ones(heads, size, size), mode=cfg["mode"])  # tensors come from the file
 

