@@ -1,6 +1,7 @@
 """Seeds, checkpoints, resume, the results store and progress: shared by every study.
 
-A study is a list of :class:`RunSpec` (task, method, seed, params) and a *run function*
+A study is a list of :class:`RunSpec` (task, method, seed, params, and the pretrained model
+for studies of real LMs) and a *run function*
 ``fn(spec: dict, ckpt_dir: Path) -> {"metrics": {...}, "curves": {...}, "extra": {...}}``
 named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`:
 
@@ -8,7 +9,7 @@ named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`
 * runs the rest in-process (``jobs=1``) or in ``jobs`` worker processes
   (``python -m masklab.worker``; specs and results travel as JSON, nothing is pickled);
 * writes ``DIR/runs/<key>.json`` per run as soon as it finishes, then ``results.json``
-  and ``results.md`` (the contract in DESIGN.md).
+  and ``results.md`` (the schema is in docs/design.md).
 
 Each run is deterministic given its seed: torch uses ``threads`` threads (default 1) in
 every run whatever ``jobs`` is, so results do not depend on how the study was scheduled.
@@ -152,17 +153,31 @@ class Checkpoint:
 
 @dataclass
 class RunSpec:
-    """One run of a study. ``params`` must be JSON-serialisable."""
+    """One run of a study. ``params`` must be JSON-serialisable.
+
+    ``model`` names the pretrained model a run uses (studies of real LMs: stale, cite,
+    prune); it is left out of :attr:`key` and :meth:`as_dict` when empty, so the run keys
+    and stored specs of every other study (and resuming their output directories) do not
+    depend on it."""
 
     task: str
     method: str
     seed: int
     params: dict = field(default_factory=dict)
+    model: str = ""
 
     @property
     def key(self) -> str:
-        raw = f"{self.task}__{self.method}__s{self.seed}"
+        model = f"__{self.model}" if self.model else ""
+        raw = f"{self.task}{model}__{self.method}__s{self.seed}"
         return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in raw)
+
+    def as_dict(self) -> dict:
+        """The spec a run function receives and ``runs/<key>.json`` stores (no empty ``model``)."""
+        d = asdict(self)
+        if not self.model:
+            del d["model"]
+        return d
 
 
 def resolve(path: str) -> Callable:
@@ -178,8 +193,10 @@ def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int) -> dict:
     torch.set_num_threads(threads)
     start = time.perf_counter()
     out = resolve(fn_path)(spec, Path(ckpt_dir))
+    model = {"model": spec["model"]} if spec.get("model") else {}
     return {
         "task": spec["task"],
+        **model,
         "method": spec["method"],
         "seed": spec["seed"],
         "metrics": out.get("metrics", {}),
@@ -210,14 +227,19 @@ def environment() -> dict:
     }
 
 
+def summary_row(task: str, model: str, method: str, n: int) -> dict[str, Any]:
+    """The key columns of a summary row; ``model`` only when set."""
+    return {"task": task, **({"model": model} if model else {}), "method": method, "n": n}
+
+
 def summarize(runs: list[dict]) -> list[dict]:
-    """Mean, std (sample, ddof=1) and n of every numeric metric per (task, method)."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """Mean, std (sample, ddof=1) and n of every numeric metric per (task, model, method)."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["task"], r["method"]), []).append(r["metrics"])
+        groups.setdefault((r["task"], r.get("model", ""), r["method"]), []).append(r["metrics"])
     rows = []
-    for (task, method), metrics in groups.items():
-        row: dict[str, Any] = {"task": task, "method": method, "n": len(metrics)}
+    for (task, model, method), metrics in groups.items():
+        row = summary_row(task, model, method, len(metrics))
         names = [k for k in metrics[0] if isinstance(metrics[0][k], (int, float)) or metrics[0][k] is None]
         for name in names:
             vals = [m[name] for m in metrics if isinstance(m.get(name), (int, float)) and math.isfinite(m[name])]
@@ -252,14 +274,14 @@ def run_study(
         write_json(out / "config.json", {"study": study, "config": config})
     keys = [s.key for s in specs]
     if len(set(keys)) != len(keys):
-        raise MasklabError("two runs of this study share a task/method/seed key")
+        raise MasklabError("two runs of this study share a task/model/method/seed key")
     done: dict[str, dict] = {}
     todo: list[RunSpec] = []
     for s in specs:
         path = out / "runs" / f"{s.key}.json"
         if path.exists():
             rec = read_json(path)
-            if rec.get("spec") == asdict(s):
+            if rec.get("spec") == s.as_dict():
                 done[s.key] = rec
                 continue
         todo.append(s)
@@ -269,7 +291,7 @@ def run_study(
         if jobs <= 1:
             for s in todo:
                 bar.set_postfix_str(s.key)
-                rec = execute(fn_path, asdict(s), out / "ckpt" / s.key, threads)
+                rec = execute(fn_path, s.as_dict(), out / "ckpt" / s.key, threads)
                 if main:
                     write_json(out / "runs" / f"{s.key}.json", rec)
                 done[s.key] = rec
@@ -306,7 +328,7 @@ def _run_parallel(fn_path: str, todo: list[RunSpec], out: Path, jobs: int, threa
             while queue and len(active) < jobs and failure is None:
                 s = queue.pop(0)
                 spec_path = out / "ckpt" / s.key / "spec.json"
-                write_json(spec_path, asdict(s))
+                write_json(spec_path, s.as_dict())
                 cmd = [sys.executable, "-m", "masklab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads)]
                 log = open(out / "ckpt" / s.key / "stderr.log", "w")
                 active[s.key] = (subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL), s)
