@@ -242,11 +242,17 @@ def summarize(runs: list[dict]) -> list[dict]:
         row = summary_row(task, model, method, len(metrics))
         names = [k for k in metrics[0] if isinstance(metrics[0][k], (int, float)) or metrics[0][k] is None]
         for name in names:
-            vals = [m[name] for m in metrics if isinstance(m.get(name), (int, float)) and math.isfinite(m[name])]
-            row[f"{name}_mean"] = float(np.mean(vals)) if vals else None
-            row[f"{name}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else (0.0 if vals else None)
+            add_stats(row, name, [m.get(name) for m in metrics])
         rows.append(row)
     return rows
+
+
+def add_stats(row: dict[str, Any], name: str, values: list) -> None:
+    """``row[NAME_mean]``, ``row[NAME_std]`` (sample, ddof=1) over the finite numbers among
+    ``values`` (None, NaN and inf are left out; None for both when nothing is left)."""
+    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    row[f"{name}_mean"] = float(np.mean(vals)) if vals else None
+    row[f"{name}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else (0.0 if vals else None)
 
 
 def run_study(

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from masklab.report import write_markdown
-from masklab.runner import RunSpec, summary_row, write_json
+from masklab.runner import RunSpec, add_stats, summary_row, write_json
 from masklab.studies.per_model import load_model, model_specs, run_per_model
 
 NAME = "cite"
@@ -107,8 +107,7 @@ def pivot(results: dict) -> list[dict]:
     for (model, method), g in groups.items():
         row = summary_row(results["runs"][0]["task"], model, method, len(g["n_prompts"]))
         for metric, vals in g.items():
-            row[f"{metric}_mean"] = float(np.mean(vals))
-            row[f"{metric}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+            add_stats(row, metric, vals)
         out.append(row)
     return out
 

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from masklab.report import markdown_table
+from masklab.report import environment_line, markdown_table
 from masklab.errors import MasklabError
 from masklab.flags import flag, str_list
-from masklab.runner import RunSpec, atomic_write_text, summary_row, write_json
+from masklab.runner import RunSpec, add_stats, atomic_write_text, summary_row, write_json
 from masklab.studies.per_model import load_model, model_specs, run_per_model
 
 NAME = "prune"
@@ -204,8 +204,6 @@ def specs_for(cfg: Config) -> list[RunSpec]:
 
 def pivot(results: dict) -> list[dict]:
     """Summary rows per (task @ budget, model, method) from the flat per-run metrics."""
-    import numpy as np
-
     rows: dict[tuple[str, str, str], dict] = {}
     for run in results["runs"]:
         for k, v in run["metrics"].items():
@@ -218,8 +216,7 @@ def pivot(results: dict) -> list[dict]:
     for (task, model, method), ms in rows.items():
         row = summary_row(task, model, method, len(next(iter(ms.values()))))
         for metric, vals in ms.items():
-            row[f"{metric}_mean"] = float(np.mean(vals))
-            row[f"{metric}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+            add_stats(row, metric, vals)
         out.append(row)
     return out
 
@@ -258,7 +255,6 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
 
 
 def write_report(res: dict, out: Path, command: str) -> None:
-    env = res["environment"]
     lines = [f"# {NAME}", "", f"Regenerate with: `{command}`", "",
              markdown_table(res["summary"], res["paper"], TABLE_METRICS), "", NOTES.strip(), ""]
     for r in res["runs"]:
@@ -266,6 +262,5 @@ def write_report(res: dict, out: Path, command: str) -> None:
         lines.append(f"{r['model']} (seed {r['seed']}): routers trained on {m['train_used']} correctly answered prompts "
                      f"({m['label_passes_per_prompt']:.1f} forward passes per prompt for the labels, "
                      f"{m['train_seconds']:.0f} s); {m['n_test']} test prompts.")
-    lines += ["", f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
-              f"{env.get('torch_threads_per_run')} thread(s) per run, git {env['git_rev']}."]
+    lines += ["", environment_line(res)]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")
