@@ -7,7 +7,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from masklab.flags import flag
 from masklab.runner import RunSpec, run_study
+
+
+def prompt_format_flag() -> Any:
+    """The ``--prompt-format`` field of a study of real LMs (None: each model's own format)."""
+    return flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
+                help="raw completion or the model's chat turns")
 
 
 def model_specs(cfg: Any, task: str, method: str) -> list[RunSpec]:

@@ -14,7 +14,7 @@ is kept:
 * kvpress presses (``snapkv``, ``knorm``, ``tova``, ``streaming``,
   ``expected-attention``) - drop ``1 - budget`` of the context's KV pairs at pre-fill.
 
-Metrics per (model @ budget, method): ``accuracy`` (exact match with the current value),
+Metrics per (task @ budget, model, method) summary row: ``accuracy`` (exact match with the current value),
 ``gold_kept`` (the current-value sentence survived; sentence methods only), ``kept`` (the
 kept fraction of context tokens), ``seconds`` (per answer, including the method's own
 scoring). ``--task squad --squad FILE`` runs the same on SQuAD v1.1 questions (the
@@ -34,7 +34,7 @@ from masklab.report import environment_line, markdown_table
 from masklab.errors import MasklabError
 from masklab.flags import flag, str_list
 from masklab.runner import RunSpec, add_stats, atomic_write_text, summary_row, write_json
-from masklab.studies.per_model import load_model, model_specs, run_per_model
+from masklab.studies.per_model import load_model, model_specs, prompt_format_flag, run_per_model
 
 NAME = "prune"
 RUN_METHOD = "all"  # one run per model trains the routers and evaluates every method and budget on the same prompts
@@ -69,8 +69,7 @@ class Config:
     test_prompts: int = flag(40, help="test prompts per model")
     filler_max: int = flag(6, help="at most this many distractor sentences per gap")
     max_new_tokens: int = 6
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
-                                     help="raw completion or the model's chat turns")
+    prompt_format: str | None = prompt_format_flag()
     threads: int = flag(1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 

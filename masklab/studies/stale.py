@@ -37,7 +37,7 @@ from masklab.report import write_markdown
 from masklab.errors import MasklabError
 from masklab.flags import flag, int_list
 from masklab.runner import RunSpec
-from masklab.studies.per_model import load_model, model_specs, run_per_model
+from masklab.studies.per_model import load_model, model_specs, prompt_format_flag, run_per_model
 
 NAME = "stale"
 METHOD = "answer-attention"  # greedy answer, then the attention from the answer position
@@ -77,8 +77,7 @@ class Config:
                            help="min,max distractor sentences per gap")
     filler_max: int = 6
     max_new_tokens: int = 6
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
-                                     help="raw completion or the model's chat turns")
+    prompt_format: str | None = prompt_format_flag()
     threads: int = flag(1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
