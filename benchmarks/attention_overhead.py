@@ -78,7 +78,7 @@ class EagerAttention(nn.Module):
         self.attn = attn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn(x, return_probs=True)[0]
+        return self.attn(x, return_attn=True)[0]
 
 
 def attention_part(lengths: list[int], tokens: int, reps: int, compile_: bool) -> dict[str, dict[str, float]]:

@@ -13,14 +13,14 @@ Every model, intervention and router in masklab goes through :class:`Attention`:
 * an optional per-example ``query_scale`` multiplies ``q`` (an inverse temperature, e.g. a
   router's ``log n`` length scaling).
 
-The default path is ``torch.nn.functional.scaled_dot_product_attention``. ``return_probs=True``
+The default path is ``torch.nn.functional.scaled_dot_product_attention``. ``return_attn=True``
 switches to an eager path that also returns the attention probabilities (for analysis);
 both paths agree to float precision (tested).
 
 Learnable priors. PyTorch's fused SDPA kernels return no gradient for ``attn_mask``, so a
 mask that requires grad sends SDPA to its math kernel, which materialises several
 ``(B, H, T, T)`` tensors. ``Attention(impl=...)`` picks how a prior that requires grad is
-handled (no prior and ``return_probs`` are unaffected):
+handled (no prior and ``return_attn`` are unaffected):
 
 * ``"math"`` - the reference: SDPA with the summed mask (its math kernel);
 * ``"blocked"`` - :class:`BlockedBiasAttention`: forward by SDPA's CPU flash kernel (which
@@ -191,14 +191,14 @@ class Attention(nn.Module):
         return _sum_bias(self.prior(seq) if self.prior is not None else None, bias)
 
     def forward(
-        self, x: Tensor, bias: Tensor | None = None, return_probs: bool = False, query_scale: Tensor | None = None
+        self, x: Tensor, bias: Tensor | None = None, return_attn: bool = False, query_scale: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """x: ``(B, T, D)``; bias: additive ``(B|1, H|1, T, T)`` (``-inf`` allowed);
         query_scale: optional ``(B,)`` factor on every query of an example, i.e. a per-example
         inverse temperature of the logits (e.g. ``log n`` length scaling).
 
         Returns ``(y, probs)``: ``y`` is ``(B, T, D)``; ``probs`` is ``(B, H, T, T)`` when
-        ``return_probs`` else ``None``. A query row whose keys are all ``-inf`` is undefined
+        ``return_attn`` else ``None``. A query row whose keys are all ``-inf`` is undefined
         (NaN): callers always leave each query at least one key (itself).
         """
         B, T, _ = x.shape
@@ -211,7 +211,7 @@ class Attention(nn.Module):
         prior = self.prior(T) if self.prior is not None else None
         fast = self.impl == "blocked" or (self.impl == "auto" and T >= MIN_FAST_SEQ)
         if (
-            not return_probs
+            not return_attn
             and fast
             and prior is not None
             and prior.requires_grad  # learnable and grad enabled
@@ -232,7 +232,7 @@ class Attention(nn.Module):
             if fast and mask.dim() == 3:  # SDPA's CPU flash kernel takes 2-D or 4-D masks only,
                 mask = mask[None]  # so a frozen (H|1, T, T) prior would send it to the math kernel
         probs = None
-        if return_probs:
+        if return_attn:
             logits = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
             if mask is not None:
                 logits = logits + mask
@@ -287,9 +287,9 @@ class Block(nn.Module):
         self.mlp = MLP(dim, mlp_hidden)
 
     def forward(
-        self, x: Tensor, bias: Tensor | None = None, return_probs: bool = False, query_scale: Tensor | None = None
+        self, x: Tensor, bias: Tensor | None = None, return_attn: bool = False, query_scale: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """x: ``(B, T, D)`` -> ``((B, T, D), probs (B, H, T, T) or None)``; see :meth:`Attention.forward`."""
-        a, probs = self.attn(self.ln1(x), bias, return_probs, query_scale)
+        a, probs = self.attn(self.ln1(x), bias, return_attn, query_scale)
         x = x + a
         return x + self.mlp(self.ln2(x)), probs

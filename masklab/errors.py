@@ -17,3 +17,11 @@ class MasklabError(Exception):
 def unknown(kind: str, name: object, choices: Iterable[str], extra: str = "") -> MasklabError:
     """``unknown KIND 'NAME'; choose from a, b, c[EXTRA]`` (returned, for ``raise``)."""
     return MasklabError(f"unknown {kind} {name!r}; choose from {', '.join(choices)}{extra}")
+
+
+def check_choices(kind: str, names: Iterable[object], choices: Iterable[str]) -> None:
+    """Raise :func:`unknown` for the first of ``names`` that is not one of ``choices``."""
+    choices = list(choices)
+    for name in names:
+        if name not in choices:
+            raise unknown(kind, name, choices)

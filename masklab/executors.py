@@ -34,7 +34,6 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
@@ -93,7 +92,7 @@ class LocalExecutor:
         if self.jobs <= 1:
             for s in todo:
                 show(s.key)
-                rec = execute(fn_path, asdict(s), out / "ckpt" / s.key, threads)
+                rec = execute(fn_path, s.as_dict(), out / "ckpt" / s.key, threads)
                 if self.write:
                     write_json(out / "runs" / f"{s.key}.json", rec)
                 yield s.key, rec
@@ -109,7 +108,7 @@ class LocalExecutor:
                 while queue and len(active) < self.jobs and failure is None:
                     s = queue.pop(0)
                     spec_path = out / "ckpt" / s.key / "spec.json"
-                    write_json(spec_path, asdict(s))
+                    write_json(spec_path, s.as_dict())
                     cmd = [sys.executable, "-m", "masklab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads)]
                     with open(out / "ckpt" / s.key / "stderr.log", "w") as log:
                         active[s.key] = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
@@ -249,7 +248,7 @@ class RayExecutor:
         for s in todo:
             cpus = max(threads, int(s.params.get("cpus", 1)))
             ref = task.options(num_cpus=cpus, max_retries=self.max_retries, retry_exceptions=False, name=f"masklab:{s.key}").remote(
-                fn_path, asdict(s), str(out), threads
+                fn_path, s.as_dict(), str(out), threads
             )
             keys[ref] = s.key
         pending = list(keys)

@@ -1,4 +1,4 @@
-"""Markdown tables and matplotlib figures from a results dict (the contract in docs/design.md).
+"""Markdown tables and matplotlib figures from a results dict (schema: docs/design.md).
 
 * :func:`markdown_table` - the summary, ``mean ± std (n)`` per metric, the paper's numbers beside;
 * :func:`write_markdown` - ``results.md``: command, table, notes, environment;
@@ -36,11 +36,13 @@ def paper_cell(paper: list[dict], task: str, method: str) -> str:
 
 
 def markdown_table(summary: list[dict], paper: list[dict], metrics: list[str], digits: int = 3) -> str:
-    """One row per (task, method): ``mean ± std`` of each metric, ``n`` and the paper's numbers."""
-    head = ["task", "method", "n", *metrics, "paper"]
+    """One row per (task, model, method): ``mean ± std`` of each metric, ``n`` and the paper's
+    numbers. The model column is there only when the rows have one (studies of real LMs)."""
+    models = any("model" in row for row in summary)
+    head = ["task", *(["model"] if models else []), "method", "n", *metrics, "paper"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in summary:
-        cells = [row["task"], row["method"], str(row["n"])]
+        cells = [row["task"], *([row.get("model", "-")] if models else []), row["method"], str(row["n"])]
         for m in metrics:
             mean, std = row.get(f"{m}_mean"), row.get(f"{m}_std")
             cells.append("-" if mean is None else f"{mean:.{digits}f} ± {std:.{digits}f}")

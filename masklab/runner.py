@@ -1,6 +1,7 @@
 """Seeds, checkpoints, resume, the results store and progress: shared by every study.
 
-A study is a list of :class:`RunSpec` (task, method, seed, params) and a *run function*
+A study is a list of :class:`RunSpec` (task, method, seed, params, and the pretrained model
+for studies of real LMs) and a *run function*
 ``fn(spec: dict, ckpt_dir: Path) -> {"metrics": {...}, "curves": {...}, "extra": {...}}``
 named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`:
 
@@ -9,7 +10,7 @@ named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`
   ``jobs`` worker processes (``python -m masklab.worker``) or as Ray tasks on a cluster;
   specs and results travel as JSON, nothing is pickled;
 * writes ``DIR/runs/<key>.json`` per run as soon as it finishes, then ``results.json``
-  and ``results.md`` (the contract in docs/design.md).
+  and ``results.md`` (the schema is in docs/design.md).
 
 Each run is deterministic given its seed: torch uses ``threads`` threads (default 1) in
 every run whatever ``jobs`` is, so results do not depend on how the study was scheduled.
@@ -26,7 +27,6 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -141,21 +141,32 @@ def environment() -> dict:
     }
 
 
+def summary_row(task: str, model: str, method: str, n: int) -> dict[str, Any]:
+    """The key columns of a summary row; ``model`` only when set."""
+    return {"task": task, **({"model": model} if model else {}), "method": method, "n": n}
+
+
 def summarize(runs: list[dict]) -> list[dict]:
-    """Mean, std (sample, ddof=1) and n of every numeric metric per (task, method)."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """Mean, std (sample, ddof=1) and n of every numeric metric per (task, model, method)."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["task"], r["method"]), []).append(r["metrics"])
+        groups.setdefault((r["task"], r.get("model", ""), r["method"]), []).append(r["metrics"])
     rows = []
-    for (task, method), metrics in groups.items():
-        row: dict[str, Any] = {"task": task, "method": method, "n": len(metrics)}
+    for (task, model, method), metrics in groups.items():
+        row = summary_row(task, model, method, len(metrics))
         names = [k for k in metrics[0] if isinstance(metrics[0][k], (int, float)) or metrics[0][k] is None]
         for name in names:
-            vals = [m[name] for m in metrics if isinstance(m.get(name), (int, float)) and math.isfinite(m[name])]
-            row[f"{name}_mean"] = float(np.mean(vals)) if vals else None
-            row[f"{name}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else (0.0 if vals else None)
+            add_stats(row, name, [m.get(name) for m in metrics])
         rows.append(row)
     return rows
+
+
+def add_stats(row: dict[str, Any], name: str, values: list) -> None:
+    """``row[NAME_mean]``, ``row[NAME_std]`` (sample, ddof=1) over the finite numbers among
+    ``values`` (None, NaN and inf are left out; None for both when nothing is left)."""
+    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    row[f"{name}_mean"] = float(np.mean(vals)) if vals else None
+    row[f"{name}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else (0.0 if vals else None)
 
 
 def run_study(
@@ -186,14 +197,14 @@ def run_study(
         write_json(out / "config.json", {"study": study, "config": config})
     keys = [s.key for s in specs]
     if len(set(keys)) != len(keys):
-        raise MasklabError("two runs of this study share a task/method/seed key")
+        raise MasklabError("two runs of this study share a task/model/method/seed key")
     done: dict[str, dict] = {}
     todo: list[RunSpec] = []
     for s in specs:
         path = out / "runs" / f"{s.key}.json"
         if path.exists():
             rec = read_json(path)
-            if rec.get("spec") == asdict(s):
+            if rec.get("spec") == s.as_dict():
                 done[s.key] = rec
                 continue
         todo.append(s)

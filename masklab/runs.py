@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -17,17 +17,31 @@ from masklab.errors import MasklabError
 
 @dataclass
 class RunSpec:
-    """One run of a study. ``params`` must be JSON-serialisable."""
+    """One run of a study. ``params`` must be JSON-serialisable.
+
+    ``model`` names the pretrained model a run uses (studies of real LMs: stale, cite,
+    prune); it is left out of :attr:`key` and :meth:`as_dict` when empty, so the run keys
+    and stored specs of every other study (and resuming their output directories) do not
+    depend on it."""
 
     task: str
     method: str
     seed: int
     params: dict = field(default_factory=dict)
+    model: str = ""
 
     @property
     def key(self) -> str:
-        raw = f"{self.task}__{self.method}__s{self.seed}"
+        model = f"__{self.model}" if self.model else ""
+        raw = f"{self.task}{model}__{self.method}__s{self.seed}"
         return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in raw)
+
+    def as_dict(self) -> dict:
+        """The spec a run function receives and ``runs/<key>.json`` stores (no empty ``model``)."""
+        d = asdict(self)
+        if not self.model:
+            del d["model"]
+        return d
 
 
 def resolve(path: str) -> Callable:
@@ -47,8 +61,10 @@ def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int) -> dict:
     start = time.perf_counter()
     with threadpool_limits(threads):
         out = resolve(fn_path)(spec, Path(ckpt_dir))
+    model = {"model": spec["model"]} if spec.get("model") else {}
     return {
         "task": spec["task"],
+        **model,
         "method": spec["method"],
         "seed": spec["seed"],
         "metrics": out.get("metrics", {}),

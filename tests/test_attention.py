@@ -23,7 +23,7 @@ def test_fused_and_eager_paths_agree_with_every_bias_term():
     bias = causal_bias(12) + key_bias(keep)
     bias = bias.masked_fill(torch.eye(12, dtype=torch.bool), 0.0)  # every query keeps itself
     fused, none = attn(x, bias)
-    eager, probs = attn(x, bias, return_probs=True)
+    eager, probs = attn(x, bias, return_attn=True)
     assert none is None
     assert (fused - eager).abs().max().item() <= 1e-5
     assert probs.shape == (3, 4, 12, 12)
@@ -34,7 +34,7 @@ def test_eager_probabilities_are_softmax_of_qk_plus_bias():
     attn = Attention(16, 2)
     x = torch.randn(1, 5, 16)
     bias = torch.randn(1, 2, 5, 5)
-    _, probs = attn(x, bias, return_probs=True)
+    _, probs = attn(x, bias, return_attn=True)
     q = attn.q(x).view(1, 5, 2, 8).transpose(1, 2)
     k = attn.k(x).view(1, 5, 2, 8).transpose(1, 2)
     want = (q @ k.transpose(-2, -1) / math.sqrt(8) + bias).softmax(-1)
@@ -45,7 +45,7 @@ def test_hidden_keys_get_zero_probability_and_do_not_change_output():
     attn = Attention(16, 2)
     x = torch.randn(2, 6, 16)
     keep = torch.tensor([[1, 1, 0, 1, 0, 1]] * 2, dtype=torch.bool)
-    y, probs = attn(x, key_bias(keep), return_probs=True)
+    y, probs = attn(x, key_bias(keep), return_attn=True)
     assert probs[..., ~keep[0]].abs().max() == 0
     # changing a hidden token's content changes nothing for the visible queries' outputs
     x2 = x.clone()
@@ -62,7 +62,7 @@ def test_causal_bias_blocks_the_future():
 def test_block_is_pre_layernorm_residual():
     block = Block(16, 4)
     x = torch.randn(2, 5, 16)
-    y, probs = block(x, return_probs=True)
+    y, probs = block(x, return_attn=True)
     a, _ = block.attn(block.ln1(x))
     h = x + a
     assert torch.allclose(y, h + block.mlp(block.ln2(h)), atol=1e-6)
@@ -91,9 +91,9 @@ def test_query_scale_is_a_per_example_inverse_temperature():
     torch.manual_seed(0)
     attn = Attention(16, 2)
     x = torch.randn(2, 5, 16)
-    _, p1 = attn(x, return_probs=True)
+    _, p1 = attn(x, return_attn=True)
     scale = torch.tensor([1.0, 3.0])
-    y, p = attn(x, return_probs=True, query_scale=scale)
+    y, p = attn(x, return_attn=True, query_scale=scale)
     assert torch.allclose(p[0], p1[0], atol=1e-6)
     q = attn.q(x[1]).view(5, 2, 8).transpose(0, 1)
     k = attn.k(x[1]).view(5, 2, 8).transpose(0, 1)

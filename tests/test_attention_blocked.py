@@ -123,7 +123,7 @@ def test_auto_uses_blocked_only_for_a_prior_that_requires_grad(monkeypatch):
     monkeypatch.setattr(attention_module, "MIN_FAST_SEQ", 8)
     learnable(x)
     assert len(calls) == 1
-    learnable(x, return_probs=True)  # eager path keeps returning probabilities
+    learnable(x, return_attn=True)  # eager path keeps returning probabilities
     with torch.no_grad():
         learnable(x)
     Attention(16, 2, MaskPrior(torch.rand(8, 8), mode="frozen"))(x)

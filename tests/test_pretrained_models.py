@@ -142,7 +142,7 @@ def test_stale_cli_end_to_end(smol, tmp_path):
     assert main(["stale", "--quick", "--model", "smollm2-135m", "--prompts", "3", "--out", str(out), "--no-progress", "--jobs", "1"]) == 0
     res = json.loads((out / "results.json").read_text())
     run = res["runs"][0]
-    assert run["method"] == "smollm2-135m" and run["metrics"]["n_prompts"] == 3
+    assert (run["model"], run["method"]) == ("smollm2-135m", "answer-attention") and run["metrics"]["n_prompts"] == 3
     assert 0 <= run["metrics"]["accuracy"] <= 1
     assert (out / "results.md").exists()
 
@@ -161,5 +161,6 @@ def test_prune_cli_end_to_end(smol, tmp_path):
     res = json.loads((out / "results.json").read_text())
     methods = {s["method"]: s for s in res["summary"]}
     assert set(methods) == {"full", "router-evidence", "random", "snapkv"}
+    assert {(s["task"], s["model"]) for s in res["summary"]} == {("stale@0.5", "smollm2-135m")}
     assert methods["router-evidence"]["kept_mean"] <= 0.5 + 1e-6 and methods["full"]["kept_mean"] == 1.0
     assert all(0 <= s["accuracy_mean"] <= 1 for s in res["summary"])

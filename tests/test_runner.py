@@ -5,6 +5,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
+from masklab.report import markdown_table
 from masklab.runner import Checkpoint, MasklabError, RunSpec, read_json, run_study, summarize
 from masklab.studies.gotu import Config, run_one, specs_for
 
@@ -98,3 +99,29 @@ def test_summary_mean_std_n():
     (row,) = summarize(runs)
     assert row["n"] == 2 and row["acc_mean"] == 0.5 and row["acc_std"] == pytest.approx(0.7071, abs=1e-4)
     assert row["steps_mean"] == 10 and row["steps_std"] == 0.0
+
+
+def test_model_has_its_own_place_and_leaves_other_studies_unchanged():
+    plain = RunSpec("2parity", "mask", 0, {"lr": 1e-3})
+    assert plain.key == "2parity__mask__s0"  # keys (and so resume) of studies without models are unchanged
+    assert plain.as_dict() == {"task": "2parity", "method": "mask", "seed": 0, "params": {"lr": 1e-3}}
+    lm = RunSpec("stale", "answer-attention", 0, {}, model="org/model-1")
+    assert lm.key == "stale__org_model-1__answer-attention__s0" and lm.as_dict()["model"] == "org/model-1"
+    runs = [
+        {"task": "t", "model": "a", "method": "m", "metrics": {"acc": 1.0}},
+        {"task": "t", "model": "b", "method": "m", "metrics": {"acc": 0.0}},
+        {"task": "t", "method": "m", "metrics": {"acc": 0.5}},
+    ]
+    rows = summarize(runs)
+    assert [(r["task"], r.get("model"), r["method"], r["acc_mean"]) for r in rows] == [
+        ("t", "a", "m", 1.0), ("t", "b", "m", 0.0), ("t", None, "m", 0.5)]
+    assert "model" not in rows[2]
+
+
+def test_results_of_a_study_without_models_have_no_model_key(tmp_path):
+    res = run_study("gotu", {}, specs_for(Config(**TINY))[:1], "masklab.studies.gotu:run_one", tmp_path, progress=False)
+    assert all("model" not in r and "model" not in r["spec"] for r in res["runs"])
+    assert all("model" not in row for row in res["summary"])
+    assert "| task | method | n |" in markdown_table(res["summary"], [], ["unseen_acc"])
+    with_model = [dict(res["summary"][0], model="gemma3-270m")]
+    assert markdown_table(with_model, [], ["unseen_acc"]).startswith("| task | model | method | n |")

@@ -34,8 +34,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from masklab.flags import flag, str_list, strength_flag  # noqa: E402
 from masklab.models import GPT  # noqa: E402
-from masklab.report import plot_curves, write_markdown  # noqa: E402
-from masklab.runner import MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
+from masklab.report import plot_curves, save_figure, write_markdown  # noqa: E402
+from masklab.errors import MasklabError, check_choices  # noqa: E402
+from masklab.runner import RunSpec, run_study, seed_everything  # noqa: E402
 from masklab.structures import ARITH_PRIORS, allowed_mass, arith_structure, emitting_position, result_width  # noqa: E402
 from masklab.tasks.arithmetic import OPS, VOCAB, WIDTHS, greedy_results, inputs_targets, make_split, score, train_count  # noqa: E402
 from masklab.train import Recipe, init_qk, priors_for, steps_to, train  # noqa: E402
@@ -236,14 +237,9 @@ def specs_for(cfg: Config) -> list[RunSpec]:
 
 
 def validate(cfg: Config) -> None:
-    for op in cfg.ops:
-        if op not in OPS:
-            raise MasklabError(f"unknown operation {op!r}; choose from {', '.join(OPS)}")
-    for m in cfg.methods:
-        if m not in METHODS:
-            raise MasklabError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-    if cfg.prior not in ARITH_PRIORS:
-        raise MasklabError(f"unknown prior variant {cfg.prior!r}; choose from {', '.join(ARITH_PRIORS)}")
+    check_choices("operation", cfg.ops, OPS)
+    check_choices("method", cfg.methods, METHODS)
+    check_choices("prior variant", [cfg.prior], ARITH_PRIORS)
     if cfg.width not in WIDTHS:
         raise MasklabError(f"--width must be between {WIDTHS[0]} and {WIDTHS[-1]}, got {cfg.width}")
     if cfg.steps < 1 or cfg.batch < 1 or cfg.lr <= 0 or cfg.evals < 1:
@@ -302,11 +298,7 @@ def plot_fractions(results: dict, path: Path, metric: str = "exact_acc") -> None
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
 
 
 def report(results: dict, out: Path, command: str) -> None:

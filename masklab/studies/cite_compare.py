@@ -17,15 +17,17 @@ and ``seconds`` per prompt.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from masklab.report import write_markdown
-from masklab.runner import RunSpec, run_study, write_json
+from masklab.runner import RunSpec, add_stats, summary_row, write_json
+from masklab.studies.per_model import load_model, model_specs, run_per_model
 
 NAME = "cite"
+RUN_METHOD = "all"  # one run per model evaluates every method of the config on the same prompts
 METHODS = ("loo", "group-testing", "greedy-minimal", "contextcite")
 TABLE_METRICS = ["gold_hit", "top1_hit", "set_size", "exact", "agree_contextcite", "forward_passes", "seconds", "n_prompts"]
 
@@ -54,11 +56,10 @@ def reproduce_config() -> Config:
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
     from masklab.pretrained.evidence import cite
     from masklab.pretrained.lm import encode, generate
-    from masklab.pretrained.models import load
     from masklab.tasks.stale_prompts import make_prompts
 
     p = spec["params"]
-    lm = load(spec["method"], threads=p["threads"], prompt_format=p.get("prompt_format"))
+    lm = load_model(spec)
     rows: dict[str, list[dict]] = {m: [] for m in p["methods"]}
     n_empty = 0
     for ex in make_prompts(p["prompts"], seed=2000 + spec["seed"], filler=(0, p["filler_max"])):
@@ -87,8 +88,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
-    params = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds")}
-    return [RunSpec("stale", m, s, params) for m in cfg.models for s in cfg.seeds]
+    return model_specs(cfg, "stale", RUN_METHOD)
 
 
 def pivot(results: dict) -> list[dict]:
@@ -98,23 +98,22 @@ def pivot(results: dict) -> list[dict]:
         for k, v in run["metrics"].items():
             if "|" in k:
                 metric, method = k.split("|")
-                g = groups.setdefault((run["method"], method), {"n_prompts": []})
+                g = groups.setdefault((run["model"], method), {"n_prompts": []})
                 g.setdefault(metric, []).append(v)
         for (model, method), g in groups.items():
-            if model == run["method"]:
+            if model == run["model"]:
                 g["n_prompts"].append(run["metrics"]["n_prompts"])
     out = []
     for (model, method), g in groups.items():
-        row = {"task": model, "method": method, "n": len(g["n_prompts"])}
+        row = summary_row(results["runs"][0]["task"], model, method, len(g["n_prompts"]))
         for metric, vals in g.items():
-            row[f"{metric}_mean"] = float(np.mean(vals))
-            row[f"{metric}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+            add_stats(row, metric, vals)
         out.append(row)
     return out
 
 
 NOTES = """\
-Rows: task = model, method = evidence method. Only prompts the model answers correctly
+Rows: one per (model, evidence method). Only prompts the model answers correctly
 count (`n_prompts`). `gold_hit`: the current-value sentence is in the evidence set
 (ContextCite: its top-1); `top1_hit`: the method's single best sentence is the gold one;
 `agree_contextcite`: ContextCite's top-1 lies in our set; `forward_passes`: sequences
@@ -124,12 +123,7 @@ pass); `seconds`: wall time per prompt on a shared CPU.
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab reproduce pretrained") -> dict:
-    from masklab.pretrained.models import check_models, check_prompt_format
-
-    check_models(cfg.models)
-    check_prompt_format(cfg.prompt_format)
-    res = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.cite_compare:run_one", out,
-                    jobs=min(jobs, len(cfg.models) * len(cfg.seeds)), threads=cfg.threads, paper=[], progress=progress)
+    res = run_per_model(NAME, cfg, specs_for(cfg), "masklab.studies.cite_compare:run_one", out, jobs, progress)
     res["summary"] = pivot(res)
     write_json(Path(out) / "results.json", res)
     write_markdown(res, out, TABLE_METRICS, command, NOTES)

@@ -36,7 +36,7 @@ from masklab.evidence.interventions import MODES, answer_logits, evidence_mask, 
 from masklab.evidence.search import SEARCHES
 from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
 from masklab.report import environment_line, markdown_table, plot_curves, save_figure
-from masklab.errors import MasklabError
+from masklab.errors import MasklabError, check_choices
 from masklab.flags import flag, list_or_none
 from masklab.files import atomic_write_text, write_json
 from masklab.runner import RunSpec, run_study, summarize
@@ -271,19 +271,12 @@ def specs_for(cfg: Config) -> list[RunSpec]:
 
 
 def validate(cfg: Config) -> None:
-    for t in cfg.tasks:
-        if t not in GYMS:
-            raise MasklabError(f"unknown evidence task {t!r}; choose from {', '.join(GYMS)}")
-    for m in cfg.methods:
-        if m not in SEARCHES:
-            raise MasklabError(f"unknown evidence method {m!r}; choose from {', '.join(SEARCHES)}")
+    check_choices("evidence task", cfg.tasks, GYMS)
+    check_choices("evidence method", cfg.methods, SEARCHES)
     for a in cfg.aggregates:
         aggregate_fn(a)
-    for s in cfg.selections:
-        if s not in SELECTIONS:
-            raise MasklabError(f"unknown selection {s!r}; choose from {', '.join(SELECTIONS)}")
-    if cfg.mode not in MODES:
-        raise MasklabError(f"unknown --mode {cfg.mode!r}; choose from {', '.join(MODES)}")
+    check_choices("selection", cfg.selections, SELECTIONS)
+    check_choices("--mode", [cfg.mode], MODES)
     if cfg.items < 1 or cfg.examples < 1 or (cfg.teacher_steps is not None and cfg.teacher_steps < 1):
         raise MasklabError("--items, --examples and --teacher-steps must be positive")
     for t in cfg.tasks:  # vocabulary and sizes, checked before any training

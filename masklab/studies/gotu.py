@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from masklab.flags import flag, strength_flag
 from masklab.models import TokenEncoder
 from masklab.report import plot_curves, write_markdown
-from masklab.runner import MasklabError, RunSpec, run_study, seed_everything
+from masklab.errors import MasklabError, check_choices
+from masklab.runner import RunSpec, run_study, seed_everything
 from masklab.structures import DESIGNS, allowed_mass, design_structure
 from masklab.tasks.boolean import (
     DIM,
@@ -228,9 +229,7 @@ def validate(cfg: Config) -> None:
     for t in cfg.tasks:
         if t not in TASKS and not cfg.function:
             raise MasklabError(f"unknown task {t!r}; choose from {', '.join(TASKS)} or give --function/--seen/--support")
-    for m in cfg.methods:
-        if m not in METHODS:
-            raise MasklabError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    check_choices("method", cfg.methods, METHODS)
     if cfg.design is not None and cfg.design not in DESIGNS:
         raise MasklabError(f"unknown design {cfg.design!r}; choose from {', '.join(sorted(DESIGNS))}")
     if cfg.function or cfg.seen or cfg.support:

@@ -31,7 +31,8 @@ from masklab import distributed as dist
 from masklab.flags import flag
 from masklab.models import GPT
 from masklab.report import plot_curves, write_markdown
-from masklab.runner import MasklabError, RunSpec, run_study, seed_everything
+from masklab.errors import MasklabError, check_choices
+from masklab.runner import RunSpec, run_study, seed_everything
 from masklab.structures import relative_distance
 from masklab.tasks.text import CORPORA, TOKENIZERS, TokenData, load_corpus, tokenize
 from masklab.train import Recipe, priors_for, steps_to, train
@@ -163,13 +164,9 @@ def specs_for(cfg: Config) -> list[RunSpec]:
 
 
 def validate(cfg: Config) -> None:
-    if cfg.corpus not in CORPORA:
-        raise MasklabError(f"unknown corpus {cfg.corpus!r}; choose from {', '.join(CORPORA)}")
-    if cfg.tokenizer not in TOKENIZERS:
-        raise MasklabError(f"unknown tokenizer {cfg.tokenizer!r}; choose from {', '.join(TOKENIZERS)}")
-    for m in cfg.methods:
-        if m not in METHODS:
-            raise MasklabError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    check_choices("corpus", [cfg.corpus], CORPORA)
+    check_choices("tokenizer", [cfg.tokenizer], TOKENIZERS)
+    check_choices("method", cfg.methods, METHODS)
     if cfg.steps < 1 or cfg.batch < 1 or cfg.lr <= 0 or cfg.block < 2:
         raise MasklabError("--steps, --batch must be positive, --block >= 2 and --lr > 0")
     if cfg.dim % cfg.heads:

@@ -14,7 +14,7 @@ is kept:
 * kvpress presses (``snapkv``, ``knorm``, ``tova``, ``streaming``,
   ``expected-attention``) - drop ``1 - budget`` of the context's KV pairs at pre-fill.
 
-Metrics per (model @ budget, method): ``accuracy`` (exact match with the current value),
+Metrics per (task @ budget, model, method) summary row: ``accuracy`` (exact match with the current value),
 ``gold_kept`` (the current-value sentence survived; sentence methods only), ``kept`` (the
 kept fraction of context tokens), ``seconds`` (per answer, including the method's own
 scoring). ``--task squad --squad FILE`` runs the same on SQuAD v1.1 questions (the
@@ -25,18 +25,20 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from masklab.report import markdown_table
+from masklab.report import environment_line, markdown_table
 from masklab.errors import MasklabError
 from masklab.flags import flag, str_list
 from masklab.files import atomic_write_text, write_json
-from masklab.runner import RunSpec, run_study
+from masklab.runner import RunSpec, add_stats, summary_row
+from masklab.studies.per_model import load_model, model_specs, prompt_format_flag, run_per_model
 
 NAME = "prune"
+RUN_METHOD = "all"  # one run per model trains the routers and evaluates every method and budget on the same prompts
 SENTENCE_METHODS = ("router-evidence", "router-attention", "attention-keep", "random")
 TABLE_METRICS = ["accuracy", "gold_kept", "kept", "seconds"]
 PAPER = [
@@ -68,8 +70,7 @@ class Config:
     test_prompts: int = flag(40, help="test prompts per model")
     filler_max: int = flag(6, help="at most this many distractor sentences per gap")
     max_new_tokens: int = 6
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
-                                     help="raw completion or the model's chat turns")
+    prompt_format: str | None = prompt_format_flag()
     threads: int = flag(1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
@@ -103,7 +104,6 @@ def generate_on(lm, sentences: list[str], query: str, max_new_tokens: int) -> st
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
     from masklab.pretrained.lm import encode
-    from masklab.pretrained.models import load
     from masklab.pretrained.peers import KVPressRunner
     from masklab.pretrained.router import (
         SentenceRouter,
@@ -115,7 +115,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     )
 
     p = spec["params"]
-    lm = load(spec["method"], attn="eager", threads=p["threads"], prompt_format=p.get("prompt_format"))
+    lm = load_model(spec, attn="eager")
     rng = random.Random(spec["seed"])
     n_train = p["train_prompts"]
     pool = make_examples(p, n_train + p["test_prompts"], 1000 + spec["seed"])
@@ -137,7 +137,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         y_ev.append(torch.zeros(n).index_fill_(0, torch.tensor(lab["evidence"] or [n - 1], dtype=torch.long), 1.0))
         y_att.append(torch.zeros(n).index_fill_(0, torch.tensor(lab["attention"], dtype=torch.long), 1.0))
     if used < 2:
-        raise MasklabError(f"{spec['method']} answered fewer than 2 training prompts correctly; no router can be trained")
+        raise MasklabError(f"{spec['model']} answered fewer than 2 training prompts correctly; no router can be trained")
     Xc = torch.cat(X)
     routers = {"router-evidence": SentenceRouter.fit(Xc, torch.cat(y_ev), seed=spec["seed"]),
                "router-attention": SentenceRouter.fit(Xc, torch.cat(y_att), seed=spec["seed"])}
@@ -199,28 +199,24 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
-    params = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds")}
-    return [RunSpec(cfg.task, m, s, params) for m in cfg.models for s in cfg.seeds]
+    return model_specs(cfg, cfg.task, RUN_METHOD)
 
 
 def pivot(results: dict) -> list[dict]:
-    """Summary rows per (model @ budget, method) from the flat per-run metrics."""
-    import numpy as np
-
-    rows: dict[tuple[str, str], dict] = {}
+    """Summary rows per (task @ budget, model, method) from the flat per-run metrics."""
+    rows: dict[tuple[str, str, str], dict] = {}
     for run in results["runs"]:
         for k, v in run["metrics"].items():
             if "|" not in k:
                 continue
             metric, method, budget = k.split("|")
-            task = f"{results['config']['task']}:{run['method']}@{budget}"
-            rows.setdefault((task, method), {}).setdefault(metric, []).append(v)
+            task = f"{results['config']['task']}@{budget}"
+            rows.setdefault((task, run["model"], method), {}).setdefault(metric, []).append(v)
     out = []
-    for (task, method), ms in rows.items():
-        row = {"task": task, "method": method, "n": len(next(iter(ms.values())))}
+    for (task, model, method), ms in rows.items():
+        row = summary_row(task, model, method, len(next(iter(ms.values()))))
         for metric, vals in ms.items():
-            row[f"{metric}_mean"] = float(np.mean(vals))
-            row[f"{metric}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+            add_stats(row, metric, vals)
         out.append(row)
     return out
 
@@ -236,11 +232,7 @@ the teacher is a small pretrained LM and the claims are tested, not assumed.
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab prune") -> dict:
-    from masklab.pretrained.models import check_models, check_prompt_format
     from masklab.pretrained.peers import PRESS_NAMES
-
-    check_models(cfg.models)
-    check_prompt_format(cfg.prompt_format)
 
     if cfg.task not in ("stale", "squad"):
         raise MasklabError(f"unknown task {cfg.task!r}: use stale or squad (with --squad FILE)")
@@ -254,8 +246,7 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
         raise MasklabError(f"unknown method(s) {', '.join(bad)}: use full, {', '.join(SENTENCE_METHODS)}")
     if not cfg.budgets or not all(0 < b <= 1 for b in cfg.budgets):
         raise MasklabError("--budget takes fractions in (0, 1], e.g. 0.3 or 0.2,0.5")
-    res = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.prune:run_one", out,
-                    jobs=min(jobs, len(cfg.models) * len(cfg.seeds)), threads=cfg.threads, paper=[], progress=progress)
+    res = run_per_model(NAME, cfg, specs_for(cfg), "masklab.studies.prune:run_one", out, jobs, progress)
     res["summary"] = pivot(res)
     res["paper"] = PAPER
     write_json(Path(out) / "results.json", res)
@@ -264,14 +255,12 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
 
 
 def write_report(res: dict, out: Path, command: str) -> None:
-    env = res["environment"]
     lines = [f"# {NAME}", "", f"Regenerate with: `{command}`", "",
              markdown_table(res["summary"], res["paper"], TABLE_METRICS), "", NOTES.strip(), ""]
     for r in res["runs"]:
         m = r["metrics"]
-        lines.append(f"{r['method']} (seed {r['seed']}): routers trained on {m['train_used']} correctly answered prompts "
+        lines.append(f"{r['model']} (seed {r['seed']}): routers trained on {m['train_used']} correctly answered prompts "
                      f"({m['label_passes_per_prompt']:.1f} forward passes per prompt for the labels, "
                      f"{m['train_seconds']:.0f} s); {m['n_test']} test prompts.")
-    lines += ["", f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
-              f"{env.get('torch_threads_per_run')} thread(s) per run, git {env['git_rev']}."]
+    lines += ["", environment_line(res)]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")

@@ -51,7 +51,7 @@ from masklab.report import environment_line, markdown_table, save_figure
 from masklab.routing.routers import build_router
 from masklab.routing.sparse import SELECTORS, AttentionSelector, budget_label, keep_mask, parse_budget, teacher_answer, teacher_flops
 from masklab.routing.train import LOSSES, train_router
-from masklab.errors import MasklabError
+from masklab.errors import MasklabError, check_choices
 from masklab.flags import flag, list_or_none
 from masklab.files import atomic_write_text, write_json
 from masklab.runner import RunSpec, run_study, summarize
@@ -342,21 +342,16 @@ def router_specs(cfg: Config) -> list[RunSpec]:
 
 
 def validate(cfg: Config) -> None:
-    for t in cfg.tasks:
-        if t not in GYMS:
-            raise MasklabError(f"unknown task {t!r}; choose from {', '.join(GYMS)}")
+    check_choices("task", cfg.tasks, GYMS)
     names = set(target_names())
     for t in [*cfg.targets, *cfg.independent_targets]:
         if resolve_target(t) not in names and not re.fullmatch(r"layer\d+(/topk|/top10pct)?", t):
             raise MasklabError(f"unknown router target {t!r}; choose from causal, attention, {', '.join(sorted(names))}")
     aggregate_fn(cfg.snap_aggregate)
-    for b in cfg.baselines:
-        if b not in BASELINES:
-            raise MasklabError(f"unknown baseline {b!r}; choose from {', '.join(BASELINES)}")
+    check_choices("baseline", cfg.baselines, BASELINES)
     for b in [cfg.budget, *cfg.budgets]:
         parse_budget(b)
-    if cfg.loss not in LOSSES:
-        raise MasklabError(f"unknown --loss {cfg.loss!r}; choose from {', '.join(LOSSES)}")
+    check_choices("--loss", [cfg.loss], LOSSES)
     if max(cfg.lengths) > cfg.max_factor or min(cfg.lengths) < 1:
         raise MasklabError(f"--lengths must be in 1..{cfg.max_factor} (the teacher reads up to max_factor x N)")
     if cfg.items < 2 or cfg.pool < cfg.router_batch or cfg.examples < 1 or cfg.router_steps < 1:

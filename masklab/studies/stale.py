@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +36,11 @@ import torch
 from masklab.report import write_markdown
 from masklab.errors import MasklabError
 from masklab.flags import flag, int_list
-from masklab.runner import RunSpec, run_study
+from masklab.runner import RunSpec
+from masklab.studies.per_model import load_model, model_specs, prompt_format_flag, run_per_model
 
 NAME = "stale"
+METHOD = "answer-attention"  # greedy answer, then the attention from the answer position
 TABLE_METRICS = ["accuracy", "empty_rate", "stale_rate", "stale_higher", "stale_higher_heads", "best_head", "worst_head",
                  "stale_layers", "current_over_stale", "stale_higher_all", "n_correct"]
 
@@ -75,8 +77,7 @@ class Config:
                            help="min,max distractor sentences per gap")
     filler_max: int = 6
     max_new_tokens: int = 6
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
-                                     help="raw completion or the model's chat turns")
+    prompt_format: str | None = prompt_format_flag()
     threads: int = flag(1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
@@ -158,11 +159,10 @@ def aggregate(recs: list[dict]) -> tuple[dict, dict]:
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
-    from masklab.pretrained.models import load
     from masklab.tasks.stale_prompts import make_prompts
 
     p = spec["params"]
-    lm = load(spec["method"], attn="eager", threads=p["threads"], prompt_format=p.get("prompt_format"))
+    lm = load_model(spec, attn="eager")
     prompts = make_prompts(p["prompts"], seed=spec["seed"], updates=(p["updates_min"], p["updates_max"]),
                            filler=(p["filler_min"], p["filler_max"]))
     t0 = time.perf_counter()
@@ -180,8 +180,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
-    params = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds")}
-    return [RunSpec("stale", m, s, params) for m in cfg.models for s in cfg.seeds]
+    return model_specs(cfg, "stale", METHOD)
 
 
 NOTES = f"""\
@@ -208,7 +207,7 @@ def heatmap(results: dict, path: Path) -> bool:
     for ax, r in zip(axes[0], runs):
         h = np.array(r["extra"]["heads"])
         im = ax.imshow(h, vmin=0, vmax=1, cmap="coolwarm", aspect="auto", interpolation="nearest")
-        ax.set_title(f"{r['method']} (seed {r['seed']})\nstale_higher={r['metrics']['stale_higher']:.2f}", fontsize=9)
+        ax.set_title(f"{r['model']} (seed {r['seed']})\nstale_higher={r['metrics']['stale_higher']:.2f}", fontsize=9)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
     fig.subplots_adjust(wspace=0.45)
@@ -221,12 +220,7 @@ def heatmap(results: dict, path: Path) -> bool:
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab stale") -> dict:
     if cfg.prompts < 1:
         raise MasklabError("--prompts must be at least 1")
-    from masklab.pretrained.models import check_models, check_prompt_format
-
-    check_models(cfg.models)
-    check_prompt_format(cfg.prompt_format)
-    res = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.stale:run_one", out,
-                    jobs=min(jobs, len(cfg.models) * len(cfg.seeds)), threads=cfg.threads, paper=PAPER, progress=progress)
+    res = run_per_model(NAME, cfg, specs_for(cfg), "masklab.studies.stale:run_one", out, jobs, progress, PAPER)
     figures = ["stale_heads.png"] if heatmap(res, Path(out) / "stale_heads.png") else []
     write_markdown(res, out, TABLE_METRICS, command, NOTES, figures)
     return res

@@ -32,8 +32,9 @@ import torch.nn.functional as F  # noqa: E402
 from masklab import distributed as dist  # noqa: E402
 from masklab.flags import flag, strength_flag  # noqa: E402
 from masklab.models import PRESETS, ViT  # noqa: E402
-from masklab.report import fmt, plot_curves, write_markdown  # noqa: E402
-from masklab.runner import MasklabError, RunSpec, run_study, seed_everything  # noqa: E402
+from masklab.report import fmt, plot_curves, save_figure, write_markdown  # noqa: E402
+from masklab.errors import MasklabError, check_choices  # noqa: E402
+from masklab.runner import RunSpec, run_study, seed_everything  # noqa: E402
 from masklab.structures import allowed_mass, impulse_2d, locality_2d, neighbourhood_2d  # noqa: E402
 from masklab.tasks.vision import DATASETS, VisionData, augment, load_vision, normalise  # noqa: E402
 from masklab.train import Recipe, init_qk, priors_for, train  # noqa: E402
@@ -193,11 +194,8 @@ def specs_for(cfg: Config) -> list[RunSpec]:
 
 
 def validate(cfg: Config) -> None:
-    if cfg.data not in DATASETS:
-        raise MasklabError(f"unknown data set {cfg.data!r}; choose from {', '.join(DATASETS)}")
-    for m in cfg.methods:
-        if m not in METHODS:
-            raise MasklabError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    check_choices("data set", [cfg.data], DATASETS)
+    check_choices("method", cfg.methods, METHODS)
     model_size(asdict(cfg))
     if cfg.steps < 1 or cfg.batch < 1 or cfg.lr <= 0:
         raise MasklabError("--steps and --batch must be positive and --lr > 0")
@@ -244,11 +242,7 @@ def plot_attention(results: dict, path: Path) -> None:
             if i == 0:
                 ax.set_title(f"head {h}", fontsize=9)
     fig.suptitle("Step 0: layer-0 attention of the centre patch over the patch grid")
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab vision") -> dict:
