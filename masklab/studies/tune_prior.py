@@ -277,9 +277,8 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
 # --------------------------------------------------------------------------- study
 def run_spec(model: str, method: str, seed: int, params: dict) -> RunSpec:
-    """The one place that names the model in a run (RunSpec has no model field: the model is
-    the run's ``task`` column, and ``params["model"]``)."""
-    return RunSpec(model, method, seed, {**params, "model": model})
+    """One run of ``params["task"]`` on ``model`` (:attr:`RunSpec.model`, also ``params["model"]``)."""
+    return RunSpec(params["task"], method, seed, {**params, "model": model}, model=model)
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
@@ -288,7 +287,7 @@ def specs_for(cfg: Config) -> list[RunSpec]:
 
 
 NOTES = """\
-Rows: model (task column) x method. `accuracy` / `stale_rate` / `other_rate` / `empty_rate`
+Rows: task x model x method. `accuracy` / `stale_rate` / `other_rate` / `empty_rate`
 are answer classes over every held-out prompt (greedy, exact match of the first word(s));
 `trainable` counts trained parameters (`trainable_frac` of the model's); `ppl_change` is
 pydoc perplexity after training / before - 1 (plain text, not stale prompts);
