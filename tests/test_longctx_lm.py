@@ -57,3 +57,31 @@ def test_group_testing_evidence_finds_the_needle(smol):
     assert ev["correct"] and ev["gold_recall"] == 1.0 and ev["evidence"] == ex.gold
     n = len(ex.sentences)
     assert ev["forward_passes"] < n  # cheaper than leave-one-out
+
+
+def test_study_rejects_bad_input(tmp_path):
+    from masklab.errors import MasklabError
+    from masklab.studies.longctx import Config, keep_list, run
+
+    with pytest.raises(MasklabError, match="--keep"):
+        keep_list("0.25,1.5")
+    with pytest.raises(MasklabError, match="unknown long-context task"):
+        run(Config(tasks=["nope"]), tmp_path)
+    with pytest.raises(MasklabError, match="--length"):
+        run(Config(lengths=[100]), tmp_path)
+
+
+@pytest.mark.slow
+def test_study_rows(smol, tmp_path):
+    import json
+
+    from masklab.studies.longctx import Config, run
+
+    run(Config(tasks=["niah"], lengths=[256], keeps=[0.25], examples=1), tmp_path, progress=False)
+    res = json.loads((tmp_path / "results.json").read_text())
+    rows = {(r["task"], r["method"]): r for r in res["summary"]}
+    assert set(rows) == {("niah@256", "full"), ("niah@256", "oracle-gold@0.25")}
+    for r in rows.values():
+        assert r["n"] == 1 and r["acc_mean"] == 1.0 and r["seconds_mean"] > 0 and r["peak_mb_mean"] > 0
+    assert rows[("niah@256", "oracle-gold@0.25")]["kept_mean"] <= 0.25
+    assert (tmp_path / "results.md").exists()

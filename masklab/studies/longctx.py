@@ -116,7 +116,8 @@ def specs_for(cfg: Config) -> list[RunSpec]:
 
 
 def pivot(results: dict) -> list[dict]:
-    """Summary rows per (``<task>@<length>`` [model], method); ``evidence`` metrics go on ``full``."""
+    """Summary rows per (``<task>@<length>`` [model], method); ``evidence`` metrics go on ``full``;
+    ``n`` counts examples; means and stds are over runs (seeds)."""
     import numpy as np
 
     multi = len(results["config"]["models"]) > 1
@@ -130,10 +131,12 @@ def pivot(results: dict) -> list[dict]:
                 method = "full" if method == "evidence" else method
                 rows.setdefault((task, method), {}).setdefault(metric, []).append(v)
         for method in methods - {"evidence"}:
-            rows.setdefault((task, method), {}).setdefault("peak_mb", []).append(run["metrics"]["peak_mb"])
+            row = rows.setdefault((task, method), {})
+            row.setdefault("peak_mb", []).append(run["metrics"]["peak_mb"])
+            row.setdefault("examples", []).append(run["metrics"]["n"])
     out = []
     for (task, method), ms in rows.items():
-        row = {"task": task, "method": method, "n": len(ms.get("acc", next(iter(ms.values()))))}
+        row = {"task": task, "method": method, "n": int(sum(ms.pop("examples")))}  # examples, over seeds
         for metric, vals in ms.items():
             row[f"{metric}_mean"] = float(np.mean(vals))
             row[f"{metric}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
