@@ -13,9 +13,11 @@ SEEDS = range(6)
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_gold_suffices_and_is_necessary(task):
+@pytest.mark.parametrize("kw", [{}, {"hops": 1, "updates": 1, "distractors": 1, "count": 1},
+                                {"hops": 5, "updates": 4, "distractors": 6, "count": 7}])
+def test_gold_suffices_and_is_necessary(task, kw):
     for seed in SEEDS:
-        ex = make_example(task, 512, seed)
+        ex = make_example(task, 512, seed, **kw)
         gold = [ex.sentences[g] for g in ex.gold]
         assert solve(task, ex.key, ex.sentences) == ex.answer  # the full context answers
         assert solve(task, ex.key, gold) == ex.answer  # the gold alone suffices

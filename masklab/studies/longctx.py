@@ -53,6 +53,10 @@ class Config:
                               help="kept fraction(s) of the context for the routers")
     examples: int = flag(10, help="examples per task and length")
     evidence: int = flag(0, help="examples per task and length that also get group-testing evidence sets")
+    hops: int = flag(3, help="vt: assignments after the value in the asked chain")
+    updates: int = flag(2, help="stale: reassignments after the first statement")
+    distractors: int = flag(3, help="multikey: needles with other keys")
+    count: int = flag(3, help="count: tallies of the asked colour")
     max_new_tokens: int = flag(10, help="greedy answer tokens")
     prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
                                      help="raw completion or the model's chat turns")
@@ -75,7 +79,8 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
     p = spec["params"]
     lm = load(spec["method"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"))
-    examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer)
+    examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer,
+                             hops=p["hops"], updates=p["updates"], distractors=p["distractors"], count=p["count"])
     rows: dict[str, list[dict]] = {}
     answers = []
     for i, ex in enumerate(examples):
@@ -167,6 +172,8 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
         raise MasklabError(f"--length takes token counts in {MIN_TOKENS}..{MAX_TOKENS}")
     if cfg.examples < 1 or cfg.evidence < 0:
         raise MasklabError("--examples must be at least 1 and --evidence at least 0")
+    if min(cfg.hops, cfg.updates, cfg.distractors, cfg.count) < 1:
+        raise MasklabError("--hops, --updates, --distractors and --count must be at least 1")
     specs = specs_for(cfg)
     res = run_study(NAME, asdict(cfg), specs, "masklab.studies.longctx:run_one", out,
                     jobs=min(jobs, len(specs)), threads=cfg.threads, paper=[], progress=progress)
