@@ -34,6 +34,7 @@ STUDIES = {
     "pretrained": "masklab.studies.pretrained",
     "routing": "masklab.studies.routing",
     "tune-prior": "masklab.studies.tune_prior",
+    "longctx": "masklab.studies.longctx",
 }
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}

@@ -1,0 +1,219 @@
+"""Long-context evidence routing on real LMs: RULER-style tasks, pruning before prefill.
+
+One run per (model, task, length, seed) on generated examples (:mod:`masklab.tasks.longctx`).
+Methods, each answering every example greedily:
+
+* ``full`` - the whole context;
+* ``oracle-gold@<keep>`` - the oracle router: the gold evidence sentences plus random other
+  sentences up to ``keep`` of the context's tokens; the rest is deleted before prefill
+  (an upper bound for any router at that kept fraction);
+* ``lexical@<keep>`` - sentences ranked by the words they share with the question, kept
+  within ``keep`` (the floor a trained router must beat); ``gold_kept``: its gold recall.
+
+With ``--evidence N`` the first N examples of each run also get causal evidence sets:
+group testing over sentences (or ``--chunk-tokens`` chunks of consecutive sentences) on the
+model's own full-context answer, forward passes counted.
+
+Summary rows: task ``<task>@<length>``, method; metrics ``acc`` (exact match), ``seconds``
+(tokenise + prefill + decode per prompt, router included), ``kept`` (kept fraction of the
+context's tokens), ``peak_mb`` (the run's peak resident memory: one value per run, not per
+method), and for ``full`` with evidence: ``ev_passes``, ``ev_seconds``, ``ev_size``,
+``ev_gold_recall``.
+
+Still to come (issue 14, see docs/longctx.md): the trained evidence / attention routers,
+the kvpress presses side by side, the context-level press, interleaved timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from masklab.errors import MasklabError
+from masklab.flags import flag, float_list, int_list, list_or_none
+from masklab.report import markdown_table
+from masklab.runner import RunSpec, atomic_write_text, run_study, write_json
+from masklab.tasks.longctx import TASKS
+
+NAME = "longctx"
+TABLE_METRICS = ["acc", "seconds", "kept", "gold_kept", "peak_mb", "ev_passes", "ev_gold_recall"]
+
+
+def keep_list(text: str) -> list[float]:
+    keeps = float_list(text)
+    if not keeps or not all(0 < k < 1 for k in keeps):
+        raise MasklabError(f"--keep takes fractions in (0, 1), got {text!r}")
+    return keeps
+
+
+@dataclass
+class Config:
+    models: list[str] = flag(factory=lambda: ["smollm2-135m"], name="--model", help="comma-separated models")
+    tasks: list[str] = flag(factory=lambda: list(TASKS), help=f"comma-separated tasks ({', '.join(TASKS)})")
+    lengths: list[int] = flag(factory=lambda: [512, 1024], name="--length", parse=int_list,
+                              help="context lengths in model tokens (256..8192)")
+    keeps: list[float] = flag(factory=lambda: [0.25, 0.5], name="--keep", parse=keep_list,
+                              help="kept fraction(s) of the context for the routers")
+    examples: int = flag(10, help="examples per task and length")
+    evidence: int = flag(0, help="examples per task and length that also get group-testing evidence sets")
+    chunk_tokens: int | None = flag(None, help="evidence chunks: consecutive sentences of at most this many tokens "
+                                    "(default: one chunk per sentence)", default_text="sentences")
+    routers: list[str] = flag(factory=lambda: ["lexical"], parse=list_or_none,
+                              help="cheap routers besides the oracle (lexical; 'none' for none)")
+    hops: int = flag(3, help="vt: assignments after the value in the asked chain")
+    updates: int = flag(2, help="stale: reassignments after the first statement")
+    distractors: int = flag(3, help="multikey: needles with other keys")
+    count: int = flag(3, help="count: tallies of the asked colour")
+    max_new_tokens: int = flag(10, help="greedy answer tokens")
+    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
+                                     help="raw completion or the model's chat turns")
+    threads: int = flag(1, help="torch threads per run")
+    seeds: list[int] = field(default_factory=lambda: [0])
+
+
+def quick_config() -> Config:
+    return Config(tasks=["niah", "stale"], lengths=[512], keeps=[0.25], examples=3, evidence=1)
+
+
+def reproduce_config() -> Config:
+    return Config(models=["smollm2-135m", "gemma3-270m"], lengths=[512, 1024, 2048], examples=20, evidence=3)
+
+
+def run_one(spec: dict, ckpt_dir: Path) -> dict:
+    from masklab.pretrained.longctx import (
+        answer,
+        lexical_keep,
+        oracle_gold_keep,
+        peak_rss_mb,
+        sentence_evidence,
+        sentence_tokens,
+    )
+    from masklab.pretrained.models import load
+    from masklab.tasks.longctx import make_examples
+
+    p = spec["params"]
+    lm = load(spec["method"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"))
+    examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer,
+                             hops=p["hops"], updates=p["updates"], distractors=p["distractors"], count=p["count"])
+    rows: dict[str, list[dict]] = {}
+    answers = []
+    for i, ex in enumerate(examples):
+        lengths = sentence_tokens(lm, ex)
+        full = answer(lm, ex, max_new_tokens=p["max_new_tokens"])
+        rows.setdefault("full", []).append({"acc": float(full["correct"]), "seconds": full["seconds"], "kept": 1.0})
+        rec = {"answer": ex.answer, "full": full["generated"], "n_tokens": ex.n_tokens}
+        for k in p["keeps"]:
+            keep = oracle_gold_keep(ex, lengths, k, seed=spec["seed"] * 1000 + i)
+            r = answer(lm, ex, keep, max_new_tokens=p["max_new_tokens"])
+            kept = sum(n for n, kk in zip(lengths, keep) if kk) / sum(lengths)
+            rows.setdefault(f"oracle-gold@{k}", []).append({"acc": float(r["correct"]), "seconds": r["seconds"],
+                                                            "kept": kept})
+            rec[f"oracle-gold@{k}"] = r["generated"]
+            if "lexical" in p["routers"]:
+                keep = lexical_keep(ex, lengths, k)
+                r = answer(lm, ex, keep, max_new_tokens=p["max_new_tokens"])
+                rows.setdefault(f"lexical@{k}", []).append({
+                    "acc": float(r["correct"]), "seconds": r["seconds"],
+                    "kept": sum(n for n, kk in zip(lengths, keep) if kk) / sum(lengths),
+                    "gold_kept": sum(keep[g] for g in ex.gold) / len(ex.gold)})
+                rec[f"lexical@{k}"] = r["generated"]
+        if i < p["evidence"]:
+            try:
+                ev = sentence_evidence(lm, ex, max_new_tokens=p["max_new_tokens"], chunk_tokens=p["chunk_tokens"])
+            except MasklabError:  # an empty answer has no evidence
+                ev = None
+            if ev is not None:
+                rows.setdefault("evidence", []).append({"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
+                                                        "ev_size": len(ev["evidence"]),
+                                                        "ev_gold_recall": ev["gold_recall"]})
+                rec["evidence"] = {"items": ev["evidence_sentences"], "gold": ex.gold, "answer": ev["answer"],
+                                   "n_sentences": len(ex.sentences), "n_chunks": len(ev["chunks"])}
+        answers.append(rec)
+    metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples)}
+    for method, rs in rows.items():
+        for m in rs[0]:
+            metrics[f"{m}|{method}"] = sum(r[m] for r in rs) / len(rs)
+    return {"metrics": metrics, "curves": {}, "extra": {"answers": answers}}
+
+
+def specs_for(cfg: Config) -> list[RunSpec]:
+    base = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds", "tasks", "lengths")}
+    return [RunSpec(f"{t}@{n}", m, s, {**base, "task": t, "length": n})
+            for m in cfg.models for t in cfg.tasks for n in cfg.lengths for s in cfg.seeds]
+
+
+def pivot(results: dict) -> list[dict]:
+    """Summary rows per (``<task>@<length>`` [model], method); ``evidence`` metrics go on ``full``;
+    ``n`` counts examples; means and stds are over runs (seeds)."""
+    import numpy as np
+
+    multi = len(results["config"]["models"]) > 1
+    rows: dict[tuple[str, str], dict] = {}
+    for run in results["runs"]:
+        task = f"{run['task']} {run['method']}" if multi else run["task"]
+        methods = {k.split("|")[1] for k in run["metrics"] if "|" in k}
+        for k, v in run["metrics"].items():
+            if "|" in k:
+                metric, method = k.split("|")
+                method = "full" if method == "evidence" else method
+                rows.setdefault((task, method), {}).setdefault(metric, []).append(v)
+        for method in methods - {"evidence"}:
+            row = rows.setdefault((task, method), {})
+            row.setdefault("peak_mb", []).append(run["metrics"]["peak_mb"])
+            row.setdefault("examples", []).append(run["metrics"]["n"])
+    out = []
+    for (task, method), ms in rows.items():
+        row = {"task": task, "method": method, "n": int(sum(ms.pop("examples")))}  # examples, over seeds
+        for metric, vals in ms.items():
+            row[f"{metric}_mean"] = float(np.mean(vals))
+            row[f"{metric}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        out.append(row)
+    return out
+
+
+NOTES = """\
+`acc`: exact match of the greedy answer (cut at the first punctuation mark, number words
+read as digits); `seconds`: tokenise + prefill + decode per prompt on the kept text;
+`kept`: kept fraction of the context's tokens; `peak_mb`: peak resident memory of the run
+(one value per run, shared by its methods); `ev_passes` / `ev_gold_recall`: group-testing
+evidence over sentences on the model's own full-context answer (forward passes, each over
+the full prompt; share of the gold sentences in the evidence set).
+"""
+
+
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab longctx") -> dict:
+    from masklab.pretrained.models import check_models, check_prompt_format
+    from masklab.tasks.longctx import MAX_TOKENS, MIN_TOKENS
+
+    check_models(cfg.models)
+    check_prompt_format(cfg.prompt_format)
+    bad = [t for t in cfg.tasks if t not in TASKS]
+    if bad or not cfg.tasks:
+        raise MasklabError(f"unknown long-context task(s) {', '.join(bad) or '(none)'}: use {', '.join(TASKS)}")
+    if not cfg.lengths or not all(MIN_TOKENS <= n <= MAX_TOKENS for n in cfg.lengths):
+        raise MasklabError(f"--length takes token counts in {MIN_TOKENS}..{MAX_TOKENS}")
+    if cfg.examples < 1 or cfg.evidence < 0:
+        raise MasklabError("--examples must be at least 1 and --evidence at least 0")
+    if [r for r in cfg.routers if r != "lexical"]:
+        raise MasklabError(f"unknown router(s) {', '.join(cfg.routers)}: use lexical (or none)")
+    if cfg.chunk_tokens is not None and cfg.chunk_tokens < 1:
+        raise MasklabError("--chunk-tokens must be at least 1")
+    if min(cfg.hops, cfg.updates, cfg.distractors, cfg.count) < 1:
+        raise MasklabError("--hops, --updates, --distractors and --count must be at least 1")
+    specs = specs_for(cfg)
+    res = run_study(NAME, asdict(cfg), specs, "masklab.studies.longctx:run_one", out,
+                    jobs=min(jobs, len(specs)), threads=cfg.threads, paper=[], progress=progress)
+    res["summary"] = pivot(res)
+    res["paper"] = []
+    write_json(Path(out) / "results.json", res)
+    write_report(res, Path(out), command)
+    return res
+
+
+def write_report(res: dict, out: Path, command: str) -> None:
+    env = res["environment"]
+    lines = [f"# {NAME}", "", f"Regenerate with: `{command}`", "",
+             markdown_table(res["summary"], res["paper"], TABLE_METRICS), "", NOTES.strip(), "",
+             f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
+             f"{env.get('torch_threads_per_run')} thread(s) per run, git {env['git_rev']}."]
+    atomic_write_text(out / "results.md", "\n".join(lines) + "\n")

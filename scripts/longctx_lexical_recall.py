@@ -1,0 +1,50 @@
+"""Gold recall of the lexical router on the long-context tasks (no model run, tokenizer only).
+
+    PYTHONPATH=. python scripts/longctx_lexical_recall.py [--model smollm2-135m] [--examples 20] [--json PATH]
+
+For each task, length (512..4096 model tokens) and kept fraction (0.1, 0.25): the share of
+examples whose gold sentences all survive `masklab.pretrained.longctx.lexical_keep`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from masklab.pretrained.longctx import lexical_keep  # noqa: E402
+from masklab.pretrained.models import cache_root  # noqa: E402
+from masklab.tasks.longctx import TASKS, count_tokens, make_examples  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="a cached model whose tokenizer measures lengths")
+    ap.add_argument("--examples", type=int, default=20)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(cache_root() / "models" / a.model))
+    rows = []
+    for n in (512, 1024, 2048, 4096):
+        for task in TASKS:
+            exs = make_examples(task, n, a.examples, seed=0, tokenizer=tok)
+            for keep in (0.1, 0.25):
+                hit = []
+                for e in exs:
+                    lengths = [count_tokens(tok, (" " if i else "") + s) for i, s in enumerate(e.sentences)]
+                    k = lexical_keep(e, lengths, keep)
+                    hit.append(all(k[g] for g in e.gold))
+                rows.append({"task": task, "length": n, "keep": keep, "gold_recall": sum(hit) / len(hit)})
+                print(f"{task:9s} {n:5d} keep {keep:.2f}: all gold kept in {sum(hit)}/{len(hit)}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"command": f"PYTHONPATH=. python scripts/longctx_lexical_recall.py --model {a.model} "
+                       f"--examples {a.examples}", "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

