@@ -32,7 +32,8 @@ from pathlib import Path
 from masklab.errors import MasklabError
 from masklab.flags import flag, float_list, int_list, list_or_none
 from masklab.report import markdown_table
-from masklab.runner import RunSpec, atomic_write_text, run_study, write_json
+from masklab.files import atomic_write_text, write_json
+from masklab.runner import RunSpec, run_study
 from masklab.tasks.longctx import TASKS
 
 NAME = "longctx"
@@ -92,7 +93,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     from masklab.tasks.longctx import make_examples
 
     p = spec["params"]
-    lm = load(spec["method"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"))
+    lm = load(spec["model"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"))
     examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer,
                              hops=p["hops"], updates=p["updates"], distractors=p["distractors"], count=p["count"])
     rows: dict[str, list[dict]] = {}
@@ -138,32 +139,31 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
 def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds", "tasks", "lengths")}
-    return [RunSpec(f"{t}@{n}", m, s, {**base, "task": t, "length": n})
+    return [RunSpec(f"{t}@{n}", "all", s, {**base, "task": t, "length": n}, model=m)
             for m in cfg.models for t in cfg.tasks for n in cfg.lengths for s in cfg.seeds]
 
 
 def pivot(results: dict) -> list[dict]:
-    """Summary rows per (``<task>@<length>`` [model], method); ``evidence`` metrics go on ``full``;
+    """Summary rows per (``<task>@<length>``, model, method); ``evidence`` metrics go on ``full``;
     ``n`` counts examples; means and stds are over runs (seeds)."""
     import numpy as np
 
-    multi = len(results["config"]["models"]) > 1
-    rows: dict[tuple[str, str], dict] = {}
+    rows: dict[tuple[str, str, str], dict] = {}
     for run in results["runs"]:
-        task = f"{run['task']} {run['method']}" if multi else run["task"]
+        task = (run["task"], run["model"])
         methods = {k.split("|")[1] for k in run["metrics"] if "|" in k}
         for k, v in run["metrics"].items():
             if "|" in k:
                 metric, method = k.split("|")
                 method = "full" if method == "evidence" else method
-                rows.setdefault((task, method), {}).setdefault(metric, []).append(v)
+                rows.setdefault((*task, method), {}).setdefault(metric, []).append(v)
         for method in methods - {"evidence"}:
-            row = rows.setdefault((task, method), {})
+            row = rows.setdefault((*task, method), {})
             row.setdefault("peak_mb", []).append(run["metrics"]["peak_mb"])
             row.setdefault("examples", []).append(run["metrics"]["n"])
     out = []
-    for (task, method), ms in rows.items():
-        row = {"task": task, "method": method, "n": int(sum(ms.pop("examples")))}  # examples, over seeds
+    for (task, model, method), ms in rows.items():
+        row = {"task": task, "model": model, "method": method, "n": int(sum(ms.pop("examples")))}  # examples, over seeds
         for metric, vals in ms.items():
             row[f"{metric}_mean"] = float(np.mean(vals))
             row[f"{metric}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
