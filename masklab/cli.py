@@ -31,6 +31,7 @@ STUDIES = {
     "prune": "masklab.studies.prune",
     "pretrained": "masklab.studies.pretrained",
     "routing": "masklab.studies.routing",
+    "evidence-prior": "masklab.studies.evidence_prior",
 }
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}
