@@ -72,6 +72,7 @@ class Config:
                                help="function source: a pair the seen domain cannot measure, between two variables that have effects, is allowed or dropped")
     probe_fraction: float = flag(0.1, help="probe source: probe training steps as a fraction of --steps")
     probe_points: int = flag(256, help="probe source: seen points the hidings are averaged over")
+    derive_only: bool = flag(False, help="derive and report the structures (derivation.json, figures, derivation.md) without training")
     design: str | None = flag(None, choices=sorted(DESIGNS), help="prior design of mask and mask-derived", default_text="the task's own")
     allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
@@ -268,9 +269,9 @@ def _derivation_md(records: dict[str, dict], results: dict) -> str:
         cost = (f"{c['function_queries']} function queries (seen points) vs {rec['training_budget']['examples']} training examples"
                 if "function_queries" in c else
                 f"{c['probe_steps']} probe steps ({c['fraction_of_training_steps']:.0%} of {rec['training_budget']['steps']}) + {c['forward_passes']} forwards x {c['points_per_forward']} points")
-        train_s = np.mean(seconds.get(task, [0.0]))
+        train_s = f"{np.mean(seconds[task]):.1f}" if task in seconds else "-"
         lines.append(f"| {task} | {rec['source']} | {a['precision']:.3f} | {a['recall']:.3f} | {a['jaccard']:.3f} | "
-                     f"{a['allowed_derived']} / {a['allowed_hand']} | {cost} | {c['seconds']:.2f} | {train_s:.1f} |")
+                     f"{a['allowed_derived']} / {a['allowed_hand']} | {cost} | {c['seconds']:.2f} | {train_s} |")
     lines += ["", "Agreement is over block 0's allowed entries (union over heads).", "", "Identifiability (function on the seen domain):", ""]
     for task, rec in records.items():
         v = rec["verdicts"]
@@ -291,6 +292,12 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
     write_json(out / "derivation.json", records)
     for t, rec in records.items():
         plot_structures(rec, out / f"structures_{t}.png")
+    if cfg.derive_only:
+        text = f"# {NAME}: derivation only\n\nCommand: `{command}`\n" + _derivation_md(records, {"runs": []})
+        (out / "results.md").write_text(text)
+        results = {"study": NAME, "config": asdict(cfg), "runs": [], "summary": [], "derivation": records}
+        write_json(out / "results.json", results)
+        return results
     results = run_study(NAME, asdict(cfg), specs_for(cfg, records), "masklab.studies.gotu:run_one", out, jobs=jobs, progress=progress)
     figures = [f"structures_{t}.png" for t in cfg.tasks]
     write_markdown(results, out, TABLE_METRICS, command, NOTES, figures)
