@@ -289,7 +289,12 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
     validate(cfg)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    records = {t: derive(cfg, t) for t in cfg.tasks}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the derivation runs in this process: one thread, like every training run
+    try:
+        records = {t: derive(cfg, t) for t in cfg.tasks}
+    finally:
+        torch.set_num_threads(threads)
     write_json(out / "derivation.json", records)
     for t, rec in records.items():
         plot_structures(rec, out / f"structures_{t}.png")
