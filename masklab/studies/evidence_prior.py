@@ -92,7 +92,7 @@ def quick_config() -> Config:
 
 # reproduce: 3 tasks x 4 methods x 3 seeds x 600 steps of batch 128, 2-block width-64 model
 # (36 runs = 0.4x the run-steps of `reproduce gotu`, documented at ~25 min idle with 2 jobs; under
-# load 10-15 one run took 160-330 s here, so not run fully; see docs/evidence-prior.md)
+# load 10-15 one run took 49-424 s here, so not run fully; see docs/evidence-prior.md)
 
 
 def reproduce_config() -> Config:
