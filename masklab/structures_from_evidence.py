@@ -155,6 +155,34 @@ def derived_groups(inter: Interactions) -> list[tuple[int, ...]]:
     return [*pairs, *alone]
 
 
+def from_interventions(
+    y: np.ndarray,
+    seen: np.ndarray,
+    design,
+    depth: int = 1,
+    heads: int = 1,
+    threshold: float = 0.05,
+    unidentifiable: str = "allow",
+) -> tuple[list[Tensor], Interactions, FunctionEffects]:
+    """The one-call path for a Boolean task: effects of the black box ``y`` on the ``seen``
+    domain (:func:`function_effects`), thresholded into an interaction graph
+    (:func:`interactions`), turned into groups and built by ``design`` (a callable
+    ``(groups, n_vars, layer, depth, heads) -> (H|1, T, T)`` or (T, T), e.g. an entry of
+    :data:`masklab.structures.DESIGNS`). Returns one ``(H|1, T, T)`` structure per block, the
+    graph (with the unidentifiable pairs and their reasons) and the raw effects."""
+    fx = function_effects(y, seen)
+    inter = interactions(fx, threshold, unidentifiable)
+    groups = derived_groups(inter)
+    if not groups:
+        raise ValueError("no variable has an effect on the seen domain; nothing to derive")
+    n = len(fx.first)
+    structures = []
+    for layer in range(depth):
+        s = design(groups, n, layer, depth, heads)
+        structures.append(s if s.dim() == 3 else s[None])
+    return structures, inter, fx
+
+
 # ----------------------------------------------------------------------------- probe model
 
 

@@ -9,10 +9,11 @@ import torch
 
 from masklab.cli import main
 from masklab.models import TokenEncoder
-from masklab.structures import support_block
+from masklab.structures import DESIGNS, design_structure, support_block
 from masklab.structures_from_evidence import (
     agreement,
     derived_groups,
+    from_interventions,
     function_effects,
     interactions,
     probe_effects,
@@ -55,6 +56,10 @@ def test_cyclic3_graph_is_recovered_from_its_seen_domain_only():
     inter = interactions(function_effects(y, task.seen))
     assert inter.pairs == pairs_of(task.groups)
     assert inter.unidentifiable == []
+    # the one-call path builds the hand-built design's structure from the derived graph
+    derived, _, _ = from_interventions(y, task.seen, DESIGNS["layer-specific"], depth=2, heads=2)
+    for layer in range(2):
+        assert torch.equal(derived[layer], design_structure("layer-specific", task.groups, 9, layer, 2, 2))
 
 
 @pytest.mark.parametrize("name", ["2parity", "maj3"])

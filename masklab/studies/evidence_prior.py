@@ -42,8 +42,7 @@ from masklab.structures_from_evidence import (
     UNIDENTIFIABLE_POLICIES,
     agreement,
     derived_groups,
-    function_effects,
-    interactions,
+    from_interventions,
     probe_effects,
     shuffled,
     to_structure,
@@ -150,8 +149,8 @@ def derive(cfg: Config, task_name: str) -> dict:
     task = make_task(task_name, DIM)
     n, design = task.dim, cfg.design or task.default_design
     hand = [design_structure(design, task.groups, n, layer, cfg.depth, cfg.heads) for layer in range(cfg.depth)]
-    fx = function_effects(task.y, task.seen)  # the verdicts are reported for both sources
-    inter = interactions(fx, cfg.threshold, cfg.unidentifiable)
+    # the verdicts are reported for both sources
+    from_fn, inter, fx = from_interventions(task.y, task.seen, DESIGNS[design], cfg.depth, cfg.heads, cfg.threshold, cfg.unidentifiable)
     verdicts = {
         "identified_pairs": [list(p) for p in inter.pairs],
         "unidentifiable": [{"pair": [i, j], "reason": r} for i, j, r in inter.unidentifiable],
@@ -161,9 +160,7 @@ def derive(cfg: Config, task_name: str) -> dict:
     }
     if cfg.source == "function":
         groups = derived_groups(inter)
-        if not groups:
-            raise MasklabError(f"{task_name}: no variable has an effect on the seen domain; nothing to derive")
-        derived = [design_structure(design, groups, n, layer, cfg.depth, cfg.heads) for layer in range(cfg.depth)]
+        derived = from_fn
         record = {
             "first_order": np.round(fx.first, 4).tolist(),
             "pair_effects": np.round(np.nan_to_num(fx.pair, nan=-1.0), 4).tolist(),
