@@ -35,6 +35,7 @@ STUDIES = {
     "routing": "masklab.studies.routing",
     "tune-prior": "masklab.studies.tune_prior",
     "longctx": "masklab.studies.longctx",
+    "evidence-prior": "masklab.studies.evidence_prior",
 }
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}

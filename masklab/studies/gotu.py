@@ -148,7 +148,10 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     n = task.dim
     gen = seed_everything(spec["seed"])
     design = p["design"] or task.default_design
-    structures = [design_structure(design, task.groups, n, layer, p["depth"], p["heads"]) for layer in range(p["depth"])]
+    if p.get("structures") is not None:  # a caller's structures, one (H|1, T, T) nested list per block (evidence-prior)
+        structures = [torch.tensor(s, dtype=torch.float32) for s in p["structures"]]
+    else:
+        structures = [design_structure(design, task.groups, n, layer, p["depth"], p["heads"]) for layer in range(p["depth"])]
     model = TokenEncoder(2, n, p["width"], p["depth"], p["heads"], priors_for(method, structures, p["allowed"], p["suppressed"]))
 
     x_all = tokens_of(task.x)
