@@ -81,7 +81,7 @@ class Config:
     steps: int = flag(1500, help="training steps")
     batch: int = flag(128, help="batch size")
     lr: float = flag(1e-3, help="learning rate (AdamW)")
-    weight_decay: float = flag(0.0, help="weight decay on weight matrices")
+    weight_decay: float = flag(0.0, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
     evals: int = flag(10, help="evaluations during training")
 
 
