@@ -10,7 +10,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -97,7 +96,7 @@ def test_ray_runs_give_the_same_results_as_local(cluster, tmp_path):
     assert _strip(remote["runs"]) == _strip(local["runs"])  # every metric and curve, exactly
     assert remote["summary"] == local["summary"]
     for s in specs:  # each task wrote its own run file, and the gathered record is that file
-        assert read_json(tmp_path / "ray" / "runs" / f"{s.key}.json") == next(r for r in remote["runs"] if r["spec"] == asdict(s))
+        assert read_json(tmp_path / "ray" / "runs" / f"{s.key}.json") == next(r for r in remote["runs"] if r["spec"] == s.as_dict())
     assert read_json(tmp_path / "ray" / "results.json")["environment"]["executor"] == "RayExecutor"
     # the same command again resumes: nothing is resubmitted
     again = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
