@@ -106,6 +106,16 @@ def _unalias(argv: list[str]) -> list[str]:
     return argv
 
 
+def writable_dir(out: Path) -> None:
+    """Create ``--out`` now, or fail with one clear message (before any run starts)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK):
+        raise MasklabError(f"the output directory {out} is not writable")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = "masklab " + shlex.join(argv)
@@ -128,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(args.out)
         if args.jobs < 1:
             raise MasklabError("--jobs must be at least 1")
+        writable_dir(out)
         executors.use(args.executor, args.ray_address)
         mod.run(cfg, out, jobs=args.jobs, progress=not args.no_progress, command=command)
         if distributed.is_main():

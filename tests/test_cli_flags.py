@@ -88,3 +88,11 @@ def test_old_route_command_still_works_and_is_not_listed():
 def test_bad_value_is_one_error_line_and_exit_2(capsys):
     assert cli.main(["gotu", "--support", "a,b", "--out", "unused"]) == 2
     assert capsys.readouterr().err == "masklab: error: expected comma-separated integers, got 'a,b'\n"
+
+
+def test_an_output_directory_that_cannot_be_created_is_one_clear_error(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    rc = cli.main(["gotu", "--quick", "--task", "cyclic3", "--method", "vanilla", "--steps", "1", "--out", str(blocker / "x")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"masklab: error: cannot create the output directory {blocker / 'x'}: Not a directory"]

@@ -1,4 +1,4 @@
-"""Priors without an oracle: derive the mask from causal interventions, then train with it (issue 15).
+"""Priors without an oracle: derive the mask from causal interventions, then train with it.
 
 For each GOTU task the structure is derived from evidence on the *training domain only*
 (:mod:`masklab.structures_from_evidence`), from one of two sources (``--source``):
