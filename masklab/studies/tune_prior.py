@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -255,7 +256,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     ppl_before = pydoc_perplexity(lm.model, lm.tokenizer, cfg.ppl_tokens)
     t_train = time.perf_counter()
     batches = [answer_batch(lm, q) for q in train]
-    lm.model, info = adapt(lm.model, method, cfg, batches, spec["seed"], log=lambda s: print(s, flush=True))
+    lm.model, info = adapt(lm.model, method, cfg, batches, spec["seed"], log=lambda s: print(s, file=sys.stderr, flush=True))
     train_s = time.perf_counter() - t_train
     if method in ("prior", "recency"):
         from masklab.hf import save_priors
