@@ -33,7 +33,7 @@ from masklab.errors import MasklabError
 from masklab.flags import flag, float_list, int_list, list_or_none
 from masklab.report import markdown_table
 from masklab.files import atomic_write_text, write_json
-from masklab.runner import RunSpec, run_study
+from masklab.runner import RunSpec, add_stats, run_study, summary_row
 from masklab.tasks.longctx import TASKS
 
 NAME = "longctx"
@@ -146,8 +146,6 @@ def specs_for(cfg: Config) -> list[RunSpec]:
 def pivot(results: dict) -> list[dict]:
     """Summary rows per (``<task>@<length>``, model, method); ``evidence`` metrics go on ``full``;
     ``n`` counts examples; means and stds are over runs (seeds)."""
-    import numpy as np
-
     rows: dict[tuple[str, str, str], dict] = {}
     for run in results["runs"]:
         task = (run["task"], run["model"])
@@ -163,10 +161,9 @@ def pivot(results: dict) -> list[dict]:
             row.setdefault("examples", []).append(run["metrics"]["n"])
     out = []
     for (task, model, method), ms in rows.items():
-        row = {"task": task, "model": model, "method": method, "n": int(sum(ms.pop("examples")))}  # examples, over seeds
+        row = summary_row(task, model, method, int(sum(ms.pop("examples"))))  # n: examples, over seeds
         for metric, vals in ms.items():
-            row[f"{metric}_mean"] = float(np.mean(vals))
-            row[f"{metric}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+            add_stats(row, metric, vals)
         out.append(row)
     return out
 
