@@ -4,7 +4,8 @@ Every study is a subcommand taking ``--out DIR``, ``--seeds N`` (or ``--seed S``
 ``--quick``, ``--jobs``, ``--executor local|ray`` (with ``--ray-address``, see
 docs/cluster.md) and ``--no-progress`` (added here, once) and the flags declared on its
 config dataclass (:mod:`masklab.flags`); ``masklab reproduce NAME`` runs a paper table on
-its defaults, ``masklab sweep NAME`` a factor sweep. A study module provides ``NAME``,
+its defaults, ``masklab sweep NAME`` a factor sweep, ``masklab report`` regenerates the
+tables in README.md and docs/ from results files (:mod:`masklab.doctables`). A study module provides ``NAME``,
 ``Config`` (a dataclass whose fields declare the flags), ``quick_config()``,
 ``reproduce_config()`` and ``run(cfg, out, jobs, progress, command)``.
 """
@@ -19,7 +20,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from masklab import distributed, executors, flags
+from masklab import distributed, doctables, executors, flags, runner
+from masklab.files import read_json, write_json
 from masklab.errors import MasklabError
 from masklab.executors import EXECUTORS
 
@@ -51,6 +53,8 @@ def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = 
     jobs = min(os.cpu_count() or 1, 4)
     ap.add_argument("--jobs", type=int, default=jobs, metavar="N", help=f"runs in parallel, one torch thread each (default {jobs}: the CPUs, at most 4)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--keep-old-runs", action="store_true",
+                    help="keep finished runs in --out that other code made (default: run them again; results.md warns when a table mixes code)")
     ap.add_argument("--executor", choices=EXECUTORS, default="local",
                     help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; docs/cluster.md) (default local)")
     ap.add_argument("--ray-address", metavar="ADDR", default=None,
@@ -77,7 +81,23 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")
+    rp = sub.add_parser("report", help="regenerate the tables and numbers in README.md and docs/ from the results files they name")
+    rp.add_argument("--check", action="store_true", help="only compare: list the files whose generated blocks differ and exit 1 if any do")
+    rp.add_argument("--root", default=".", metavar="DIR", help="the repository root holding README.md, docs/ and results/ (default .)")
     return ap
+
+
+def report(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    if not (root / "README.md").is_file():
+        raise MasklabError(f"{root} holds no README.md: give the repository root with --root")
+    changed = doctables.update(root, check=args.check)
+    for path in changed:
+        print(f"{'differs' if args.check else 'rewrote'}: {path}")
+    if args.check and changed:
+        print("masklab: the generated blocks above differ from their results files; run `masklab report`", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _seeds(args: argparse.Namespace, cfg):
@@ -126,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             from masklab.pretrained import cli as pretrained_cli
 
             return pretrained_cli.main(args)
+        if args.command == "report":
+            return report(args)
         distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
         if args.command in ("reproduce", "sweep"):
             module = STUDIES[args.name] if args.command == "reproduce" else SWEEPS[args.name]
@@ -140,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
             raise MasklabError("--jobs must be at least 1")
         writable_dir(out)
         executors.use(args.executor, args.ray_address)
+        runner.KEEP_OLD_RUNS = args.keep_old_runs
         mod.run(cfg, out, jobs=args.jobs, progress=not args.no_progress, command=command)
         if distributed.is_main():
+            write_json(out / "results.json", {**read_json(out / "results.json"), "command": command})
             print((out / "results.md").read_text())
             print(f"results: {out / 'results.json'}")
     except MasklabError as e:
@@ -151,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print("masklab: interrupted; finished runs are kept, run the same command again to resume", file=sys.stderr)
         return 130
     finally:
-        executors.use("local")  # the choice lasts one command (main() may be called again in-process)
+        executors.use("local")  # the choices last one command (main() may be called again in-process)
+        runner.KEEP_OLD_RUNS = False
         distributed.shutdown()
     return 0

@@ -1,6 +1,7 @@
 """Markdown tables and matplotlib figures from a results dict (schema: docs/design.md).
 
-* :func:`markdown_table` - the summary, ``mean ± std (n)`` per metric, the paper's numbers beside;
+* :func:`markdown_table` - the summary, ``mean ± std`` per metric (the mean alone for one
+  run), ``n`` and the paper's numbers beside;
 * :func:`write_markdown` - ``results.md``: command, table, notes, environment;
 * :func:`plot_curves` - one panel per task, mean curve per method with a min-max band over seeds;
 * :func:`plot_bars` - one panel per task, a bar per method with every seed as a dot;
@@ -35,20 +36,39 @@ def paper_cell(paper: list[dict], task: str, method: str) -> str:
     return "; ".join(cells) or "-"
 
 
-def markdown_table(summary: list[dict], paper: list[dict], metrics: list[str], digits: int = 3) -> str:
-    """One row per (task, model, method): ``mean ± std`` of each metric, ``n`` and the paper's
-    numbers. The model column is there only when the rows have one (studies of real LMs)."""
+def stat_cell(row: dict, metric: str, digits: int = 3) -> str:
+    """``mean ± std`` of ``metric`` in a summary row; the mean alone when there is no std
+    (a single run: no spread was measured, so none is printed); ``-`` when missing."""
+    mean, std = row.get(f"{metric}_mean"), row.get(f"{metric}_std")
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown_table(summary: list[dict], paper: list[dict] | None, metrics: list[str], digits: int = 3) -> str:
+    """One row per (task, model, method): :func:`stat_cell` of each metric, ``n`` and (when
+    ``paper`` is not None) the paper's numbers. The model column is there only when the rows
+    have one (studies of real LMs)."""
     models = any("model" in row for row in summary)
-    head = ["task", *(["model"] if models else []), "method", "n", *metrics, "paper"]
+    head = ["task", *(["model"] if models else []), "method", "n", *metrics, *(["paper"] if paper is not None else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in summary:
         cells = [row["task"], *([row.get("model", "-")] if models else []), row["method"], str(row["n"])]
-        for m in metrics:
-            mean, std = row.get(f"{m}_mean"), row.get(f"{m}_std")
-            cells.append("-" if mean is None else f"{mean:.{digits}f} ± {std:.{digits}f}")
-        cells.append(paper_cell(paper, row["task"], row["method"]))
+        cells += [stat_cell(row, m, digits) for m in metrics]
+        if paper is not None:
+            cells.append(paper_cell(paper, row["task"], row["method"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def code_note(results: dict) -> str:
+    """A warning when the runs of ``results`` were made by more than one code hash
+    (:mod:`masklab.revision`), else ``""``."""
+    counts = results.get("code") or {}
+    if len(counts) <= 1:
+        return ""
+    parts = ", ".join(f"{n} by {code}" for code, n in counts.items())
+    return f"**Warning: this table mixes runs made by different code** ({parts}); rerun without `--keep-old-runs` to redo the old ones."
 
 
 def write_markdown(results: dict, out: Path, metrics: list[str], command: str, notes: str = "", figures: list[str] = ()) -> None:
@@ -60,7 +80,7 @@ def write_markdown(results: dict, out: Path, metrics: list[str], command: str, n
         "",
         markdown_table(results["summary"], results["paper"], metrics),
         "",
-        "Values are mean ± sample std over seeds (n runs). The paper column gives the authors' reported numbers.",
+        "Values are mean ± sample std over seeds (n runs; the mean alone when n = 1). The paper column gives the authors' reported numbers.",
     ]
     if notes:
         parts += ["", notes.strip()]
@@ -71,14 +91,16 @@ def write_markdown(results: dict, out: Path, metrics: list[str], command: str, n
 
 
 def environment_line(results: dict) -> str:
-    """The footer of every results.md: versions, threads, jobs, git revision, total run time."""
+    """The footer of every results.md: versions, threads, jobs, git revision, code hashes,
+    total run time, and :func:`code_note`'s warning when the runs mix code."""
     env = results["environment"]
     total = sum(r["seconds"] for r in results["runs"])
+    code = ", ".join(results.get("code") or {}) or "unknown"
     return (
         f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
-        f"{env.get('torch_threads_per_run')} thread(s) per run, {env.get('jobs')} job(s), git {env['git_rev']}; "
-        f"sum of run times {total:.0f} s."
-    )
+        f"{env.get('torch_threads_per_run')} thread(s) per run, {env.get('jobs')} job(s), git {env['git_rev']}, "
+        f"code {code}; sum of run times {total:.0f} s."
+    ) + (f"\n\n{note}" if (note := code_note(results)) else "")
 
 
 def save_figure(fig: plt.Figure, path: Path, rect: tuple[float, float, float, float] | None = None) -> None:

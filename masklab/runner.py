@@ -5,7 +5,9 @@ for studies of real LMs) and a *run function*
 ``fn(spec: dict, ckpt_dir: Path) -> {"metrics": {...}, "curves": {...}, "extra": {...}}``
 named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`:
 
-* skips runs whose result file already exists with the same spec (resume);
+* skips runs whose result file already exists with the same spec and was made by the same
+  code (resume; :mod:`masklab.revision`); a run made by other code is run again, from
+  scratch, unless :data:`KEEP_OLD_RUNS` (the CLI's ``--keep-old-runs``) keeps it;
 * runs the rest with an executor (:mod:`masklab.executors`): in-process (``jobs=1``), in
   ``jobs`` worker processes (``python -m masklab.worker``) or as Ray tasks on a cluster;
   specs and results travel as JSON, nothing is pickled;
@@ -24,7 +26,7 @@ import math
 import os
 import platform
 import random
-import subprocess
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -35,10 +37,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from masklab import distributed, executors
+from masklab import distributed, executors, revision
 from masklab.errors import MasklabError  # noqa: F401 (re-export)
-from masklab.files import read_json, write_json
-from masklab.runs import RunSpec  # noqa: F401 (re-exported: studies build their runs from the runner's API)
+from masklab.files import atomic_write_text, read_json, write_json
+from masklab.runs import RunSpec, fn_code  # noqa: F401 (re-exported: studies build their runs from the runner's API)
+
+# Keep finished runs made by other code (another code hash) instead of running them again.
+# Set by the CLI's --keep-old-runs for one command; results.md then says the table mixes code.
+KEEP_OLD_RUNS = False
 
 
 # MasklabError lives in masklab.errors (no masklab imports, so no cycles); re-exported here
@@ -123,12 +129,6 @@ class Checkpoint:
 
 def environment() -> dict:
     """Versions, threads and git revision, recorded in every results.json."""
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev = ""
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -136,7 +136,7 @@ def environment() -> dict:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "torch_threads_per_run": None,
-        "git_rev": rev or None,
+        "git_rev": revision.git_rev(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -163,10 +163,29 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 def add_stats(row: dict[str, Any], name: str, values: list) -> None:
     """``row[NAME_mean]``, ``row[NAME_std]`` (sample, ddof=1) over the finite numbers among
-    ``values`` (None, NaN and inf are left out; None for both when nothing is left)."""
+    ``values`` (None, NaN and inf are left out; None for both when nothing is left; the std
+    is None for a single value: one run measures no spread)."""
     vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     row[f"{name}_mean"] = float(np.mean(vals)) if vals else None
-    row[f"{name}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else (0.0 if vals else None)
+    row[f"{name}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
+
+
+def claim_checkpoint(ckpt_dir: Path, code: str) -> None:
+    """A run about to start continues from its checkpoint only if the same code wrote it:
+    a ``ckpt_dir`` stamped with other code (or with none) is emptied first."""
+    stamp = ckpt_dir / "code.txt"
+    if ckpt_dir.exists() and (not stamp.exists() or stamp.read_text().strip() != code):
+        shutil.rmtree(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(stamp, code + "\n")
+
+
+def code_counts(runs: list[dict]) -> dict[str, int]:
+    """How many runs each code hash made (``"unknown"`` for records older than hashes)."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.get("code") or "unknown"] = counts.get(r.get("code") or "unknown", 0) + 1
+    return counts
 
 
 def run_study(
@@ -198,16 +217,20 @@ def run_study(
     keys = [s.key for s in specs]
     if len(set(keys)) != len(keys):
         raise MasklabError("two runs of this study share a task/model/method/seed key")
+    code = fn_code(fn_path)
     done: dict[str, dict] = {}
     todo: list[RunSpec] = []
     for s in specs:
         path = out / "runs" / f"{s.key}.json"
         if path.exists():
             rec = read_json(path)
-            if rec.get("spec") == s.as_dict():
+            if rec.get("spec") == s.as_dict() and (KEEP_OLD_RUNS or rec.get("code") == code):
                 done[s.key] = rec
                 continue
         todo.append(s)
+    if main:
+        for s in todo:
+            claim_checkpoint(out / "ckpt" / s.key, code)
     distributed.barrier()  # every rank has decided what to resume before anyone writes
     if executor is None:
         executor = executors.current(jobs, write=main) if distributed.world_size() == 1 else executors.LocalExecutor(1, write=main)
@@ -231,6 +254,7 @@ def run_study(
         "summary": summarize(runs),
         "paper": paper or [],
         "environment": env,
+        "code": code_counts(runs),
     }
     if main:
         write_json(out / "results.json", results)

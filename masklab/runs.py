@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -13,6 +14,7 @@ from typing import Callable
 import torch
 from threadpoolctl import threadpool_limits
 
+from masklab import revision
 from masklab.errors import MasklabError
 
 @dataclass
@@ -53,7 +55,8 @@ def resolve(path: str) -> Callable:
 
 
 def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int) -> dict:
-    """Run one spec and return its result record (what lands in ``runs/<key>.json``).
+    """Run one spec and return its result record (what lands in ``runs/<key>.json``), with
+    the code that made it (``code``, ``git_rev``: :mod:`masklab.revision`).
 
     torch and the BLAS under numpy use ``threads`` threads, so a run's numbers do not depend
     on the machine's core count or on where it ran (in-process, a worker, a Ray task)."""
@@ -72,4 +75,13 @@ def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int) -> dict:
         "curves": out.get("curves", {}),
         "extra": out.get("extra", {}),
         "spec": spec,
+        "code": fn_code(fn_path),
+        "git_rev": revision.git_rev(),
     }
+
+
+@lru_cache(maxsize=None)
+def fn_code(fn_path: str) -> str:
+    """:func:`masklab.revision.code_hash` of the module of ``"masklab.module:function"``
+    (once per process: about a second to read the package's source)."""
+    return revision.code_hash(fn_path.partition(":")[0])

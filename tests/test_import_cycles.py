@@ -1,40 +1,14 @@
 """No import cycles inside masklab (a cycle makes import order matter and hides bugs).
 
-The graph is built from the source with ``ast``: every ``import masklab.x`` and
+The graph (:func:`masklab.revision.import_graph`, which also decides which code a run's
+hash covers) is built from the source with ``ast``: every ``import masklab.x`` and
 ``from masklab[.x] import y`` anywhere in a module (top level *and* inside functions,
 where cycles are usually hidden) is an edge from that module to the module it names.
 """
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-import masklab
-
-ROOT = Path(masklab.__file__).parent
-
-
-def module_name(path: Path, root: Path) -> str:
-    parts = ["masklab", *path.relative_to(root).with_suffix("").parts]
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the masklab modules it imports (anywhere in its source)."""
-    files = {module_name(p, root): p for p in root.rglob("*.py")}
-    graph: dict[str, set[str]] = {m: set() for m in files}
-    for mod, path in files.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                # `from masklab import runner` names a module; `from masklab.x import f` names x
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names]
-            else:
-                continue
-            graph[mod] |= {t for t in targets if t in files and t != mod}
-    return graph
+from masklab.revision import import_graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

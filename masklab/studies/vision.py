@@ -32,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 from masklab import distributed as dist  # noqa: E402
 from masklab.flags import flag, strength_flag  # noqa: E402
 from masklab.models import PRESETS, ViT  # noqa: E402
-from masklab.report import fmt, plot_curves, save_figure, write_markdown  # noqa: E402
+from masklab.report import fmt, plot_curves, save_figure, stat_cell, write_markdown  # noqa: E402
 from masklab.errors import MasklabError, check_choices  # noqa: E402
 from masklab.runner import RunSpec, run_study, seed_everything  # noqa: E402
 from masklab.structures import allowed_mass, impulse_2d, locality_2d, neighbourhood_2d  # noqa: E402
@@ -217,7 +217,7 @@ def paper_table(results: dict) -> str:
     rows = ["| method | ours: test_acc % (" + results["config"]["data"] + ") | paper: CIFAR-10 top-1 % (ViT-Tiny) |", "|---|---|---|"]
     for row in results["summary"]:
         paper = [q["value"] for q in results["paper"] if q["method"] == row["method"]]
-        ours = f"{row['test_acc_mean']:.2f} ± {row['test_acc_std']:.2f} (n={row['n']})"
+        ours = f"{stat_cell(row, 'test_acc', 2)} (n={row['n']})"
         rows.append(f"| {row['method']} | {ours} | {fmt(paper[0], 2) if paper else '-'} |")
     return "\n".join(rows)
 

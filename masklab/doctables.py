@@ -1,0 +1,155 @@
+"""Tables and numbers in README.md and docs/*.md, generated from results files.
+
+A generated block is an HTML comment naming its source, the generated text, and a closing
+comment. Two kinds:
+
+``<!-- table FILE metrics=a,b [task=..] [method=..] [model=..] [rows=summary] [digits=3] [paper=yes] -->``
+    A markdown table of the rows of ``FILE``'s list ``rows`` (default ``summary``) kept by
+    the filters (comma lists; rows keep the file's order): task and model columns when they
+    vary, method and n, then one column per metric as
+    ``mean ± std`` (the mean alone for one run; :func:`masklab.report.stat_cell`), then a line
+    naming the file, its command and the code that made it. Closed by ``<!-- /table -->``.
+
+``<!-- value FILE key=a.b.0.c [digits=3] -->`` or ``<!-- value FILE metric=M [task=..] [method=..] [model=..] [digits=3] -->``
+    One number inline: a dotted path into the JSON (list items by index), or a metric of
+    the one summary row the filters select. Closed by ``<!-- /value -->``.
+
+``FILE`` is relative to the repository root (the directory holding README.md). Options are
+``key=value`` words; nothing is evaluated. :func:`render` rewrites every block of a
+markdown text; ``masklab report --docs`` rewrites the files and ``--check`` only compares
+(the test suite runs the comparison, so a hand-edited number fails it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from masklab.errors import MasklabError
+from masklab.files import atomic_write_text, read_json
+from masklab.report import fmt, paper_cell, stat_cell
+
+BLOCK = re.compile(r"<!-- (table|value) (.*?) -->(.*?)<!-- /\1 -->", re.S)
+OPTIONS = {
+    "table": {"metrics", "task", "method", "model", "rows", "digits", "paper"},
+    "value": {"key", "metric", "task", "method", "model", "digits"},
+}
+FILTERS = ("task", "method", "model")
+
+
+def doc_files(root: Path) -> list[Path]:
+    """README.md and every markdown file under docs/ (not under results/: those are outputs)."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))] if p.exists()]
+
+
+def parse(kind: str, words: str, where: str) -> tuple[str, dict[str, str]]:
+    """``"FILE a=1 b=x,y"`` -> ``("FILE", {"a": "1", "b": "x,y"})``; unknown options are an error."""
+    head, *rest = words.split()
+    opts: dict[str, str] = {}
+    for w in rest:
+        name, eq, value = w.partition("=")
+        if not eq or name not in OPTIONS[kind]:
+            raise MasklabError(f"{where}: bad option {w!r} in a {kind} block (options: {', '.join(sorted(OPTIONS[kind]))})")
+        opts[name] = value
+    return head, opts
+
+
+def load(root: Path, name: str, where: str, cache: dict[str, Any]) -> Any:
+    if name not in cache:
+        path = root / name
+        if not path.is_file():
+            raise MasklabError(f"{where}: {name} does not exist (run the command that makes it, then `masklab report --docs`)")
+        cache[name] = read_json(path)
+    return cache[name]
+
+
+def select(rows: list[dict], opts: dict[str, str]) -> list[dict]:
+    """The rows whose task/method/model are among the filters' comma lists."""
+    for f in FILTERS:
+        if f in opts:
+            allowed = opts[f].split(",")
+            rows = [r for r in rows if str(r.get(f, "")) in allowed]
+    return rows
+
+
+def provenance(name: str, data: dict) -> str:
+    """The line under a generated table: source file, command, git revision, code hashes."""
+    env = data.get("environment", {})
+    command = f"`{data['command']}`" if data.get("command") else "command not recorded"
+    code = ", ".join(data.get("code") or {}) or "unknown"
+    return f"<sub>Generated from `{name}` ({command}; git {env.get('git_rev')}, code {code}) by `masklab report --docs`.</sub>"
+
+
+def table(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) -> str:
+    data = load(root, name, where, cache)
+    if "metrics" not in opts:
+        raise MasklabError(f"{where}: a table block needs metrics=NAME[,NAME...]")
+    rows = select(data.get(opts.get("rows", "summary")) or [], opts)
+    if not rows:
+        raise MasklabError(f"{where}: no rows of {name} match {opts}")
+    metrics = opts["metrics"].split(",")
+    digits = int(opts.get("digits", 3))
+    # task and model get a column when they vary over the rows; method and n always do
+    keys = [k for k in ("task", "model") if len({r.get(k) for r in rows}) > 1] + [k for k in ("method", "n") if any(k in r for r in rows)]
+    head = [*keys, *metrics, *(["paper"] if opts.get("paper") == "yes" else [])]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r.get(k, "-")) for k in keys] + [stat_cell(r, m, digits) if f"{m}_mean" in r else fmt(r.get(m), digits) for m in metrics]
+        if opts.get("paper") == "yes":
+            cells.append(paper_cell(data.get("paper", []), r.get("task"), r.get("method")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n" + "\n".join(lines) + "\n\n" + provenance(name, data) + "\n"
+
+
+def value(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) -> str:
+    data = load(root, name, where, cache)
+    digits = int(opts.get("digits", 3))
+    if "key" in opts:
+        v: Any = data
+        for part in opts["key"].split("."):
+            try:
+                v = v[int(part)] if isinstance(v, list) else v[part]
+            except (KeyError, IndexError, ValueError, TypeError):
+                raise MasklabError(f"{where}: {name} has no {opts['key']}") from None
+        return fmt(v, digits)
+    if "metric" not in opts:
+        raise MasklabError(f"{where}: a value block needs key=PATH or metric=NAME")
+    rows = select(data.get("summary") or [], opts)
+    if len(rows) != 1:
+        raise MasklabError(f"{where}: the filters select {len(rows)} summary rows of {name}, not one")
+    m = opts["metric"]
+    return stat_cell(rows[0], m, digits) if f"{m}_mean" in rows[0] else fmt(rows[0].get(m), digits)
+
+
+def render(text: str, root: Path, where: str = "", cache: dict | None = None) -> str:
+    """``text`` with every block's body regenerated from its file."""
+    cache = {} if cache is None else cache
+
+    def one(m: re.Match) -> str:
+        kind, words = m.group(1), m.group(2)
+        line = text.count("\n", 0, m.start()) + 1
+        name, opts = parse(kind, words, f"{where}:{line}")
+        body = (table if kind == "table" else value)(root, name, opts, f"{where}:{line}", cache)
+        return f"<!-- {kind} {words} -->{body}<!-- /{kind} -->"
+
+    out = BLOCK.sub(one, text)
+    opened = len(re.findall(r"<!-- (?:table|value) ", text))
+    if opened != len(BLOCK.findall(text)):
+        raise MasklabError(f"{where}: a table/value block is not closed (<!-- /table --> or <!-- /value -->)")
+    return out
+
+
+def update(root: Path, check: bool = False) -> list[Path]:
+    """Regenerate the blocks of :func:`doc_files`; return the files whose blocks differed
+    (rewritten unless ``check``)."""
+    changed = []
+    cache: dict = {}
+    for path in doc_files(root):
+        text = path.read_text()
+        new = render(text, root, str(path.relative_to(root)), cache)
+        if new != text:
+            changed.append(path)
+            if not check:
+                atomic_write_text(path, new)
+    return changed

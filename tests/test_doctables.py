@@ -1,0 +1,80 @@
+"""Tables and numbers in README.md and docs/ are generated from results files, and the
+repository's copies match what their files generate."""
+
+from pathlib import Path
+
+import pytest
+
+from masklab import doctables
+from masklab.cli import main
+from masklab.errors import MasklabError
+from masklab.files import write_json
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = {
+    "summary": [
+        {"task": "cyclic3", "method": "vanilla", "n": 3, "acc_mean": 0.41, "acc_std": 0.04},
+        {"task": "cyclic3", "method": "mask", "n": 3, "acc_mean": 0.98, "acc_std": 0.01},
+        {"task": "maj3", "method": "mask", "n": 1, "acc_mean": 1.0, "acc_std": None},
+    ],
+    "environment": {"git_rev": "abc1234"},
+    "code": {"c0de": 7},
+    "command": "masklab reproduce gotu --out results/gotu",
+    "bench": {"rows": [{"speedup": 3.25}]},
+}
+
+
+def repo(tmp_path: Path, doc: str) -> Path:
+    write_json(tmp_path / "results" / "gotu" / "results.json", RESULTS)
+    (tmp_path / "README.md").write_text(doc)
+    return tmp_path
+
+
+def test_every_generated_block_in_the_repository_matches_its_results_file():
+    assert doctables.update(REPO, check=True) == [], "run `masklab report` and commit the regenerated docs"
+
+
+def test_a_table_is_generated_from_the_rows_its_filters_select(tmp_path):
+    root = repo(tmp_path, "Before.\n<!-- table results/gotu/results.json metrics=acc task=cyclic3 -->\nstale\n<!-- /table -->\nAfter.\n")
+    assert doctables.update(root) == [root / "README.md"]
+    text = (root / "README.md").read_text()
+    assert "| vanilla | 3 | 0.410 ± 0.040 |" in text and "| mask | 3 | 0.980 ± 0.010 |" in text
+    assert "maj3" not in text.split("<!-- /table -->")[0].split("-->", 1)[1]
+    assert "masklab reproduce gotu --out results/gotu" in text and "c0de" in text
+    assert text.startswith("Before.\n") and text.endswith("After.\n")
+    assert doctables.update(root, check=True) == []  # regenerated: nothing differs
+
+
+def test_a_hand_edited_number_is_caught(tmp_path):
+    root = repo(tmp_path, "<!-- value results/gotu/results.json metric=acc task=cyclic3 method=mask digits=2 --><!-- /value -->\n")
+    doctables.update(root)
+    text = (root / "README.md").read_text()
+    assert "-->0.98 ± 0.01<!--" in text
+    (root / "README.md").write_text(text.replace("0.98", "0.99"))
+    assert doctables.update(root, check=True) == [root / "README.md"]
+    assert main(["report", "--check", "--root", str(root)]) == 1
+    assert main(["report", "--root", str(root)]) == 0 and "0.98" in (root / "README.md").read_text()
+
+
+def test_values_by_key_path_and_single_runs_without_spread(tmp_path):
+    root = repo(tmp_path, "x <!-- value results/gotu/results.json key=bench.rows.0.speedup digits=1 --><!-- /value -->x "
+                "<!-- value results/gotu/results.json metric=acc task=maj3 --><!-- /value -->\n")
+    doctables.update(root)
+    assert (root / "README.md").read_text() == (
+        "x <!-- value results/gotu/results.json key=bench.rows.0.speedup digits=1 -->3.2<!-- /value -->x "
+        "<!-- value results/gotu/results.json metric=acc task=maj3 -->1.000<!-- /value -->\n")
+
+
+@pytest.mark.parametrize("block, message", [
+    ("<!-- table results/gotu/results.json metrics=acc colour=red --><!-- /table -->", "bad option 'colour=red'"),
+    ("<!-- table results/nope.json metrics=acc --><!-- /table -->", "results/nope.json does not exist"),
+    ("<!-- value results/gotu/results.json metric=acc task=cyclic3 --><!-- /value -->", "select 2 summary rows"),
+    ("<!-- value results/gotu/results.json key=bench.rows.5 --><!-- /value -->", "has no bench.rows.5"),
+    ("<!-- table results/gotu/results.json metrics=acc -->\n| a |\n", "not closed"),
+])
+def test_bad_blocks_are_one_clear_error_naming_the_place(tmp_path, block, message, capsys):
+    root = repo(tmp_path, "line one\n" + block + "\n")
+    with pytest.raises(MasklabError, match=message):
+        doctables.update(root)
+    assert main(["report", "--root", str(root)]) == 2
+    assert "README.md:2" in capsys.readouterr().err or "not closed" in message
