@@ -3,20 +3,20 @@
 A generated block is an HTML comment naming its source, the generated text, and a closing
 comment. Two kinds:
 
-``<!-- table FILE metrics=a,b [task=..] [method=..] [model=..] [rows=summary] [digits=3] [paper=yes] -->``
+``<!-- table FILE metrics=a,b [task=..] [method=..] [model=..] [n=..] [rows=summary] [digits=3] [paper=yes] -->``
     A markdown table of the rows of ``FILE``'s list ``rows`` (default ``summary``) kept by
     the filters (comma lists; rows keep the file's order): task and model columns when they
     vary, method and n, then one column per metric as
     ``mean ± std`` (the mean alone for one run; :func:`masklab.report.stat_cell`), then a line
     naming the file, its command and the code that made it. Closed by ``<!-- /table -->``.
 
-``<!-- value FILE key=a.b.0.c [digits=3] -->`` or ``<!-- value FILE metric=M [task=..] [method=..] [model=..] [digits=3] -->``
+``<!-- value FILE key=a.b.0.c [digits=3] -->`` or ``<!-- value FILE metric=M [task=..] [method=..] [model=..] [n=..] [digits=3] -->``
     One number inline: a dotted path into the JSON (list items by index), or a metric of
     the one summary row the filters select. Closed by ``<!-- /value -->``.
 
 ``FILE`` is relative to the repository root (the directory holding README.md). Options are
 ``key=value`` words; nothing is evaluated. :func:`render` rewrites every block of a
-markdown text; ``masklab report --docs`` rewrites the files and ``--check`` only compares
+markdown text; ``masklab report`` rewrites the files and ``--check`` only compares
 (the test suite runs the comparison, so a hand-edited number fails it).
 """
 
@@ -32,10 +32,10 @@ from masklab.report import fmt, paper_cell, stat_cell
 
 BLOCK = re.compile(r"<!-- (table|value) (.*?) -->(.*?)<!-- /\1 -->", re.S)
 OPTIONS = {
-    "table": {"metrics", "task", "method", "model", "rows", "digits", "paper"},
-    "value": {"key", "metric", "task", "method", "model", "digits"},
+    "table": {"metrics", "task", "method", "model", "n", "rows", "digits", "paper"},
+    "value": {"key", "metric", "task", "method", "model", "n", "digits"},
 }
-FILTERS = ("task", "method", "model")
+FILTERS = ("task", "method", "model", "n")
 
 
 def doc_files(root: Path) -> list[Path]:
@@ -59,7 +59,7 @@ def load(root: Path, name: str, where: str, cache: dict[str, Any]) -> Any:
     if name not in cache:
         path = root / name
         if not path.is_file():
-            raise MasklabError(f"{where}: {name} does not exist (run the command that makes it, then `masklab report --docs`)")
+            raise MasklabError(f"{where}: {name} does not exist (run the command that makes it, then `masklab report`)")
         cache[name] = read_json(path)
     return cache[name]
 
@@ -74,11 +74,15 @@ def select(rows: list[dict], opts: dict[str, str]) -> list[dict]:
 
 
 def provenance(name: str, data: dict) -> str:
-    """The line under a generated table: source file, command, git revision, code hashes."""
-    env = data.get("environment", {})
-    command = f"`{data['command']}`" if data.get("command") else "command not recorded"
-    code = ", ".join(data.get("code") or {}) or "unknown"
-    return f"<sub>Generated from `{name}` ({command}; git {env.get('git_rev')}, code {code}) by `masklab report --docs`.</sub>"
+    """The line under a generated table: source file, and its command, git revision and code
+    hashes where the file records them (a study's results.json does; a benchmark's JSON may
+    hold only its command)."""
+    facts = [f"`{data['command']}`"] if data.get("command") else []
+    if rev := data.get("environment", {}).get("git_rev"):
+        facts.append(f"git {rev}")
+    if data.get("code"):
+        facts.append("code " + ", ".join(data["code"]))
+    return f"<sub>Generated from `{name}`{' (' + '; '.join(facts) + ')' if facts else ''} by `masklab report`.</sub>"
 
 
 def table(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) -> str:
