@@ -54,7 +54,7 @@ def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = 
     ap.add_argument("--jobs", type=int, default=jobs, metavar="N", help=f"runs in parallel, one torch thread each (default {jobs}: the CPUs, at most 4)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--keep-old-runs", action="store_true",
-                    help="keep finished runs in --out that other code made; results.md then warns that the table mixes code (default: run them again)")
+                    help="keep finished runs in --out that other code made; results.md then warns that the table mixes code (default off: they are run again)")
     ap.add_argument("--executor", choices=EXECUTORS, default="local",
                     help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; docs/cluster.md) (default local)")
     ap.add_argument("--ray-address", metavar="ADDR", default=None,
