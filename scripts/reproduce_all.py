@@ -1,0 +1,94 @@
+"""Run every reproduction (and factor sweep) whose numbers README.md and docs/ quote, into
+``results/NAME``, and record each invocation's wall and CPU time in ``results/NAME/wall.json``.
+
+    python scripts/reproduce_all.py                       # all of them, in the order below
+    python scripts/reproduce_all.py gotu evidence --jobs 2
+    masklab report                                        # then regenerate the docs' tables
+
+A reproduction resumes: runs already in ``results/NAME`` that the same code made are kept
+(:mod:`masklab.revision`), so an interrupted call, or a call after an edit to one study,
+redoes only what is missing or stale. Each call appends one entry to ``wall.json`` (wall
+seconds, CPU seconds of the child processes, load average at the start, exit code), so the
+time a table cost is the sum of its entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from masklab.files import read_json, write_json  # noqa: E402
+
+# (name, the masklab arguments); results land in results/NAME
+REPRODUCTIONS = [
+    ("gotu", ["reproduce", "gotu"]),
+    ("evidence", ["reproduce", "evidence"]),
+    ("routing", ["reproduce", "routing"]),
+    ("vision", ["reproduce", "vision"]),
+    ("lm", ["reproduce", "lm"]),
+    ("arith", ["reproduce", "arith"]),
+    ("gotu-designs", ["sweep", "gotu-designs", "--seeds", "1"]),
+    ("routing-targets", ["sweep", "routing-targets"]),
+    ("pretrained", ["reproduce", "pretrained"]),
+    ("tune-prior", ["reproduce", "tune-prior"]),
+    ("longctx", ["reproduce", "longctx"]),
+    ("evidence-prior", ["reproduce", "evidence-prior"]),
+]
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run(name: str, args: list[str], jobs: int) -> int:
+    out = ROOT / "results" / name
+    cmd = [sys.executable, "-m", "masklab", *args, "--out", str(out.relative_to(ROOT)), "--jobs", str(jobs), "--no-progress"]
+    print(f"== {name}: {' '.join(cmd[2:])}", flush=True)
+    load = os.getloadavg()[0]
+    start, cpu0 = time.perf_counter(), cpu_seconds()
+    rc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}).returncode
+    entry = {
+        "command": "masklab " + " ".join(cmd[3:]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "cpu_s": round(cpu_seconds() - cpu0, 1),
+        "load_at_start": round(load, 2),
+        "cpus": os.cpu_count(),
+        "rc": rc,
+    }
+    path = out / "wall.json"
+    log = read_json(path) if path.exists() else {"invocations": []}
+    log["invocations"].append(entry)
+    log["wall_s_total"] = round(sum(e["wall_s"] for e in log["invocations"]), 1)
+    log["cpu_s_total"] = round(sum(e["cpu_s"] for e in log["invocations"]), 1)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(path, log)
+    print(f"== {name}: rc {rc}, {entry['wall_s']:.0f} s wall, {entry['cpu_s']:.0f} s CPU", flush=True)
+    return rc
+
+
+def main() -> int:
+    names = [n for n, _ in REPRODUCTIONS]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", metavar="NAME", help=f"which to run (default all: {', '.join(names)})")
+    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel per reproduction (default 2)")
+    a = ap.parse_args()
+    if unknown := set(a.names) - set(names):
+        ap.error(f"unknown: {', '.join(sorted(unknown))} (choose from {', '.join(names)})")
+    failed = [n for n, args in REPRODUCTIONS if (not a.names or n in a.names) and run(n, args, a.jobs) != 0]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
