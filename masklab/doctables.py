@@ -127,19 +127,28 @@ def value(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) 
 
 
 def render(text: str, root: Path, where: str = "", cache: dict | None = None) -> str:
-    """``text`` with every block's body regenerated from its file."""
+    """``text`` with every block's body regenerated from its file. Blocks inside fenced
+    code (between lines starting with three backticks) are examples and left alone."""
     cache = {} if cache is None else cache
+    pieces = re.split(r"(^```.*?^```[^\n]*$)", text, flags=re.S | re.M)  # odd indices: fenced code
+    offset = 0
+    for i, piece in enumerate(pieces):
+        if i % 2 == 0:
+            pieces[i] = render_prose(piece, root, where, text.count("\n", 0, offset), cache)
+        offset += len(piece)
+    return "".join(pieces)
 
+
+def render_prose(text: str, root: Path, where: str, first_line: int, cache: dict) -> str:
     def one(m: re.Match) -> str:
         kind, words = m.group(1), m.group(2)
-        line = text.count("\n", 0, m.start()) + 1
-        name, opts = parse(kind, words, f"{where}:{line}")
-        body = (table if kind == "table" else value)(root, name, opts, f"{where}:{line}", cache)
+        at = f"{where}:{first_line + text.count(chr(10), 0, m.start()) + 1}"
+        name, opts = parse(kind, words, at)
+        body = (table if kind == "table" else value)(root, name, opts, at, cache)
         return f"<!-- {kind} {words} -->{body}<!-- /{kind} -->"
 
     out = BLOCK.sub(one, text)
-    opened = len(re.findall(r"<!-- (?:table|value) ", text))
-    if opened != len(BLOCK.findall(text)):
+    if len(re.findall(r"<!-- (?:table|value) ", text)) != len(BLOCK.findall(text)):
         raise MasklabError(f"{where}: a table/value block is not closed (<!-- /table --> or <!-- /value -->)")
     return out
 

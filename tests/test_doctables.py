@@ -65,6 +65,13 @@ def test_values_by_key_path_and_single_runs_without_spread(tmp_path):
         "<!-- value results/gotu/results.json metric=acc task=maj3 -->1.000<!-- /value -->\n")
 
 
+def test_blocks_in_fenced_code_are_examples_and_left_alone(tmp_path):
+    doc = "```\n<!-- table results/nope.json metrics=acc -->\n<!-- /table -->\n```\n<!-- value results/gotu/results.json key=code.c0de --><!-- /value -->\n"
+    root = repo(tmp_path, doc)
+    doctables.update(root)
+    assert (root / "README.md").read_text() == doc.replace("--><!-- /value", "-->7<!-- /value")
+
+
 @pytest.mark.parametrize("block, message", [
     ("<!-- table results/gotu/results.json metrics=acc colour=red --><!-- /table -->", "bad option 'colour=red'"),
     ("<!-- table results/nope.json metrics=acc --><!-- /table -->", "results/nope.json does not exist"),
