@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib
+import inspect
 import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,18 +38,22 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module -> the masklab modules it imports, anywhere in its source (read with ``ast``:
     ``import masklab.x`` and ``from masklab[.x] import y``, at top level and in functions)."""
     files = {module_name(p, root): p for p in root.rglob("*.py")}
-    graph: dict[str, set[str]] = {m: set() for m in files}
-    for mod, path in files.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                # `from masklab import runner` names a module; `from masklab.x import f` names x
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names]
-            else:
-                continue
-            graph[mod] |= {t for t in targets if t in files and t != mod}
-    return graph
+    return {mod: imported(ast.parse(path.read_text(), str(path)), set(files)) - {mod} for mod, path in files.items()}
+
+
+def imported(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The ``modules`` a parsed source imports, anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # `from masklab import runner` names a module; `from masklab.x import f` names x
+            targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in modules}
+    return found
 
 
 def closure(module: str, graph: dict[str, set[str]]) -> list[str]:
@@ -65,15 +72,30 @@ def closure(module: str, graph: dict[str, set[str]]) -> list[str]:
 
 
 def code_hash(module: str, root: Path = ROOT) -> str:
-    """12 hex digits of sha256 over (name, source) of :func:`closure` of ``module``."""
+    """12 hex digits of sha256 over (name, source) of :func:`closure` of ``module``.
+
+    A module that is not a file of the package (a study defined at run time, as the tests
+    of docs/design.md's examples do) counts with the source ``inspect`` finds for it (none
+    when it has none) and the masklab modules that source imports."""
     graph = import_graph(root)
-    if module not in graph:
-        raise KeyError(f"not a masklab module: {module}")
     files = {module_name(p, root): p for p in root.rglob("*.py")}
     h = hashlib.sha256()
+    if module not in graph:
+        source = outside_source(module)
+        h.update(module.encode() + b"\0" + source.encode() + b"\0")
+        graph = {**graph, module: imported(ast.parse(source), set(files))}
     for m in closure(module, graph):
-        h.update(m.encode() + b"\0" + files[m].read_bytes() + b"\0")
+        if m in files:
+            h.update(m.encode() + b"\0" + files[m].read_bytes() + b"\0")
     return h.hexdigest()[:12]
+
+
+def outside_source(module: str) -> str:
+    """The source of an imported module that is not a file of the package, or ``""``."""
+    try:
+        return inspect.getsource(sys.modules.get(module) or importlib.import_module(module))
+    except (ImportError, OSError, TypeError):
+        return ""
 
 
 @lru_cache(maxsize=1)
