@@ -240,8 +240,9 @@ NOTES = """\
 pruning; `kept`: fraction of context tokens kept (sentence methods keep whole sentences up
 to the budget, so they keep at most the budget; for presses, the KV cache length after the
 press over that of `kvpress-full`, measured); `kvpress-full`: kvpress's pipeline without a
-press on the same prompts, the control of every press row; `gold_kept`: the sentence holding the current value survived; `seconds`: per answer
-including the method's scoring pass. The paper's numbers are for a synthetic teacher; here
+press on the same prompts, the control of every press row; `gold_kept`: the sentence
+holding the current value survived; `seconds`: per answer including the method's scoring
+pass. The paper's numbers are for a synthetic teacher; here
 the teacher is a small pretrained LM and the claims are tested, not assumed.
 """
 
@@ -274,10 +275,10 @@ def write_report(res: dict, out: Path, command: str) -> None:
              markdown_table(res["summary"], res["paper"], TABLE_METRICS), "", NOTES.strip(), ""]
     for r in res["runs"]:
         m = r["metrics"]
-        fallback = (f"; {m['n_fallback']} of them ({m['fallback_rate']:.0%}) had no leave-one-out evidence and were "
-                    "labelled with their last sentence (the fallback rule)") if "n_fallback" in m else ""
+        fallback = (f" The fallback rule (no leave-one-out evidence: the last sentence is labelled) labelled "
+                    f"{m['n_fallback']} of the {m['train_used']} ({m['fallback_rate']:.0%}).") if "n_fallback" in m else ""
         lines.append(f"{r['model']} (seed {r['seed']}): routers trained on {m['train_used']} correctly answered prompts "
                      f"({m['label_passes_per_prompt']:.1f} forward passes per prompt for the labels, "
-                     f"{m['train_seconds']:.0f} s{fallback}); {m['n_test']} test prompts.")
+                     f"{m['train_seconds']:.0f} s); {m['n_test']} test prompts.{fallback}")
     lines += ["", environment_line(res)]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")
