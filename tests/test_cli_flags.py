@@ -14,7 +14,7 @@ from masklab.errors import MasklabError
 
 EXPECTED = json.loads(GOLDEN.read_text())
 # fields added after the golden file was written, with the default that keeps the old behaviour
-ADDED = {"prompt_format": None}
+ADDED = {"prompt_format": None, "min_teacher_acc": 0.5, "attention_k": "25%", "fractions": ["10%", "25%"], "teacher_per_seed": True}
 
 
 def without_added(config):

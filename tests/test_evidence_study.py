@@ -63,9 +63,15 @@ def test_per_gym_teacher_recipe_and_explicit_flags_win():
     assert (flags["kv"].steps, flags["kv"].recency) == (500, True)
     # the routing study reads the same recipe, so it finds the evidence study's cached teachers
     cfg = routing.Config(tasks=["stale", "kv", "multihop"], hops=[3])
-    route = {s.task: routing.teacher_config(s.params, s.params["gym"], s.params["hops"]) for s in routing.prepare_specs(cfg)}
-    assert route["stale"].key() == default["stale"].key() and route["kv"].key() == default["kv"].key()
-    assert route["multihop-h3"].key() == h3["multihop-h3"].key()
+    route = {(s.task, s.seed): routing.teacher_config(s.params, s.params["gym"], s.params["hops"], s.seed) for s in routing.prepare_specs(cfg)}
+    assert route[("stale", 0)].key() == default["stale"].key() and route[("kv", 0)].key() == default["kv"].key()
+    assert route[("multihop-h3", 0)].key() == h3["multihop-h3"].key()
+    # one teacher per seed, trained from that seed (the evidence study's teacher of that seed) ...
+    assert [route[("kv", s)].seed for s in cfg.seeds] == cfg.seeds == [0, 1, 2]
+    assert len({route[("kv", s)].key() for s in cfg.seeds}) == 3
+    # ... unless --no-teacher-per-seed: every seed reads the teacher of teacher_seed
+    shared = routing.Config(tasks=["kv"], teacher_per_seed=False)
+    assert {routing.teacher_config(s.params, "kv", 0, s.seed).key() for s in routing.prepare_specs(shared)} == {default["kv"].key()}
 
 
 def test_aux_hop_targets_follow_the_chain(tmp_path):
@@ -100,3 +106,27 @@ def test_quick_cli_end_to_end(tmp_path, capsys):
     assert main(argv) == 0
     assert main(["evidence", "--quick", "--task", "nope", "--out", str(tmp_path / "x")]) == 2
     assert "unknown evidence task" in capsys.readouterr().err
+
+
+def test_an_untrained_teacher_warns_and_marks_its_rows_and_a_trained_one_does_not(tmp_path, capsys, monkeypatch):
+    argv = ["evidence", "--quick", "--task", "multihop", "--items", "6", "--teacher-steps", "30", "--examples", "60",
+            "--method", "loo", "--aggregate", "last-mean", "--cache", str(tmp_path / "cache"), "--jobs", "1", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "untrained")]) == 0
+    err = capsys.readouterr().err
+    res = json.loads((tmp_path / "untrained" / "results.json").read_text())
+    acc = res["runs"][0]["metrics"]["teacher_acc_n"]
+    assert acc < 0.5 and res["runs"][0]["extra"]["teacher_untrained"] is True
+    assert err.count("WARNING: Untrained teacher") == 1 and f"multihop-h2 (seed 0: {acc:.3f})" in err
+    md = (tmp_path / "untrained" / "results.md").read_text().split("\n")
+    assert md[4].startswith("**Untrained teacher**") and "multihop-h2 (seed 0" in md[4]
+    # the same threshold with an exact teacher (hand-written, accuracy 1): no warning, no mark
+    from chain_teacher import ChainTeacher
+    from masklab.studies import evidence
+
+    info = {"acc_n": 1.0, "acc_max": None, "cached": True, "curves": {"step": [], "loss": []}}
+    monkeypatch.setattr(evidence, "load_or_train", lambda *a, **k: (ChainTeacher(64), info))
+    assert main([*argv, "--out", str(tmp_path / "trained")]) == 0
+    res = json.loads((tmp_path / "trained" / "results.json").read_text())
+    assert "Untrained" not in capsys.readouterr().err and res["untrained_teachers"] == []
+    assert res["runs"][0]["extra"]["teacher_untrained"] is False
+    assert "Untrained" not in (tmp_path / "trained" / "results.md").read_text()

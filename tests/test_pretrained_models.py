@@ -128,8 +128,14 @@ def test_peers_on_the_same_prompt(smol):
     q, prefix = p.query.rsplit("\n", 1)
     full, _ = kv.answer(p.context, q, prefix, None, 1.0, 4)
     assert full == ours  # kvpress's pipeline sees exactly our prompt
-    pressed, _ = kv.answer(p.context, q, prefix, "snapkv", 0.5, 4)
-    assert isinstance(pressed, str)
+    n = kv.last_cache_tokens
+    assert n > 20  # the whole context pre-filled
+    for press, keep in (("snapkv", 0.75), ("knorm", 0.75), ("streaming", 0.5)):
+        pressed, _ = kv.answer(p.context, q, prefix, press, keep, 4)
+        # the press really shrinks the cache to the kept fraction (not left alone, not inverted) ...
+        assert kv.last_cache_tokens == int(n * keep), (press, keep, kv.last_cache_tokens, n)
+        if keep == 0.75 and press == "snapkv":  # ... and a gentle press keeps the answer of this short prompt
+            assert pressed.strip().startswith("Oslo"), pressed
     cc = contextcite_scores(smol, p.sentences, p.query, ablations=8, max_new_tokens=4)
     assert cc["answer"] == "Oslo" and len(cc["scores"]) == 3 and cc["forward_passes"] == 9
 
@@ -160,7 +166,11 @@ def test_prune_cli_end_to_end(smol, tmp_path):
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     methods = {s["method"]: s for s in res["summary"]}
-    assert set(methods) == {"full", "router-evidence", "random", "snapkv"}
+    assert set(methods) == {"full", "router-evidence", "random", "snapkv", "kvpress-full"}  # the presses' own control
     assert {(s["task"], s["model"]) for s in res["summary"]} == {("stale@0.5", "smollm2-135m")}
     assert methods["router-evidence"]["kept_mean"] <= 0.5 + 1e-6 and methods["full"]["kept_mean"] == 1.0
+    assert methods["kvpress-full"]["kept_mean"] == 1.0 and 0.4 < methods["snapkv"]["kept_mean"] <= 0.5  # measured cache
+    run = res["runs"][0]["metrics"]
+    assert 0 <= run["n_fallback"] <= run["train_used"] and run["fallback_rate"] == run["n_fallback"] / run["train_used"]
+    assert "fallback rule" in (out / "results.md").read_text()
     assert all(0 <= s["accuracy_mean"] <= 1 for s in res["summary"])

@@ -15,6 +15,8 @@ from masklab.routing.train import fit_recall
 from masklab.runner import MasklabError
 from masklab.tasks.evidence_gyms import make_gym
 
+from chain_teacher import ChainTeacher
+
 
 def batch_of(task="multihop", n=(5, 9), size=6, seed=0, vocab=64):
     return make_gym(task, vocab, 2).sample(size, n, np.random.default_rng(seed))
@@ -159,12 +161,20 @@ def test_routing_cli_quick_end_to_end(tmp_path, capsys):
             "--examples", "40", "--budgets", "1,2", "--lengths", "1,2", "--out", str(out), "--cache", str(cache), "--jobs", "1", "--no-progress"]
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
+    # a 150-step teacher is untrained (below --min-teacher-acc): one warning, marked runs and table
+    err = capsys.readouterr().err
+    assert err.count("WARNING: Untrained teacher") == 1 and "kv (seed 0" in err
+    assert res["untrained_teachers"][0]["task"] == "kv" and all(r["extra"]["teacher_untrained"] for r in res["runs"])
+    assert (out / "results.md").read_text().split("\n")[4].startswith("**Untrained teacher**: held-out accuracy at N below 0.5")
     methods = {r["method"] for r in res["summary"]}
     assert {"router/gold", "router/causal", "router/attention", "dense", "random", "oracle-gold", "teacher-attention"} <= methods
     gold = next(r for r in res["summary"] if r["method"] == "oracle-gold")
     assert gold["recall_1x_mean"] == 1.0 and gold["kept_1x_mean"] == 1.0
     dense = next(r for r in res["summary"] if r["method"] == "dense")
     assert 0.0 <= dense["acc_2x_mean"] <= 1.0 and "acc_2x@1_mean" in dense
+    # the headline fractions of the context (no gold size) are measured and tabled beside the gold budget
+    assert gold["acc_1x@10pct_mean"] is not None and gold["recall_2x@25pct_mean"] == 1.0
+    assert "## Teacher accuracy from the kept items (budget 25% of each context; N = 6)" in (out / "results.md").read_text()
     assert (out / "routing_budget.png").stat().st_size > 0 and "router/causal" in (out / "results.md").read_text()
     assert any((cache / "pools").iterdir())
     # a second run resumes everything (nothing retrained)
@@ -173,3 +183,42 @@ def test_routing_cli_quick_end_to_end(tmp_path, capsys):
     # bad input: one clear message, exit 2
     assert main(["route", "--quick", "--budget", "lots", "--out", str(tmp_path / "bad")]) == 2
     assert "budget" in capsys.readouterr().err
+
+
+def test_the_causal_router_keeps_the_second_link_that_the_attention_router_misses(tmp_path, monkeypatch):
+    """End to end through the routing study with a teacher whose attention misses the second link:
+    the router trained on causal evidence keeps both links, the one trained on attention (k = gold
+    size) only the first. Swapping the two targets, or computing both the same way, fails this."""
+    from masklab.studies import routing
+
+    teacher = ChainTeacher(64)
+    info = {"acc_n": 1.0, "acc_max": None, "cached": True, "curves": {}}
+    monkeypatch.setattr(routing, "load_or_train", lambda *a, **k: (teacher, info))
+    cfg = routing.Config(tasks=["multihop"], hops=[2], items=6, vocab=64, max_factor=1, lengths=[1], seeds=[0],
+                         targets=["causal", "attention-gold-k"], independent_targets=[], baselines=["dense"],
+                         budgets=["2"], fractions=[], router_dim=32, router_depth=2, router_heads=4, router_lr=5e-3,
+                         router_steps=400, pool=2000, examples=200, cache=str(tmp_path / "c"))
+    res = routing.run(cfg, tmp_path / "r", progress=False)
+    rows = {r["method"]: r for r in res["summary"]}
+    assert rows["dense"]["acc_1x_mean"] == 1.0  # the teacher is exact
+    causal, attention = rows["router/causal"], rows["router/attention-gold-k"]
+    # measured (seed 0): causal recall 0.93, accuracy 0.86; attention 0.60 (the first link and a tie), 0.20
+    assert causal["recall_1x_mean"] > 0.85 and causal["acc_1x_mean"] > 0.7, causal
+    assert attention["recall_1x_mean"] < 0.7 and attention["acc_1x_mean"] < 0.35, attention
+    assert not res["untrained_teachers"] and "Untrained" not in (tmp_path / "r" / "results.md").read_text()
+
+
+def test_the_attention_target_takes_k_from_a_fixed_fraction_and_attention_gold_k_from_gold():
+    import math
+
+    from masklab.studies import routing
+
+    cfg = routing.Config(tasks=["multihop"], hops=[2], items=8, vocab=64, max_factor=1, pool=64,
+                         targets=["causal", "attention", "attention-gold-k"], independent_targets=[])
+    p = routing.gym_params(cfg, "multihop", 2)
+    assert [routing.target_key(t, p) for t in cfg.targets] == ["loo", "last-mean/topk@25pct", "last-mean/topk"]
+    pool, targets = routing.build_pool(ChainTeacher(64), p, "multihop", 2, 0)
+    n = pool.valid.sum(1)
+    assert torch.equal(targets["last-mean/topk"].sum(1), pool.gold.sum(1))
+    assert targets["last-mean/topk@25pct"].sum(1).tolist() == [math.ceil(0.25 * int(m)) for m in n]
+    assert torch.equal(targets["loo"], pool.gold)  # the exact teacher needs exactly the chain

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -233,3 +234,41 @@ def load_or_train(cfg: TeacherConfig, cache: Path | None = None, ckpt_dir: Path 
     model, info = train_teacher(cfg, ckpt_dir, log)
     save_teacher(model, info, path)
     return model, {**info, "cached": False}
+
+
+# ----------------------------------------------------------------------------- untrained teachers
+
+MIN_TEACHER_ACC = 0.5  # the studies' default --min-teacher-acc
+MIN_TEACHER_ACC_HELP = (
+    "a teacher whose held-out accuracy at N items is below this is called untrained: one warning on stderr, "
+    "teacher_untrained in its runs' extra and a note on top of results.md (chance is about 1/N for the retrieval "
+    "gyms and 1/(max_count+1) for aggregate; trained teachers reach 0.9-1.0)"
+)
+
+
+def untrained_teachers(runs: list[dict], threshold: float, acc: str = "teacher_acc_n") -> list[dict]:
+    """``[{"task", "seed", "acc"}]`` for every run whose teacher's held-out accuracy ``metrics[acc]``
+    is below ``threshold``, and ``extra["teacher_untrained"]`` set on every run (True/False)."""
+    found = []
+    for r in runs:
+        value = r["metrics"].get(acc)
+        bad = value is not None and value < threshold
+        r.setdefault("extra", {})["teacher_untrained"] = bad
+        if bad:
+            found.append({"task": r["task"], "seed": r["seed"], "acc": value})
+    return found
+
+
+def untrained_note(found: list[dict], threshold: float) -> str:
+    """One line naming the rows that rest on an untrained teacher ('' when none do)."""
+    if not found:
+        return ""
+    which = ", ".join(f"{f['task']} (seed {f['seed']}: {f['acc']:.3f})" for f in found)
+    return (f"**Untrained teacher**: held-out accuracy at N below {threshold:g} (`--min-teacher-acc`) for {which}; "
+            f"every row of these tasks rests on it, and its evidence and routing metrics mean little.")
+
+
+def warn_untrained(found: list[dict], threshold: float, study: str) -> None:
+    """One loud warning on stderr when any teacher is untrained."""
+    if found:
+        print(f"masklab {study}: WARNING: " + untrained_note(found, threshold).replace("**", ""), file=sys.stderr)

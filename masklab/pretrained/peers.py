@@ -140,7 +140,9 @@ PRESS_NAMES = ("snapkv", "knorm", "tova", "streaming", "expected-attention")
 class KVPressRunner:
     """kvpress's own pipeline over a loaded model; ``answer(context, question, answer_prefix,
     press, keep)`` returns the greedy answer text with ``1 - keep`` of the context's KV
-    pairs dropped by the press (``press=None``: full context)."""
+    pairs dropped by the press (``press=None``: full context). After each answer,
+    ``last_cache_tokens`` is the number of context positions left in the KV cache after
+    pre-fill (layer 0): the context length without a press, about ``keep`` of it with one."""
 
     def __init__(self, lm: LoadedModel):
         _require("kvpress", PRETRAINED_EXTRA)
@@ -153,6 +155,7 @@ class KVPressRunner:
         self.lm = lm
         self.pipe = pipeline("kv-press-text-generation", model=lm.model, tokenizer=lm.tokenizer, device="cpu")
         self.factories = _presses()
+        self.last_cache_tokens: int | None = None
 
     def answer(self, context: str, question: str, answer_prefix: str, press: str | None, keep: float,
                max_new_tokens: int = 6) -> tuple[str, float]:
@@ -168,10 +171,15 @@ class KVPressRunner:
 
                 raise MasklabError(f"unknown press {press!r}: use one of {', '.join(self.factories)}")
             obj = self.factories[press](max(0.0, min(0.99, 1.0 - keep)))
-        t0 = time.perf_counter()
+        from transformers import DynamicCache
+
         from masklab.pretrained.lm import chat_template
 
+        cache = DynamicCache()  # ours, so the pressed length can be read back (the pipeline removes the answer from it)
+        t0 = time.perf_counter()
         with _chat_template(self.lm.tokenizer, chat_template(self.lm)):
             out = self.pipe(context, question=question, answer_prefix=answer_prefix, press=obj,
-                            max_new_tokens=max_new_tokens)
-        return out["answer"], time.perf_counter() - t0
+                            max_new_tokens=max_new_tokens, cache=cache)
+        seconds = time.perf_counter() - t0
+        self.last_cache_tokens = int(cache.get_seq_length())
+        return out["answer"], seconds

@@ -34,7 +34,16 @@ import torch
 from masklab.evidence.attention_targets import AGGREGATES, SELECTIONS, aggregate_fn, attention_maps, per_layer
 from masklab.evidence.interventions import MODES, answer_logits, evidence_mask, evidence_sets
 from masklab.evidence.search import SEARCHES
-from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
+from masklab.evidence.teacher import (
+    MIN_TEACHER_ACC,
+    MIN_TEACHER_ACC_HELP,
+    TeacherConfig,
+    gym_of,
+    load_or_train,
+    untrained_note,
+    untrained_teachers,
+    warn_untrained,
+)
 from masklab.report import environment_line, markdown_table, plot_curves, save_figure
 from masklab.errors import MasklabError, check_choices
 from masklab.flags import flag, list_or_none
@@ -118,6 +127,7 @@ class Config:
         default_text=", ".join(label for label, r in TEACHER_RECIPES.items() if r.get("recency")),
         help="comma-separated gyms whose teacher gets a linear recency position feature, or none")
     cache: str = flag("cache", help="teacher cache directory")
+    min_teacher_acc: float = flag(MIN_TEACHER_ACC, help=MIN_TEACHER_ACC_HELP)  # read at report time, not a run parameter
 
 def quick_config() -> Config:
     # small contexts and a short-trained teacher: shows the pipeline, not the full accuracy
@@ -260,7 +270,8 @@ def task_label(task: str, hops: int) -> str:
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
-    base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "seeds", "hops", "teacher_steps", "recency_tasks")}
+    skip = ("tasks", "seeds", "hops", "teacher_steps", "recency_tasks", "min_teacher_acc")
+    base = {k: v for k, v in asdict(cfg).items() if k not in skip}
     specs = []
     for task in cfg.tasks:
         for hops in cfg.hops if task == "multihop" else [0]:
@@ -279,6 +290,8 @@ def validate(cfg: Config) -> None:
     check_choices("--mode", [cfg.mode], MODES)
     if cfg.items < 1 or cfg.examples < 1 or (cfg.teacher_steps is not None and cfg.teacher_steps < 1):
         raise MasklabError("--items, --examples and --teacher-steps must be positive")
+    if not 0 <= cfg.min_teacher_acc <= 1:
+        raise MasklabError(f"--min-teacher-acc must be in [0, 1]; got {cfg.min_teacher_acc}")
     for t in cfg.tasks:  # vocabulary and sizes, checked before any training
         for h in cfg.hops if t == "multihop" else [2]:
             gym_of(TeacherConfig(task=t, vocab=cfg.vocab, hops=h, updates=cfg.updates, tags=cfg.tags, max_count=cfg.max_count)).check(cfg.items * cfg.max_factor)
@@ -313,6 +326,8 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
     out = Path(out)
     results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.studies.evidence:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
     results["summary"] = summarize(expand(results["runs"]))
+    results["untrained_teachers"] = untrained_teachers(results["runs"], cfg.min_teacher_acc)
+    warn_untrained(results["untrained_teachers"], cfg.min_teacher_acc, NAME)
     write_json(out / "results.json", results)
     report(results, out, command)
     return results
@@ -377,11 +392,13 @@ def report(results: dict, out: Path, command: str) -> None:
     plot_curves(results["runs"], "loss", out / "evidence_teacher_loss.png", ylabel="teacher training loss", title="Teachers")
     figures.append("evidence_teacher_loss.png")
     sets = [r for r in summary if r["method"] != "teacher"]
+    note = untrained_note(results.get("untrained_teachers", []), results["config"].get("min_teacher_acc", MIN_TEACHER_ACC))
     parts = [
         "# evidence",
         "",
         f"Regenerate with: `{command}`",
         "",
+        *([note, ""] if note else []),
         "## Evidence sets vs gold",
         "",
         markdown_table(sets, results["paper"], SET_METRICS),

@@ -12,7 +12,14 @@ is kept:
   position (needs a dense pass with the question; the paper's "top attended" baseline);
 * ``random`` - random sentences; ``full`` - no pruning (budget 1);
 * kvpress presses (``snapkv``, ``knorm``, ``tova``, ``streaming``,
-  ``expected-attention``) - drop ``1 - budget`` of the context's KV pairs at pre-fill.
+  ``expected-attention``) - drop ``1 - budget`` of the context's KV pairs at pre-fill;
+  ``kvpress-full`` - the same kvpress pipeline with no press, on the same prompts: each
+  press row's own full-context control (present whenever a press is compared).
+
+Router labels: the evidence label of a training prompt is its leave-one-out evidence (the
+sentences whose deletion changes the LM's correct answer). When leave-one-out finds no such
+sentence (the answer survives every single deletion), the **last sentence** is labelled
+instead (the fallback rule); ``n_fallback`` / ``fallback_rate`` count those prompts per run.
 
 Metrics per (task @ budget, model, method) summary row: ``accuracy`` (exact match with the current value),
 ``gold_kept`` (the current-value sentence survived; sentence methods only), ``kept`` (the
@@ -125,7 +132,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
     # ---- train the two routers on the LM's own labels (correct answers only)
     t0 = time.perf_counter()
-    X, y_ev, y_att, label_passes, used = [], [], [], 0, 0
+    X, y_ev, y_att, label_passes, used, n_fallback = [], [], [], 0, 0, 0
     for ex in train:
         lab = labels_for(lm, ex.sentences, ex.query, accept=lambda a, ex=ex: ex.classify(a) == "current")
         label_passes += lab["passes"]
@@ -133,6 +140,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
             continue
         used += 1
         n = len(ex.sentences)
+        n_fallback += not lab["evidence"]  # no single deletion changed the answer: the last sentence is labelled
         X.append(sentence_features(lm, lab["enc"], n))
         y_ev.append(torch.zeros(n).index_fill_(0, torch.tensor(lab["evidence"] or [n - 1], dtype=torch.long), 1.0))
         y_att.append(torch.zeros(n).index_fill_(0, torch.tensor(lab["attention"], dtype=torch.long), 1.0))
@@ -171,6 +179,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
             cls = ex.classify(generate_on(lm, ex.sentences, ex.query, p["max_new_tokens"]))
             for b in p["budgets"]:
                 record("full", b, cls, time.perf_counter() - t, 1.0, 1.0)
+        if p["compare"]:  # the presses' control: kvpress's pipeline without a press, on the same prompt
+            text, full_s = kv.answer(ex.context, question, prefix, None, 1.0, p["max_new_tokens"])
+            full_cls, full_cache = ex.classify(text), kv.last_cache_tokens
         for b in p["budgets"]:
             for m in [m for m in p["methods"] if m in scores]:
                 s, extra_s = scores[m]
@@ -179,12 +190,15 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
                 cls = ex.classify(generate_on(lm, [ex.sentences[i] for i in keep], ex.query, p["max_new_tokens"]))
                 record(m, b, cls, time.perf_counter() - t + extra_s, float(lengths[keep].sum() / lengths.sum()),
                        float(ex.gold in keep))
+            if p["compare"]:
+                record("kvpress-full", b, full_cls, full_s, 1.0, None)
             for press in p["compare"]:
                 text, secs = kv.answer(ex.context, question, prefix, press, b, p["max_new_tokens"])
-                record(press, b, ex.classify(text), secs, b, None)
+                record(press, b, ex.classify(text), secs, kv.last_cache_tokens / full_cache, None)
 
     metrics: dict = {"empty_rate": sum(r[4] for rows in acc.values() for r in rows) / max(sum(len(rows) for rows in acc.values()), 1),
                      "train_used": used, "label_passes_per_prompt": label_passes / max(len(train), 1),
+                     "n_fallback": n_fallback, "fallback_rate": n_fallback / used,
                      "train_seconds": train_seconds, "n_test": len(test)}
     for key, rows in acc.items():
         scored = [r for r in rows if not r[4]]  # empty answers are counted apart, not scored
@@ -224,9 +238,11 @@ def pivot(results: dict) -> list[dict]:
 NOTES = """\
 `accuracy`: exact match of the LM's answer with the current value, on test prompts, after
 pruning; `kept`: fraction of context tokens kept (sentence methods keep whole sentences up
-to the budget, so they keep at most the budget; presses keep exactly the budget of KV
-pairs); `gold_kept`: the sentence holding the current value survived; `seconds`: per answer
-including the method's scoring pass. The paper's numbers are for a synthetic teacher; here
+to the budget, so they keep at most the budget; for presses, the KV cache length after the
+press over that of `kvpress-full`, measured); `kvpress-full`: kvpress's pipeline without a
+press on the same prompts, the control of every press row; `gold_kept`: the sentence
+holding the current value survived; `seconds`: per answer including the method's scoring
+pass. The paper's numbers are for a synthetic teacher; here
 the teacher is a small pretrained LM and the claims are tested, not assumed.
 """
 
@@ -259,8 +275,10 @@ def write_report(res: dict, out: Path, command: str) -> None:
              markdown_table(res["summary"], res["paper"], TABLE_METRICS), "", NOTES.strip(), ""]
     for r in res["runs"]:
         m = r["metrics"]
+        fallback = (f" The fallback rule (no leave-one-out evidence: the last sentence is labelled) labelled "
+                    f"{m['n_fallback']} of the {m['train_used']} ({m['fallback_rate']:.0%}).") if "n_fallback" in m else ""
         lines.append(f"{r['model']} (seed {r['seed']}): routers trained on {m['train_used']} correctly answered prompts "
                      f"({m['label_passes_per_prompt']:.1f} forward passes per prompt for the labels, "
-                     f"{m['train_seconds']:.0f} s); {m['n_test']} test prompts.")
+                     f"{m['train_seconds']:.0f} s); {m['n_test']} test prompts.{fallback}")
     lines += ["", environment_line(res)]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")

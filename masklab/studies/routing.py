@@ -2,13 +2,18 @@
 
 Per gym (``multihop`` at each ``--hops``, ``stale``, ``kv``, ``aggregate``):
 
-1. **prepare** (one run per gym): the dense teacher (cached, shared with ``masklab evidence``:
-   same settings, same cache key) and, per seed, a *pool* of ``pool`` training examples with
-   ``items / 2 .. items`` items and every training target computed once with the teacher:
+1. **prepare** (one run per gym x seed): the seed's dense teacher (trained from that seed,
+   so the spread over seeds includes teacher-to-teacher variance; cached, shared with
+   ``masklab evidence --seeds``: same settings, same cache key; ``--no-teacher-per-seed``
+   shares the ``teacher_seed`` teacher) and a *pool* of ``pool`` training examples with
+   ``items / 2 .. items`` items and every training target computed once with that teacher:
    ``gold``, ``causal`` (= ``loo`` leave-one-out evidence of the teacher's dense answer),
-   ``attention`` (= ``last-mean/topk``: the items with the highest last-layer attention from
-   the query, k = gold size), or any other name of :func:`masklab.evidence.targets.target_names`.
-   One pool per (gym, seed) serves every target, so the targets differ and nothing else does.
+   ``attention`` (= ``last-mean/topk`` with k = ``attention_k``, a fixed fraction of each
+   context by default: the items with the highest last-layer attention from the query),
+   ``attention-gold-k`` (the same with k = the gold evidence size, which a deployed router
+   never knows), or any other name of :func:`masklab.evidence.targets.target_names`
+   (``<aggregate>/topk`` there means k = gold size). One pool per (gym, seed) serves every
+   target, so the targets differ and nothing else does.
 2. **routers** (one run per gym x target x seed): the same router, trained for the same
    number of steps on the same pool, only the target column differs
    (:func:`masklab.routing.train.train_router`); the ``independent`` router (items scored
@@ -17,7 +22,8 @@ Per gym (``multihop`` at each ``--hops``, ``stale``, ``kv``, ``aggregate``):
    reads up to 4N): keep the top items by each router and by each baseline (``dense``,
    ``random``, ``recent``, ``teacher-attention`` = SnapKV-style selection from the teacher's
    own dense pre-fill, ``oracle-gold``), let the teacher answer from the kept items only
-   (dropping the others), at the headline ``budget`` and along the ``budgets`` curve.
+   (dropping the others), at the headline ``budget``, at the headline ``fractions`` of the
+   context (10% and 25%: budgets that need no gold size) and along the ``budgets`` curve.
 
 Metrics (means over ``examples`` fresh held-out examples): ``acc_<m>x`` accuracy of the
 teacher's answer from the kept items at m x N items (headline budget), ``recall_<m>x``
@@ -44,12 +50,30 @@ from safetensors.torch import save_file
 from masklab.evidence.attention_targets import aggregate_fn
 from masklab.evidence.interventions import answer_logits
 from masklab.evidence.targets import target_masks, target_names
-from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train
+from masklab.evidence.teacher import (
+    MIN_TEACHER_ACC,
+    MIN_TEACHER_ACC_HELP,
+    TeacherConfig,
+    gym_of,
+    load_or_train,
+    untrained_note,
+    untrained_teachers,
+    warn_untrained,
+)
 from masklab.studies import evidence
 from masklab.studies.evidence import task_label
 from masklab.report import environment_line, markdown_table, save_figure
 from masklab.routing.routers import build_router
-from masklab.routing.sparse import SELECTORS, AttentionSelector, budget_label, keep_mask, parse_budget, teacher_answer, teacher_flops
+from masklab.routing.sparse import (
+    SELECTORS,
+    AttentionSelector,
+    budget_k,
+    budget_label,
+    keep_mask,
+    parse_budget,
+    teacher_answer,
+    teacher_flops,
+)
 from masklab.routing.train import LOSSES, train_router
 from masklab.errors import MasklabError, check_choices
 from masklab.flags import flag, list_or_none
@@ -67,8 +91,9 @@ PAPER = [
     {"task": "multihop-h2", "method": "dense", "metric": "acc", "value": 0.99},
 ]
 
-# short names for the training targets of the paper
-TARGET_ALIASES = {"causal": "loo", "attention": "last-mean/topk"}
+# short names for the training targets of the paper; `attention` takes its k from --attention-k,
+# `attention-gold-k` from the gold evidence size (see target_spec)
+TARGET_ALIASES = {"causal": "loo", "attention": "last-mean/topk", "attention-gold-k": "last-mean/topk"}
 BASELINES = ("dense", "random", "recent", "teacher-attention", "oracle-gold")  # selectors (routing.sparse.SELECTORS)
 
 
@@ -85,7 +110,9 @@ class Config:
     tags: int = 8
     max_count: int = 4
     targets: list[str] = flag(factory=lambda: ["gold", "causal", "attention"],
-                              help="comma-separated router targets: causal, attention, gold, or any evidence target name")
+                              help="comma-separated router targets: causal, attention, attention-gold-k, gold, or any evidence target name")
+    attention_k: str = flag("25%", help="k of the `attention` target (last-layer top-k attention): items (3), a fraction of "
+                                        "each context (25%) or gold (the gold evidence size; the `attention-gold-k` target)")
     independent_targets: list[str] = flag(factory=lambda: ["causal"], name="--independent", parse=list_or_none,
                                           help="targets for the independent (no item interaction) router; 'none' for none")
     router_dim: int = flag(32, help="router width")
@@ -98,6 +125,9 @@ class Config:
     loss: str = flag("bce", choices=LOSSES, help="router training loss")
     pool: int = flag(24000, help="training examples per (gym, seed), targets computed once")
     budget: str = flag("gold", help="headline budget: items (3), fraction (10%) or gold (the gold evidence size)")
+    fractions: list[str] = flag(factory=lambda: ["10%", "25%"], parse=list_or_none,
+                                help="headline budgets at fixed fractions of the context, reported beside --budget "
+                                     "(they need no gold size); 'none' for none")
     budgets: list[str] = flag(factory=lambda: ["1", "2", "3", "4", "6", "8", "10%"], help="comma-separated budget curve")
     lengths: list[int] = flag(factory=lambda: [1, 2, 4], help="evaluate at these multiples of N")
     baselines: list[str] = flag(factory=lambda: list(BASELINES), parse=list_or_none,
@@ -114,9 +144,12 @@ class Config:
     teacher_lr: float = 2e-3
     max_factor: int = 4
     aux: float = flag(0.0, help="auxiliary hop loss of multihop teachers (0 = off; it shapes the attention targets)")
+    teacher_per_seed: bool = flag(True, help="one teacher per seed, trained from that seed (--no-teacher-per-seed: every "
+                                             "seed shares the teacher of seed teacher_seed, which hides teacher-to-teacher variance)")
     teacher_seed: int = 0
     mode: str = "delete"
     cache: str = flag("cache", help="teacher and pool cache directory")
+    min_teacher_acc: float = flag(MIN_TEACHER_ACC, help=MIN_TEACHER_ACC_HELP)  # read at report time, not a run parameter
 
 
 def quick_config() -> Config:
@@ -129,16 +162,34 @@ def quick_config() -> Config:
 
 
 def reproduce_config() -> Config:
-    return Config()
+    # both attention targets: k a fixed fraction (attention) and k = gold size (attention-gold-k)
+    return Config(targets=["gold", "causal", "attention", "attention-gold-k"])
 
 
 def resolve_target(name: str) -> str:
     return TARGET_ALIASES.get(name, name)
 
 
-def teacher_config(p: dict, task: str, hops: int) -> TeacherConfig:
-    """The evidence study's teacher for this gym (same recipe, same cache key)."""
-    return evidence.teacher_config(p, task, hops, p["teacher_seed"])
+def target_spec(name: str, p: dict) -> tuple[str, str]:
+    """``(evidence target name, k)`` of a router target; k is a budget (``"gold"``: the gold size),
+    used by ``<aggregate>/topk`` targets only."""
+    return resolve_target(name), (p["attention_k"] if name == "attention" else "gold")
+
+
+def target_key(name: str, p: dict) -> str:
+    """The pool column of a router target: ``last-mean/topk`` (k = gold size) or ``last-mean/topk@25pct``."""
+    target, k = target_spec(name, p)
+    return target if k == "gold" or not target.endswith("/topk") else f"{target}@{budget_label(parse_budget(k))}"
+
+
+def teacher_seed_of(p: dict, seed: int) -> int:
+    """The teacher of run seed ``seed``: trained from that seed, or the shared ``teacher_seed``."""
+    return seed if p["teacher_per_seed"] else p["teacher_seed"]
+
+
+def teacher_config(p: dict, task: str, hops: int, seed: int) -> TeacherConfig:
+    """The evidence study's teacher for this gym and run seed (same recipe, same cache key)."""
+    return evidence.teacher_config(p, task, hops, teacher_seed_of(p, seed))
 
 
 # ----------------------------------------------------------------------------- pools
@@ -147,24 +198,31 @@ POOL_FIELDS = ("items", "valid", "positions", "query", "answer", "gold", "hops")
 
 
 def pool_path(p: dict, task: str, hops: int, seed: int) -> Path:
-    raw = json.dumps({"teacher": teacher_config(p, task, hops).key(), "pool": p["pool"], "items": p["items"], "seed": seed,
+    raw = json.dumps({"teacher": teacher_config(p, task, hops, seed).key(), "pool": p["pool"], "items": p["items"], "seed": seed,
                       "targets": sorted(pool_targets(p))}, sort_keys=True)
     return Path(p["cache"]) / "pools" / f"{task_label(task, hops)}-{hashlib.sha1(raw.encode()).hexdigest()[:12]}.safetensors"
 
 
 def pool_targets(p: dict) -> list[str]:
-    return sorted({resolve_target(t) for t in [*p["targets"], *p["independent_targets"]]})
+    return sorted({target_key(t, p) for t in [*p["targets"], *p["independent_targets"]]})
 
 
 def build_pool(teacher, p: dict, task: str, hops: int, seed: int) -> tuple[EvidenceBatch, dict[str, torch.Tensor]]:
     """``pool`` fresh training examples and every training target for them, computed once."""
-    gym = gym_of(teacher_config(p, task, hops))
+    gym = gym_of(teacher_config(p, task, hops, seed))
     N = p["items"]
     pool = gym.sample(p["pool"], (max(gym.min_items, N // 2), N), np.random.default_rng([seed, 2024]))
     targets = {}
-    for name in pool_targets(p):
-        parts = [target_masks(teacher, pool.select(slice(s, s + 2048)), name) for s in range(0, len(pool), 2048)]
-        targets[name] = torch.cat(parts)
+    for t in [*p["targets"], *p["independent_targets"]]:
+        key = target_key(t, p)
+        if key in targets:
+            continue
+        name, k = target_spec(t, p)
+        parts = []
+        for s in range(0, len(pool), 2048):
+            b = pool.select(slice(s, s + 2048))
+            parts.append(target_masks(teacher, b, name, k=None if k == "gold" else budget_k(parse_budget(k), b.valid)))
+        targets[key] = torch.cat(parts)
     return pool, targets
 
 
@@ -188,38 +246,36 @@ def load_pool(path: Path) -> tuple[EvidenceBatch, dict[str, torch.Tensor]]:
 
 
 def prepare_one(spec: dict, ckpt_dir: Path) -> dict:
-    """Teacher (cached) and one training pool per seed for one gym."""
+    """The seed's teacher (cached) and the seed's training pool for one gym."""
     p = spec["params"]
-    task, hops = p["gym"], p["hops"]
+    task, hops, seed = p["gym"], p["hops"], spec["seed"]
+    tcfg = teacher_config(p, task, hops, seed)
     t0 = time.perf_counter()
-    teacher, info = load_or_train(teacher_config(p, task, hops), Path(p["cache"]), ckpt_dir)
+    teacher, info = load_or_train(tcfg, Path(p["cache"]), ckpt_dir)
     teacher_seconds = time.perf_counter() - t0
-    pool_seconds = []
-    for seed in p["seeds"]:
-        path = pool_path(p, task, hops, seed)
-        t1 = time.perf_counter()
-        if not path.exists():
-            save_pool(path, *build_pool(teacher, p, task, hops, seed))
-        pool_seconds.append(round(time.perf_counter() - t1, 2))
+    path = pool_path(p, task, hops, seed)
+    t1 = time.perf_counter()
+    if not path.exists():
+        save_pool(path, *build_pool(teacher, p, task, hops, seed))
     metrics = {
         "teacher_acc_n": info["acc_n"], "teacher_acc_max": info["acc_max"], "teacher_cached": float(info["cached"]),
-        "teacher_seconds": round(teacher_seconds, 2), "pool_seconds": float(np.sum(pool_seconds)),
+        "teacher_seconds": round(teacher_seconds, 2), "pool_seconds": round(time.perf_counter() - t1, 2),
     }
-    return {"metrics": metrics, "curves": info["curves"], "extra": {"teacher_key": teacher_config(p, task, hops).key()}}
+    return {"metrics": metrics, "curves": info["curves"], "extra": {"teacher_key": tcfg.key(), "teacher_seed": tcfg.seed}}
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 
 def eval_batches(p: dict, task: str, hops: int, seed: int) -> dict[int, EvidenceBatch]:
-    gym = gym_of(teacher_config(p, task, hops))
+    gym = gym_of(teacher_config(p, task, hops, seed))
     return {m: gym.sample(p["examples"], m * p["items"], np.random.default_rng([seed, 999, m])) for m in p["lengths"]}
 
 
 def evaluate_scores(teacher, batch: EvidenceBatch, scores: torch.Tensor, p: dict, m: int, keep_all: bool = False) -> dict[str, float]:
     """Accuracy and gold recall of the teacher reading the kept items, for every budget."""
     out = {}
-    budgets = [p["budget"], *p["budgets"]]
+    budgets = [p["budget"], *dict.fromkeys([*p["fractions"], *p["budgets"]])]
     for i, b in enumerate(budgets):
         keep = batch.valid.clone() if keep_all else keep_mask(scores, batch.valid, parse_budget(b), gold=batch.gold)
         acc = float((teacher_answer(teacher, batch, keep, p["mode"]) == batch.answer).float().mean())
@@ -261,8 +317,8 @@ def router_cost(teacher, router, batch: EvidenceBatch, scores: torch.Tensor, p: 
     return {f"flops_ratio_{m}x": flops, f"speedup_{m}x": timed(dense) / timed(sparse)}
 
 
-def load_teacher_for(p: dict, task: str, hops: int):
-    teacher, _ = load_or_train(teacher_config(p, task, hops), Path(p["cache"]))  # cached by prepare
+def load_teacher_for(p: dict, task: str, hops: int, seed: int):
+    teacher, _ = load_or_train(teacher_config(p, task, hops, seed), Path(p["cache"]))  # cached by prepare
     return teacher
 
 
@@ -270,9 +326,9 @@ def router_one(spec: dict, ckpt_dir: Path) -> dict:
     """Train one router on one target of the (gym, seed) pool and evaluate it."""
     p = spec["params"]
     task, hops, seed = p["gym"], p["hops"], spec["seed"]
-    teacher = load_teacher_for(p, task, hops)
+    teacher = load_teacher_for(p, task, hops, seed)
     pool, targets = load_pool(pool_path(p, task, hops, seed))
-    target = resolve_target(p["target"])
+    target = target_key(p["target"], p)
     torch.manual_seed(seed)
     router = build_router(p["router"], p["vocab"], p["router_dim"], p["router_depth"], p["router_heads"], p["length_scale"])
     info = train_router(router, pool, targets[target], items=p["items"], steps=p["router_steps"], batch=p["router_batch"],
@@ -292,7 +348,7 @@ def baselines_one(spec: dict, ckpt_dir: Path) -> dict:
     """Every baseline selection at every length and budget (``name|metric`` keys)."""
     p = spec["params"]
     task, hops, seed = p["gym"], p["hops"], spec["seed"]
-    teacher = load_teacher_for(p, task, hops)
+    teacher = load_teacher_for(p, task, hops, seed)
     rng = np.random.default_rng([seed, 555])
     metrics: dict[str, float] = {}
     for m, batch in eval_batches(p, task, hops, seed).items():
@@ -319,12 +375,13 @@ def gym_runs(cfg: Config) -> list[tuple[str, int]]:
 
 def gym_params(cfg: Config, task: str, hops: int) -> dict:
     """Run parameters shared by every run of one gym, with its teacher recipe resolved."""
-    base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds", "teacher_steps")}
+    base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds", "teacher_steps", "min_teacher_acc")}
     return {**base, **evidence.teacher_recipe(task, hops, cfg.teacher_steps), "gym": task, "hops": hops}
 
 
 def prepare_specs(cfg: Config) -> list[RunSpec]:
-    return [RunSpec(task_label(t, h), "prepare", cfg.teacher_seed, {**gym_params(cfg, t, h), "kind": "prepare", "seeds": cfg.seeds}) for t, h in gym_runs(cfg)]
+    """One per gym x seed: the seed's teacher and pool (a shared teacher is trained once, then read from the cache)."""
+    return [RunSpec(task_label(t, h), "prepare", s, {**gym_params(cfg, t, h), "kind": "prepare"}) for t, h in gym_runs(cfg) for s in cfg.seeds]
 
 
 def router_specs(cfg: Config) -> list[RunSpec]:
@@ -346,7 +403,13 @@ def validate(cfg: Config) -> None:
     names = set(target_names())
     for t in [*cfg.targets, *cfg.independent_targets]:
         if resolve_target(t) not in names and not re.fullmatch(r"layer\d+(/topk|/top10pct)?", t):
-            raise MasklabError(f"unknown router target {t!r}; choose from causal, attention, {', '.join(sorted(names))}")
+            raise MasklabError(f"unknown router target {t!r}; choose from causal, attention, attention-gold-k, {', '.join(sorted(names))}")
+    parse_budget(cfg.attention_k)
+    if not 0 <= cfg.min_teacher_acc <= 1:
+        raise MasklabError(f"--min-teacher-acc must be in [0, 1]; got {cfg.min_teacher_acc}")
+    for f in cfg.fractions:
+        if not isinstance(parse_budget(f), float):
+            raise MasklabError(f"--fractions takes fractions of the context (10% or 0.1); got {f!r}")
     aggregate_fn(cfg.snap_aggregate)
     check_choices("baseline", cfg.baselines, BASELINES)
     for b in [cfg.budget, *cfg.budgets]:
@@ -357,7 +420,7 @@ def validate(cfg: Config) -> None:
     if cfg.items < 2 or cfg.pool < cfg.router_batch or cfg.examples < 1 or cfg.router_steps < 1:
         raise MasklabError("--items must be >= 2, --pool >= the router batch, --examples and --router-steps positive")
     for t, h in gym_runs(cfg):
-        gym_of(teacher_config(gym_params(cfg, t, h), t, h)).check(cfg.items * cfg.max_factor)
+        gym_of(teacher_config(gym_params(cfg, t, h), t, h, cfg.teacher_seed)).check(cfg.items * cfg.max_factor)
 
 
 def expand(runs: list[dict]) -> list[dict]:
@@ -382,6 +445,11 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
     results = run_study(NAME, asdict(cfg), router_specs(cfg), "masklab.studies.routing:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
     results["summary"] = summarize(expand(results["runs"]))
     results["teachers"] = prep["summary"]
+    results["untrained_teachers"] = untrained_teachers(prep["runs"], cfg.min_teacher_acc)
+    bad = {(f["task"], f["seed"]) for f in results["untrained_teachers"]}
+    for r in results["runs"]:  # every row of a (gym, seed) rests on that seed's teacher
+        r.setdefault("extra", {})["teacher_untrained"] = (r["task"], r["seed"]) in bad
+    warn_untrained(results["untrained_teachers"], cfg.min_teacher_acc, NAME)
     write_json(out / "results.json", results)
     report(results, cfg, out, command)
     return results
@@ -419,8 +487,8 @@ def plot_budget_curves(summary: list[dict], cfg: Config, path: Path) -> None:
 
 NOTES = """\
 Rows: `router/<target>` a transformer router trained on that target (`causal` = leave-one-out evidence of the
-teacher's dense answer, `attention` = the teacher's last-layer top-k attention items, k = gold size, `gold` = the
-gym's exact evidence); `independent/<target>` a router whose items do not see each other; baselines `dense`
+teacher's dense answer, `attention` = the teacher's last-layer top-k attention items with k = `--attention-k` of each
+context, `attention-gold-k` = the same with k = the gold evidence size, `gold` = the gym's exact evidence); `independent/<target>` a router whose items do not see each other; baselines `dense`
 (teacher reads everything), `random`, `recent` (the last k items), `teacher-attention` (SnapKV-style: the items the
 teacher attends to most in a dense pre-fill), `oracle-gold`. `acc_<m>x`: the teacher's accuracy reading only the
 kept items at m x N items; `recall_<m>x`: fraction of gold evidence kept; routers are trained at N only.
@@ -439,17 +507,25 @@ def report(results: dict, cfg: Config, out: Path, command: str) -> None:
     for r in routers:  # parameters of the router relative to the teacher's
         ratios = [x["extra"]["router_parameters"] / x["extra"]["teacher_parameters"] for x in results["runs"] if (x["task"], x["method"]) == (r["task"], r["method"])]
         r["param_ratio_mean"], r["param_ratio_std"] = float(np.mean(ratios)), float(np.std(ratios))
-    ten = [f"acc_{m_hi}x@10pct", f"recall_{m_hi}x@10pct"] if "10%" in cfg.budgets else []
     teachers = markdown_table(results["teachers"], [], ["teacher_acc_n", "teacher_acc_max", "teacher_seconds", "pool_seconds"])
+    note = untrained_note(results.get("untrained_teachers", []), cfg.min_teacher_acc)
     parts = [
         "# routing",
         "",
         f"Regenerate with: `{command}`",
         "",
+        *([note, ""] if note else []),
         f"## Teacher accuracy from the kept items (budget `{cfg.budget}`; N = {cfg.items})",
         "",
         markdown_table(summary, paper, main),
         "",
+    ]
+    for f in cfg.fractions:  # headline budgets that need no gold size
+        label = budget_label(parse_budget(f))
+        cols = [*(f"acc_{m}x@{label}" for m in cfg.lengths), f"recall_{m_hi}x@{label}"]
+        parts += [f"## Teacher accuracy from the kept items (budget {f} of each context; N = {cfg.items})", "",
+                  markdown_table(summary, [], cols), ""]
+    parts += [
         NOTES,
         "",
         "## Cost and fit of the routers",
@@ -457,7 +533,5 @@ def report(results: dict, cfg: Config, out: Path, command: str) -> None:
         markdown_table(routers, [], cost),
         "",
     ]
-    if ten:
-        parts += [f"## At {m_hi} x N with a 10% budget", "", markdown_table(summary, [], ten), ""]
-    parts += ["## Teachers and training pools", "", teachers, "", "![routing_budget.png](routing_budget.png)", "", environment_line(results)]
+    parts += ["## Teachers and training pools (one prepare run per seed)", "", teachers, "", "![routing_budget.png](routing_budget.png)", "", environment_line(results)]
     atomic_write_text(out / "results.md", "\n".join(parts) + "\n")
