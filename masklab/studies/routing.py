@@ -78,7 +78,7 @@ from masklab.routing.train import LOSSES, train_router
 from masklab.errors import MasklabError, check_choices
 from masklab.flags import flag, list_or_none
 from masklab.files import atomic_write_text, write_json
-from masklab.runner import RunSpec, run_study, summarize
+from masklab.runner import RunSpec, add_stats, run_study, summarize
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "routing"
@@ -506,7 +506,7 @@ def report(results: dict, cfg: Config, out: Path, command: str) -> None:
     routers = [dict(r) for r in summary if r["method"].startswith(("router", "independent"))]
     for r in routers:  # parameters of the router relative to the teacher's
         ratios = [x["extra"]["router_parameters"] / x["extra"]["teacher_parameters"] for x in results["runs"] if (x["task"], x["method"]) == (r["task"], r["method"])]
-        r["param_ratio_mean"], r["param_ratio_std"] = float(np.mean(ratios)), float(np.std(ratios))
+        add_stats(r, "param_ratio", ratios)
     teachers = markdown_table(results["teachers"], [], ["teacher_acc_n", "teacher_acc_max", "teacher_seconds", "pool_seconds"])
     note = untrained_note(results.get("untrained_teachers", []), cfg.min_teacher_acc)
     parts = [
