@@ -6,7 +6,8 @@ seen domain of the cube; we measure how it extrapolates to the unseen domain. Me
 * ``vanilla`` - default init, no prior;
 * ``qk-svd``, ``qk-opt`` - the prior's pattern put into W_Q, W_K at init (:mod:`masklab.qk_init`);
 * ``mask`` - a learnable :class:`~masklab.bias.MaskPrior` per block; ``mask-frozen`` and
-  ``mask-hard`` are the ablations.
+  ``mask-hard`` are the ablations; ``mask-zero`` the control with the same learnable prior
+  but no structure (``M = 0`` everywhere, :meth:`~masklab.bias.MaskPrior.uniform`).
 
 Per run we record unseen/full/seen sign accuracy, MSEs, ``u`` (mean prediction on the
 unseen domain: for 2Parity every interpolant of the seen data is
@@ -45,7 +46,7 @@ from masklab.tasks.boolean import (
 from masklab.train import Recipe, init_qk, priors_for, steps_to, train
 
 NAME = "gotu"
-METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard")
+METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard", "mask-zero")
 TABLE_METRICS = [
     "unseen_acc",
     "full_acc",
