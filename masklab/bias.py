@@ -91,6 +91,20 @@ class MaskPrior(nn.Module):
         self.register_buffer("hard", s == 0)
         self.m = nn.Parameter(m0.clone(), requires_grad=(mode != "frozen"))
 
+    @classmethod
+    def uniform(cls, shape: tuple[int, ...] | torch.Size, mode: PriorMode = "learnable") -> "MaskPrior":
+        """A prior of ``shape`` ``(H|1, T, T)`` with no structure: ``M = 0`` everywhere.
+
+        The bias ``logsigmoid(0) = -log 2`` is the same for every key, so softmax attention is
+        exactly unchanged at initialisation; what it adds is the learnable ``(H|1, T, T)``
+        parameter itself (the ``mask-zero`` control, :data:`masklab.train.UNSTRUCTURED`).
+        ``M = 0`` rather than ``M = allowed`` everywhere (also uniform): at 0 ``logsigmoid``
+        has its largest slope (1/2), so every entry is free to learn a pattern; at
+        ``allowed`` = 6 its slope is 0.0025 and the control would be nearly frozen, so a gap
+        to ``mask`` could be blamed on a control that cannot learn. 0 is also where weight
+        decay would pull ``M`` (:mod:`masklab.models.optim`)."""
+        return cls(torch.ones(tuple(shape)), allowed=0.0, suppressed=0.0, mode=mode)
+
     def forward(self, seq: int | None = None, keys: int | None = None, offset: int = 0) -> Tensor:
         """``(H|1, seq, keys)`` bias of queries ``[offset, offset + seq)`` against keys
         ``[0, keys)`` (``keys`` defaults to ``offset + seq``; ``forward(T)`` is the square

@@ -41,7 +41,7 @@ STUDIES = {
 }
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}
-SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets"}
+SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets", "arith-size": "masklab.studies.arith_size"}
 
 
 def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = "the study's seeds") -> None:

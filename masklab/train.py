@@ -35,7 +35,12 @@ from masklab.qk_init import QK_INITS
 from masklab.runner import Checkpoint, MasklabError, warmup_cosine
 
 #: method name -> MaskPrior mode (``mask-nopos``: the lm study's prior without position embeddings)
-MASK_MODES = {"mask": "learnable", "mask-frozen": "frozen", "mask-hard": "hard", "mask-nopos": "learnable"}
+MASK_MODES = {"mask": "learnable", "mask-frozen": "frozen", "mask-hard": "hard", "mask-nopos": "learnable", "mask-zero": "learnable"}
+#: methods whose MaskPrior has the structure's shape but none of its pattern (``M = 0``
+#: everywhere, :meth:`masklab.bias.MaskPrior.uniform`): ``mask-zero`` has the learnable
+#: parameters of ``mask`` (same shape, optimiser group, no weight decay) without the prior,
+#: so ``mask`` vs ``mask-zero`` measures the structure, not the extra parameters
+UNSTRUCTURED = {"mask-zero"}
 
 
 # ----------------------------------------------------------------------------- methods
@@ -46,9 +51,12 @@ def priors_for(method: str, structures: list[Tensor], allowed: float = 6.0, supp
 
     structures: one ``(H|1, T, T)`` structure in [0, 1] per block. ``mask``, ``mask-frozen``,
     ``mask-hard``, ``mask-nopos`` -> a :class:`~masklab.bias.MaskPrior` per block (mode from
-    :data:`MASK_MODES`, init strengths ``allowed``/``suppressed``); ``alibi`` -> an
+    :data:`MASK_MODES`, init strengths ``allowed``/``suppressed``); ``mask-zero`` -> a learnable
+    ``MaskPrior`` of the structure's shape with ``M = 0`` (no structure; :data:`UNSTRUCTURED`); ``alibi`` -> an
     :class:`~masklab.bias.ALiBi` per block with the structure's head count; any other method
     (``vanilla``, the QK inits) -> None."""
+    if method in UNSTRUCTURED:
+        return [MaskPrior.uniform(s.shape if s.dim() == 3 else (1, *s.shape), MASK_MODES[method]) for s in structures]
     if method in MASK_MODES:
         return [MaskPrior(s, allowed, suppressed, MASK_MODES[method]) for s in structures]
     if method == "alibi":

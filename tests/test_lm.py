@@ -73,7 +73,7 @@ def test_alibi_bias():
     assert b[0, 4, 0] == pytest.approx(-4 * 2 ** -2) and b[3, 4, 0] == pytest.approx(-4 * 2 ** -8)
 
 
-@pytest.mark.parametrize("method", ["vanilla", "alibi", "mask", "mask-nopos"])
+@pytest.mark.parametrize("method", ["vanilla", "alibi", "mask", "mask-nopos", "mask-zero"])
 def test_priors_build_and_stay_causal(method):
     p = {"method": method, "block": 16, "dim": 32, "depth": 2, "heads": 4, "allowed": 6.0, "suppressed": 6.0}
     torch.manual_seed(0)

@@ -162,6 +162,42 @@ def test_priors_from_the_method_name():
     assert len(alibi) == 3 and all(isinstance(p, ALiBi) and len(p.slopes) == 2 for p in alibi)
 
 
+def test_mask_zero_is_the_mask_prior_without_its_structure(tmp_path):
+    """mask-zero: the learnable parameters of ``mask`` (shape, optimiser group, no decay) with
+    a uniform bias, so at init the model computes exactly what vanilla computes."""
+    from masklab.structures import relative_distance
+    from masklab.studies import lm, vision
+
+    T, H = 8, 2
+    s = [relative_distance(T, H)] * 2
+    mask, zero = priors_for("mask", s), priors_for("mask-zero", s)
+    for m, z in zip(mask, zero):
+        assert isinstance(z, MaskPrior) and z.mode == "learnable" and z.m.requires_grad
+        assert z.m.shape == m.m.shape and torch.equal(z.m, torch.zeros_like(z.m))
+        bias = z(T)
+        assert torch.equal(bias, bias[..., :1].expand_as(bias))  # the same for every key
+    assert priors_for("mask-zero", [torch.eye(5)])[0].m.shape == (1, 5, 5)  # a (T, T) structure: one shared M
+
+    def gpt(method):
+        torch.manual_seed(0)  # MaskPrior draws nothing, so every method gets the same weights
+        return GPT(11, T, dim=8, depth=2, heads=H, priors=priors_for(method, s))
+
+    x = torch.randint(11, (3, T))
+    vanilla = gpt("vanilla")(x)[0]
+    assert torch.allclose(gpt("mask-zero")(x)[0], vanilla, atol=1e-6)  # uniform bias: softmax unchanged
+    assert not torch.allclose(gpt("mask")(x)[0], vanilla, atol=1e-3)  # the structured prior is not
+    for method in ("mask", "mask-zero"):
+        model = gpt(method)
+        prior_ids = {id(b.attn.prior.m) for b in model.blocks}
+        no_decay = {id(q) for q in param_groups(model, 0.1)[1]["params"]}
+        assert prior_ids <= no_decay  # the same group as mask's M: trained, never decayed
+        gen = torch.Generator().manual_seed(0)
+        train(model, Recipe(steps=3, lr=1e-2, evals=1), lambda net, step: net(x)[0].square().mean(),
+              lambda step: {}, gen, tmp_path / method, method)
+        assert all(b.attn.prior.drift() > 0 for b in model.blocks)  # learnable: it moves
+    assert "mask-zero" in lm.reproduce_config().methods and "mask-zero" in vision.reproduce_config().methods
+
+
 def test_steps_to_threshold():
     steps, acc = [0, 10, 20, 30], [0.5, 0.99, 0.8, 0.995]
     assert steps_to(steps, acc, 0.99) == 10

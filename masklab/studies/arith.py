@@ -10,7 +10,8 @@ disjoint held-out set. Methods:
   (:mod:`masklab.qk_init`); their step-0 match to the pattern is measured and reported;
 * ``mask`` - a learnable :class:`~masklab.bias.MaskPrior` per block from the digit-alignment
   structure (:func:`masklab.structures.arith_structure`), on top of the causal mask;
-  ``mask-frozen`` / ``mask-hard`` are the ablations.
+  ``mask-frozen`` / ``mask-hard`` are the ablations; ``mask-zero`` the control with the same
+  learnable prior but no structure (``M = 0`` everywhere, :meth:`~masklab.bias.MaskPrior.uniform`).
 
 Metrics per run: ``exact_acc`` (whole result right) and ``digit_acc`` (mean over result
 digits) on the test set, ``train_exact_acc`` on (up to 2000) training pairs, the attention
@@ -42,7 +43,7 @@ from masklab.tasks.arithmetic import OPS, VOCAB, WIDTHS, greedy_results, inputs_
 from masklab.train import Recipe, init_qk, priors_for, steps_to, train  # noqa: E402
 
 NAME = "arith"
-METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard")
+METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard", "mask-zero")
 TABLE_METRICS = ["exact_acc", "digit_acc", "train_exact_acc", "steps_to_90", "prior_mass_step0", "prior_mass_final", "mask_drift"]
 TRAIN_PROBE = 2000  # training pairs scored for train_exact_acc
 CURVE_PROBE = 1000  # test pairs scored at each evaluation during training

@@ -6,7 +6,8 @@ seen domain of the cube; we measure how it extrapolates to the unseen domain. Me
 * ``vanilla`` - default init, no prior;
 * ``qk-svd``, ``qk-opt`` - the prior's pattern put into W_Q, W_K at init (:mod:`masklab.qk_init`);
 * ``mask`` - a learnable :class:`~masklab.bias.MaskPrior` per block; ``mask-frozen`` and
-  ``mask-hard`` are the ablations.
+  ``mask-hard`` are the ablations; ``mask-zero`` the control with the same learnable prior
+  but no structure (``M = 0`` everywhere, :meth:`~masklab.bias.MaskPrior.uniform`).
 
 Per run we record unseen/full/seen sign accuracy, MSEs, ``u`` (mean prediction on the
 unseen domain: for 2Parity every interpolant of the seen data is
@@ -45,7 +46,10 @@ from masklab.tasks.boolean import (
 from masklab.train import Recipe, init_qk, priors_for, steps_to, train
 
 NAME = "gotu"
-METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard")
+CURVE_SEEN = 2048  # seen points scored at each evaluation (a seeded random subset)
+CURVE_UNSEEN = 8192  # unseen points scored at each evaluation: the whole unseen domain up to this size
+PROBE = 256  # points for the attention statistics
+METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard", "mask-zero")
 TABLE_METRICS = [
     "unseen_acc",
     "full_acc",
@@ -126,6 +130,33 @@ def tokens_of(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy((x.astype(np.int64) + 1) // 2)
 
 
+def curve_points(task: BooleanTask, seed: int, seen_max: int = CURVE_SEEN, unseen_max: int = CURVE_UNSEEN) -> np.ndarray:
+    """Indices into ``task.x`` of the points the curves are scored on, fixed for a run: a
+    seeded uniform random subset of ``seen_max`` seen points, then the whole unseen domain
+    when it has at most ``unseen_max`` points (every built-in task: 8192 or 4096), else a
+    seeded uniform random subset of that size. Sorted within each domain.
+
+    Not a fixed stride: the cube is enumerated in bit order (point r has ``x_i`` = bit i of
+    r), so every k-th point of a domain shares bits. Every 4th unseen point of maj3 has
+    ``x2 = x3 = -1``, where the minimum-degree interpolator is right, so that subsample
+    scored 1.0 where the full unseen domain scores 0.5. Scoring 8192 unseen + 2048 seen
+    points costs about 1.1 s per evaluation on one thread (4096 points: 0.5 s; the whole
+    cube: 4.5 s)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for domain, most in ((task.seen, seen_max), (task.unseen, unseen_max)):
+        idx = np.flatnonzero(domain)
+        out.append(np.sort(rng.choice(idx, most, replace=False)) if len(idx) > most else idx)
+    return np.concatenate(out)
+
+
+def probe_points(task: BooleanTask, seed: int, n: int = PROBE) -> np.ndarray:
+    """Indices of ``n`` points drawn uniformly (seeded) from the whole cube for the attention
+    statistics (a fixed stride of 128 picked points with ``x0..x6 = -1`` only, all unseen)."""
+    rng = np.random.default_rng([seed, 1])
+    return np.sort(rng.choice(len(task.x), min(n, len(task.x)), replace=False))
+
+
 @torch.no_grad()
 def predict(model: TokenEncoder, tokens: torch.Tensor, chunk: int = 2048) -> np.ndarray:
     return torch.cat([model(tokens[i : i + chunk])[0][:, 0] for i in range(0, len(tokens), chunk)]).numpy()
@@ -158,9 +189,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     y_all = task.y.astype(np.float64)
     seen_idx = torch.from_numpy(np.flatnonzero(task.seen))
     y_t = torch.from_numpy(task.y)
-    probe = x_all[:: max(1, len(x_all) // 256)]  # fixed 256 points for attention statistics
-    # curves use a fixed subsample (up to 2048 seen + 2048 unseen points); final metrics the full cube
-    sub = np.concatenate([np.flatnonzero(d)[:: max(1, d.sum() // 2048)] for d in (task.seen, task.unseen)])
+    probe = x_all[torch.from_numpy(probe_points(task, spec["seed"]))]  # (256, n) for the attention statistics
+    # curves are scored on fixed points (2048 seen, the whole unseen domain); final metrics on the full cube
+    sub = curve_points(task, spec["seed"])
     sample = lambda: x_all[seen_idx[torch.randperm(len(seen_idx), generator=gen)[:256]]]  # noqa: E731
     init_qk(method, model, structures, p["allowed"], p["suppressed"], sample)
 
@@ -248,7 +279,9 @@ Columns: `unseen_acc` sign accuracy on the unseen domain, `full_acc` on the whol
 paper's ~75% / ~87% are full-cube numbers: the minimum-degree interpolator scores 0% / 50% on
 the unseen part), `u` mean prediction on the unseen domain (2Parity: MDI -3, parity +1),
 `mdi_agreement` sign agreement with the minimum-degree interpolator on the unseen domain,
-`steps_to_99` evaluation step from which unseen_acc stays >= 0.99 (mean over the seeds that got there),
+`steps_to_99` evaluation step from which unseen_acc stays >= 0.99 (mean over the seeds that got there;
+during training unseen_acc is scored on the whole unseen domain, up to 8192 points, and seen
+points on a seeded random 2048),
 `prior_mass_*` attention mass of the CLS query on the prior's allowed keys (mean over heads and
 layers) at step 0 and at the end, `prior_mass_all_*` the same over every query (for Cyclic3 the
 CLS query may read every token, so only the all-queries mass is informative), `mask_drift`
