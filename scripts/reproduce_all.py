@@ -41,6 +41,8 @@ REPRODUCTIONS = [
     ("tune-prior", ["reproduce", "tune-prior"]),
     ("longctx", ["reproduce", "longctx"]),
     ("evidence-prior", ["reproduce", "evidence-prior"]),
+    # about 6.5 CPU-hours (benchmarks/arith_size_cost.json), 84% of it at x4: last
+    ("arith-size", ["sweep", "arith-size"]),
 ]
 
 
