@@ -151,13 +151,17 @@ def training_labels(lm: LoadedModel, ex: LongExample, max_new_tokens: int = 10,
     """Evidence and attention labels of one training example (module docstring).
 
     Returns ``{"correct", "passes", "seconds", "evidence" (indices), "attention" (indices)}``;
-    an example the LM answers wrongly (or emptily) has no labels (``evidence`` None)."""
+    an example the LM answers wrongly (or emptily) has no labels (``evidence`` None) and
+    costs one answer; ``passes`` counts the answer, the evidence search's forward passes
+    (each over the full prompt) and the attention pass."""
     from masklab.pretrained.lm import encode
-    from masklab.pretrained.longctx import sentence_evidence
+    from masklab.pretrained.longctx import answer, sentence_evidence
     from masklab.pretrained.models import set_attention
     from masklab.pretrained.router import attention_per_sentence
 
     t0 = time.perf_counter()
+    if not answer(lm, ex, max_new_tokens=max_new_tokens)["correct"]:  # one pass; no group testing on wrong answers
+        return {"correct": False, "passes": 1, "seconds": time.perf_counter() - t0, "evidence": None, "attention": None}
     try:
         ev = sentence_evidence(lm, ex, max_new_tokens=max_new_tokens, chunk_tokens=chunk_tokens)
     except MasklabError:  # an empty answer has no evidence
@@ -172,7 +176,7 @@ def training_labels(lm: LoadedModel, ex: LongExample, max_new_tokens: int = 10,
     finally:
         set_attention(lm, "sdpa")
     top = torch.argsort(att, descending=True)[:max(1, len(evidence))].tolist()
-    return {"correct": True, "passes": ev["forward_passes"] + 1, "seconds": time.perf_counter() - t0,
+    return {"correct": True, "passes": ev["forward_passes"] + 2, "seconds": time.perf_counter() - t0,
             "evidence": evidence, "attention": sorted(top)}
 
 

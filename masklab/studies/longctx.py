@@ -1,27 +1,36 @@
 """Long-context evidence routing on real LMs: RULER-style tasks, pruning before prefill.
 
 One run per (model, task, length, seed) on generated examples (:mod:`masklab.tasks.longctx`).
-Methods, each answering every example greedily:
+Methods, each answering every example greedily, interleaved (example ``i`` runs the method
+list rotated by ``i``, so machine noise hits all methods alike):
 
 * ``full`` - the whole context;
 * ``oracle-gold@<keep>`` - the oracle router: the gold evidence sentences plus random other
   sentences up to ``keep`` of the context's tokens; the rest is deleted before prefill
   (an upper bound for any router at that kept fraction);
 * ``lexical@<keep>`` - sentences ranked by the words they share with the question, kept
-  within ``keep`` (the floor a trained router must beat); ``gold_kept``: its gold recall.
+  within ``keep`` (the floor a trained router must beat);
+* ``evidence-router@<keep>`` / ``attention-router@<keep>`` - a logistic regression over
+  sentence features read through the LM's first ``--router-layers`` layers over
+  ``question + context`` (:mod:`masklab.pretrained.lcrouter`), trained on group-testing
+  evidence sets of the LM's own answers, or on the LM's attention to the sentences, on
+  ``--train-examples`` examples per task from seeds disjoint from the test examples;
+  cached per (model, task set, length) in ``<out>/ckpt/routers`` (safetensors + JSON);
+* ``<press>@<keep>`` - kvpress presses (``--compare``) in kvpress's own pipeline,
+  compression ratio ``1 - keep`` (after a full prefill).
 
 With ``--evidence N`` the first N examples of each run also get causal evidence sets:
 group testing over sentences (or ``--chunk-tokens`` chunks of consecutive sentences) on the
 model's own full-context answer, forward passes counted.
 
 Summary rows: task ``<task>@<length>``, method; metrics ``acc`` (exact match), ``seconds``
-(tokenise + prefill + decode per prompt, router included), ``kept`` (kept fraction of the
-context's tokens), ``peak_mb`` (the run's peak resident memory: one value per run, not per
-method), and for ``full`` with evidence: ``ev_passes``, ``ev_seconds``, ``ev_size``,
-``ev_gold_recall``.
-
-Still to come (issue 14, see docs/longctx.md): the trained evidence / attention routers,
-the kvpress presses side by side, the context-level press, interleaved timing.
+(router + tokenise + prefill + decode per prompt, one thread), ``kept`` (kept fraction of
+the context's tokens), ``gold_kept`` (routers' gold recall), ``router_s`` / ``router_share``
+(the router's seconds, and their share of the same example's full prefill), ``kv_mb``
+(KV-cache size by formula after the answer), ``peak_mb`` (the run's peak resident memory:
+one value per run, not per method), ``train_passes`` / ``train_labelled`` (the routers'
+label cost and labelled examples), and for ``full``: ``prefill_s`` and, with evidence,
+``ev_passes``, ``ev_seconds``, ``ev_size``, ``ev_gold_recall``.
 """
 
 from __future__ import annotations
@@ -81,12 +90,17 @@ class Config:
 
 
 def quick_config() -> Config:
-    return Config(tasks=["niah", "stale"], lengths=[512], keeps=[0.25], examples=3, evidence=0, train_examples=4,
+    return Config(tasks=["niah", "stale"], lengths=[512], keeps=[0.25], examples=3, evidence=0, train_examples=3,
                   compare=["snapkv", "streaming"])
 
 
 def reproduce_config() -> Config:
-    return Config(models=["smollm2-135m", "gemma3-270m"], lengths=[512, 1024, 2048], examples=20, evidence=3)
+    """Both models, every task at 512 tokens (the tasks a model fails at full context stay in
+    the table, reported as such), keep 0.25, 8 test and 4 training examples per task, the
+    five presses: sized from the measured per-example cost to fit 60 minutes on one thread
+    of this 2-core machine (docs/longctx.md: not timed end to end)."""
+    return Config(models=["smollm2-135m", "gemma3-270m"], tasks=list(TASKS), lengths=[512], keeps=[0.25], examples=8,
+                  train_examples=4, evidence=0)
 
 
 ROUTER_METHODS = {"evidence": "evidence-router", "attention": "attention-router"}
@@ -235,11 +249,15 @@ def pivot(results: dict) -> list[dict]:
 
 NOTES = """\
 `acc`: exact match of the greedy answer (cut at the first punctuation mark, number words
-read as digits); `seconds`: tokenise + prefill + decode per prompt on the kept text;
-`kept`: kept fraction of the context's tokens; `peak_mb`: peak resident memory of the run
-(one value per run, shared by its methods); `ev_passes` / `ev_gold_recall`: group-testing
-evidence over sentences on the model's own full-context answer (forward passes, each over
-the full prompt; share of the gold sentences in the evidence set).
+read as digits); `seconds`: router + tokenise + prefill + decode per prompt (methods
+interleaved per example, one thread); `kept`: kept fraction of the context's tokens;
+`gold_kept`: share of the gold sentences a router kept; `router_share`: the router's
+seconds over the same example's full prefill; `kv_mb`: KV-cache MiB by formula (layers x 2
+x KV heads x head dim x cached tokens x bytes; presses: kept context + the rest of the
+prompt; AdaKV masks, so it caches all); `peak_mb`: peak resident memory of the run (one
+value per run, shared by its methods); `train_passes`: forward passes the routers' labels
+cost (group testing on the model's own answers, each over the full prompt);
+`ev_passes`: group-testing evidence on the test examples (with `--evidence`).
 """
 
 
