@@ -176,7 +176,6 @@ class KVPressRunner:
         logging.getLogger("kvpress").setLevel(logging.ERROR)  # "Gemma3ForCausalLM not tested" on every call
         self.lm = lm
         self.pipe = pipeline("kv-press-text-generation", model=lm.model, tokenizer=lm.tokenizer, device="cpu")
-        self.factories = _presses()
 
     def answer(self, context: str, question: str, answer_prefix: str, press, keep: float,
                max_new_tokens: int = 6) -> tuple[str, float]:

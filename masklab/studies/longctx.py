@@ -91,7 +91,7 @@ class Config:
 
 
 def quick_config() -> Config:
-    return Config(tasks=["niah", "stale"], lengths=[512], keeps=[0.25], examples=3, evidence=0, train_examples=3,
+    return Config(tasks=["niah", "stale"], lengths=[512], keeps=[0.25], examples=3, evidence=0, train_examples=2,
                   compare=["snapkv", "streaming"])
 
 
