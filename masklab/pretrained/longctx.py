@@ -9,11 +9,12 @@ prompt the model reads (and its prefill time) shrinks with the kept fraction.
 from __future__ import annotations
 
 import random
+import re
 import resource
 import sys
 import time
 
-from masklab.pretrained.lm import encode, generate
+from masklab.pretrained.lm import encode
 from masklab.pretrained.models import LoadedModel
 from masklab.tasks.longctx import LongExample, count_tokens, score
 
@@ -32,13 +33,39 @@ def sentence_tokens(lm: LoadedModel, ex: LongExample) -> list[int]:
 def answer(lm: LoadedModel, ex: LongExample, keep: list[bool] | None = None, max_new_tokens: int = 10) -> dict:
     """Greedy answer from the kept sentences (all when ``keep`` is None).
 
-    Returns ``{"generated", "correct", "seconds" (tokenise + prefill + decode), "tokens"}``."""
+    Returns ``{"generated", "correct", "seconds" (tokenise + prefill + decode),
+    "prefill_seconds" (tokenise + prefill), "tokens" (prompt), "new_tokens"}``."""
+    import torch
+
     sentences = ex.sentences if keep is None else [s for s, k in zip(ex.sentences, keep) if k]
     t0 = time.perf_counter()
     enc = encode(lm, sentences, ex.query)
-    _, text = generate(lm, enc.ids, max_new_tokens)
+    with torch.no_grad():
+        out = lm.model(input_ids=enc.ids[None], use_cache=True, logits_to_keep=1)
+        t1 = time.perf_counter()
+        eos = lm.model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        new: list[int] = []
+        for _ in range(max_new_tokens):  # greedy, as generate(do_sample=False) decodes
+            nxt = int(out.logits[0, -1].argmax())
+            new.append(nxt)
+            if nxt in eos or len(new) == max_new_tokens:
+                break
+            out = lm.model(input_ids=torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True)
+    text = lm.tokenizer.decode(new, skip_special_tokens=True)
     return {"generated": text, "correct": score(text, ex), "seconds": time.perf_counter() - t0,
-            "tokens": int(enc.ids.numel())}
+            "prefill_seconds": t1 - t0, "tokens": int(enc.ids.numel()), "new_tokens": len(new)}
+
+
+def kv_cache_mb(lm: LoadedModel, tokens: float) -> float:
+    """KV-cache size by formula for ``tokens`` cached positions: layers x 2 (K, V) x KV heads
+    x head dim x tokens x bytes per value, in MiB (every layer full length: Gemma 3's
+    sliding-window layers would cap theirs at the window)."""
+    c = lm.model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    size = next(lm.model.parameters()).element_size()
+    return c.num_hidden_layers * 2 * kv_heads * head_dim * tokens * size / 2**20
 
 
 def oracle_gold_keep(ex: LongExample, lengths: list[int], keep: float, seed: int = 0) -> list[bool]:
@@ -77,13 +104,15 @@ def chunk_sentences(lengths: list[int], chunk_tokens: int | None) -> list[list[i
     return chunks
 
 
+def words(text: str) -> set[str]:
+    """Distinct lower-cased words of 3+ letters (hyphenated keys whole), and numbers."""
+    return {w for w in re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", text.lower()) if len(w) > 2}
+
+
 def lexical_keep(ex: LongExample, lengths: list[int], keep: float) -> list[bool]:
     """A question-overlap router (the floor any trained router must beat): sentences ranked by
     how many distinct words (3+ letters, or numbers) they share with the question, ties by
     position; kept in that order while within ``keep`` of the context's tokens."""
-    import re
-
-    words = lambda t: {w for w in re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", t.lower()) if len(w) > 2}  # noqa: E731
     q = words(ex.query.rsplit("\nAnswer:", 1)[0])
     overlap = [len(words(s) & q) for s in ex.sentences]
     order = sorted(range(len(ex.sentences)), key=lambda i: (-overlap[i], i))

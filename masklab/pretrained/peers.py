@@ -135,6 +135,30 @@ def _presses() -> dict[str, Callable[[float], object]]:
 
 
 PRESS_NAMES = ("snapkv", "knorm", "tova", "streaming", "expected-attention")
+ADAKV_PREFIX = "adakv-"  # ``adakv-<press>``: the scorer press wrapped in kvpress's AdaKVPress (head-wise budgets)
+
+
+def press_names() -> list[str]:
+    """Every press :class:`KVPressRunner` runs: the plain ones and their AdaKV wrappings
+    (not StreamingLLM, whose fixed sink + window scores leave AdaKV nothing to adapt)."""
+    return list(PRESS_NAMES) + [ADAKV_PREFIX + p for p in PRESS_NAMES if p != "streaming"]
+
+
+def make_press(name: str, keep: float):
+    """A kvpress press keeping ``keep`` of the context's KV pairs (compression ratio
+    ``1 - keep``, clipped to [0, 0.99]). AdaKV masks the dropped pairs per head instead
+    of removing them from the cache."""
+    from masklab.errors import MasklabError
+
+    factories = _presses()
+    if name not in press_names():
+        raise MasklabError(f"unknown press {name!r}: use one of {', '.join(press_names())}")
+    ratio = max(0.0, min(0.99, 1.0 - keep))
+    if name.startswith(ADAKV_PREFIX):
+        import kvpress as kp
+
+        return kp.AdaKVPress(factories[name[len(ADAKV_PREFIX):]](ratio))
+    return factories[name](ratio)
 
 
 class KVPressRunner:
@@ -154,25 +178,19 @@ class KVPressRunner:
         logging.getLogger("kvpress").setLevel(logging.ERROR)  # "Gemma3ForCausalLM not tested" on every call
         self.lm = lm
         self.pipe = pipeline("kv-press-text-generation", model=lm.model, tokenizer=lm.tokenizer, device="cpu")
-        self.factories = _presses()
         self.last_cache_tokens: int | None = None
 
-    def answer(self, context: str, question: str, answer_prefix: str, press: str | None, keep: float,
+    def answer(self, context: str, question: str, answer_prefix: str, press, keep: float,
                max_new_tokens: int = 6) -> tuple[str, float]:
         """``question`` and ``answer_prefix`` are joined by a line break (kvpress's format
         for a model without a chat template) in the raw prompt format; in the chat format
         a one-turn template puts the context and question in the user turn and the prefix
-        in the assistant turn, as :func:`masklab.pretrained.lm.encode` does. Returns
-        ``(text, seconds)``."""
-        obj = None
-        if press is not None:
-            if press not in self.factories:
-                from masklab.errors import MasklabError
-
-                raise MasklabError(f"unknown press {press!r}: use one of {', '.join(self.factories)}")
-            obj = self.factories[press](max(0.0, min(0.99, 1.0 - keep)))
+        in the assistant turn, as :func:`masklab.pretrained.lm.encode` does. ``press``: a name (:func:`press_names`), a kvpress press object (``keep`` then
+        unused) or None. Returns ``(text, seconds)``; ``last_cache_tokens`` holds the KV
+        cache's length after the call."""
         from transformers import DynamicCache
 
+        obj = make_press(press, keep) if isinstance(press, str) else press
         from masklab.pretrained.lm import chat_template
 
         cache = DynamicCache()  # ours, so the pressed length can be read back (the pipeline removes the answer from it)

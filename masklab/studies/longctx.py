@@ -1,27 +1,37 @@
 """Long-context evidence routing on real LMs: RULER-style tasks, pruning before prefill.
 
 One run per (model, task, length, seed) on generated examples (:mod:`masklab.tasks.longctx`).
-Methods, each answering every example greedily:
+Methods, each answering every example greedily, interleaved (example ``i`` runs the method
+list rotated by ``i``, so machine noise hits all methods alike):
 
 * ``full`` - the whole context;
 * ``oracle-gold@<keep>`` - the oracle router: the gold evidence sentences plus random other
   sentences up to ``keep`` of the context's tokens; the rest is deleted before prefill
   (an upper bound for any router at that kept fraction);
 * ``lexical@<keep>`` - sentences ranked by the words they share with the question, kept
-  within ``keep`` (the floor a trained router must beat); ``gold_kept``: its gold recall.
+  within ``keep`` (the floor a trained router must beat);
+* ``evidence-router@<keep>`` / ``attention-router@<keep>`` - a logistic regression over
+  sentence features read through the LM's first ``--router-layers`` layers over
+  ``question + context`` (:mod:`masklab.pretrained.lcrouter`), trained on group-testing
+  evidence sets of the LM's own answers, or on the LM's attention to the sentences, on
+  ``--train-examples`` examples per task from seeds disjoint from the test examples;
+  cached per (model, task set, length) in ``<out>/ckpt/routers`` (safetensors + JSON);
+* ``<press>@<keep>`` - kvpress presses (``--compare``) in kvpress's own pipeline,
+  compression ratio ``1 - keep`` (after a full prefill).
 
 With ``--evidence N`` the first N examples of each run also get causal evidence sets:
 group testing over sentences (or ``--chunk-tokens`` chunks of consecutive sentences) on the
 model's own full-context answer, forward passes counted.
 
 Summary rows: task ``<task>@<length>``, method; metrics ``acc`` (exact match), ``seconds``
-(tokenise + prefill + decode per prompt, router included), ``kept`` (kept fraction of the
-context's tokens), ``peak_mb`` (the run's peak resident memory: one value per run, not per
-method), and for ``full`` with evidence: ``ev_passes``, ``ev_seconds``, ``ev_size``,
-``ev_gold_recall``.
-
-Still to come (issue 14, see docs/longctx.md): the trained evidence / attention routers,
-the kvpress presses side by side, the context-level press, interleaved timing.
+(router + tokenise + prefill + decode per prompt, one thread), ``kept`` (kept fraction of
+the context's tokens), ``gold_kept`` (routers' gold recall), ``router_s`` / ``router_share``
+(the router's seconds, and their share of the same example's full prefill), ``kv_mb``
+(KV-cache size by formula after the answer), ``peak_mb`` (the run's peak resident memory:
+one value per run, not per method), ``train_passes`` / ``train_labelled`` (the routers'
+label cost and labelled examples), ``prefill_s`` (tokenise + prefill of the kept text, router
+not included), and for ``full`` with evidence:
+``ev_passes``, ``ev_seconds``, ``ev_size``, ``ev_gold_recall``.
 """
 
 from __future__ import annotations
@@ -37,7 +47,8 @@ from masklab.runner import RunSpec, add_stats, run_study, summary_row
 from masklab.tasks.longctx import TASKS
 
 NAME = "longctx"
-TABLE_METRICS = ["acc", "seconds", "kept", "gold_kept", "peak_mb", "ev_passes", "ev_gold_recall"]
+TABLE_METRICS = ["acc", "seconds", "prefill_s", "kept", "gold_kept", "router_share", "kv_mb", "peak_mb", "ev_passes",
+                 "train_passes"]
 
 
 def keep_list(text: str) -> list[float]:
@@ -59,8 +70,15 @@ class Config:
     evidence: int = flag(0, help="examples per task and length that also get group-testing evidence sets")
     chunk_tokens: int | None = flag(None, help="evidence chunks: consecutive sentences of at most this many tokens "
                                     "(default: one chunk per sentence)", default_text="sentences")
-    routers: list[str] = flag(factory=lambda: ["lexical"], parse=list_or_none,
-                              help="cheap routers besides the oracle (lexical; 'none' for none)")
+    routers: list[str] = flag(factory=lambda: ["lexical", "evidence", "attention"], parse=list_or_none,
+                              help="routers besides the oracle: lexical, evidence (evidence-router), attention "
+                              "(attention-router); 'none' for none")
+    compare: list[str] = flag(factory=lambda: ["snapkv", "tova", "knorm", "streaming", "expected-attention"],
+                              parse=list_or_none,
+                              help="kvpress presses at the same kept fraction (snapkv, tova, knorm, streaming, "
+                              "expected-attention; adakv-<press> wraps one in AdaKV; 'none' for none)")
+    train_examples: int = flag(8, help="router training examples per task (seeds disjoint from the test examples)")
+    router_layers: int = flag(2, help="the routers read the LM's first this many layers over question + context")
     hops: int = flag(3, help="vt: assignments after the value in the asked chain")
     updates: int = flag(2, help="stale: reassignments after the first statement")
     distractors: int = flag(3, help="multikey: needles with other keys")
@@ -73,16 +91,30 @@ class Config:
 
 
 def quick_config() -> Config:
-    return Config(tasks=["niah", "stale"], lengths=[512], keeps=[0.25], examples=3, evidence=1)
+    return Config(tasks=["niah", "stale"], lengths=[512], keeps=[0.25], examples=3, evidence=0, train_examples=2,
+                  compare=["snapkv", "streaming"])
 
 
 def reproduce_config() -> Config:
-    return Config(models=["smollm2-135m", "gemma3-270m"], lengths=[512, 1024, 2048], examples=20, evidence=3)
+    """Both models, every task at 512 tokens (the tasks a model fails at full context stay in
+    the table, reported as such), keep 0.25, 8 test and 4 training examples per task, the
+    five presses: sized from the measured per-example cost to fit 60 minutes on one thread
+    of this 2-core machine (docs/longctx.md: not timed end to end)."""
+    return Config(models=["smollm2-135m", "gemma3-270m"], tasks=list(TASKS), lengths=[512], keeps=[0.25], examples=8,
+                  train_examples=4, evidence=0)
+
+
+ROUTER_METHODS = {"evidence": "evidence-router", "attention": "attention-router"}
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
+    """All methods on one (model, task, length, seed), interleaved: example ``i`` runs the
+    methods in the list rotated by ``i``, so machine noise hits them alike."""
+    from masklab.pretrained.lcrouter import route, train_or_load
+    from masklab.pretrained.lm import split_answer_prefix
     from masklab.pretrained.longctx import (
         answer,
+        kv_cache_mb,
         lexical_keep,
         oracle_gold_keep,
         peak_rss_mb,
@@ -90,37 +122,81 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         sentence_tokens,
     )
     from masklab.pretrained.models import load
-    from masklab.tasks.longctx import make_examples
+    from masklab.tasks.longctx import make_examples, score
 
     p = spec["params"]
     lm = load(spec["model"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"))
-    examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer,
-                             hops=p["hops"], updates=p["updates"], distractors=p["distractors"], count=p["count"])
+    task_kw = {"hops": p["hops"], "updates": p["updates"], "distractors": p["distractors"], "count": p["count"]}
+    examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer, **task_kw)
+    new_tokens = p["max_new_tokens"]
+    routers, rmeta = {}, None
+    trained = [r for r in p["routers"] if r in ROUTER_METHODS]
+    if trained:
+        import sys
+
+        routers, rmeta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"],
+                                       Path(ckpt_dir).parent / "routers", seed=spec["seed"], task_kw=task_kw,
+                                       max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"],
+                                       layers=p["router_layers"], log=lambda m: print(m, file=sys.stderr))
+    kv = None
+    if p["compare"]:
+        from masklab.pretrained.peers import KVPressRunner
+
+        kv = KVPressRunner(lm)
     rows: dict[str, list[dict]] = {}
     answers = []
     for i, ex in enumerate(examples):
         lengths = sentence_tokens(lm, ex)
-        full = answer(lm, ex, max_new_tokens=p["max_new_tokens"])
-        rows.setdefault("full", []).append({"acc": float(full["correct"]), "seconds": full["seconds"], "kept": 1.0})
-        rec = {"answer": ex.answer, "full": full["generated"], "n_tokens": ex.n_tokens}
+        n_ctx = sum(lengths)
+        rec: dict = {"answer": ex.answer, "n_tokens": ex.n_tokens}
+
+        def pruned(keep: list[bool], router_s: float = 0.0) -> tuple[dict, str]:
+            r = answer(lm, ex, keep, max_new_tokens=new_tokens)
+            kept = sum(n for n, kk in zip(lengths, keep) if kk) / n_ctx
+            return {"acc": float(r["correct"]), "seconds": router_s + r["seconds"], "prefill_s": r["prefill_seconds"],
+                    "kept": kept,
+                    "gold_kept": sum(keep[g] for g in ex.gold) / len(ex.gold),
+                    "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
+
+        def full() -> tuple[dict, str]:
+            r = answer(lm, ex, max_new_tokens=new_tokens)
+            rec["prefill_s"] = r["prefill_seconds"]
+            return {"acc": float(r["correct"]), "seconds": r["seconds"], "kept": 1.0,
+                    "prefill_s": r["prefill_seconds"], "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
+
+        methods = [("full", full)]
         for k in p["keeps"]:
-            keep = oracle_gold_keep(ex, lengths, k, seed=spec["seed"] * 1000 + i)
-            r = answer(lm, ex, keep, max_new_tokens=p["max_new_tokens"])
-            kept = sum(n for n, kk in zip(lengths, keep) if kk) / sum(lengths)
-            rows.setdefault(f"oracle-gold@{k}", []).append({"acc": float(r["correct"]), "seconds": r["seconds"],
-                                                            "kept": kept})
-            rec[f"oracle-gold@{k}"] = r["generated"]
+            methods.append((f"oracle-gold@{k}", lambda k=k: pruned(oracle_gold_keep(ex, lengths, k, seed=spec["seed"] * 1000 + i))))
             if "lexical" in p["routers"]:
-                keep = lexical_keep(ex, lengths, k)
-                r = answer(lm, ex, keep, max_new_tokens=p["max_new_tokens"])
-                rows.setdefault(f"lexical@{k}", []).append({
-                    "acc": float(r["correct"]), "seconds": r["seconds"],
-                    "kept": sum(n for n, kk in zip(lengths, keep) if kk) / sum(lengths),
-                    "gold_kept": sum(keep[g] for g in ex.gold) / len(ex.gold)})
-                rec[f"lexical@{k}"] = r["generated"]
+                methods.append((f"lexical@{k}", lambda k=k: pruned(lexical_keep(ex, lengths, k))))
+            for kind in trained:
+                def routed(k=k, kind=kind):
+                    keep, router_s = route(lm, routers[kind], ex, lengths, k, layers=p["router_layers"])
+                    row, text = pruned(keep, router_s)
+                    row["router_s"] = router_s
+                    return row, text
+                methods.append((f"{ROUTER_METHODS[kind]}@{k}", routed))
+            for press in p["compare"]:
+                def pressed(k=k, press=press):
+                    question, prefix = split_answer_prefix(ex.query)
+                    text, secs = kv.answer(ex.context, question, prefix, press, k, max_new_tokens=new_tokens)
+                    # the cache after prefill: kept context pairs (AdaKV masks, keeps all) + the rest of the prompt
+                    ctx = n_ctx if press.startswith("adakv-") else round(k * n_ctx)
+                    rest = len(lm.tokenizer(ex.query)["input_ids"]) + new_tokens
+                    return {"acc": float(score(text, ex)), "seconds": secs, "kept": k,
+                            "kv_mb": kv_cache_mb(lm, ctx + rest)}, text
+                methods.append((f"{press}@{k}", pressed))
+        shift = i % len(methods)
+        for name, fn in methods[shift:] + methods[:shift]:
+            row, text = fn()
+            rows.setdefault(name, []).append(row)
+            rec[name] = text
+        for name, rs in rows.items():  # the router's share of this example's full prefill
+            if "router_s" in rs[-1] and len(rs) == i + 1:
+                rs[-1]["router_share"] = rs[-1]["router_s"] / rec["prefill_s"]
         if i < p["evidence"]:
             try:
-                ev = sentence_evidence(lm, ex, max_new_tokens=p["max_new_tokens"], chunk_tokens=p["chunk_tokens"])
+                ev = sentence_evidence(lm, ex, max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"])
             except MasklabError:  # an empty answer has no evidence
                 ev = None
             if ev is not None:
@@ -134,12 +210,17 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     for method, rs in rows.items():
         for m in rs[0]:
             metrics[f"{m}|{method}"] = sum(r[m] for r in rs) / len(rs)
-    return {"metrics": metrics, "curves": {}, "extra": {"answers": answers}}
+    if rmeta is not None:
+        for k in p["keeps"]:
+            for kind in trained:
+                metrics[f"train_passes|{ROUTER_METHODS[kind]}@{k}"] = rmeta["ev_passes"]
+                metrics[f"train_labelled|{ROUTER_METHODS[kind]}@{k}"] = rmeta["labelled"]
+    return {"metrics": metrics, "curves": {}, "extra": {"answers": answers, "router": rmeta}}
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds", "tasks", "lengths")}
-    return [RunSpec(f"{t}@{n}", "all", s, {**base, "task": t, "length": n}, model=m)
+    return [RunSpec(f"{t}@{n}", "all", s, {**base, "task": t, "length": n, "task_set": list(cfg.tasks)}, model=m)
             for m in cfg.models for t in cfg.tasks for n in cfg.lengths for s in cfg.seeds]
 
 
@@ -170,11 +251,15 @@ def pivot(results: dict) -> list[dict]:
 
 NOTES = """\
 `acc`: exact match of the greedy answer (cut at the first punctuation mark, number words
-read as digits); `seconds`: tokenise + prefill + decode per prompt on the kept text;
-`kept`: kept fraction of the context's tokens; `peak_mb`: peak resident memory of the run
-(one value per run, shared by its methods); `ev_passes` / `ev_gold_recall`: group-testing
-evidence over sentences on the model's own full-context answer (forward passes, each over
-the full prompt; share of the gold sentences in the evidence set).
+read as digits); `seconds`: router + tokenise + prefill + decode per prompt (methods
+interleaved per example, one thread); `kept`: kept fraction of the context's tokens;
+`gold_kept`: share of the gold sentences a router kept; `router_share`: the router's
+seconds over the same example's full prefill; `kv_mb`: KV-cache MiB by formula (layers x 2
+x KV heads x head dim x cached tokens x bytes; presses: kept context + the rest of the
+prompt; AdaKV masks, so it caches all); `peak_mb`: peak resident memory of the run (one
+value per run, shared by its methods); `train_passes`: forward passes the routers' labels
+cost (group testing on the model's own answers, each over the full prompt);
+`ev_passes`: group-testing evidence on the test examples (with `--evidence`).
 """
 
 
@@ -191,8 +276,17 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
         raise MasklabError(f"--length takes token counts in {MIN_TOKENS}..{MAX_TOKENS}")
     if cfg.examples < 1 or cfg.evidence < 0:
         raise MasklabError("--examples must be at least 1 and --evidence at least 0")
-    if [r for r in cfg.routers if r != "lexical"]:
-        raise MasklabError(f"unknown router(s) {', '.join(cfg.routers)}: use lexical (or none)")
+    bad = [r for r in cfg.routers if r not in ("lexical", *ROUTER_METHODS)]
+    if bad:
+        raise MasklabError(f"unknown router(s) {', '.join(bad)}: use lexical, evidence, attention (or none)")
+    if cfg.compare:
+        from masklab.pretrained.peers import press_names
+
+        bad = [c for c in cfg.compare if c not in press_names()]
+        if bad:
+            raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(press_names())} (or none)")
+    if cfg.train_examples < 1 or cfg.router_layers < 1:
+        raise MasklabError("--train-examples and --router-layers must be at least 1")
     if cfg.chunk_tokens is not None and cfg.chunk_tokens < 1:
         raise MasklabError("--chunk-tokens must be at least 1")
     if min(cfg.hops, cfg.updates, cfg.distractors, cfg.count) < 1:
