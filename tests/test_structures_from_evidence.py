@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from masklab.cli import main
-from masklab.models import TokenEncoder
+from masklab.bias import MaskPrior
+from masklab.models import GPT, TokenEncoder
 from masklab.structures import DESIGNS, design_structure, support_block
 from masklab.structures_from_evidence import (
     agreement,
@@ -16,9 +17,11 @@ from masklab.structures_from_evidence import (
     from_interventions,
     function_effects,
     interactions,
+    offset_profile,
     probe_effects,
     shuffled,
     to_structure,
+    toeplitz_structure,
 )
 from masklab.tasks.boolean import cube, make_task
 
@@ -135,3 +138,64 @@ def test_evidence_prior_study_quick(tmp_path):
     assert (out / "structures_maj3.png").stat().st_size > 1000
     md = (out / "results.md").read_text()
     assert "not identifiable: (x0, x1)" in md and "| maj3 | mask-derived | 1 |" in md
+
+
+# ----------------------------------------------------------------------------- probe on other models (arith, vision, lm)
+
+
+def chain_gpt(T: int, depth: int) -> tuple[GPT, torch.Tensor]:
+    """A GPT whose query i may read only keys i and i-1 (hard mask prior in every block): an
+    arith-like carry chain, the model's direct interaction graph known by construction."""
+    s = torch.eye(T) + torch.diag(torch.ones(T - 1), -1)
+    torch.manual_seed(0)
+    return GPT(7, T, 16, depth, 2, [MaskPrior(s, mode="hard") for _ in range(depth)]), s
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_probe_recovers_a_chain_graph_exactly(depth):
+    model, s = chain_gpt(6, depth)
+    tokens = torch.randint(0, 7, (32, 6))
+    pe = probe_effects(model, tokens, head_rows=tuple(range(6)), distribution=True)
+    # keys above the diagonal (the GPT's own causal mask) are not measured, nor row 0's only key
+    assert np.isnan(pe.effects[np.triu_indices(6, 1)]).all() and np.isnan(pe.effects[0, 0])
+    assert pe.forwards == 1 + sum(i + 1 for i in range(1, 6))
+    # a small threshold keeps exactly the allowed keys: deeper blocks relay i-2 through i-1,
+    # but hiding i-2 from query i in every block does not cut that path, so no entry appears
+    assert torch.equal(to_structure(pe.effects, threshold=1e-4), s)
+    # a wrong graph (a model that reads every earlier key) is not mistaken for the chain
+    dense = GPT(7, 6, 16, depth, 2)
+    assert not torch.equal(to_structure(probe_effects(dense, tokens, head_rows=tuple(range(6)), distribution=True).effects, threshold=1e-4), s)
+
+
+def test_probe_rows_restrict_what_is_measured():
+    model, s = chain_gpt(6, 1)
+    pe = probe_effects(model, torch.randint(0, 7, (8, 6)), rows=[4, 5], head_rows=tuple(range(6)), distribution=True)
+    assert np.isnan(pe.effects[:4]).all() and np.isfinite(pe.effects[5, :6]).all()
+    assert pe.forwards == 1 + 5 + 6
+    assert to_structure(pe.effects, threshold=1e-4)[:4].tolist() == torch.eye(6)[:4].tolist()  # unmeasured: itself only
+
+
+def test_shuffled_within_a_causal_region_keeps_density_and_the_rest():
+    T = 8
+    s = torch.eye(T)
+    s[5, [3, 4]] = s[6, [4, 5]] = s[7, [5, 6]] = 1
+    region = torch.zeros(T, T, dtype=torch.bool)
+    region[5:] = torch.ones(T, T).tril(-1).bool()[5:]
+    for seed in range(4):
+        sh = shuffled(s, seed, region)
+        assert sh.sum() == s.sum() and sh[region].sum() == s[region].sum()
+        assert torch.equal(sh[~region], s[~region])  # the diagonal and unmeasured rows are kept
+        assert torch.equal(sh, sh.tril())  # nothing moved above the diagonal
+    assert any(not torch.equal(shuffled(s, seed, region), s) for seed in range(4))
+
+
+def test_offset_profile_and_toeplitz():
+    T = 6
+    i = np.arange(T)
+    d = i[:, None] - i[None, :]
+    effects = np.where(d >= 0, 1.0 / (1 + np.abs(d)), np.nan)
+    effects[:3] = np.nan  # measured rows 3..5 only
+    prof = offset_profile(effects)
+    assert np.allclose(prof, 1.0 / (1 + np.arange(T)))
+    s = toeplitz_structure(prof > 0.3)
+    assert s.tolist() == [[1.0 if 0 <= a - b <= 2 else 0.0 for b in range(T)] for a in range(T)]
