@@ -206,7 +206,7 @@ def test_evidence_prior_arith_derives_a_causal_structure_and_trains_with_it(tmp_
 
     out = tmp_path / "ep-arith"
     rc = main(["evidence-prior", "--task", "arith", "--op", "add", "--fraction", "0.004", "--steps", "20", "--evals", "1",
-               "--probe-points", "32", "--method", "mask-derived,mask-shuffled", "--seeds", "1", "--jobs", "1",
+               "--probe-points", "32", "--top-k", "2", "--method", "mask-derived,mask-shuffled", "--seeds", "1", "--jobs", "1",
                "--no-progress", "--out", str(out)])
     assert rc == 0
     rec = json.loads((out / "derivation.json").read_text())["arith"]
@@ -216,6 +216,7 @@ def test_evidence_prior_arith_derives_a_causal_structure_and_trains_with_it(tmp_
     assert rec["report"]["rows"] == [7, 8, 9, 10]  # the rows whose outputs the loss reads
     assert torch.equal(derived[0, :7], torch.eye(11)[:7])  # the other rows read only themselves
     assert rec["report"]["carry_links_possible"] == 6  # a0,b0 for place 2; a0,b0,a1,b1 for place 3
+    assert (derived[0, 7:] > 0.5).sum(1).le(2 + 1).all()  # --top-k 2 per measured row, plus itself
     assert rec["cost"]["probe_steps"] == 2 and rec["cost"]["forward_passes"] == 1 + 8 + 9 + 10 + 11
     runs = {r["method"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
     shuf = torch.tensor(runs["mask-shuffled"]["spec"]["params"]["structures"][0])
