@@ -1,7 +1,8 @@
 """Priors without an oracle: derive the mask from causal interventions, then train with it.
 
-For each GOTU task the structure is derived from evidence on the *training domain only*
-(:mod:`masklab.structures_from_evidence`), from one of two sources (``--source``):
+For each task the structure is derived from evidence on the *training domain only*
+(:mod:`masklab.structures_from_evidence`). Boolean (GOTU) tasks, from one of two sources
+(``--source``):
 
 * ``function`` (default): the target queried on the seen points; pairwise mixed differences
   give the interaction graph, pairs with no seen square are reported as not identifiable;
@@ -9,17 +10,25 @@ For each GOTU task the structure is derived from evidence on the *training domai
   derived prior is built by the same builder as the hand-built one;
 * ``probe``: a dense model trained for ``--probe-fraction`` of the main steps; each key is
   hidden from each query with a ``-inf`` logit bias and the change of that query's output
-  is thresholded row by row into a ``(T, T)`` structure used in every block.
+  is thresholded row by row into a ``(T, T)`` structure used in every block; pairs of keys
+  hidden at CLS give the probe's second-order effects.
 
-Then the gotu study's run function (:func:`masklab.studies.gotu.run_one`, one training loop)
-trains ``vanilla``, ``mask`` (hand-built prior), ``mask-derived`` and ``mask-shuffled`` (the
-derived structure's off-diagonal entries placed at random, same density, one shuffle per
-seed: the control that shows the structure matters, not the sparsity).
+``arith`` (addition), ``vision`` and ``lm``: always a probe, the task study's own model trained
+on its training data with its loss and recipe for ``--probe-fraction`` of its steps; arith
+measures the result-emitting queries (a causal structure; report: digit alignment and the
+carry links below the place below), vision every query (report: locality), the lm
+``--probe-rows`` queries averaged per query-key offset (a distance profile -> a Toeplitz band).
+
+Then the task study's run function (one training loop, :mod:`masklab.train`) trains
+``vanilla``, ``mask`` (hand-built prior), ``mask-derived`` and ``mask-shuffled`` (the derived
+structure's entries placed at random inside the region the derivation could fill, same
+density, one shuffle per seed: the control that shows the structure matters, not the
+sparsity).
 
 Writes, besides the usual results: ``derivation.json`` (per task: effects, identifiability
-verdicts with reasons, agreement of derived vs hand structure, cost: function queries or probe
-steps / forward passes, and seconds, next to the training budget) and
-``structures_<task>.png`` (hand, derived, shuffled side by side).
+verdicts with reasons, agreement of derived vs hand structure, the task's report, cost:
+function queries or probe steps / forward passes, and seconds, next to the training budget)
+and ``structures_<task>.png`` (hand, derived, shuffled side by side; lm: and the profile).
 """
 
 from __future__ import annotations
@@ -121,10 +130,12 @@ def quick_config() -> Config:
     return Config(tasks=["cyclic3"], seeds=[0], steps=600, evals=6)
 
 
-# reproduce: see docs/evidence-prior.md ("Reproduce") for the measured per-run seconds the size
-# below was chosen from; 3 seeds, 2 jobs: Boolean cyclic3 + maj3 at 600 steps, arith add-0.4% at
-# 1000 steps (its speed metric is read at step 100), vision digits and lm pydoc at their study's
-# 1000 steps; 2parity is derived (its verdicts) but not trained (no method extrapolates on it).
+# reproduce: cyclic3 and maj3 (gotu's 1500 steps), arith add-0.4% (2500), vision digits (1000) and
+# lm pydoc (1000), 4 methods x 3 seeds = 60 runs. Estimated from measured CPU-seconds per run
+# (Boolean 1500 steps 70-83, arith 70-73, vision ~60, lm ~50-60, probes 15-25):
+# about 4000-4300 CPU-s, i.e. about 34-38 min with 2 jobs on an idle 2-core CPU (an estimate; the
+# full reproduce was not run). 2parity is not trained (no method extrapolates on it; its
+# verdicts come from `--derive-only`).
 
 
 def reproduce_config() -> Config:
@@ -609,7 +620,7 @@ def _derivation_md(records: dict[str, dict], results: dict) -> str:
                          f"{rep['carry_links_found']} of {rep['carry_links_possible']} derived ({per}).")
         if "fraction_within_radius_1" in rep:
             lines.append(f"* {task}: {rep['patch_entries']} patch-to-patch entries, {rep['fraction_within_radius_1']:.2f} of them within the "
-                         f"3x3 neighbourhood (chance {rep['chance_within_radius_1']:.2f}); mean distance {rep['mean_distance_derived']} "
+                         f"3x3 neighbourhood (chance {rep['chance_within_radius_1']:.2f}); mean Chebyshev distance {rep['mean_distance_derived'] or float('nan'):.2f} "
                          f"vs {rep['mean_distance_all']:.2f} for all pairs.")
         if "kept_offsets" in rep:
             lines.append(f"* {task}: kept offsets {rep['kept_offsets']} (measured rows {rep['rows']}); Spearman correlation of the "
