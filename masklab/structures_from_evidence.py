@@ -188,8 +188,10 @@ def from_interventions(
 
 @dataclass
 class ProbeEffects:
-    """effects: ``(T, T)`` mean relative change of query i's output when key j is hidden.
-    forwards: model forward passes (each on ``points`` inputs); seconds: wall time."""
+    """effects: ``(T, T)`` mean change of query i's output when key j is hidden (nan: not
+    measured: a row outside ``rows``, a key the model's own mask already hides, or the only
+    key a row has). forwards: hiding forward passes (each on ``points`` inputs) plus the one
+    unhidden pass; seconds: wall time."""
 
     effects: np.ndarray
     forwards: int
@@ -198,41 +200,137 @@ class ProbeEffects:
 
 
 @torch.no_grad()
-def _outputs(model, tokens: Tensor, bias: Tensor | None) -> Tensor:
-    """``(B, T, D)`` final hidden states of a :class:`~masklab.models.TokenEncoder` (after its
-    LayerNorm), with ``bias`` added to the logits of every block."""
-    x = model.embed(tokens)
+def _outputs(model, inputs: Tensor, bias: Tensor | None) -> Tensor:
+    """``(B, T, D)`` final hidden states (after the model's LayerNorm) of any masklab model with
+    ``embed``/``base_bias``/``blocks``/``ln`` (TokenEncoder, GPT, ViT), with ``bias``
+    ``(B|1, 1, T, T)`` added to the model's own bias (causal for the GPT) in every block."""
+    x = model.embed(inputs)
+    base = model.base_bias(x.shape[1], x.device)
+    mask = bias if base is None else (base if bias is None else base + bias)
     for block in model.blocks:
-        x, _ = block(x, bias, False)
+        x, _ = block(x, mask, False)
     return model.ln(x)
 
 
+def _change(model, h: Tensor, base: Tensor, row: int, head_rows: set[int], distribution: bool) -> Tensor:
+    """``(B,)`` change of query ``row``'s output: a head row through ``model.head`` (total
+    variation of the softmax with ``distribution``, else ``|delta| / mean |output|``), any
+    other row as ``||delta h|| / mean ||h||`` of its final hidden state."""
+    if row in head_rows:
+        new, old = model.head(h[:, row]), model.head(base[:, row])
+        if distribution:
+            return 0.5 * (new.softmax(-1) - old.softmax(-1)).abs().sum(-1)
+        return (new - old).abs().mean(-1) / (old.abs().mean() + 1e-12)
+    return (h[:, row] - base[:, row]).norm(dim=-1) / (base[:, row].norm(dim=-1).mean() + 1e-12)
+
+
+def _hidings_of(base_bias: Tensor | None, T: int, rows: list[int], pairs: bool) -> list[tuple[int, tuple[int, ...]]]:
+    """``(row, keys)`` interventions: each key (or each pair of keys) that the model's own bias
+    leaves visible to ``row``, skipping any that would leave the row with no key at all."""
+    visible = [[j for j in range(T) if base_bias is None or torch.isfinite(base_bias[i, j])] for i in range(T)]
+    out = []
+    for i in rows:
+        keys = visible[i]
+        sets = [(a, b) for n, a in enumerate(keys) for b in keys[n + 1:]] if pairs else [(j,) for j in keys]
+        out += [(i, ks) for ks in sets if len(ks) < len(keys)]
+    return out
+
+
 @torch.no_grad()
-def probe_effects(model, tokens: Tensor) -> ProbeEffects:
-    """Hide each key from each query (``-inf`` at logit ``[i, j]`` in every block and head) and
-    measure ``|h_i(hidden) - h_i| / mean |h_i|`` averaged over ``tokens`` ``(B, n)``.
-    Row 0 (CLS) is measured on the model output (the head), the other rows on the final
-    hidden state. Returns a ``(T, T)`` effect matrix (diagonal: hiding the query itself)."""
+def _hide(model, inputs: Tensor, hidings, head_rows: set[int], distribution: bool, chunk: int) -> tuple[list[float], int]:
+    """Mean change of each ``(row, keys)`` hiding over ``inputs`` ``(B, ...)``; hidings run
+    ``chunk`` at a time, each a copy of the batch with its own ``-inf`` logit bias."""
+    B = len(inputs)
+    base = _outputs(model, inputs, None)
+    T = base.shape[1]
+    values = []
+    for c in range(0, len(hidings), chunk):
+        part = hidings[c : c + chunk]
+        bias = torch.zeros(len(part), B, 1, T, T)
+        for k, (i, keys) in enumerate(part):
+            bias[k, :, 0, i, list(keys)] = float("-inf")
+        reps = [len(part)] + [1] * (inputs.dim() - 1)
+        h = _outputs(model, inputs.repeat(*reps), bias.reshape(len(part) * B, 1, T, T)).reshape(len(part), B, T, -1)
+        for k, (i, _) in enumerate(part):
+            values.append(float(_change(model, h[k], base, i, head_rows, distribution).mean()))
+    return values, 1 + len(hidings)
+
+
+@torch.no_grad()
+def probe_effects(
+    model,
+    inputs: Tensor,
+    rows: list[int] | None = None,
+    head_rows: tuple[int, ...] = (0,),
+    distribution: bool = False,
+    chunk: int = 32,
+) -> ProbeEffects:
+    """First-order effects of a probe model: hide key ``j`` from query ``i`` (``-inf`` at logit
+    ``[i, j]`` in every block and head, on top of the model's own bias) and measure the change
+    of query ``i``'s output averaged over ``inputs`` ``(B, ...)`` (tokens or images).
+
+    rows: the queries measured (default: all ``T``); head_rows: rows whose output is the model's
+    head (``model.head`` of that row's hidden state: the CLS row of an encoder, every row of a
+    GPT); other rows are measured on the final hidden state (:func:`_change`). distribution:
+    compare head outputs as softmax distributions (total variation; for classifiers and LMs).
+    Returns a ``(T, T)`` effect matrix, nan where not measured (keys the model's own bias
+    hides, e.g. the future in a GPT)."""
     start = time.perf_counter()
     model.eval()
-    base = _outputs(model, tokens, None)
-    out0 = model.head(base[:, 0])
-    T = base.shape[1]
-    effects = np.zeros((T, T))
-    scale = base.norm(dim=-1).mean(0) + 1e-12  # (T,)
-    forwards = 1
-    for i in range(T):
-        for j in range(T):
-            bias = torch.zeros(1, 1, T, T)
-            bias[0, 0, i, j] = float("-inf")
-            h = _outputs(model, tokens, bias)
-            forwards += 1
-            if i == 0:
-                d = (model.head(h[:, 0]) - out0).abs().mean() / (out0.abs().mean() + 1e-12)
-            else:
-                d = (h[:, i] - base[:, i]).norm(dim=-1).mean() / scale[i]
-            effects[i, j] = float(d)
-    return ProbeEffects(effects, forwards, len(tokens), time.perf_counter() - start)
+    T = _outputs(model, inputs[:1], None).shape[1]
+    rows = list(range(T)) if rows is None else list(rows)
+    hidings = _hidings_of(model.base_bias(T), T, rows, pairs=False)
+    values, forwards = _hide(model, inputs, hidings, set(head_rows), distribution, chunk)
+    effects = np.full((T, T), np.nan)
+    for (i, (j,)), v in zip(hidings, values):
+        effects[i, j] = v
+    return ProbeEffects(effects, forwards, len(inputs), time.perf_counter() - start)
+
+
+@dataclass
+class ProbePairs:
+    """Second-order effects of a probe at one query ``row``: ``pair[j, k]`` = change when keys j
+    and k are hidden together minus the two single changes (nan: not measured);
+    ``single[j]`` the first-order change. forwards/points/seconds as :class:`ProbeEffects`."""
+
+    row: int
+    single: np.ndarray
+    pair: np.ndarray
+    forwards: int
+    points: int
+    seconds: float
+
+
+@torch.no_grad()
+def probe_pair_effects(
+    model,
+    inputs: Tensor,
+    row: int = 0,
+    keys: list[int] | None = None,
+    head_rows: tuple[int, ...] = (0,),
+    distribution: bool = False,
+    chunk: int = 32,
+) -> ProbePairs:
+    """Second-order effects at query ``row``: for each pair of ``keys`` (default: every key the
+    model lets the row see), the change of the row's output when both are hidden minus the
+    changes when each is hidden alone. Change is measured as in :func:`probe_effects` (a
+    non-negative distance), so an interaction is ``d(j, k) - d(j) - d(k)``: positive when the
+    two keys matter more together (a synergy, e.g. a product x_j x_k), near zero when their
+    effects add up."""
+    start = time.perf_counter()
+    model.eval()
+    T = _outputs(model, inputs[:1], None).shape[1]
+    allowed = set(range(T) if keys is None else keys)
+    singles = [h for h in _hidings_of(model.base_bias(T), T, [row], pairs=False) if h[1][0] in allowed]
+    doubles = [h for h in _hidings_of(model.base_bias(T), T, [row], pairs=True) if set(h[1]) <= allowed]
+    values, forwards = _hide(model, inputs, singles + doubles, set(head_rows), distribution, chunk)
+    single = np.full(T, np.nan)
+    for (_, (j,)), v in zip(singles, values):
+        single[j] = v
+    pair = np.full((T, T), np.nan)
+    for (_, (j, k)), v in zip(doubles, values[len(singles):]):
+        pair[j, k] = pair[k, j] = v - single[j] - single[k]
+    return ProbePairs(row, single, pair, forwards, len(inputs), time.perf_counter() - start)
 
 
 # ----------------------------------------------------------------------------- effects -> structure
@@ -261,18 +359,44 @@ def to_structure(effects: np.ndarray, threshold: float = 0.1, top_k: int | None 
     return torch.tensor(s, dtype=torch.float32)
 
 
-def shuffled(structure: Tensor, seed: int = 0) -> Tensor:
-    """The control: ``(T, T)`` with the diagonal kept and the allowed off-diagonal entries
-    moved to uniformly random off-diagonal places (same count: same density)."""
+def shuffled(structure: Tensor, seed: int = 0, region: Tensor | None = None) -> Tensor:
+    """The control: ``(T, T)`` with the allowed entries inside ``region`` (a ``(T, T)`` bool;
+    default: everything off the diagonal) moved to uniformly random places of that region
+    (same count: same density); entries outside it are kept. A causal model's region is the
+    strictly lower triangle (an entry moved above the diagonal would be masked anyway)."""
     if structure.dim() != 2:
         raise ValueError("shuffled takes one (T, T) structure")
     T = structure.shape[0]
-    off = ~torch.eye(T, dtype=torch.bool)
-    values = structure[off]
+    region = ~torch.eye(T, dtype=torch.bool) if region is None else region.to(torch.bool)
+    values = structure[region]
     g = torch.Generator().manual_seed(seed)
     out = structure.clone()
-    out[off] = values[torch.randperm(len(values), generator=g)]
+    out[region] = values[torch.randperm(len(values), generator=g)]
     return out
+
+
+def offset_profile(effects: np.ndarray) -> np.ndarray:
+    """``(T, T)`` effects of a causal model -> ``(T,)`` mean effect per query-key offset
+    ``d = i - j`` over the measured entries (nan: no measured entry at that offset)."""
+    e = np.asarray(effects, dtype=np.float64)
+    T = e.shape[0]
+    out = np.full(T, np.nan)
+    for d in range(T):
+        diag = np.diagonal(e, offset=-d)
+        if np.isfinite(diag).any():
+            out[d] = float(np.nanmean(diag))
+    return out
+
+
+def toeplitz_structure(keep: np.ndarray) -> Tensor:
+    """``(T,)`` bool per offset -> ``(T, T)`` causal structure: query i reads key j when
+    ``keep[i - j]`` (offset 0, the token itself, always)."""
+    keep = np.asarray(keep, dtype=bool).copy()
+    keep[0] = True
+    T = len(keep)
+    i = np.arange(T)
+    d = i[:, None] - i[None, :]
+    return torch.tensor(np.where(d >= 0, keep[np.clip(d, 0, T - 1)], False), dtype=torch.float32)
 
 
 def agreement(derived: Tensor, hand: Tensor) -> dict[str, float]:

@@ -141,7 +141,10 @@ def reproduce_config() -> Config:
 
 
 def structures_for(p: dict) -> list[torch.Tensor]:
-    """The digit-alignment structure of every block, ``(H|1, T, T)`` each."""
+    """The digit-alignment structure of every block, ``(H|1, T, T)`` each, or the caller's
+    ``p["structures"]`` (one nested list per block; evidence-prior's derived structures)."""
+    if p.get("structures") is not None:
+        return [torch.tensor(s, dtype=torch.float32) for s in p["structures"]]
     s = arith_structure(p["op"], p["width"], p["reverse"], p["prior"], p["heads"], p["mul_window"])
     return [s] * p["depth"]
 

@@ -104,7 +104,11 @@ def build_model(p: dict, vocab: int) -> GPT:
     method, T, H = p["method"], p["block"], p["heads"]
     if method not in METHODS:
         raise MasklabError(f"unknown LM prior {method!r}; choose from {', '.join(METHODS)}")
-    priors = priors_for(method, [relative_distance(T, H)] * p["depth"], p["allowed"], p["suppressed"])
+    if p.get("structures") is not None:  # a caller's structures, one (H|1, T, T) nested list per block (evidence-prior)
+        structures = [torch.tensor(s, dtype=torch.float32) for s in p["structures"]]
+    else:
+        structures = [relative_distance(T, H)] * p["depth"]
+    priors = priors_for(method, structures, p["allowed"], p["suppressed"])
     return GPT(vocab, T, p["dim"], p["depth"], H, priors, positions=method in ("vanilla", "mask", "mask-zero"))
 
 

@@ -149,7 +149,11 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     grid = data.image_size // size["patch"]
     if data.image_size % size["patch"]:
         raise MasklabError(f"image size {data.image_size} is not divisible by patch size {size['patch']}")
-    priors = priors_for(method, [locality_2d(grid, size["heads"], p["radius"])] * size["depth"], p["allowed"], p["suppressed"])
+    if p.get("structures") is not None:  # a caller's structures, one (H|1, T, T) nested list per block (evidence-prior)
+        structures = [torch.tensor(s, dtype=torch.float32) for s in p["structures"]]
+    else:
+        structures = [locality_2d(grid, size["heads"], p["radius"])] * size["depth"]
+    priors = priors_for(method, structures, p["allowed"], p["suppressed"])
     model = ViT(data.image_size, size["patch"], data.channels, data.classes, size["dim"], size["depth"], size["heads"], priors)
     impulse = impulse_2d(grid, size["heads"])
     local = torch.ones(1, grid * grid + 1, grid * grid + 1)
