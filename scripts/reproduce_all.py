@@ -55,12 +55,12 @@ def run(name: str, args: list[str], jobs: int) -> int:
     out = ROOT / "results" / name
     cmd = [sys.executable, "-m", "masklab", *args, "--out", str(out.relative_to(ROOT)), "--jobs", str(jobs), "--no-progress"]
     print(f"== {name}: {' '.join(cmd[2:])}", flush=True)
-    load = os.getloadavg()[0]
+    load, started = os.getloadavg()[0], time.strftime("%Y-%m-%dT%H:%M:%S%z")
     start, cpu0 = time.perf_counter(), cpu_seconds()
     rc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}).returncode
     entry = {
         "command": "masklab " + " ".join(cmd[3:]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started": started,
         "wall_s": round(time.perf_counter() - start, 1),
         "cpu_s": round(cpu_seconds() - cpu0, 1),
         "load_at_start": round(load, 2),
