@@ -12,19 +12,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from masklab.pretrained.lcrouter import fit_routers, keep_by_scores, load_routers, question_overlap, question_text, save_routers
+from masklab.pretrained.lcrouter import (
+    fit_routers,
+    keep_by_scores,
+    load_routers,
+    question_overlap,
+    question_text,
+    save_routers,
+    superseded,
+)
 from masklab.tasks.longctx import make_examples
 
 SMOL = Path.home() / ".cache" / "masklab" / "models" / "smollm2-135m"
 
 
-def bow_features(ex, dims: int = 32) -> torch.Tensor:
-    """``(N, dims + 1)``: hashed words of each sentence and its question overlap."""
-    out = torch.zeros(len(ex.sentences), dims + 1)
+def bow_features(ex, dims: int = 32, recency: bool = False) -> torch.Tensor:
+    """``(N, dims + 1)``: hashed words of each sentence and its question overlap (``recency``:
+    ``(N, dims + 2)``, and the overlap a later sentence matches too, as ``early_features``)."""
+    out = torch.zeros(len(ex.sentences), dims + 1 + recency)
     for i, s in enumerate(ex.sentences):
         for w in s.lower().split():
             out[i, zlib.crc32(w.encode()) % dims] += 1
-    out[:, dims] = torch.tensor(question_overlap(ex.sentences, question_text(ex)))
+    overlap = question_overlap(ex.sentences, question_text(ex))
+    out[:, dims] = torch.tensor(overlap)
+    if recency:
+        out[:, dims + 1] = torch.tensor(superseded(overlap))
     return out
 
 
@@ -61,11 +73,51 @@ def test_stored_router_scores_like_the_trained_one(tmp_path):
     assert torch.equal(loaded["evidence"].score(X), routers["evidence"].score(X)) and meta["labelled"] == 4
 
 
+def stale_statements(ex) -> list[int]:
+    """The earlier statements of the asked key (as well matched by the question as the gold)."""
+    overlap = question_overlap(ex.sentences, question_text(ex))
+    return [i for i, o in enumerate(overlap) if o == max(overlap) and i not in ex.gold]
+
+
+@pytest.mark.parametrize("recency", [True, False])
+def test_stale_router_drops_stale_statements_only_with_evidence_labels_and_recency(recency):
+    """Evidence labels (the latest statement) + the ``superseded`` feature: the router keeps
+    the gold and drops every stale statement at its decision boundary. Trained on the first
+    statement instead (what the model reads most when it answers stale), or without the
+    feature (a per-sentence score cannot see which statement is the latest), it does not."""
+    train = make_examples("stale", 384, 16, seed=1000)
+    test = make_examples("stale", 384, 10, seed=0)
+    assert all(len(stale_statements(ex)) == 2 for ex in test)  # 2 updates: the first statement + 1 stale update
+    routers = fit_routers([bow_features(ex, recency=recency) for ex in train],
+                          {"evidence": [ex.gold for ex in train], "first": [stale_statements(ex)[:1] for ex in train]})
+
+    def clean(kind):  # gold kept, no stale statement kept
+        hits = 0
+        for ex in test:
+            lengths = [len(s.split()) + 1 for s in ex.sentences]
+            kept = keep_by_scores(routers[kind].score(bow_features(ex, recency=recency)), lengths, 0.25, fill=False)
+            hits += all(kept[g] for g in ex.gold) and not any(kept[i] for i in stale_statements(ex))
+        return hits / len(test)
+
+    assert clean("first") <= 0.2
+    if recency:
+        assert clean("evidence") >= 0.9
+    else:
+        assert clean("evidence") <= 0.5
+
+
+def test_superseded_is_the_overlap_a_later_sentence_matches():
+    assert superseded([0.0, 1.0, 0.2, 1.0, 0.5, 0.0]) == [0.0, 1.0, 0.2, 0.5, 0.0, 0.0]
+
+
 def test_keep_by_scores_respects_the_budget():
     scores = torch.tensor([0.1, 3.0, 2.0, -1.0, 1.0])
     lengths = [10, 30, 30, 10, 10]
     assert keep_by_scores(scores, lengths, 0.5) == [False, True, False, False, True]  # 40 of 90: 30 + 10
     assert keep_by_scores(scores, lengths, 0.01) == [False, True, False, False, False]  # the top one always
+    # at the decision boundary: only scores >= 0 (the top one always)
+    assert keep_by_scores(scores - 1.5, lengths, 0.9, fill=False) == [False, True, True, False, False]
+    assert keep_by_scores(scores - 5.0, lengths, 0.9, fill=False) == [False, True, False, False, False]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None or not (SMOL / "tokenizer.json").exists(),

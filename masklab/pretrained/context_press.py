@@ -104,13 +104,14 @@ class ContextPress(BasePress):
 
 
 def evidence_router_press(lm: LoadedModel, router, sentences: list[str], question: str, keep: float,
-                          layers: int | None = None) -> ContextPress:
+                          layers: int | None = None, fill: bool = False) -> ContextPress:
     """The evidence router (:mod:`masklab.pretrained.lcrouter`) as a kvpress press: it reads
     ``question + context`` through the LM's first layers, keeps the top sentences within
-    ``keep`` of the context's tokens, and the pipeline prefills only those."""
+    ``keep`` of the context's tokens (:func:`~masklab.pretrained.lcrouter.keep_by_scores`,
+    ``fill`` as there), and the pipeline prefills only those."""
     from masklab.pretrained.lcrouter import ROUTER_LAYERS, early_features, keep_by_scores
     from masklab.tasks.longctx import count_tokens
 
     lengths = [count_tokens(lm.tokenizer, (" " if i else "") + s) for i, s in enumerate(sentences)]
     scores = router.score(early_features(lm, sentences, question, layers or ROUTER_LAYERS))
-    return ContextPress(select=sentence_selector(lm.tokenizer, sentences, keep_by_scores(scores, lengths, keep)))
+    return ContextPress(select=sentence_selector(lm.tokenizer, sentences, keep_by_scores(scores, lengths, keep, fill=fill)))

@@ -6,12 +6,21 @@ after the context, and what to keep depends on the question (which key, which ch
 This pass is separate from the answer's prefill anyway. Measured cost of the first 1 / 2
 layers: 0.033x / 0.066x of a full prefill (``benchmarks/longctx_prefill.py``).
 
-Features of sentence ``i`` (:func:`early_features`, ``(N, D + 5)``): its tokens' mean
+Features of sentence ``i`` (:func:`early_features`, ``(N, D + 6)``): its tokens' mean
 final-normed state after layer ``layers``, minus the mean over the example's sentences
 (so features are relative to the filler around it); the cosine of its mean state with the
 question's mean state; the largest cosine of one of its tokens with the question's mean;
-relative position; relative length; and the share of the question's words it contains
-(the lexical router's score).
+relative position; relative length; the share of the question's words it contains
+(the lexical router's score); and how much of that share a *later* sentence matches too
+(:func:`superseded`: a statement restated or updated later scores high). A per-sentence
+linear score cannot see the other sentences, so without this last feature it cannot tell
+the latest of several matching statements from the earlier ones (measured: it kept the
+stale statements next to the gold one). Both routers get the same features; they differ
+only in their labels.
+
+Kept sentences (:func:`keep_by_scores`): the highest-scored while within the kept fraction,
+stopping at the router's decision boundary (score < 0: the router says "not evidence")
+unless ``fill``; the kept fraction is then a cap, and the ``kept`` metric says what was used.
 
 Labels per training example (:func:`training_labels`, only examples the LM answers
 correctly on the full context):
@@ -46,6 +55,7 @@ from masklab.pretrained.router import ROUTER_LABELS, SentenceRouter
 from masklab.tasks.longctx import LongExample, make_examples
 
 ROUTER_LAYERS = 2
+FEATURES = "v2-superseded"  # in the router cache key: routers stored with other features are retrained
 TRAIN_SEED_BASE = 1_000_000  # training examples: make_examples(seed=TRAIN_SEED_BASE + seed), disjoint from tests
 
 
@@ -95,6 +105,16 @@ def router_input(tokenizer, sentences: list[str], question: str) -> tuple[Tensor
     return torch.tensor(enc["input_ids"]), item
 
 
+def superseded(overlap: list[float]) -> list[float]:
+    """Per sentence: ``min(overlap[i], max(overlap[j] for j > i))`` (0 for the last), the
+    part of its match with the question that a later sentence matches at least as well."""
+    out, later = [0.0] * len(overlap), 0.0
+    for i in range(len(overlap) - 1, -1, -1):
+        out[i] = min(overlap[i], later)
+        later = max(later, overlap[i])
+    return out
+
+
 def question_overlap(sentences: list[str], question: str) -> list[float]:
     """Per sentence: the share of the question's distinct words (3+ letters, or numbers) it contains."""
     from masklab.pretrained.longctx import words
@@ -105,7 +125,7 @@ def question_overlap(sentences: list[str], question: str) -> list[float]:
 
 @torch.no_grad()
 def early_features(lm: LoadedModel, sentences: list[str], question: str, layers: int = ROUTER_LAYERS) -> Tensor:
-    """``(N, D + 5)`` features of ``sentences`` from the first ``layers`` layers over
+    """``(N, D + 6)`` features of ``sentences`` from the first ``layers`` layers over
     ``question + "\n" + context`` (module docstring); ``question`` without answer prefix."""
     ids, item = router_input(lm.tokenizer, sentences, question)
     with first_layers(lm.model, layers) as base:
@@ -120,17 +140,20 @@ def early_features(lm: LoadedModel, sentences: list[str], question: str, layers:
     cos_max = torch.full((n,), -1.0).scatter_reduce_(0, item[m], tok_cos[m], reduce="amax")
     pos = torch.arange(n, dtype=torch.float32) / max(n - 1, 1)
     rel_len = count / count.mean().clamp(min=1)
-    overlap = torch.tensor(question_overlap(sentences, question))
-    extra = torch.stack([cos_mean, cos_max, pos, rel_len, overlap], dim=1)
+    overlap = question_overlap(sentences, question)
+    extra = torch.stack([cos_mean, cos_max, pos, rel_len, torch.tensor(overlap), torch.tensor(superseded(overlap))], dim=1)
     return torch.cat([mean - mean.mean(0, keepdim=True), extra], dim=1)
 
 
-def keep_by_scores(scores: Tensor, lengths: list[int], keep: float) -> list[bool]:
+def keep_by_scores(scores: Tensor, lengths: list[int], keep: float, fill: bool = True) -> list[bool]:
     """The highest-scored sentences while their tokens stay within ``keep`` of the context's
-    (the top sentence always). Returns a keep mask over sentences."""
+    (the top sentence always); unless ``fill``, only sentences scored >= 0 (the router's
+    decision boundary). Returns a keep mask over sentences."""
     budget, used = keep * sum(lengths), 0
     out = [False] * len(lengths)
     for i in torch.argsort(scores, descending=True, stable=True).tolist():
+        if any(out) and not fill and scores[i] < 0:
+            break
         if not any(out) or used + lengths[i] <= budget:
             out[i] = True
             used += lengths[i]
@@ -138,12 +161,12 @@ def keep_by_scores(scores: Tensor, lengths: list[int], keep: float) -> list[bool
 
 
 def route(lm: LoadedModel, router: SentenceRouter, ex: LongExample, lengths: list[int], keep: float,
-          layers: int = ROUTER_LAYERS) -> tuple[list[bool], float]:
-    """The router's keep mask for ``ex`` within ``keep`` of the context's tokens, and its
-    seconds (tokenise + first layers + scoring)."""
+          layers: int = ROUTER_LAYERS, fill: bool = False) -> tuple[list[bool], float]:
+    """The router's keep mask for ``ex`` within ``keep`` of the context's tokens
+    (:func:`keep_by_scores`), and its seconds (tokenise + first layers + scoring)."""
     t0 = time.perf_counter()
     scores = router.score(early_features(lm, ex.sentences, question_text(ex), layers))
-    return keep_by_scores(scores, lengths, keep), time.perf_counter() - t0
+    return keep_by_scores(scores, lengths, keep, fill=fill), time.perf_counter() - t0
 
 
 def training_labels(lm: LoadedModel, ex: LongExample, max_new_tokens: int = 10,
@@ -234,7 +257,7 @@ def train_or_load(lm: LoadedModel, model: str, tasks: list[str], length: int, n_
     ``labelled`` (answered correctly), ``ev_passes`` (forward passes the labels cost),
     ``seconds``, ``per_task`` counts and ``layers``."""
     task_kw = task_kw or {}
-    params = {"n_per_task": n_per_task, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens,
+    params = {"n_per_task": n_per_task, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens, "features": FEATURES,
               "chunk_tokens": chunk_tokens, **task_kw}
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / router_key(model, tasks, length, params)
