@@ -10,9 +10,11 @@ comment. Two kinds:
     ``mean ± std`` (the mean alone for one run; :func:`masklab.report.stat_cell`), then a line
     naming the file, its command and the code that made it. Closed by ``<!-- /table -->``.
 
-``<!-- value FILE key=a.b.0.c [digits=3] -->`` or ``<!-- value FILE metric=M [task=..] [method=..] [model=..] [n=..] [digits=3] -->``
+``<!-- value FILE key=a.b.0.c [digits=3] -->`` or ``<!-- value FILE metric=M [task=..] [method=..] [model=..] [n=..] [over=METHOD] [digits=3] -->``
     One number inline: a dotted path into the JSON (list items by index), or a metric of
-    the one summary row the filters select. Closed by ``<!-- /value -->``.
+    the one summary row the filters select; with ``over=METHOD``, that row's mean divided by
+    the mean of the row the same filters select with ``method=METHOD`` (a speed-up, say:
+    ``metric=seconds method=full over=router``). Closed by ``<!-- /value -->``.
 
 ``FILE`` is relative to the repository root (the directory holding README.md). Options are
 ``key=value`` words; nothing is evaluated. :func:`render` rewrites every block of a
@@ -33,7 +35,7 @@ from masklab.report import fmt, paper_cell, stat_cell
 BLOCK = re.compile(r"<!-- (table|value) (.*?) -->(.*?)<!-- /\1 -->", re.S)
 OPTIONS = {
     "table": {"metrics", "task", "method", "model", "n", "rows", "digits", "paper"},
-    "value": {"key", "metric", "task", "method", "model", "n", "digits"},
+    "value": {"key", "metric", "task", "method", "model", "n", "over", "digits"},
 }
 FILTERS = ("task", "method", "model", "n")
 
@@ -119,11 +121,22 @@ def value(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) 
         return fmt(v, digits)
     if "metric" not in opts:
         raise MasklabError(f"{where}: a value block needs key=PATH or metric=NAME")
-    rows = select(data.get("summary") or [], opts)
-    if len(rows) != 1:
-        raise MasklabError(f"{where}: the filters select {len(rows)} summary rows of {name}, not one")
     m = opts["metric"]
-    return stat_cell(rows[0], m, digits) if f"{m}_mean" in rows[0] else fmt(rows[0].get(m), digits)
+
+    def one_row(filters: dict[str, str]) -> dict:
+        rows = select(data.get("summary") or [], filters)
+        if len(rows) != 1:
+            raise MasklabError(f"{where}: the filters select {len(rows)} summary rows of {name}, not one")
+        return rows[0]
+
+    row = one_row(opts)
+    if "over" in opts:
+        below = one_row({**opts, "method": opts["over"]})
+        a, b = row.get(f"{m}_mean", row.get(m)), below.get(f"{m}_mean", below.get(m))
+        if a is None or not b:
+            raise MasklabError(f"{where}: {m} of {opts.get('method')} over {opts['over']} is undefined in {name}")
+        return fmt(a / b, digits)
+    return stat_cell(row, m, digits) if f"{m}_mean" in row else fmt(row.get(m), digits)
 
 
 def render(text: str, root: Path, where: str = "", cache: dict | None = None) -> str:
