@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from masklab import revision
 from masklab.errors import MasklabError
 from masklab.files import atomic_write_text, read_json
 from masklab.report import fmt, paper_cell, stat_cell
@@ -163,6 +164,25 @@ def render_prose(text: str, root: Path, where: str, first_line: int, cache: dict
     out = BLOCK.sub(one, text)
     if len(re.findall(r"<!-- (?:table|value) ", text)) != len(BLOCK.findall(text)):
         raise MasklabError(f"{where}: a table/value block is not closed (<!-- /table --> or <!-- /value -->)")
+    return out
+
+
+def stale_results(root: Path) -> list[tuple[Path, dict[str, int]]]:
+    """The ``results.json`` files under ``root/results`` holding runs that code other than
+    this checkout's made: ``(path, {code hash: runs})`` of each such file, the hashes listed
+    being those no study module of this checkout has (:func:`masklab.revision.code_hash`).
+    A run records the hash of its study module's closure, so an edit to anything a study
+    imports makes its committed results stale until the reproduction is run again."""
+    modules = [m for m in revision.import_graph() if m.startswith(("masklab.studies.", "masklab.pretrained."))]
+    current = {revision.code_hash(m) for m in modules}
+    out = []
+    for path in sorted((root / "results").rglob("results.json")):
+        codes: dict[str, int] = {}
+        for run in read_json(path).get("runs", []):
+            if run.get("code") not in current:
+                codes[str(run.get("code"))] = codes.get(str(run.get("code")), 0) + 1
+        if codes:
+            out.append((path, codes))
     return out
 
 

@@ -91,3 +91,18 @@ def test_bad_blocks_are_one_clear_error_naming_the_place(tmp_path, block, messag
         doctables.update(root)
     assert main(["report", "--root", str(root)]) == 2
     assert "README.md:2" in capsys.readouterr().err or "not closed" in message
+
+
+def test_results_made_by_other_code_are_listed_as_stale(tmp_path, capsys):
+    from masklab.revision import code_hash
+
+    current = {"runs": [{"code": code_hash("masklab.studies.gotu")}] * 2}
+    write_json(tmp_path / "results" / "gotu" / "results.json", current)
+    write_json(tmp_path / "results" / "old" / "sub" / "results.json", {"runs": [current["runs"][0], {"code": "0123456789ab"}]})
+    (tmp_path / "README.md").write_text("no blocks\n")
+    assert doctables.stale_results(tmp_path) == [(tmp_path / "results" / "old" / "sub" / "results.json", {"0123456789ab": 1})]
+    assert main(["report", "--stale", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    assert "old/sub/results.json (1 runs by code 0123456789ab)" in out.out and "1 of 2 results files" in out.err
+    (tmp_path / "results" / "old" / "sub" / "results.json").unlink()
+    assert main(["report", "--stale", "--root", str(tmp_path)]) == 0
