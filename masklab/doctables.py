@@ -25,6 +25,7 @@ markdown text; ``masklab report`` rewrites the files and ``--check`` only compar
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -177,12 +178,9 @@ def stale_results(root: Path) -> list[tuple[Path, dict[str, int]]]:
     current = {revision.code_hash(m) for m in modules}
     out = []
     for path in sorted((root / "results").rglob("results.json")):
-        codes: dict[str, int] = {}
-        for run in read_json(path).get("runs", []):
-            if run.get("code") not in current:
-                codes[str(run.get("code"))] = codes.get(str(run.get("code")), 0) + 1
+        codes = Counter(str(run.get("code")) for run in read_json(path).get("runs", []) if run.get("code") not in current)
         if codes:
-            out.append((path, codes))
+            out.append((path, dict(codes)))
     return out
 
 
