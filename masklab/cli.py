@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     from masklab.context import cli as context_cli
 
     context_cli.add_parser(sub)
+    context_cli.add_train_parser(sub)
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")

@@ -13,6 +13,15 @@ Features of unit ``i`` (:func:`features`, ``(N, F)``), by feature set:
   relative position; relative length; the share of the question's words it contains (the
   ``lexical`` score); and how much of that share a *later* unit matches too
   (:func:`superseded`: a statement restated or updated later scores high);
+* ``v3-relative`` (the shipped routers'): only what relates a unit to the question and to
+  the other units, no raw hidden state (a raw state lets a router learn what the training
+  facts look like instead of what the question asks): at layers 1 and ``layers``, the
+  cosine of the unit's mean state with the question's; MaxSim (each question token's
+  best cosine with one of the unit's tokens, averaged); the best token cosine with the
+  question's mean; each of these as a z-score within the document; the ``lexical`` share,
+  :func:`superseded`, BM25 over the document's units (over its maximum), the best
+  neighbour's lexical share, the share of the unit's words that the three best-matching
+  units hold (a link to the matched facts, for chains); relative position and length.
 
 Labels per training document (:func:`make_labels`, only documents the LM answers rightly):
 ``evidence``, the units of the evidence set of the LM's own answer (group testing or
@@ -42,7 +51,8 @@ from masklab.errors import MasklabError
 
 LABELS = ("evidence", "attention")
 ROUTER_LAYERS = 2
-FEATURES = "v2-superseded"
+FEATURES = "v2-superseded"  # the longctx reproduction's; the shipped routers use "v3-relative"
+FEATURE_SETS = ("v2-superseded", "v3-relative")
 
 
 # --------------------------------------------------------------------------- features
@@ -103,24 +113,72 @@ def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, k
     ``question + "\\n" + context`` (module docstring); ``question`` without answer prefix."""
     from masklab.context.routers.lexical import question_overlap
 
-    if kind != FEATURES:
-        raise MasklabError(f"unknown router feature set {kind!r}; choose from {FEATURES}")
+    if kind not in FEATURE_SETS:
+        raise MasklabError(f"unknown router feature set {kind!r}; choose from {', '.join(FEATURE_SETS)}")
     ids, unit = router_input(lm.tokenizer, units, question)
     with first_layers(lm.model, layers) as base:
-        h = base(input_ids=ids[None], use_cache=False).last_hidden_state[0].float()  # (T, D)
+        out = base(input_ids=ids[None], use_cache=False, output_hidden_states=True)
+    h = out.last_hidden_state[0].float()  # (T, D), final-normed
     n = len(units)
     m = unit >= 0
     count = torch.bincount(unit[m], minlength=n).float()
-    mean = torch.zeros(n, h.shape[1]).index_add_(0, unit[m], h[m]) / count.clamp(min=1)[:, None]
-    qm = h[unit == -2].mean(0) if (unit == -2).any() else h.mean(0)
+    isq = unit == -2
+
+    def unit_mean(x: Tensor) -> Tensor:  # (T, D) -> (N, D)
+        return torch.zeros(n, x.shape[1]).index_add_(0, unit[m], x[m]) / count.clamp(min=1)[:, None]
+
+    mean = unit_mean(h)
+    qm = h[isq].mean(0) if isq.any() else h.mean(0)
     cos_mean = torch.nn.functional.cosine_similarity(mean, qm[None], dim=1)
     tok_cos = torch.nn.functional.cosine_similarity(h, qm[None], dim=1)
     cos_max = torch.full((n,), -1.0).scatter_reduce_(0, unit[m], tok_cos[m], reduce="amax")
     pos = torch.arange(n, dtype=torch.float32) / max(n - 1, 1)
     rel_len = count / count.mean().clamp(min=1)
     overlap = question_overlap(units, question)
-    extra = torch.stack([cos_mean, cos_max, pos, rel_len, torch.tensor(overlap), torch.tensor(superseded(overlap))], dim=1)
-    return torch.cat([mean - mean.mean(0, keepdim=True), extra], dim=1)
+    if kind == "v2-superseded":
+        extra = torch.stack([cos_mean, cos_max, pos, rel_len, torch.tensor(overlap), torch.tensor(superseded(overlap))], dim=1)
+        return torch.cat([mean - mean.mean(0, keepdim=True), extra], dim=1)
+    h1 = out.hidden_states[1][0].float()  # after the first layer (not normed)
+    cos1 = torch.nn.functional.cosine_similarity(unit_mean(h1), (h1[isq].mean(0) if isq.any() else h1.mean(0))[None], dim=1)
+    hn = torch.nn.functional.normalize(h, dim=1)
+    sim = hn[m] @ hn[isq].T if isq.any() else torch.zeros(int(m.sum()), 1)  # (T_ctx, Q) token cosines
+    best = torch.full((n, sim.shape[1]), -1.0).scatter_reduce_(0, unit[m][:, None].expand_as(sim), sim, reduce="amax")
+    maxsim = best.mean(1)
+
+    def z(x: Tensor) -> Tensor:
+        return (x - x.mean()) / x.std().clamp(min=1e-4) if n > 1 else torch.zeros_like(x)
+
+    ov = torch.tensor(overlap)
+    neighbour = torch.maximum(torch.cat([ov[1:], ov.new_zeros(1)]), torch.cat([ov.new_zeros(1), ov[:-1]]))
+    bm = bm25_scores(units, question)
+    extra = torch.stack([cos1, cos_mean, maxsim, cos_max, z(cos1), z(cos_mean), z(maxsim), z(cos_max), ov,
+                         torch.tensor(superseded(overlap)), bm / bm.max().clamp(min=1e-6), neighbour,
+                         link(units, overlap, question), pos, rel_len], dim=1)
+    return extra
+
+
+def bm25_scores(units: list[str], question: str) -> Tensor:
+    """``(N,)`` BM25 of ``question`` against each unit (the ``bm25`` router's score)."""
+    from masklab.context.document import Document
+    from masklab.context.routers.bm25 import BM25
+
+    return BM25().score(Document(units=units), question)
+
+
+def link(units: list[str], overlap: list[float], question: str, top: int = 3) -> Tensor:
+    """``(N,)``: the share of a unit's words (not the question's) found in the ``top`` units
+    that match the question best (0 for those units and when nothing matches)."""
+    from masklab.context.routers.lexical import words
+
+    order = sorted((i for i in range(len(units)) if overlap[i] > 0), key=lambda i: -overlap[i])[:top]
+    q = words(question)
+    linked = set().union(*(words(units[i]) for i in order)) - q if order else set()
+    out = torch.zeros(len(units))
+    for i, u in enumerate(units):
+        w = words(u) - q
+        if i not in order and w:
+            out[i] = len(w & linked) / len(w)
+    return out
 
 
 # --------------------------------------------------------------------------- labels
