@@ -25,8 +25,8 @@ from masklab.bias import RelativePrior  # noqa: E402
 from masklab.errors import MasklabError  # noqa: E402
 from masklab.hf import attach_priors, detach_priors, hide, priors_of  # noqa: E402
 from masklab.pretrained.arch import (ARCHITECTURES, arch_of, attention_modules, base_model,  # noqa: E402
-                                     decoder_layers, final_norm, kv_heads, sliding_window_layers)
-from masklab.pretrained.models import load  # noqa: E402
+                                     decoder_layers, final_norm, first_layers, kv_heads, sliding_window_layers)
+from masklab.pretrained.models import check_models, load  # noqa: E402
 
 torch.set_num_threads(1)
 SPECIALS = ["<pad>", "</s>", "<s>", "<unk>", "<|im_start|>", "<|im_end|>"]
@@ -118,8 +118,13 @@ def ids(batch: int = 2, seq: int = 12, seed: int = 0) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the table
-def test_every_listed_architecture_is_in_the_table():
+def test_every_listed_architecture_is_in_the_table_and_the_docs():
+    from pathlib import Path
+
     assert set(KINDS) <= set(ARCHITECTURES)
+    doc = (Path(__file__).parent.parent / "docs" / "pretrained.md").read_text()
+    missing = [k for k in ARCHITECTURES if f"| `{k}` |" not in doc]
+    assert not missing, f"docs/pretrained.md's architecture table lacks {missing}"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -138,6 +143,16 @@ def test_folder_loads_and_the_table_finds_its_parts(kind, folders):
         out = m(x, output_hidden_states=True)
         # the decoder stack alone gives the final-normed states the LM head reads
         torch.testing.assert_close(base(input_ids=x).last_hidden_state, out.hidden_states[-1])
+        # the routers' first-layers pass: the final norm of the state after layer 1
+        with first_layers(m, 1) as b:
+            assert b is base and len(decoder_layers(m)) == 1
+            torch.testing.assert_close(b(input_ids=x, use_cache=False).last_hidden_state,
+                                       final_norm(m)(out.hidden_states[1]))
+        assert len(decoder_layers(m)) == 2 and m.config.num_hidden_layers == 2
+        torch.testing.assert_close(m(x).logits, out.logits)
+    with pytest.raises(MasklabError, match="1..2 layers"):
+        with first_layers(m, 3):
+            pass
 
 
 # --------------------------------------------------------------------------- priors
@@ -280,6 +295,9 @@ def test_bad_folders_are_one_clear_error(tmp_path, folders, capsys):
     (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(MasklabError, match="'bert' is not supported.*llama.*qwen2.*olmo2"):
         load(str(bert))
+    with pytest.raises(MasklabError, match="'bert' is not supported"):
+        check_models([str(bert)])  # the studies' early check, before any work
+    check_models([str(folders["qwen3"])])
     no_tok = save_folder(tmp_path / "no-tok", "llama")
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (no_tok / f).unlink()

@@ -15,7 +15,8 @@ Everything is read from the entry and the model's config:
 * :func:`base_model` - the decoder stack (``model.model`` in every entry so far), which takes ``input_ids`` / ``position_ids`` and returns
   ``last_hidden_state`` after the final norm;
 * :func:`decoder_layers` - the ``nn.ModuleList`` of decoder layers; :func:`final_norm`;
-  :func:`attention_modules` - each layer's self-attention;
+  :func:`attention_modules` - each layer's self-attention; :func:`first_layers` - run the
+  base model through its first ``k`` layers only (the routers' cheap pass);
 * :func:`kv_heads` - key/value heads (grouped-query attention: fewer than query heads);
 * :func:`sliding_window_layers` - the layers that attend only within a window;
 * ``positions`` - how positions reach the model (every entry: rotary embeddings computed
@@ -30,7 +31,9 @@ supported ones.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Iterator
 
 from torch import nn
 
@@ -153,3 +156,21 @@ def sliding_window_layers(model_or_config) -> list[int]:
     if a.sliding == "all":
         return list(range(n))
     return [i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention"]
+
+
+@contextlib.contextmanager
+def first_layers(model: nn.Module, k: int) -> Iterator[nn.Module]:
+    """While the block runs, the base model (:func:`base_model`) has only its first ``k``
+    decoder layers (its final norm still applies): ``base(input_ids=ids).last_hidden_state``
+    is then ``final_norm(state after layer k)``, ``(B, T, D)``. Yields the base model."""
+    a, base = arch_of(model), base_model(model)
+    layers, n = decoder_layers(model), base.config.num_hidden_layers
+    if not 1 <= k <= n:
+        raise MasklabError(f"the first-layers pass reads 1..{n} layers of this model, got {k}")
+    setattr(base, a.layers, layers[:k])
+    base.config.num_hidden_layers = k
+    try:
+        yield base
+    finally:
+        setattr(base, a.layers, layers)
+        base.config.num_hidden_layers = n

