@@ -213,8 +213,8 @@ def attach_priors(model: nn.Module, factory: PriorFactory) -> list[nn.Module]:
 
     The prior is called as ``prior(Tq, Tk, offset)`` and must return an ``(H|1, Tq, Tk)``
     bias (queries ``[offset, offset + Tq)`` against keys ``[0, Tk)``). It becomes the
-    submodule ``prior`` of the layer's ``self_attn`` (parameter names contain ``prior``),
-    placed on the layer's device. Returns the priors, one per layer.
+    submodule ``prior`` of the layer's attention module (``self_attn``; parameter names
+    contain ``prior``), placed on the layer's device. Returns the priors, one per layer.
     """
     layers = attention_layers(model)
     if priors_of(model):

@@ -166,7 +166,7 @@ def first_layers(model: nn.Module, k: int) -> Iterator[nn.Module]:
     a, base = arch_of(model), base_model(model)
     layers, n = decoder_layers(model), base.config.num_hidden_layers
     if not 1 <= k <= n:
-        raise MasklabError(f"the first-layers pass reads 1..{n} layers of this model, got {k}")
+        raise MasklabError(f"the router reads 1..{n} layers of this model, got {k}")
     setattr(base, a.layers, layers[:k])
     base.config.num_hidden_layers = k
     try:
