@@ -255,6 +255,12 @@ def test_chat_template_of_the_folder_is_used_and_raw_overrides(tmp_path):
     enc = encode(lm, ["Anna lives in Oslo."], "\nQuestion: Where?\nAnswer:")
     assert enc.text.startswith(before + "Anna lives") and enc.ids[0].item() == 2  # BOS, then the system turn
     assert load(str(folder), prompt_format="raw").prompt_format == "raw"
+    # a Qwen3-style template: thinking is switched off, so the answer follows an empty thinking block
+    qwen3 = save_folder(tmp_path / "think", "qwen3", chat_template=CHATML.replace(
+        "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n{% if enable_thinking is defined and "
+        "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"))
+    after = prompt_parts(load(str(qwen3)), "\nQ?\nAnswer:")[1]
+    assert after == "\nQ?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nAnswer:"
     assert prompt_parts(load(str(folder), prompt_format="raw"), "\nQ?") == ("", "\nQ?")
 
 

@@ -3,7 +3,8 @@
 One :class:`Architecture` entry per ``config.model_type`` says what masklab needs to know
 about a ``transformers`` causal LM, so that :mod:`masklab.hf` (priors, hiding), the
 routers' first-layers pass and the context press never hard-code a model's attribute
-paths. Adding an architecture is one entry::
+paths. Adding an architecture is one more ``Architecture(...)`` line in
+:data:`ARCHITECTURES` below, or from outside this module::
 
     ARCHITECTURES.register("starcoder2")(Architecture("starcoder2", "StarCoder2", sliding="all"))
 
@@ -12,8 +13,9 @@ every current decoder does; the tests on tiny random configs show whether it wor
 
 Everything is read from the entry and the model's config:
 
-* :func:`base_model` - the decoder stack (``model.model`` in every entry so far), which takes ``input_ids`` / ``position_ids`` and returns
-  ``last_hidden_state`` after the final norm;
+* :func:`base_model` - the decoder stack (``model.model`` in every entry so far), which
+  takes ``input_ids`` / ``position_ids`` and returns ``last_hidden_state`` after the
+  final norm;
 * :func:`decoder_layers` - the ``nn.ModuleList`` of decoder layers; :func:`final_norm`;
   :func:`attention_modules` - each layer's self-attention; :func:`first_layers` - run the
   base model through its first ``k`` layers only (the routers' cheap pass);

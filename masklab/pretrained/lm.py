@@ -62,15 +62,18 @@ def chat_turns(tokenizer, style: str | None = None) -> tuple[str, str]:
 def template_turns(tokenizer) -> tuple[str, str]:
     """``(open, close)`` from the tokenizer's own chat template: one user message rendered
     with the assistant turn opened, split at the message (so ``open`` holds whatever the
-    template puts first: BOS, a default system turn)."""
+    template puts first: BOS, a default system turn). ``enable_thinking=False``: Qwen3's
+    template then closes an empty thinking block, so the answer follows directly (other
+    templates ignore the variable)."""
     try:
         text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}], tokenize=False,
-                                             add_generation_prompt=True)
+                                             add_generation_prompt=True, enable_thinking=False)
     except Exception as e:  # jinja2 errors of a template that wants other messages
         raise MasklabError(f"the tokenizer's chat template does not render one user message ({e}); "
                            "use --prompt-format raw") from None
     if not isinstance(text, str) or text.count(_SLOT) != 1:
-        raise MasklabError("the tokenizer's chat template does not place the user message once; use --prompt-format raw")
+        raise MasklabError("the tokenizer's chat template does not place the user message once; "
+                           "use --prompt-format raw")
     opening, closing = text.split(_SLOT)
     return opening, closing
 
