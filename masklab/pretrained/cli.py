@@ -10,8 +10,13 @@ from masklab.errors import MasklabError
 
 
 def add_cite_parser(sub) -> None:
+    from masklab.pretrained.arch import ARCHITECTURES
+
     p = sub.add_parser("cite", help="which sentences of a context a pretrained LM's answer causally depends on")
-    p.add_argument("--model", default="smollm2-135m", help="registered name (see `masklab models`), model directory or .gguf file (default %(default)s)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="registered name (see `masklab models`), a local Hugging Face model folder "
+                        f"(/path/to/folder; model types: {', '.join(ARCHITECTURES)}) or a .gguf file "
+                        "(default %(default)s)")
     p.add_argument("--context", required=True, help="text file with the context")
     p.add_argument("--query", required=True, help="the question")
     p.add_argument("--method", default="group-testing", help="evidence search: loo, greedy-minimal, group-testing, or contextcite (default %(default)s)")

@@ -8,8 +8,9 @@ Face turns that into a ``-inf`` bias on those keys for every query, exactly mask
 *deletion* removes the sentence's text and re-tokenises.
 
 Prompt formats (``lm.prompt_format``): ``raw`` is the plain completion
-``context + query``; ``chat`` wraps it in the model's own user/assistant turns
-(:data:`CHAT_TURNS`, found from the special tokens in its vocabulary) and moves the
+``context + query``; ``chat`` wraps it in the model's own user/assistant turns (a model
+folder's tokenizer chat template when it has one, :func:`template_turns`; else
+:data:`CHAT_TURNS`, found from the special tokens in its vocabulary) and moves the
 answer prefix (``Answer:`` and what follows it in the query) into the assistant turn::
 
     <|im_start|>user\n{context}\nQuestion: ...<|im_end|>\n<|im_start|>assistant\nAnswer: {prefix}
@@ -33,22 +34,60 @@ from masklab.pretrained.models import LoadedModel
 from masklab.runner import MasklabError
 
 PROMPT_FORMATS = ("raw", "chat")
-# chat turn markers: (user turn opening, user turn closing + assistant turn opening)
+# chat turns for tokenizers without a chat template, by style:
+# (marker token, user turn opening, user turn closing + assistant turn opening)
 CHAT_TURNS = {
     "chatml": ("<|im_start|>", "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"),
     "gemma": ("<start_of_turn>", "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"),
+    "mistral": ("[INST]", "[INST] ", " [/INST]"),
+    "phi3": ("<|user|>", "<|user|>\n", "<|end|>\n<|assistant|>\n"),
+    "olmo2": ("<|user|>", "<|user|>\n", "\n<|assistant|>\n"),
 }
+_SLOT = "MASKLAB_USER_MESSAGE"  # rendered through a chat template to find where the message goes
 
 
-def chat_turns(tokenizer) -> tuple[str, str]:
+def chat_turns(tokenizer, style: str | None = None) -> tuple[str, str]:
     """``(open, close)`` of the tokenizer's chat turns, recognised by a special token in its
-    vocabulary (ChatML's ``<|im_start|>``, Gemma's ``<start_of_turn>``)."""
+    vocabulary: the architecture's ``style`` first (:mod:`masklab.pretrained.arch`), then
+    any style of :data:`CHAT_TURNS` (ChatML's ``<|im_start|>``, Gemma's ``<start_of_turn>``, ...)."""
     vocab = tokenizer.get_vocab()
-    for marker, opening, closing in CHAT_TURNS.values():
+    for marker, opening, closing in ([CHAT_TURNS[style]] if style else []) + list(CHAT_TURNS.values()):
         if marker in vocab:
             return opening, closing
-    raise MasklabError("this model's vocabulary has no known chat-turn tokens (ChatML <|im_start|> or Gemma "
-                       "<start_of_turn>); use --prompt-format raw")
+    markers = ", ".join(f"{k} {v[0]}" for k, v in CHAT_TURNS.items())
+    raise MasklabError(f"this model's tokenizer has no chat template and its vocabulary no known chat-turn tokens "
+                       f"({markers}); use --prompt-format raw")
+
+
+def template_turns(tokenizer) -> tuple[str, str]:
+    """``(open, close)`` from the tokenizer's own chat template: one user message rendered
+    with the assistant turn opened, split at the message (so ``open`` holds whatever the
+    template puts first: BOS, a default system turn). ``enable_thinking=False``: Qwen3's
+    template then closes an empty thinking block, so the answer follows directly (other
+    templates ignore the variable)."""
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=False)
+    except Exception as e:  # jinja2 errors of a template that wants other messages
+        raise MasklabError(f"the tokenizer's chat template does not render one user message ({e}); "
+                           "use --prompt-format raw") from None
+    if not isinstance(text, str) or text.count(_SLOT) != 1:
+        raise MasklabError("the tokenizer's chat template does not place the user message once; "
+                           "use --prompt-format raw")
+    opening, closing = text.split(_SLOT)
+    return opening, closing
+
+
+def turns(lm: LoadedModel) -> tuple[str, str]:
+    """``(open, close)`` of ``lm``'s chat prompt: the tokenizer's chat template for a model
+    folder that has one (``lm.template_chat``), else :func:`chat_turns` with the
+    architecture's style (the packaged models: SmolLM2's ChatML, Gemma's turns, as always)."""
+    if getattr(lm, "template_chat", False):
+        return template_turns(lm.tokenizer)
+    from masklab.pretrained.arch import ARCHITECTURES
+
+    mt = getattr(getattr(lm.model, "config", None), "model_type", None)
+    return chat_turns(lm.tokenizer, ARCHITECTURES[mt].chat if mt in ARCHITECTURES else None)
 
 
 def split_answer_prefix(query: str) -> tuple[str, str]:
@@ -65,7 +104,7 @@ def prompt_parts(lm: LoadedModel, query: str) -> tuple[str, str]:
         return "", query
     if fmt != "chat":
         raise MasklabError(f"unknown prompt format {fmt!r}: use one of {', '.join(PROMPT_FORMATS)}")
-    opening, closing = chat_turns(lm.tokenizer)
+    opening, closing = turns(lm)
     question, prefix = split_answer_prefix(query)
     return opening, question + closing + prefix
 
@@ -77,7 +116,7 @@ def chat_template(lm: LoadedModel) -> str | None:
     assistant opening, so ``apply_chat_template`` yields ``before + message + closing``."""
     if getattr(lm, "prompt_format", "raw") == "raw":
         return None
-    opening, closing = chat_turns(lm.tokenizer)
+    opening, closing = turns(lm)
     bos = lm.tokenizer.bos_token
     lead = "" if bos and opening.startswith(bos) else "{{ bos_token }}"
     esc = lambda t: t.replace("\n", "\\n").replace("'", "\\'")  # noqa: E731
