@@ -288,6 +288,23 @@ def test_cite_runs_end_to_end_on_the_folder(kind, folders, tmp_path, capsys):
     assert rc == 0 and res["answer"] and len(res["sentences"]) == 3 and res["forward_passes"] > 1
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_compress_answers_and_the_router_pass_runs_on_the_folder(kind, folders, tmp_path, capsys):
+    from masklab.cli import main
+    from masklab.context.trained import features
+    from masklab.pretrained.models import load
+
+    ctx = tmp_path / "context.txt"
+    ctx.write_text(CONTEXT)
+    rc = main(["compress", "--model", str(folders[kind]), "--context", str(ctx), "--question", "Where does Anna live now?",
+               "--router", "lexical", "--answer", "--max-new-tokens", "3", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and "answer" in res and res["kept"] and res["kept_fraction"] <= 1
+    lm = load(str(folders[kind]))
+    f = features(lm, ["Anna lives in Oslo.", "Bob lives in Rome."], "Where does Anna live?", layers=1, kind="v3-relative")
+    assert f.shape[0] == 2 and torch.isfinite(f).all()
+
+
 # --------------------------------------------------------------------------- bad folders
 def test_bad_folders_are_one_clear_error(tmp_path, folders, capsys):
     from masklab.cli import main

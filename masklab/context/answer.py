@@ -52,8 +52,10 @@ def kv_cache_mb(lm, tokens: float) -> float:
     """KV-cache size by formula for ``tokens`` cached positions: layers x 2 (K, V) x KV heads
     x head dim x tokens x bytes per value, in MiB (every layer full length: Gemma 3's
     sliding-window layers would cap theirs at the window)."""
+    from masklab.pretrained.arch import kv_heads as kv_heads_of
+
     c = lm.model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    kv_heads = kv_heads_of(lm.model)
     size = next(lm.model.parameters()).element_size()
     return c.num_hidden_layers * 2 * kv_heads * head_dim * tokens * size / 2**20

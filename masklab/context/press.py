@@ -30,6 +30,7 @@ from torch import Tensor
 
 from masklab.context.document import Document, segment
 from masklab.errors import MasklabError
+from masklab.pretrained.arch import base_model
 from masklab.pretrained.models import PRETRAINED_EXTRA, _require
 
 _require("kvpress", PRETRAINED_EXTRA)
@@ -119,8 +120,7 @@ class ContextPress(BasePress):
 
     @contextlib.contextmanager
     def __call__(self, model):
-        base = model.model.language_model if hasattr(model.model, "language_model") else model.model
-        hook = base.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+        hook = base_model(model).register_forward_pre_hook(self._pre_hook, with_kwargs=True)
         try:
             yield
         finally:

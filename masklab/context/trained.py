@@ -36,7 +36,6 @@ stored as safetensors + JSON (:func:`save_routers`, :func:`load_routers`).
 from __future__ import annotations
 
 import bisect
-import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from torch import Tensor
 
 from masklab.context.document import Document
 from masklab.errors import MasklabError
+from masklab.pretrained.arch import first_layers
 
 LABELS = ("evidence", "attention")
 ROUTER_LAYERS = 2
@@ -56,21 +56,6 @@ FEATURE_SETS = ("v2-superseded", "v3-relative")
 
 
 # --------------------------------------------------------------------------- features
-@contextlib.contextmanager
-def first_layers(model, k: int):
-    """Run only the first ``k`` decoder layers of a Hugging Face causal LM's base model
-    (``model.model``; its final norm still applies)."""
-    base = model.model
-    layers, n = base.layers, base.config.num_hidden_layers
-    if not 1 <= k <= n:
-        raise MasklabError(f"the router reads 1..{n} layers of this model, got {k}")
-    base.layers, base.config.num_hidden_layers = layers[:k], k
-    try:
-        yield base
-    finally:
-        base.layers, base.config.num_hidden_layers = layers, n
-
-
 def router_input(tokenizer, units: list[str], question: str) -> tuple[Tensor, Tensor]:
     """``question + "\\n" + " ".join(units)`` tokenised (with the tokenizer's special
     tokens): ``ids (T,)`` and ``unit (T,)`` = unit index per token, -2 for the question's
