@@ -35,7 +35,8 @@ class Pruned:
     """What a router kept of a document: ``kept`` unit indices (ascending), every unit's
     ``scores``, the pruned ``text`` (kept units in reading order), ``kept_fraction`` of the
     context's tokens, the router's ``seconds`` (segmenting excluded) and ``notes`` on what
-    happened (windows, a budget capped to fit the model)."""
+    happened (windows, a budget capped to fit the model). A compressor that rewrites the
+    text instead of keeping units sets ``compressed`` (the text) and ``compressed_tokens``."""
 
     doc: Document
     kept: list[int]
@@ -44,17 +45,22 @@ class Pruned:
     seconds: float
     router: str
     notes: list[str] = field(default_factory=list)
+    compressed: str | None = None  # a compressor that rewrites the text (LongLLMLingua) keeps no units
+    compressed_tokens: int | None = None
 
     @property
     def text(self) -> str:
-        return self.doc.text_of(self.kept)
+        return self.compressed if self.compressed is not None else self.doc.text_of(self.kept)
 
     @property
     def kept_fraction(self) -> float:
-        return sum(self.lengths[i] for i in self.kept) / max(1, sum(self.lengths))
+        kept = self.compressed_tokens if self.compressed is not None else sum(self.lengths[i] for i in self.kept)
+        return kept / max(1, sum(self.lengths))
 
     def to_json(self) -> dict:
-        return {"router": self.router, "units": self.doc.units, "kept": self.kept, "scores": self.scores,
+        units = self.compressed is None
+        return {"router": self.router, "units": self.doc.units, "kept": self.kept if units else None,
+                "scores": self.scores if units else None,
                 "unit_tokens": self.lengths, "pruned_text": self.text, "kept_fraction": self.kept_fraction,
                 "router_seconds": self.seconds, "notes": self.notes}
 

@@ -6,8 +6,16 @@ keeps no units of the text, so it answers (``masklab compress --answer``,
 ``masklab longctx``) but does not prune text. ``adakv-<press>`` wraps a scorer press in
 kvpress's AdaKV (head-wise budgets: it masks the dropped pairs instead of removing them).
 
-SnapKV's observation window defaults to 64 query tokens, longer than the question of a
-short prompt; we use :data:`SNAPKV_WINDOW` = 8.
+Question-agnostic presses see only the context at prefill (kvpress's pipeline feeds the
+question afterwards). SnapKV's observation window defaults to 64 query tokens, longer than
+the question of a short prompt; we use :data:`SNAPKV_WINDOW` = 8 (its last context tokens).
+
+Question-aware presses (:data:`QUESTION_AWARE`) get the question at the end of the context
+they prefill, as their papers set them up: ``snapkv-question`` is SnapKV whose observation
+window is exactly the question's tokens; ``finch`` is kvpress's FinchPress, which finds the
+question after a delimiter token (an unused special token of the vocabulary, so the model's
+embeddings are not resized) and scores the context by the question's attention. The
+question is then not asked again after prefill (the answer prefix follows it).
 """
 
 from __future__ import annotations
@@ -35,14 +43,18 @@ PRESSES = {  # name -> press at compression ratio r
     "tova": lambda r: _kvpress().TOVAPress(compression_ratio=r),
     "streaming": lambda r: _kvpress().StreamingLLMPress(compression_ratio=r),
     "expected-attention": lambda r: _kvpress().ExpectedAttentionPress(compression_ratio=r),
+    "snapkv-question": lambda r: _kvpress().SnapKVPress(compression_ratio=r),  # window: the question, set per call
+    "finch": lambda r: _kvpress().FinchPress(compression_ratio=r),
 }
+QUESTION_AWARE = ("snapkv-question", "finch")
+FINCH_DELIMITERS = ("<unused0>", "<file_sep>", "<|reserved_special_token_0|>", "<|finch_sep|>")
 ADAKV_PREFIX = "adakv-"
 
 
 def press_names() -> list[str]:
     """Every press: the plain ones and their AdaKV wrappings (not StreamingLLM, whose fixed
     sink + window scores leave AdaKV nothing to adapt)."""
-    return list(PRESSES) + [ADAKV_PREFIX + p for p in PRESSES if p != "streaming"]
+    return list(PRESSES) + [ADAKV_PREFIX + p for p in PRESSES if p not in ("streaming", *QUESTION_AWARE)]
 
 
 def make_press(name: str, keep: float):
@@ -88,6 +100,14 @@ class KVPressRunner:
         from masklab.pretrained.peers import chat_template_set
 
         obj = make_press(press, keep) if isinstance(press, str) else press
+        if press in QUESTION_AWARE:  # the question ends the prefilled context (module docstring)
+            q = question.strip()
+            if press == "finch":
+                context = context + self.finch_delimiter(obj) + q
+            else:
+                context = context + "\n" + q
+                obj.window_size = len(self.lm.tokenizer(q, add_special_tokens=False)["input_ids"])
+            question = ""
         cache = DynamicCache()  # ours, so the pressed length can be read back (the pipeline removes the answer from it)
         t0 = time.perf_counter()
         with chat_template_set(self.lm.tokenizer, chat_template(self.lm)):
@@ -96,6 +116,14 @@ class KVPressRunner:
         seconds = time.perf_counter() - t0
         self.last_cache_tokens = int(cache.get_seq_length())
         return out["answer"], seconds
+
+
+    def finch_delimiter(self, press) -> str:
+        """Set FinchPress's delimiter to an unused special token of the vocabulary."""
+        vocab = self.lm.tokenizer.get_vocab()
+        token = next((t for t in FINCH_DELIMITERS if t in vocab), FINCH_DELIMITERS[-1])
+        press.update_model_and_tokenizer(self.lm.model, self.lm.tokenizer, token)
+        return token
 
 
 class PressRouter(Router):
