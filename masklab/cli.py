@@ -168,6 +168,11 @@ def validate(mod, cfg, args: argparse.Namespace) -> None:
     own ``validate(cfg)`` (choices, files, combinations), ``--jobs`` and ``--out``."""
     if dataclasses.is_dataclass(cfg):
         flags.check_ranges(cfg)
+    models = getattr(cfg, "models", None)
+    if isinstance(models, list) and all(isinstance(m, str) for m in models):
+        from masklab.inputs import check_model_paths
+
+        check_model_paths(models)
     if hasattr(mod, "validate"):
         mod.validate(cfg)
     if args.jobs < 1:
