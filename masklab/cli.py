@@ -193,7 +193,7 @@ def smoke_test_note(mod, cfg, results: dict) -> str:
                 smaller.append(f"{f.name} {a} (default {b})")
     except Exception:  # noqa: BLE001 (a study without a default Config: the note just has no sizes)
         smaller = []
-    sizes = f"; quick sizes: {', '.join(smaller)}" if smaller else ""
+    sizes = f"; sizes that differ from the defaults: {', '.join(smaller)}" if smaller else ""
     return (f"> **Smoke test** (`--quick`): checks that the study runs, not what it finds; {n} run(s) per row{sizes}. "
             "Run without `--quick` for the numbers the docs quote.\n\n")
 
