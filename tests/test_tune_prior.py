@@ -214,3 +214,32 @@ def test_a_killed_tuning_run_continues_from_its_checkpoint_with_the_same_numbers
     for n in want:
         assert torch.equal(got[n], want[n]), n
     assert (got_info["loss_first"], got_info["loss_last"]) == (want_info["loss_first"], want_info["loss_last"])
+
+
+def test_a_killed_evaluation_continues_after_the_saved_answers(tmp_path, monkeypatch):
+    """Held-out answers are saved every EVAL_EVERY prompts; a resumed evaluation asks only the
+    rest and gives the same metrics and records as one pass."""
+    import types
+
+    import masklab.pretrained.lm as lm_mod
+    from masklab.studies.tune_prior import EVAL_EVERY, evaluate
+
+    prompts = split_prompts(12, 0, False, Config())
+    calls = []
+
+    def fake_generate(lm, ids, max_new_tokens):
+        calls.append(ids)
+        if len(calls) == 8 and lm == "dies":
+            raise KeyboardInterrupt
+        return None, " " + ids.split()[0]
+
+    monkeypatch.setattr(lm_mod, "encode", lambda lm, sentences, query: types.SimpleNamespace(ids=query))
+    monkeypatch.setattr(lm_mod, "generate", fake_generate)
+    want = evaluate("ok", prompts, 5)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        evaluate("dies", prompts, 5, ckpt=tmp_path / "eval.json")
+    assert len(json.loads((tmp_path / "eval.json").read_text())["recs"]) == EVAL_EVERY
+    calls.clear()
+    assert evaluate("ok", prompts, 5, ckpt=tmp_path / "eval.json") == want
+    assert len(calls) == len(prompts) - EVAL_EVERY

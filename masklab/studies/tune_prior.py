@@ -247,16 +247,32 @@ def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[
 
 
 # --------------------------------------------------------------------------- evaluation
+EVAL_EVERY = 5  # held-out answers between saves of the answers so far
+
+
 @torch.no_grad()
-def evaluate(lm, prompts: list, max_new_tokens: int) -> tuple[dict, list[dict]]:
-    """Answer classes over every held-out prompt (an empty answer counts as not current)."""
+def evaluate(lm, prompts: list, max_new_tokens: int, ckpt: Path | None = None) -> tuple[dict, list[dict]]:
+    """Answer classes over every held-out prompt (an empty answer counts as not current).
+
+    With ``ckpt`` (a JSON file), the answers so far are saved every :data:`EVAL_EVERY`
+    prompts and a later call with the same prompts continues after them (greedy decoding:
+    the same answers as one uninterrupted pass)."""
+    from masklab.files import read_json, write_json
     from masklab.pretrained.lm import encode, generate
     from masklab.tasks.stale_prompts import score_answer
 
-    recs = []
-    for p in prompts:
+    recs: list[dict] = []
+    asked = [p.prompt for p in prompts]
+    if ckpt is not None and Path(ckpt).exists():
+        saved = read_json(Path(ckpt))
+        if saved.get("prompts") == asked:
+            recs = saved["recs"]
+    for i in range(len(recs), len(prompts)):
+        p = prompts[i]
         _, text = generate(lm, encode(lm, p.sentences, p.query).ids, max_new_tokens)
         recs.append({"answer": text, "class": score_answer(text, p), "values": p.values})
+        if ckpt is not None and (len(recs) % EVAL_EVERY == 0 and len(recs) < len(prompts)):
+            write_json(Path(ckpt), {"prompts": asked, "recs": recs})
     n = len(prompts)
     count = lambda c: sum(r["class"] == c for r in recs) / n  # noqa: E731
     return {"accuracy": count("current"), "stale_rate": count("stale"), "other_rate": count("other"),
@@ -295,7 +311,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         from masklab.hf import save_priors
 
         save_priors(lm.model, Path(ckpt_dir) / "priors.safetensors")
-    metrics, recs = evaluate(lm, test, cfg.max_new_tokens)
+    metrics, recs = evaluate(lm, test, cfg.max_new_tokens, ckpt=Path(ckpt_dir) / f"eval-{method}.json")
     ppl = pydoc_perplexity(lm.model, lm.tokenizer, cfg.ppl_tokens)
     metrics.update({
         "trainable": info["trainable"], "trainable_frac": info["trainable"] / n_params, "ppl": ppl,
@@ -309,6 +325,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     from masklab.runner import Checkpoint
 
     Checkpoint(Path(ckpt_dir) / f"tune-{method}").clear()  # the run is done: its record holds everything
+    (Path(ckpt_dir) / f"eval-{method}.json").unlink(missing_ok=True)
     return {"metrics": metrics, "curves": {}, "extra": extra}
 
 
