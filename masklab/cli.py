@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     from masklab.pretrained import cli as pretrained_cli
 
     pretrained_cli.add_cite_parser(sub)
+    from masklab.context import cli as context_cli
+
+    context_cli.add_parser(sub)
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")
@@ -210,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             return pretrained_cli.main(args)
         if args.command == "report":
             return report(args)
+        if getattr(args, "handler", None) is not None:
+            return args.handler(args)
         distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
         if args.command in ("reproduce", "sweep"):
             module = STUDIES[args.name] if args.command == "reproduce" else SWEEPS[args.name]

@@ -12,7 +12,7 @@ list rotated by ``i``, so machine noise hits all methods alike):
   within ``keep`` (the floor a trained router must beat);
 * ``evidence-router@<keep>`` / ``attention-router@<keep>`` - a logistic regression over
   sentence features read through the LM's first ``--router-layers`` layers over
-  ``question + context`` (:mod:`masklab.pretrained.lcrouter`), trained on group-testing
+  ``question + context`` (:mod:`masklab.context.trained`), trained on group-testing
   evidence sets of the LM's own answers, or on the LM's attention to the sentences, on
   ``--train-examples`` examples per task from seeds disjoint from the test examples;
   cached per (model, task set, length) in ``<out>/ckpt/routers`` (safetensors + JSON);
@@ -115,17 +115,12 @@ ROUTER_METHODS = {"evidence": "evidence-router", "attention": "attention-router"
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
     """All methods on one (model, task, length, seed), interleaved: example ``i`` runs the
     methods in the list rotated by ``i``, so machine noise hits them alike."""
-    from masklab.pretrained.lcrouter import route, train_or_load
+    from masklab.context.answer import generate_answer, kv_cache_mb, peak_rss_mb
+    from masklab.context.router import ROUTERS
+    from masklab.context.routers.presses import PressRouter
+    from masklab.context.trained import chunk_units, train_or_load
+    from masklab.pretrained.evidence import cite
     from masklab.pretrained.lm import split_answer_prefix
-    from masklab.pretrained.longctx import (
-        answer,
-        kv_cache_mb,
-        lexical_keep,
-        oracle_gold_keep,
-        peak_rss_mb,
-        sentence_evidence,
-        sentence_tokens,
-    )
     from masklab.pretrained.models import load
     from masklab.tasks.longctx import make_examples, score
 
@@ -139,53 +134,50 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     if trained:
         import sys
 
-        routers, rmeta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"],
-                                       Path(ckpt_dir).parent / "routers", seed=spec["seed"], task_kw=task_kw,
-                                       max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"],
-                                       layers=p["router_layers"], log=lambda m: print(m, file=sys.stderr))
-    kv = None
-    if p["compare"]:
-        from masklab.pretrained.peers import KVPressRunner
-
-        kv = KVPressRunner(lm)
+        fitted, rmeta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"],
+                                      Path(ckpt_dir).parent / "routers", seed=spec["seed"], task_kw=task_kw,
+                                      max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"],
+                                      layers=p["router_layers"], log=lambda m: print(m, file=sys.stderr))
+        routers = {kind: ROUTERS[kind](lm=lm, routers=fitted, meta=rmeta) for kind in trained}
+    presses = {press: PressRouter(lm, press=press) for press in p["compare"]}
+    lexical = ROUTERS["lexical"](lm=lm)
     rows: dict[str, list[dict]] = {}
     answers = []
     for i, ex in enumerate(examples):
-        lengths = sentence_tokens(lm, ex)
+        lengths = ex.lengths(lm.tokenizer)
         n_ctx = sum(lengths)
         rec: dict = {"answer": ex.answer, "n_tokens": ex.n_tokens}
 
-        def pruned(keep: list[bool], router_s: float = 0.0) -> tuple[dict, str]:
-            r = answer(lm, ex, keep, max_new_tokens=new_tokens)
-            kept = sum(n for n, kk in zip(lengths, keep) if kk) / n_ctx
-            return {"acc": float(r["correct"]), "seconds": router_s + r["seconds"], "prefill_s": r["prefill_seconds"],
-                    "kept": kept,
-                    "gold_kept": sum(keep[g] for g in ex.gold) / len(ex.gold),
+        def pruned(kept: list[int], router_s: float = 0.0) -> tuple[dict, str]:
+            r = generate_answer(lm, [ex.units[j] for j in kept], ex.query, max_new_tokens=new_tokens)
+            return {"acc": float(score(r["generated"], ex)), "seconds": router_s + r["seconds"],
+                    "prefill_s": r["prefill_seconds"], "kept": sum(lengths[j] for j in kept) / n_ctx,
+                    "gold_kept": sum(g in kept for g in ex.gold) / len(ex.gold),
                     "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
 
         def full() -> tuple[dict, str]:
-            r = answer(lm, ex, max_new_tokens=new_tokens)
+            r = generate_answer(lm, ex.units, ex.query, max_new_tokens=new_tokens)
             rec["prefill_s"] = r["prefill_seconds"]
-            return {"acc": float(r["correct"]), "seconds": r["seconds"], "kept": 1.0,
+            return {"acc": float(score(r["generated"], ex)), "seconds": r["seconds"], "kept": 1.0,
                     "prefill_s": r["prefill_seconds"], "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
 
         methods = [("full", full)]
+        oracle = ROUTERS["oracle-gold"](lm=lm, seed=spec["seed"] * 1000 + i)
         for k in p["keeps"]:
-            methods.append((f"oracle-gold@{k}", lambda k=k: pruned(oracle_gold_keep(ex, lengths, k, seed=spec["seed"] * 1000 + i))))
+            methods.append((f"oracle-gold@{k}", lambda k=k: pruned(oracle.choose(ex, ex.question, k).kept)))
             if "lexical" in p["routers"]:
-                methods.append((f"lexical@{k}", lambda k=k: pruned(lexical_keep(ex, lengths, k))))
+                methods.append((f"lexical@{k}", lambda k=k: pruned(lexical.choose(ex, ex.question, k).kept)))
             for kind in trained:
                 def routed(k=k, kind=kind):
-                    keep, router_s = route(lm, routers[kind], ex, lengths, k, layers=p["router_layers"],
-                                           fill=p.get("router_fill", False))
-                    row, text = pruned(keep, router_s)
-                    row["router_s"] = router_s
+                    choice = routers[kind].choose(ex, ex.question, k, fill=p.get("router_fill", False))
+                    row, text = pruned(choice.kept, choice.seconds)
+                    row["router_s"] = choice.seconds
                     return row, text
                 methods.append((f"{ROUTER_METHODS[kind]}@{k}", routed))
             for press in p["compare"]:
                 def pressed(k=k, press=press):
                     question, prefix = split_answer_prefix(ex.query)
-                    text, secs = kv.answer(ex.context, question, prefix, press, k, max_new_tokens=new_tokens)
+                    text, secs = presses[press].answer(ex.context, question, prefix, k, max_new_tokens=new_tokens)
                     # the cache after prefill: kept context pairs (AdaKV masks, keeps all) + the rest of the prompt
                     ctx = n_ctx if press.startswith("adakv-") else round(k * n_ctx)
                     rest = len(lm.tokenizer(ex.query)["input_ids"]) + new_tokens
@@ -201,16 +193,18 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
             if "router_s" in rs[-1] and len(rs) == i + 1:
                 rs[-1]["router_share"] = rs[-1]["router_s"] / rec["prefill_s"]
         if i < p["evidence"]:
+            chunks = chunk_units(lengths, p["chunk_tokens"])
             try:
-                ev = sentence_evidence(lm, ex, max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"])
+                ev = cite(lm, [" ".join(ex.units[j] for j in c) for c in chunks], ex.query, max_new_tokens=new_tokens)
             except MasklabError:  # an empty answer has no evidence
                 ev = None
             if ev is not None:
+                items = sorted(j for c in ev["evidence"] for j in chunks[c])
                 rows.setdefault("evidence", []).append({"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
                                                         "ev_size": len(ev["evidence"]),
-                                                        "ev_gold_recall": ev["gold_recall"]})
-                rec["evidence"] = {"items": ev["evidence_sentences"], "gold": ex.gold, "answer": ev["answer"],
-                                   "n_sentences": len(ex.sentences), "n_chunks": len(ev["chunks"])}
+                                                        "ev_gold_recall": sum(g in items for g in ex.gold) / len(ex.gold)})
+                rec["evidence"] = {"items": items, "gold": ex.gold, "answer": ev["answer"],
+                                   "n_sentences": len(ex.units), "n_chunks": len(chunks)}
         answers.append(rec)
     metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples)}
     for method, rs in rows.items():
@@ -286,7 +280,7 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
     if bad:
         raise MasklabError(f"unknown router(s) {', '.join(bad)}: use lexical, evidence, attention (or none)")
     if cfg.compare:
-        from masklab.pretrained.peers import press_names
+        from masklab.context.routers.presses import press_names
 
         bad = [c for c in cfg.compare if c not in press_names()]
         if bad:
