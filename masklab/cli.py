@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"masklab: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if args.command in ("models", "cite", "report"):
+        if args.command not in ("reproduce", "sweep") and not hasattr(args, "study"):  # no runs to resume
             print("masklab: interrupted", file=sys.stderr)
         else:
             print("masklab: interrupted; finished runs are kept, run the same command again to resume", file=sys.stderr)
