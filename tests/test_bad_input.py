@@ -116,7 +116,13 @@ def test_8_prior_factory_with_the_wrong_head_count():
     assert not priors_of(model)  # nothing attached
 
 
-# case 9 (a SmolLM2 router used on Gemma) lives in masklab/pretrained/router.py: the lead's.
+def test_9_a_router_trained_for_another_model_is_refused_by_its_width():
+    from masklab.context.trained import LinearRouter
+
+    X, y = torch.randn(20, 6, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1] * 10)
+    router = LinearRouter.fit(X, y, steps=5)  # 6 features per unit (one model's width)
+    with pytest.raises(MasklabError, match="this router takes 6 features per unit, got 9: it was trained for another model"):
+        router.score(torch.randn(3, 9))
 
 
 # --------------------------------------------------------------------------- silent or hung (cases 10-21)
@@ -196,8 +202,22 @@ def test_19_hide_spans_past_the_sequence():
         model(ids)
 
 
-# cases 20-21 (evidence_router_press with keep=0 or no sentences) live in
-# masklab/pretrained/context_press.py: the lead's.
+# cases 20-21: evidence_router_press is now masklab.context's Router.choose (the lead's package)
+@pytest.mark.parametrize("keep", [0, -0.5, 1.5])
+def test_20_keep_outside_0_1_is_refused(keep):
+    from masklab.context.select import check_keep
+
+    with pytest.raises(MasklabError, match=r"keep must be a fraction in \(0, 1\]"):
+        check_keep(keep)
+
+
+def test_21_no_sentences_is_refused():
+    from masklab.context.document import Document
+    from masklab.context.routers import load_router
+
+    router = load_router("lexical")
+    with pytest.raises(MasklabError, match="no units to keep"):
+        router.choose(Document(units=[], spans=[], source=""), "Where?", keep=0.5)
 
 
 # --------------------------------------------------------------------------- also found
