@@ -106,7 +106,7 @@ def masklab_attention(
     q0, s = _key_start(module, Tq, Tk)
     prior = module._modules.get("prior")
     if prior is not None:
-        mask = mask + prior(Tq, s + Tk, q0)[..., s:].to(dtype)[None]  # (1, H, Tq, Tk)
+        mask = mask + _prior_bias(prior, H, Tq, s + Tk, q0)[..., s:].to(dtype)[None]  # (1, H, Tq, Tk)
     hidden = getattr(module, "_masklab_hide", None)
     if hidden is not None:
         mask = mask + _hide_bias(hidden, B, H, s, Tk, dtype, dev)  # (B|1, H|1, 1, Tk)
@@ -127,10 +127,25 @@ def masklab_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _prior_bias(prior: nn.Module, H: int, Tq: int, Tk: int, q0: int) -> Tensor:
+    """``prior(Tq, Tk, q0)``, refused unless it is the ``(H|1, Tq, Tk)`` bias a prior must give
+    (a wrong shape would otherwise be broadcast silently)."""
+    bias = prior(Tq, Tk, q0)
+    if not isinstance(bias, Tensor) or bias.dim() != 3 or bias.shape[0] not in (1, H) or tuple(bias.shape[1:]) != (Tq, Tk):
+        got = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+        raise MasklabError(f"the prior {type(prior).__name__} returned shape {got}; expected ({H} or 1, {Tq}, {Tk}) "
+                           f"= (heads, queries, keys) for {Tq} queries from position {q0}")
+    return bias
+
+
 def _hide_bias(hidden: tuple[Tensor, list[int] | None], B: int, H: int, s: int, Tk: int,
                dtype: torch.dtype, dev: torch.device) -> Tensor:
     """``(B|1, H|1, 1, Tk)`` bias: ``-inf`` on hidden keys (absolute positions ``[s, s + Tk)``)."""
     keep, heads = hidden  # keep: (B|1, T) bool over absolute positions; beyond T = visible
+    if s == 0 and keep.shape[-1] > Tk and not keep[:, Tk:].all():  # the whole sequence is here: nothing may lie past it
+        last = int((~keep).nonzero()[:, 1].max()) + 1
+        raise MasklabError(f"hide: the hidden positions reach {last} but the sequence has {Tk} tokens "
+                           f"(spans are token positions [start, end) with end <= {Tk})")
     cols = keep[:, s:s + Tk].to(dev)
     if cols.shape[-1] < Tk:
         pad = torch.ones(cols.shape[0], Tk - cols.shape[-1], dtype=torch.bool, device=dev)
@@ -226,6 +241,12 @@ def attach_priors(model: nn.Module, factory: PriorFactory) -> list[nn.Module]:
         p = factory(i, heads)
         if not isinstance(p, nn.Module):
             raise MasklabError(f"the prior factory returned {type(p).__name__} for layer {i}, not an nn.Module")
+        with torch.no_grad():  # a prior for another head count fails here, not in the first forward pass
+            probe = p(2, 2, 0)
+        if not isinstance(probe, Tensor) or probe.dim() != 3 or probe.shape[0] not in (1, heads):
+            got = tuple(probe.shape) if isinstance(probe, Tensor) else type(probe).__name__
+            raise MasklabError(f"the prior factory's prior for layer {i} gives shape {got} for 2 queries x 2 keys; "
+                               f"expected ({heads} or 1, 2, 2): the model has {heads} attention heads")
         priors.append(p.to(device=ref.device))
     for attn, p in zip(layers, priors):
         attn.add_module("prior", p)

@@ -207,6 +207,8 @@ def run_study(
     CLI chose with :func:`masklab.executors.use`, else local with ``jobs``) runs the specs
     still to do; see :mod:`masklab.executors`."""
 
+    if not isinstance(threads, int) or threads < 1:  # every study's --threads, before --out is created
+        raise MasklabError(f"--threads must be >= 1, got {threads}")
     main = distributed.is_main()
     if distributed.world_size() > 1:
         jobs = 1

@@ -25,6 +25,8 @@ shift by the length of the text before it (:func:`prompt_parts`).
 
 from __future__ import annotations
 
+import bisect
+import re
 from dataclasses import dataclass
 
 import torch
@@ -164,26 +166,49 @@ def encode(lm: LoadedModel, sentences: list[str], query: str) -> Encoded:
     for s in sentences:
         starts.append((pos, pos + len(s)))
         pos += len(s) + 1
+    first = [s for s, _ in starts]  # sorted: each token's sentence is found by bisection, not a scan
     item = torch.full((len(offsets),), -1, dtype=torch.long)
     for t, (a, b) in enumerate(offsets):
         if b <= a or a >= c1 or b <= c0:
             continue
         mid = a if text[a] != " " else min(a + 1, b - 1)
         mid = max(mid, c0)
-        for i, (s, e) in enumerate(starts):
-            if s <= mid < e + 1:
-                item[t] = i
-                break
+        i = bisect.bisect_right(first, mid) - 1  # the sentence spans [s, e + 1) tile the context in order
+        if i >= 0 and mid < starts[i][1] + 1:
+            item[t] = i
     ctx_tokens = [t for t, (a, b) in enumerate(offsets) if b > a and c0 <= a < c1]
     context_len = (max(ctx_tokens) + 1) if ctx_tokens else 1
     return Encoded(torch.tensor(enc["input_ids"]), offsets, item, context_len, text, c0)
 
 
+HEAD_END = re.compile(r"[.,;:!?\n]")  # where the scored answer head ends (tasks.stale_prompts.answer_head)
+
+
+def _head_complete(tokenizer, start: int):
+    """A stopping criterion: the continuation after position ``start`` holds a head-ending
+    mark after its leading whitespace, so no further token can change its answer head."""
+    from transformers import StoppingCriteria
+
+    class HeadComplete(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            text = tokenizer.decode(input_ids[0, start:], skip_special_tokens=True).strip()
+            return torch.full((input_ids.shape[0],), bool(HEAD_END.search(text)), dtype=torch.bool)
+
+    return HeadComplete()
+
+
 @torch.no_grad()
-def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8) -> tuple[Tensor, str]:
-    """Greedy continuation of ``ids (T,)``: ``(new_ids (n,), text)``."""
+def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8, stop_at_head: bool = False) -> tuple[Tensor, str]:
+    """Greedy continuation of ``ids (T,)``: ``(new_ids (n,), text)``. ``stop_at_head``: stop
+    as soon as the answer head is complete (the first punctuation mark or line break after
+    some text), which leaves the head the same and saves the remaining tokens."""
+    kw = {}
+    if stop_at_head:
+        from transformers import StoppingCriteriaList
+
+        kw["stopping_criteria"] = StoppingCriteriaList([_head_complete(lm.tokenizer, ids.numel())])
     out = lm.model.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=max_new_tokens,
-                            do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
+                            do_sample=False, pad_token_id=lm.tokenizer.pad_token_id, **kw)
     new = out[0, ids.numel():]
     return new, lm.tokenizer.decode(new, skip_special_tokens=True)
 

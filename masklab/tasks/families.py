@@ -298,8 +298,8 @@ def split_examples(split: str, n_per_cell: int, n_tokens: int, seed: int = 0, to
     its fillers, templates and wordings."""
     fam = SPLITS[split]
     out = []
-    for kind in kinds or fam["kind"]:
-        for i in range(n_per_cell):
+    for i in range(n_per_cell):  # kinds interleaved, so a run stopped early has every kind
+        for kind in kinds or fam["kind"]:
             out.append(make_example(fam["filler"][i % len(fam["filler"])], fam["template"][i % len(fam["template"])],
                                     fam["wording"][i % len(fam["wording"])], kind, n_tokens, seed * 100_003 + i, tokenizer))
     return out
