@@ -93,12 +93,12 @@ def test_bad_context_files_are_one_line_before_any_model_loads(tmp_path, capsys,
 @pytest.mark.parametrize("argv,match", [
     (["--question", ""], "question is empty"),
     (["--question", "   "], "question is empty"),
-    (["--question", "Who?", "--keep", "0"], "--keep takes a fraction in"),
-    (["--question", "Who?", "--keep", "1.5"], "--keep takes a fraction in"),
+    (["--question", "Who?", "--keep", "0"], "--keep must be in (0, 1]"),
+    (["--question", "Who?", "--keep", "1.5"], "--keep must be in (0, 1]"),
     (["--question", "Who?", "--router", "nope"], "unknown router 'nope'"),
     (["--question", "Who?", "--router", "snapkv"], "add --answer"),
     (["--question", "Who?", "--model", "nope"], "unknown model 'nope'"),
-    (["--question", "Who?", "--unit-tokens", "0"], "at least 1"),
+    (["--question", "Who?", "--unit-tokens", "0"], "--unit-tokens must be >= 1"),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, argv, match):
     path = tmp_path / "ctx.txt"

@@ -95,10 +95,12 @@ def test_group_testing_evidence_finds_the_needle(smol):
 
 def test_study_rejects_bad_input(tmp_path):
     from masklab.errors import MasklabError
-    from masklab.studies.longctx import Config, keep_list, run
+    from masklab.studies.longctx import Config, run
 
     with pytest.raises(MasklabError, match="--keep"):
-        keep_list("0.25,1.5")
+        run(Config(keeps=[0.25, 1.5]), tmp_path)
+    with pytest.raises(MasklabError, match="--threads must be >= 1"):
+        run(Config(threads=0), tmp_path)
     with pytest.raises(MasklabError, match="unknown long-context task"):
         run(Config(tasks=["nope"]), tmp_path)
     with pytest.raises(MasklabError, match="--length"):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from masklab.context.document import UNIT_TOKENS
 from masklab.errors import MasklabError
-from masklab.flags import add_flags, config_from_args, flag
+from masklab.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.inputs import MAX_CONTEXT_BYTES, check_question, read_text
 
 ANSWER_ROOM = 16  # tokens kept free for the chat turns around the question
@@ -26,24 +26,24 @@ class CompressConfig:
     context: str = flag("", metavar="FILE", help="the document: a UTF-8 text file, or - for standard input")
     question: str = flag("", help="the question the kept text must answer")
     model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory")
-    keep: float = flag(0.25, help="kept fraction of the document's tokens, in (0, 1]")
+    keep: float = flag(0.25, above=0, max=1, help="kept fraction of the document's tokens")
     router: str = flag("bm25", help="lexical, bm25, evidence, attention, or a kvpress press (snapkv, ...: only "
                        "with --answer); `masklab compress --list-routers` lists them")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
                       "scores them as not evidence (--no-fill: stop at its decision boundary)")
-    unit_tokens: int = flag(UNIT_TOKENS, help="longest unit in tokens: longer sentences and text without sentence "
+    unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: longer sentences and text without sentence "
                             "punctuation (code, lists) are cut into chunks of at most this many")
     answer: bool = flag(False, help="also answer the question from the pruned text (greedy) and time it")
     compare_full: bool = flag(False, help="also answer from the whole document and time it")
-    max_new_tokens: int = flag(48, help="longest answer in tokens (answers stop at the end of their first sentence)")
+    max_new_tokens: int = flag(48, min=1, help="longest answer in tokens (answers stop at the end of their first sentence)")
     prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="the model's own",
                                      help="raw completion or the model's chat turns")
     encoding: str | None = flag(None, default_text="utf-8", help="text encoding of the document, e.g. latin-1")
-    max_context_bytes: int = flag(MAX_CONTEXT_BYTES, help="refuse larger documents (a guard against the wrong file)")
+    max_context_bytes: int = flag(MAX_CONTEXT_BYTES, min=1, help="refuse larger documents (a guard against the wrong file)")
     json: bool = flag(False, help="print one JSON object instead of text")
     html: str | None = flag(None, metavar="FILE", help="also write a page showing the document with the kept "
                             "units highlighted and every unit's score")
-    threads: int = flag(1, help="torch threads")
+    threads: int = flag(1, min=1, help="torch threads")
 
 
 def add_parser(sub) -> None:
@@ -82,10 +82,7 @@ def check(cfg: CompressConfig) -> None:
     if not cfg.context:
         raise MasklabError("--context is required (a text file, or - for standard input)")
     check_question(cfg.question)
-    if not 0 < cfg.keep <= 1:
-        raise MasklabError(f"--keep takes a fraction in (0, 1], got {cfg.keep}")
-    if cfg.unit_tokens < 1 or cfg.max_new_tokens < 1 or cfg.threads < 1 or cfg.max_context_bytes < 1:
-        raise MasklabError("--unit-tokens, --max-new-tokens, --threads and --max-context-bytes must be at least 1")
+    check_ranges(cfg)
     ROUTERS[cfg.router]  # noqa: B018  (unknown router: one clear error)
     if cfg.router in press_names() and not cfg.answer:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")

@@ -35,38 +35,33 @@ EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
 class TrainConfig:
     model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory")
     out: str = flag("runs/router", metavar="DIR", help="output directory (labels, router files, evaluation)")
-    examples: int = flag(70, help="training examples per task kind of the train families (3 kinds)")
-    length: int = flag(384, help="training context length in model tokens")
+    examples: int = flag(70, min=1, help="training examples per task kind of the train families (3 kinds)")
+    length: int = flag(384, min=256, max=8192, help="training context length in model tokens")
     features: str = flag("v3-relative", choices=["v3-relative", "v2-superseded"], help="router feature set")
-    layers: int = flag(2, help="the router reads the LM's first this many layers")
-    max_new_tokens: int = flag(12, help="greedy answer tokens when labelling")
+    layers: int = flag(2, min=1, help="the router reads the LM's first this many layers")
+    max_new_tokens: int = flag(12, min=1, help="greedy answer tokens when labelling")
     seed: int = flag(0, help="seed of the training examples (evaluation examples use other seeds)")
     quick: bool = flag(False, help="a small run to check the pipeline (6 training examples per kind, no evaluation "
                        "unless --eval)")
     eval: bool = flag(False, help="measure the routers on held-out families")
     eval_split: str = flag("test", choices=["val", "test"], help="families to measure on: val (choose features) or "
                            "test (report)")
-    eval_lengths: list[int] = flag(factory=lambda: [1024, 2048], parse=int_list, help="evaluation context lengths")
-    eval_examples: int = flag(30, help="evaluation examples per task kind and length")
+    eval_lengths: list[int] = flag(factory=lambda: [1024, 2048], parse=int_list, min=256, max=8192, help="evaluation context lengths")
+    eval_examples: int = flag(30, min=1, help="evaluation examples per task kind and length")
     eval_answers: bool = flag(False, help="also answer from the kept text and from the full context (slow)")
     eval_kinds: list[str] = flag(factory=list, parse=str_list, default_text="every kind of the split",
                                  help="task kinds to evaluate (single, multikey, update, chain, multi)")
-    keep: float = flag(0.25, help="kept fraction in the evaluation")
-    threads: int = flag(1, help="torch threads")
+    keep: float = flag(0.25, above=0, max=1, help="kept fraction in the evaluation")
+    threads: int = flag(1, min=1, help="torch threads")
     progress: bool = flag(True, help="progress bars")
     command: str = field(default="", repr=False)
 
 
 def check(cfg: TrainConfig) -> None:
+    from masklab.flags import check_ranges
     from masklab.tasks.families import KINDS
 
-    for name in ("examples", "length", "layers", "max_new_tokens", "eval_examples", "threads"):
-        if getattr(cfg, name) < 1:
-            raise MasklabError(f"--{name.replace('_', '-')} must be at least 1")
-    if not 256 <= cfg.length <= 8192 or not all(256 <= n <= 8192 for n in cfg.eval_lengths):
-        raise MasklabError("context lengths must be in 256..8192 tokens")
-    if not 0 < cfg.keep <= 1:
-        raise MasklabError(f"--keep takes a fraction in (0, 1], got {cfg.keep}")
+    check_ranges(cfg)
     bad = [k for k in cfg.eval_kinds if k not in KINDS]
     if bad:
         raise MasklabError(f"unknown task kind {bad[0]!r}; choose from {', '.join(KINDS)}")

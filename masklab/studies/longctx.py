@@ -44,31 +44,24 @@ from masklab.flags import flag, float_list, int_list, list_or_none
 from masklab.report import markdown_table
 from masklab.files import atomic_write_text, write_json
 from masklab.runner import RunSpec, add_stats, run_study, summary_row
-from masklab.tasks.longctx import TASKS
+from masklab.tasks.longctx import MAX_TOKENS, MIN_TOKENS, TASKS
 
 NAME = "longctx"
 TABLE_METRICS = ["acc", "seconds", "prefill_s", "kept", "gold_kept", "router_share", "kv_mb", "peak_mb", "ev_passes",
                  "train_passes"]
 
 
-def keep_list(text: str) -> list[float]:
-    keeps = float_list(text)
-    if not keeps or not all(0 < k < 1 for k in keeps):
-        raise MasklabError(f"--keep takes fractions in (0, 1), got {text!r}")
-    return keeps
-
-
 @dataclass
 class Config:
     models: list[str] = flag(factory=lambda: ["smollm2-135m"], name="--model", help="comma-separated models")
     tasks: list[str] = flag(factory=lambda: list(TASKS), help=f"comma-separated tasks ({', '.join(TASKS)})")
-    lengths: list[int] = flag(factory=lambda: [512, 1024], name="--length", parse=int_list,
+    lengths: list[int] = flag(factory=lambda: [512, 1024], name="--length", parse=int_list, min=MIN_TOKENS, max=MAX_TOKENS,
                               help="context lengths in model tokens (256..8192)")
-    keeps: list[float] = flag(factory=lambda: [0.25, 0.5], name="--keep", parse=keep_list,
+    keeps: list[float] = flag(factory=lambda: [0.25, 0.5], name="--keep", parse=float_list, above=0, max=1,
                               help="kept fraction(s) of the context for the routers")
-    examples: int = flag(10, help="examples per task and length")
-    evidence: int = flag(0, help="examples per task and length that also get group-testing evidence sets")
-    chunk_tokens: int | None = flag(None, help="evidence chunks: consecutive sentences of at most this many tokens "
+    examples: int = flag(10, min=1, help="examples per task and length")
+    evidence: int = flag(0, min=0, help="examples per task and length that also get group-testing evidence sets")
+    chunk_tokens: int | None = flag(None, min=1, help="evidence chunks: consecutive sentences of at most this many tokens "
                                     "(default: one chunk per sentence)", default_text="sentences")
     routers: list[str] = flag(factory=lambda: ["lexical", "evidence", "attention"], parse=list_or_none,
                               help="routers besides the oracle: lexical, evidence (evidence-router), attention "
@@ -77,19 +70,19 @@ class Config:
                               parse=list_or_none,
                               help="kvpress presses at the same kept fraction (snapkv, tova, knorm, streaming, "
                               "expected-attention; adakv-<press> wraps one in AdaKV; 'none' for none)")
-    train_examples: int = flag(8, help="router training examples per task (seeds disjoint from the test examples)")
-    router_layers: int = flag(2, help="the routers read the LM's first this many layers over question + context")
+    train_examples: int = flag(8, min=1, help="router training examples per task (seeds disjoint from the test examples)")
+    router_layers: int = flag(2, min=1, help="the routers read the LM's first this many layers over question + context")
     router_fill: bool = flag(False, help="the trained routers fill the kept fraction with their next-best sentences "
                              "even where they score them as not evidence (default: stop at the decision boundary, "
                              "so the kept fraction is a cap)")
-    hops: int = flag(3, help="vt: assignments after the value in the asked chain")
-    updates: int = flag(2, help="stale: reassignments after the first statement")
-    distractors: int = flag(3, help="multikey: needles with other keys")
-    count: int = flag(3, help="count: tallies of the asked colour")
-    max_new_tokens: int = flag(10, help="greedy answer tokens")
+    hops: int = flag(3, min=1, help="vt: assignments after the value in the asked chain")
+    updates: int = flag(2, min=1, help="stale: reassignments after the first statement")
+    distractors: int = flag(3, min=1, help="multikey: needles with other keys")
+    count: int = flag(3, min=1, help="count: tallies of the asked colour")
+    max_new_tokens: int = flag(10, min=1, help="greedy answer tokens")
     prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
                                      help="raw completion or the model's chat turns")
-    threads: int = flag(1, help="torch threads per run")
+    threads: int = flag(1, min=1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
@@ -263,34 +256,30 @@ cost (group testing on the model's own answers, each over the full prompt);
 """
 
 
-def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab longctx") -> dict:
+def validate(cfg: Config) -> None:
+    """Everything the flag ranges do not say, before any model loads."""
+    from masklab.context.routers.presses import press_names
+    from masklab.flags import check_ranges
     from masklab.pretrained.models import check_models, check_prompt_format
-    from masklab.tasks.longctx import MAX_TOKENS, MIN_TOKENS
 
+    check_ranges(cfg)
     check_models(cfg.models)
     check_prompt_format(cfg.prompt_format)
     bad = [t for t in cfg.tasks if t not in TASKS]
     if bad or not cfg.tasks:
         raise MasklabError(f"unknown long-context task(s) {', '.join(bad) or '(none)'}: use {', '.join(TASKS)}")
-    if not cfg.lengths or not all(MIN_TOKENS <= n <= MAX_TOKENS for n in cfg.lengths):
-        raise MasklabError(f"--length takes token counts in {MIN_TOKENS}..{MAX_TOKENS}")
-    if cfg.examples < 1 or cfg.evidence < 0:
-        raise MasklabError("--examples must be at least 1 and --evidence at least 0")
+    if not cfg.lengths or not cfg.keeps:
+        raise MasklabError("--length and --keep need at least one value")
     bad = [r for r in cfg.routers if r not in ("lexical", *ROUTER_METHODS)]
     if bad:
         raise MasklabError(f"unknown router(s) {', '.join(bad)}: use lexical, evidence, attention (or none)")
-    if cfg.compare:
-        from masklab.context.routers.presses import press_names
+    bad = [c for c in cfg.compare if c not in press_names()]
+    if bad:
+        raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(press_names())} (or none)")
 
-        bad = [c for c in cfg.compare if c not in press_names()]
-        if bad:
-            raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(press_names())} (or none)")
-    if cfg.train_examples < 1 or cfg.router_layers < 1:
-        raise MasklabError("--train-examples and --router-layers must be at least 1")
-    if cfg.chunk_tokens is not None and cfg.chunk_tokens < 1:
-        raise MasklabError("--chunk-tokens must be at least 1")
-    if min(cfg.hops, cfg.updates, cfg.distractors, cfg.count) < 1:
-        raise MasklabError("--hops, --updates, --distractors and --count must be at least 1")
+
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab longctx") -> dict:
+    validate(cfg)
     specs = specs_for(cfg)
     res = run_study(NAME, asdict(cfg), specs, "masklab.studies.longctx:run_one", out,
                     jobs=min(jobs, len(specs)), threads=cfg.threads, paper=[], progress=progress)

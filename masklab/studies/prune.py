@@ -69,17 +69,17 @@ class Config:
     models: list[str] = flag(factory=lambda: ["gemma3-270m"], name="--model", help="comma-separated models")
     task: str = flag("stale", choices=["stale", "squad"], help="generated stale-fact prompts or SQuAD v1.1")
     squad: str | None = flag(None, help="path to the official SQuAD v1.1 JSON (with --task squad)")
-    budgets: list[float] = flag(factory=lambda: [0.3], name="--budget", parse=budget_list,
+    budgets: list[float] = flag(factory=lambda: [0.3], name="--budget", parse=budget_list, above=0, max=1,
                                 help="kept fraction(s) of the context, e.g. 0.3 or 0.2,0.5")
     compare: list[str] = flag(factory=lambda: ["snapkv", "knorm", "tova", "streaming", "expected-attention"],
                               help="kvpress presses ('' for none)")
     methods: list[str] = flag(factory=lambda: ["full", *SENTENCE_METHODS], help=f"sentence methods (full, {', '.join(SENTENCE_METHODS)})")
-    train_prompts: int = flag(40, help="router training prompts per model")
-    test_prompts: int = flag(40, help="test prompts per model")
-    filler_max: int = flag(6, help="at most this many distractor sentences per gap")
+    train_prompts: int = flag(40, min=1, help="router training prompts per model")
+    test_prompts: int = flag(40, min=1, help="test prompts per model")
+    filler_max: int = flag(6, min=0, help="at most this many distractor sentences per gap")
     max_new_tokens: int = 6
     prompt_format: str | None = prompt_format_flag()
-    threads: int = flag(1, help="torch threads per run")
+    threads: int = flag(1, min=1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
