@@ -64,12 +64,16 @@ class Config:
     chunk_tokens: int | None = flag(None, min=1, help="evidence chunks: consecutive sentences of at most this many tokens "
                                     "(default: one chunk per sentence)", default_text="sentences")
     routers: list[str] = flag(factory=lambda: ["lexical", "evidence", "attention"], parse=list_or_none,
-                              help="routers besides the oracle: lexical, evidence (evidence-router), attention "
-                              "(attention-router); 'none' for none")
+                              help="routers besides the oracle: lexical, bm25, longllmlingua, evidence "
+                              "(evidence-router), attention (attention-router); 'none' for none")
+    router_source: str = flag("train", choices=["train", "shipped"],
+                              help="the evidence and attention routers: trained here on --train-examples of the "
+                              "test tasks (train), or the ones masklab ships, trained on other families (shipped)")
     compare: list[str] = flag(factory=lambda: ["snapkv", "tova", "knorm", "streaming", "expected-attention"],
                               parse=list_or_none,
                               help="kvpress presses at the same kept fraction (snapkv, tova, knorm, streaming, "
-                              "expected-attention; adakv-<press> wraps one in AdaKV; 'none' for none)")
+                              "expected-attention, and the question-aware snapkv-question and finch; adakv-<press> "
+                              "wraps one in AdaKV; 'none' for none)")
     train_examples: int = flag(8, min=1, help="router training examples per task (seeds disjoint from the test examples)")
     router_layers: int = flag(2, min=1, help="the routers read the LM's first this many layers over question + context")
     router_fill: bool = flag(False, help="the trained routers fill the kept fraction with their next-best sentences "
@@ -103,13 +107,23 @@ def reproduce_config() -> Config:
 
 
 ROUTER_METHODS = {"evidence": "evidence-router", "attention": "attention-router"}
+TEXT_ROUTERS = ("lexical", "bm25", "longllmlingua", "evidence", "attention")
+
+
+def method_name(router: str) -> str:
+    return ROUTER_METHODS.get(router, router)
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
     """All methods on one (model, task, length, seed), interleaved: example ``i`` runs the
-    methods in the list rotated by ``i``, so machine noise hits them alike."""
+    methods in the list rotated by ``i``, so machine noise hits them alike. Each finished
+    example is appended to ``ckpt_dir/examples.jsonl``; a killed run continues after the
+    last one with the same numbers."""
+    import json
+
     from masklab.context.answer import generate_answer, kv_cache_mb, peak_rss_mb
     from masklab.context.router import ROUTERS
+    from masklab.context.routers import load_router
     from masklab.context.routers.presses import PressRouter
     from masklab.context.trained import chunk_units, train_or_load
     from masklab.pretrained.evidence import cite
@@ -122,31 +136,47 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     task_kw = {"hops": p["hops"], "updates": p["updates"], "distractors": p["distractors"], "count": p["count"]}
     examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer, **task_kw)
     new_tokens = p["max_new_tokens"]
-    routers, rmeta = {}, None
+    rmeta = None
     trained = [r for r in p["routers"] if r in ROUTER_METHODS]
-    if trained:
+    routers = {r: load_router(r, lm) for r in p["routers"] if r not in ROUTER_METHODS}
+    if trained and p.get("router_source", "train") == "shipped":
+        routers.update({kind: load_router(kind, lm) for kind in trained})
+        rmeta = routers[trained[0]].meta
+    elif trained:
         import sys
 
         fitted, rmeta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"],
                                       Path(ckpt_dir).parent / "routers", seed=spec["seed"], task_kw=task_kw,
                                       max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"],
                                       layers=p["router_layers"], log=lambda m: print(m, file=sys.stderr))
-        routers = {kind: ROUTERS[kind](lm=lm, routers=fitted, meta=rmeta) for kind in trained}
+        routers.update({kind: ROUTERS[kind](lm=lm, routers=fitted, meta=rmeta) for kind in trained})
     presses = {press: PressRouter(lm, press=press) for press in p["compare"]}
-    lexical = ROUTERS["lexical"](lm=lm)
+    oracle = ROUTERS["oracle-gold"](lm=lm)
+    done_path = Path(ckpt_dir) / "examples.jsonl"
+    done = [json.loads(line) for line in done_path.read_text().splitlines()] if done_path.exists() else []
     rows: dict[str, list[dict]] = {}
     answers = []
+    for d in done:
+        for name, row in d["rows"].items():
+            rows.setdefault(name, []).append(row)
+        answers.append(d["rec"])
     for i, ex in enumerate(examples):
+        if i < len(done):
+            continue
         lengths = ex.lengths(lm.tokenizer)
         n_ctx = sum(lengths)
         rec: dict = {"answer": ex.answer, "n_tokens": ex.n_tokens}
+        ex_rows: dict[str, dict] = {}
 
-        def pruned(kept: list[int], router_s: float = 0.0) -> tuple[dict, str]:
-            r = generate_answer(lm, [ex.units[j] for j in kept], ex.query, max_new_tokens=new_tokens)
-            return {"acc": float(score(r["generated"], ex)), "seconds": router_s + r["seconds"],
-                    "prefill_s": r["prefill_seconds"], "kept": sum(lengths[j] for j in kept) / n_ctx,
-                    "gold_kept": sum(g in kept for g in ex.gold) / len(ex.gold),
-                    "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
+        def pruned(choice) -> tuple[dict, str]:
+            r = generate_answer(lm, [choice.text], ex.query, max_new_tokens=new_tokens)
+            if choice.compressed is not None:  # a compressor that rewrote the text: gold kept if it is there verbatim
+                gold_kept = sum(ex.units[g] in choice.text for g in ex.gold) / len(ex.gold)
+            else:
+                gold_kept = sum(g in choice.kept for g in ex.gold) / len(ex.gold)
+            return {"acc": float(score(r["generated"], ex)), "seconds": choice.seconds + r["seconds"],
+                    "prefill_s": r["prefill_seconds"], "kept": choice.kept_fraction, "gold_kept": gold_kept,
+                    "router_s": choice.seconds, "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
 
         def full() -> tuple[dict, str]:
             r = generate_answer(lm, ex.units, ex.query, max_new_tokens=new_tokens)
@@ -155,18 +185,13 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
                     "prefill_s": r["prefill_seconds"], "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
 
         methods = [("full", full)]
-        oracle = ROUTERS["oracle-gold"](lm=lm, seed=spec["seed"] * 1000 + i)
+        oracle.seed = spec["seed"] * 1000 + i
         for k in p["keeps"]:
-            methods.append((f"oracle-gold@{k}", lambda k=k: pruned(oracle.choose(ex, ex.question, k).kept)))
-            if "lexical" in p["routers"]:
-                methods.append((f"lexical@{k}", lambda k=k: pruned(lexical.choose(ex, ex.question, k).kept)))
-            for kind in trained:
-                def routed(k=k, kind=kind):
-                    choice = routers[kind].choose(ex, ex.question, k, fill=p.get("router_fill", False))
-                    row, text = pruned(choice.kept, choice.seconds)
-                    row["router_s"] = choice.seconds
-                    return row, text
-                methods.append((f"{ROUTER_METHODS[kind]}@{k}", routed))
+            methods.append((f"oracle-gold@{k}", lambda k=k: pruned(oracle.choose(ex, ex.question, k))))
+            for name, router in routers.items():
+                fill = p.get("router_fill", False) if name in ROUTER_METHODS else True
+                methods.append((f"{method_name(name)}@{k}",
+                                lambda k=k, router=router, fill=fill: pruned(router.choose(ex, ex.question, k, fill=fill))))
             for press in p["compare"]:
                 def pressed(k=k, press=press):
                     question, prefix = split_answer_prefix(ex.query)
@@ -180,11 +205,11 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         shift = i % len(methods)
         for name, fn in methods[shift:] + methods[:shift]:
             row, text = fn()
-            rows.setdefault(name, []).append(row)
+            ex_rows[name] = row
             rec[name] = text
-        for name, rs in rows.items():  # the router's share of this example's full prefill
-            if "router_s" in rs[-1] and len(rs) == i + 1:
-                rs[-1]["router_share"] = rs[-1]["router_s"] / rec["prefill_s"]
+        for row in ex_rows.values():  # a router's share of this example's full prefill
+            if "router_s" in row:
+                row["router_share"] = row["router_s"] / rec["prefill_s"]
         if i < p["evidence"]:
             chunks = chunk_units(lengths, p["chunk_tokens"])
             try:
@@ -193,22 +218,30 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
                 ev = None
             if ev is not None:
                 items = sorted(j for c in ev["evidence"] for j in chunks[c])
-                rows.setdefault("evidence", []).append({"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
-                                                        "ev_size": len(ev["evidence"]),
-                                                        "ev_gold_recall": sum(g in items for g in ex.gold) / len(ex.gold)})
+                ex_rows["evidence"] = {"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
+                                       "ev_size": len(ev["evidence"]),
+                                       "ev_gold_recall": sum(g in items for g in ex.gold) / len(ex.gold)}
                 rec["evidence"] = {"items": items, "gold": ex.gold, "answer": ev["answer"],
                                    "n_sentences": len(ex.units), "n_chunks": len(chunks)}
+        with open(done_path, "a") as f:
+            f.write(json.dumps({"rows": ex_rows, "rec": rec}) + "\n")
+        for name, row in ex_rows.items():
+            rows.setdefault(name, []).append(row)
         answers.append(rec)
     metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples)}
     for method, rs in rows.items():
         for m in rs[0]:
             metrics[f"{m}|{method}"] = sum(r[m] for r in rs) / len(rs)
-    if rmeta is not None:
+    if rmeta is not None:  # a router trained here, or a shipped one (whose file says what its labels cost)
+        passes = rmeta.get("ev_passes", rmeta.get("label_cost", {}).get("passes"))
+        labelled = rmeta.get("labelled", rmeta.get("data", {}).get("labelled"))
         for k in p["keeps"]:
             for kind in trained:
-                metrics[f"train_passes|{ROUTER_METHODS[kind]}@{k}"] = rmeta["ev_passes"]
-                metrics[f"train_labelled|{ROUTER_METHODS[kind]}@{k}"] = rmeta["labelled"]
-    return {"metrics": metrics, "curves": {}, "extra": {"answers": answers, "router": rmeta}}
+                metrics[f"train_passes|{ROUTER_METHODS[kind]}@{k}"] = passes
+                metrics[f"train_labelled|{ROUTER_METHODS[kind]}@{k}"] = labelled
+    per_example = [{name: rs[e] for name, rs in rows.items() if e < len(rs) and name != "evidence"}
+                   for e in range(len(examples))]
+    return {"metrics": metrics, "curves": {}, "extra": {"answers": answers, "router": rmeta, "examples": per_example}}
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
@@ -238,8 +271,34 @@ def pivot(results: dict) -> list[dict]:
         row = summary_row(task, model, method, int(sum(ms.pop("examples"))))  # n: examples, over seeds
         for metric, vals in ms.items():
             add_stats(row, metric, vals)
+        add_intervals(row, [r for r in results["runs"] if (r["task"], r["model"]) == (task, model)])
         out.append(row)
     return out
+
+
+def add_intervals(row: dict, runs: list[dict]) -> None:
+    """From the per-example outcomes of ``runs`` (pooled over seeds): the Wilson 95% interval
+    of ``acc`` (``acc_lo``, ``acc_hi``), the exact McNemar p against the full context
+    (``p_full``) and against the evidence router at the same kept fraction (``p_evidence``),
+    and the speed-up over the full context (mean seconds of ``full`` over this method's,
+    ``speedup`` with a bootstrap 95% interval ``speedup_lo``/``speedup_hi``)."""
+    from masklab.stats import bootstrap_ratio, mcnemar, wilson
+
+    method = row["method"]
+    ex = [e for r in runs for e in r.get("extra", {}).get("examples", []) if method in e and "acc" in e[method]]
+    if not ex:
+        return
+    acc = [bool(e[method]["acc"]) for e in ex]
+    row["acc_lo"], row["acc_hi"] = wilson(sum(acc), len(acc))
+    if method != "full" and all("full" in e for e in ex):
+        row["p_full"] = mcnemar(acc, [bool(e["full"]["acc"]) for e in ex])
+        lo, hi = bootstrap_ratio([e["full"]["seconds"] for e in ex], [e[method]["seconds"] for e in ex])
+        row["speedup"] = sum(e["full"]["seconds"] for e in ex) / sum(e[method]["seconds"] for e in ex)
+        row["speedup_lo"], row["speedup_hi"] = lo, hi
+    keep = method.rsplit("@", 1)[-1]
+    ev = f"evidence-router@{keep}"
+    if "@" in method and method != ev and all(ev in e for e in ex):
+        row["p_evidence"] = mcnemar(acc, [bool(e[ev]["acc"]) for e in ex])
 
 
 NOTES = """\
@@ -270,9 +329,9 @@ def validate(cfg: Config) -> None:
         raise MasklabError(f"unknown long-context task(s) {', '.join(bad) or '(none)'}: use {', '.join(TASKS)}")
     if not cfg.lengths or not cfg.keeps:
         raise MasklabError("--length and --keep need at least one value")
-    bad = [r for r in cfg.routers if r not in ("lexical", *ROUTER_METHODS)]
+    bad = [r for r in cfg.routers if r not in TEXT_ROUTERS]
     if bad:
-        raise MasklabError(f"unknown router(s) {', '.join(bad)}: use lexical, evidence, attention (or none)")
+        raise MasklabError(f"unknown router(s) {', '.join(bad)}: use {', '.join(TEXT_ROUTERS)} (or none)")
     bad = [c for c in cfg.compare if c not in press_names()]
     if bad:
         raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(press_names())} (or none)")
