@@ -36,7 +36,8 @@ def run_example(name: str, module: str = "masklab.design_example") -> types.Modu
 
 def test_every_example_is_tested():
     names = re.findall(r"^# example: ([\w-]+)$", DOC.read_text(), flags=re.M)
-    assert sorted(names) == sorted(["study", "design", "qk-init", "search", "router", "selector", "architecture"])
+    assert sorted(names) == sorted(["study", "design", "qk-init", "search", "router", "selector", "architecture",
+                                   "context-router"])
 
 
 def test_study_example_runs_resumes_and_takes_its_flags(tmp_path):
@@ -166,3 +167,16 @@ def test_architecture_example_makes_a_new_model_type_work():
         assert sliding_window_layers(model) == [0, 1]
     finally:
         del ARCHITECTURES["starcoder2"]
+
+
+def test_context_router_example_prunes_a_text():
+    from masklab.context import load_router
+    from masklab.context.router import ROUTERS
+
+    run_example("context-router")
+    try:
+        pruned = load_router("shortest").prune("A much longer first sentence than the rest here. Short one. Tiny.",
+                                               "anything?", keep=0.3)
+        assert pruned.doc.units[pruned.kept[0]] == "Tiny." and pruned.kept_fraction <= 0.3 + 1e-9
+    finally:
+        del ROUTERS["shortest"]
