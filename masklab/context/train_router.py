@@ -41,7 +41,7 @@ class TrainConfig:
     layers: int = flag(2, min=1, help="the router reads the LM's first this many layers")
     max_new_tokens: int = flag(12, min=1, help="greedy answer tokens when labelling")
     seed: int = flag(0, help="seed of the training examples (evaluation examples use other seeds)")
-    quick: bool = flag(False, help="a small run to check the pipeline (6 training examples per kind, no evaluation "
+    quick: bool = flag(False, help="a small run to check the pipeline (2 training examples per kind, no evaluation "
                        "unless --eval)")
     eval: bool = flag(False, help="measure the routers on held-out families")
     eval_split: str = flag("test", choices=["val", "test"], help="families to measure on: val (choose features) or "
@@ -98,7 +98,7 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
     from masklab.context.trained import make_labels
     from masklab.tasks.families import split_examples
 
-    n = 6 if cfg.quick else cfg.examples
+    n = 2 if cfg.quick else cfg.examples
     examples = split_examples("train", n, cfg.length, seed=cfg.seed, tokenizer=lm.tokenizer)
     path = out / "labels.jsonl"
     done = {(r["kind"], r["seed"], r["template"], r["filler"]) for r in _jsonl(path)}
