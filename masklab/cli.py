@@ -109,7 +109,7 @@ def report(args: argparse.Namespace) -> int:
         stale = doctables.stale_results(root)
         for path, codes in stale:
             print(f"stale: {path} ({', '.join(f'{n} runs by code {c}' for c, n in codes.items())})")
-        n = len(list((root / "results").rglob("results.json")))
+        n = doctables.results_files(root)
         print(f"{n - len(stale)} of {n} results files were made by this checkout's code", file=sys.stderr)
         return 1 if stale else 0
     changed = doctables.update(root, check=args.check)

@@ -37,7 +37,7 @@ from masklab.report import fmt, paper_cell, stat_cell
 
 BLOCK = re.compile(r"<!-- (table|value) (.*?) -->(.*?)<!-- /\1 -->", re.S)
 OPTIONS = {
-    "table": {"metrics", "task", "method", "model", "n", "rows", "digits", "paper"},
+    "table": {"metrics", "task", "method", "model", "n", "rows", "digits", "paper", "ci"},
     "value": {"key", "metric", "task", "method", "model", "n", "over", "digits"},
 }
 FILTERS = ("task", "method", "model", "n")
@@ -179,19 +179,35 @@ def render_prose(text: str, root: Path, where: str, first_line: int, cache: dict
 
 
 def stale_results(root: Path) -> list[tuple[Path, dict[str, int]]]:
-    """The ``results.json`` files under ``root/results`` holding runs that code other than
-    this checkout's made: ``(path, {code hash: runs})`` of each such file, the hashes listed
-    being those no study module of this checkout has (:func:`masklab.revision.code_hash`).
-    A run records the hash of its study module's closure, so an edit to anything a study
-    imports makes its committed results stale until the reproduction is run again."""
-    modules = [m for m in revision.import_graph() if m.startswith(("masklab.studies.", "masklab.pretrained."))]
-    current = {revision.code_hash(m) for m in modules}
+    """The results files under ``root/results`` that code other than this checkout's made:
+    every ``results.json`` and every other JSON file a README/docs block quotes.
+    ``(path, {code hash: runs})`` of each such file, the hashes listed being those no study,
+    pretrained or context module of this checkout has (:func:`masklab.revision.code_hash`);
+    a file without runs counts by its own ``code`` (its meta's for a router evaluation), and
+    one that records no code at all as ``{"none": 1}``. A run records the hash of its study
+    module's closure, so an edit to anything a study imports makes its committed results
+    stale until the reproduction is run again."""
+    prefixes = ("masklab.studies.", "masklab.pretrained.", "masklab.context.")
+    current = {revision.code_hash(m) for m in revision.import_graph() if m.startswith(prefixes)}
+    quoted = {root / m.group(2).split()[0] for doc in doc_files(root) for m in BLOCK.finditer(doc.read_text())}
+    paths = set((root / "results").rglob("results.json")) | {p for p in quoted if p.is_file() and "results" in p.parts}
     out = []
-    for path in sorted((root / "results").rglob("results.json")):
-        codes = Counter(str(run.get("code")) for run in read_json(path).get("runs", []) if run.get("code") not in current)
+    for path in sorted(paths):
+        data = read_json(path)
+        if "runs" in data:
+            codes = Counter(str(run.get("code")) for run in data["runs"] if run.get("code") not in current)
+        else:
+            code = data.get("code") if isinstance(data.get("code"), str) else (data.get("router") or {}).get("code")
+            codes = Counter() if code in current else Counter({str(code) if code else "none": 1})
         if codes:
             out.append((path, dict(codes)))
     return out
+
+
+def results_files(root: Path) -> int:
+    """How many files :func:`stale_results` looks at."""
+    quoted = {root / m.group(2).split()[0] for doc in doc_files(root) for m in BLOCK.finditer(doc.read_text())}
+    return len(set((root / "results").rglob("results.json")) | {p for p in quoted if p.is_file() and "results" in p.parts})
 
 
 def update(root: Path, check: bool = False) -> list[Path]:
