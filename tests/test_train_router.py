@@ -34,13 +34,15 @@ def test_every_packaged_model_ships_both_routers_with_their_metadata():
 def test_summary_has_wilson_intervals_and_paired_tests():
     from masklab.context.train_router import summarise
 
-    rows = [{"length": 1024, "kind": "update", "seed": i,
-             "evidence": {"gold_kept": True, "kept": 0.2}, "attention": {"gold_kept": i < 5, "kept": 0.2},
-             "lexical": {"gold_kept": i < 20, "kept": 0.2}, "bm25": {"gold_kept": i < 20, "kept": 0.2}} for i in range(30)]
+    def rec(kept, top):
+        return {"gold_kept": kept, "gold_top": top, "kept": 0.2, "router_seconds": 0.01}
+
+    rows = [{"length": 1024, "kind": "update", "seed": i, "evidence": rec(True, True), "attention": rec(i < 5, False),
+             "lexical": rec(i < 20, i < 3), "bm25": rec(i < 20, False)} for i in range(30)]
     s = {r["method"]: r for r in summarise(rows, answers=False)}
     assert s["evidence"]["gold_kept"] == 1.0 and s["evidence"]["gold_kept_lo"] > 0.85
     assert s["evidence"]["p_gold_vs_attention"] < 1e-5 and s["evidence"]["p_gold_vs_lexical"] < 0.01
-    assert s["attention"]["gold_kept_hi"] < 0.4
+    assert s["attention"]["gold_kept_hi"] < 0.4 and s["evidence"]["p_top_vs_lexical"] < 1e-5
 
 
 @pytest.mark.slow

@@ -12,9 +12,12 @@
 3. **Held-out evaluation** (``--eval``): on the ``--eval-split`` families (``val`` to choose
    features, ``test`` to report), at each ``--eval-lengths``, ``--eval-examples`` per task
    kind: whether each router keeps every answering unit at ``--keep`` (``gold_kept``), and
-   with ``--eval-answers`` the answer from the kept text and from the full context. Rows
-   per example in ``OUT/eval_rows.jsonl`` (resumable), the table with Wilson 95% intervals
-   and paired McNemar p-values in ``OUT/eval.json`` / ``eval.md``.
+   (``gold_top``: whether its top-ranked units are exactly the answering ones, as many as
+   there are: where word overlap cannot tell the latest statement or the asked key from
+   the others, this is what differs), and with ``--eval-answers`` the answer from the kept
+   text and from the full context. Rows
+   per example in ``OUT/eval_rows_SPLIT[-answers].jsonl`` (resumable), the table with Wilson 95% intervals
+   and paired McNemar p-values in ``OUT/eval_SPLIT[-answers].json`` / ``.md``.
 """
 
 from __future__ import annotations
@@ -158,9 +161,12 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     from masklab.files import write_json
     from masklab.tasks.families import SPLITS, split_examples
 
+    import torch
+
     words = {name: ROUTERS[name](lm=lm) for name in EVAL_METHODS if name not in routers}
     kinds = cfg.eval_kinds or SPLITS[cfg.eval_split]["kind"]
-    path = out / f"eval_rows_{cfg.eval_split}.jsonl"
+    name = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
+    path = out / f"eval_rows_{name}.jsonl"
     done = {(r["length"], r["kind"], r["seed"]) for r in _jsonl(path)}
     todo = [(n, ex) for n in cfg.eval_lengths
             for ex in split_examples(cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer,
@@ -180,14 +186,12 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
         shared = time.perf_counter() - t0
         for name in EVAL_METHODS:
             t0 = time.perf_counter()
-            if name in routers:
-                kept = select(routers[name].score(X), lengths, cfg.keep)
-                seconds = shared + time.perf_counter() - t0
-            else:
-                kept = words[name].choose(ex, ex.question, cfg.keep).kept
-                seconds = time.perf_counter() - t0
-            rec = {"gold_kept": all(g in kept for g in ex.gold), "kept": sum(lengths[i] for i in kept) / sum(lengths),
-                   "router_seconds": seconds}
+            scores = routers[name].score(X) if name in routers else words[name].score(ex, ex.question)
+            kept = select(scores, lengths, cfg.keep)
+            seconds = (shared if name in routers else 0.0) + time.perf_counter() - t0
+            top = torch.argsort(scores, descending=True, stable=True)[:len(ex.gold)].tolist()
+            rec = {"gold_kept": all(g in kept for g in ex.gold), "gold_top": sorted(top) == sorted(ex.gold),
+                   "kept": sum(lengths[i] for i in kept) / sum(lengths), "router_seconds": seconds}
             if cfg.eval_answers:
                 r = generate_answer(lm, [ex.units[i] for i in kept], ex.query, cfg.max_new_tokens,
                                     stop_at_sentence=True)
@@ -196,10 +200,10 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
             row[name] = rec
         _append(path, row)
     rows = [r for r in _jsonl(path) if r["length"] in cfg.eval_lengths and r["kind"] in kinds]
-    res = {"model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
+    res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
            "summary": summarise(rows, cfg.eval_answers), "rows": rows}
-    write_json(out / f"eval_{cfg.eval_split}.json", res)
-    (out / f"eval_{cfg.eval_split}.md").write_text(markdown(res) + "\n")
+    write_json(out / f"eval_{name}.json", res)
+    (out / f"eval_{name}.md").write_text(markdown(res) + "\n")
     return res
 
 
@@ -217,10 +221,12 @@ def summarise(rows: list[dict], answers: bool) -> list[dict]:
             for m in names:
                 s = {"task": f"{kind}@{n_tok}", "method": m, "n": len(cell)}
                 if m != "full":
-                    k = sum(r[m]["gold_kept"] for r in cell)
-                    lo, hi = wilson(k, len(cell))
-                    s.update({"gold_kept": k / len(cell), "gold_kept_lo": lo, "gold_kept_hi": hi,
-                              "kept": sum(r[m]["kept"] for r in cell) / len(cell)})
+                    for metric in ("gold_kept", "gold_top"):
+                        k = sum(r[m][metric] for r in cell)
+                        lo, hi = wilson(k, len(cell))
+                        s.update({metric: k / len(cell), f"{metric}_lo": lo, f"{metric}_hi": hi})
+                    s["kept"] = sum(r[m]["kept"] for r in cell) / len(cell)
+                    s["router_seconds"] = sum(r[m]["router_seconds"] for r in cell) / len(cell)
                 if answers and "correct" in cell[0][m]:
                     k = sum(r[m]["correct"] for r in cell)
                     lo, hi = wilson(k, len(cell))
@@ -230,18 +236,22 @@ def summarise(rows: list[dict], answers: bool) -> list[dict]:
                 if m == "evidence":
                     for other in ("attention", "lexical", "bm25"):
                         s[f"p_gold_vs_{other}"] = mcnemar([r[m]["gold_kept"] for r in cell], [r[other]["gold_kept"] for r in cell])
+                        s[f"p_top_vs_{other}"] = mcnemar([r[m]["gold_top"] for r in cell], [r[other]["gold_top"] for r in cell])
+                        if answers and "correct" in cell[0][m]:
+                            s[f"p_acc_vs_{other}"] = mcnemar([r[m]["correct"] for r in cell], [r[other]["correct"] for r in cell])
                 out.append(s)
     return out
 
 
 def markdown(res: dict) -> str:
     lines = [f"# Held-out routers: {res['model']} on the {res['split']} families, keep {res['keep']}", "",
-             "| task | method | n | gold_kept [95% CI] | kept | acc [95% CI] |", "|---|---|---|---|---|---|"]
+             "| task | method | n | gold_kept [95% CI] | gold_top [95% CI] | kept | acc [95% CI] |", "|---|---|---|---|---|---|---|"]
     for s in res["summary"]:
         g = f"{s['gold_kept']:.3f} [{s['gold_kept_lo']:.2f}, {s['gold_kept_hi']:.2f}]" if "gold_kept" in s else "-"
+        t = f"{s['gold_top']:.3f} [{s['gold_top_lo']:.2f}, {s['gold_top_hi']:.2f}]" if "gold_top" in s else "-"
         a = f"{s['acc']:.3f} [{s['acc_lo']:.2f}, {s['acc_hi']:.2f}]" if "acc" in s else "-"
         k = f"{s['kept']:.3f}" if "kept" in s else "1.000"
-        lines.append(f"| {s['task']} | {s['method']} | {s['n']} | {g} | {k} | {a} |")
+        lines.append(f"| {s['task']} | {s['method']} | {s['n']} | {g} | {t} | {k} | {a} |")
     return "\n".join(lines)
 
 
