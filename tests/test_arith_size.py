@@ -35,7 +35,12 @@ def test_bad_sizes_are_one_clear_error(sizes, msg):
 
 
 def test_registered_as_a_sweep():
-    assert SWEEPS["arith-size"] == "masklab.studies.arith_size"
+    import importlib
+
+    from masklab.cli import build_parser
+
+    assert importlib.import_module(SWEEPS["arith-size"]) is arith_size  # the name resolves to this module
+    assert build_parser().parse_args(["sweep", "arith-size", "--quick"]).name == "arith-size"
 
 
 @pytest.mark.slow

@@ -149,7 +149,12 @@ def test_reproduce_routing_is_the_routing_study_and_the_target_sweep_uses_it():
     from masklab.studies import routing_targets
 
     assert build_parser().parse_args(["reproduce", "routing", "--quick"]).name == "routing"
-    assert STUDIES["routing"] == "masklab.studies.routing" and "routing-targets" in SWEEPS
+    import importlib
+
+    from masklab.studies import routing
+
+    assert importlib.import_module(STUDIES["routing"]) is routing
+    assert importlib.import_module(SWEEPS["routing-targets"]) is routing_targets
     cfg = routing_targets.quick_config()
     routing_targets.routing.validate(cfg)  # every target name of the sweep is known
     assert {"causal", "rollout/topk", "last-mean"} <= set(cfg.targets)
