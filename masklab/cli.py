@@ -2,7 +2,8 @@
 
 Every study is a subcommand taking ``--out DIR``, ``--seeds N`` (or ``--seed S``),
 ``--quick``, ``--jobs``, ``--executor local|ray`` (with ``--ray-address``, see
-docs/cluster.md) and ``--no-progress`` (added here, once) and the flags declared on its
+docs/cluster.md), ``--device auto|cpu|cuda``, ``--precision fp32|bf16|fp16``
+(:mod:`masklab.device`) and ``--no-progress`` (added here, once) and the flags declared on its
 config dataclass (:mod:`masklab.flags`); ``masklab reproduce NAME`` runs a paper table on
 its defaults, ``masklab sweep NAME`` a factor sweep, ``masklab report`` regenerates the
 tables in README.md and docs/ from results files (:mod:`masklab.doctables`). A study module provides ``NAME``,
@@ -20,6 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from masklab import device as devices
 from masklab import distributed, doctables, executors, flags, runner
 from masklab.files import read_json, write_json
 from masklab.errors import MasklabError
@@ -59,6 +61,15 @@ def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = 
                     help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; docs/cluster.md) (default local)")
     ap.add_argument("--ray-address", metavar="ADDR", default=None,
                     help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster (default the running local one, else a new one on this machine)")
+    device_flags(ap)
+
+
+def device_flags(ap: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--precision``: every study and every real-LM command takes them."""
+    ap.add_argument("--device", default="auto", metavar="DEVICE",
+                    help="where models compute: auto (CUDA when available, else the CPU), cpu, cuda or cuda:N (default auto)")
+    ap.add_argument("--precision", default="fp32", choices=devices.PRECISIONS,
+                    help="fp32, or autocast to bf16 / fp16 (fp16 training uses a loss scaler on CUDA) (default fp32)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,9 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(rep, "")
     mp = sub.add_parser("models", help="list the pretrained models masklab can load and whether they are installed")
     mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
+    device_flags(mp)
     from masklab.pretrained import cli as pretrained_cli
 
     pretrained_cli.add_cite_parser(sub)
+    device_flags(sub.choices["cite"])
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")
@@ -168,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(args.out)
         if args.jobs < 1:
             raise MasklabError("--jobs must be at least 1")
+        devices.use(args.device, args.precision)  # one clear error for --device cuda without a GPU
         writable_dir(out)
         executors.use(args.executor, args.ray_address)
         runner.KEEP_OLD_RUNS = args.keep_old_runs
@@ -184,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         executors.use("local")  # the choices last one command (main() may be called again in-process)
+        devices.use("cpu")
         runner.KEEP_OLD_RUNS = False
         distributed.shutdown()
     return 0

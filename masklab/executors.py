@@ -37,6 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
+from masklab import device as devices
 from masklab.errors import MasklabError
 from masklab.files import json_default, read_json, write_json
 from masklab.runs import RunSpec, execute
@@ -109,7 +110,8 @@ class LocalExecutor:
                     s = queue.pop(0)
                     spec_path = out / "ckpt" / s.key / "spec.json"
                     write_json(spec_path, s.as_dict())
-                    cmd = [sys.executable, "-m", "masklab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads)]
+                    cmd = [sys.executable, "-m", "masklab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads),
+                           str(devices.current()), devices.precision()]
                     with open(out / "ckpt" / s.key / "stderr.log", "w") as log:
                         active[s.key] = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
                     show(", ".join(active))
@@ -145,10 +147,10 @@ def import_ray():
     return ray
 
 
-def _ray_task(fn_path: str, spec: dict, out: str, threads: int) -> str:
+def _ray_task(fn_path: str, spec: dict, out: str, threads: int, device: str = "cpu", precision: str = "fp32") -> str:
     """One run on a Ray worker: execute, write ``runs/<key>.json``, return the record as JSON text."""
     key = RunSpec(**spec).key
-    rec = execute(fn_path, spec, Path(out) / "ckpt" / key, threads)  # sets torch's threads
+    rec = execute(fn_path, spec, Path(out) / "ckpt" / key, threads, device, precision)  # sets torch's threads and device
     write_json(Path(out) / "runs" / f"{key}.json", rec)
     return json.dumps(rec, default=json_default)
 
@@ -247,8 +249,9 @@ class RayExecutor:
         keys: dict = {}
         for s in todo:
             cpus = max(threads, int(s.params.get("cpus", 1)))
-            ref = task.options(num_cpus=cpus, max_retries=self.max_retries, retry_exceptions=False, name=f"masklab:{s.key}").remote(
-                fn_path, s.as_dict(), str(out), threads
+            gpus = 1 if devices.current().type == "cuda" else 0  # a CUDA run asks Ray for one GPU
+            ref = task.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.max_retries, retry_exceptions=False, name=f"masklab:{s.key}").remote(
+                fn_path, s.as_dict(), str(out), threads, "cuda" if gpus else "cpu", devices.precision()
             )
             keys[ref] = s.key
         pending = list(keys)
