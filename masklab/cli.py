@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             return pretrained_cli.main(args)
         if args.command == "report":
             return report(args)
-        distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
+        devices.use(args.device, args.precision)  # one clear error for --device cuda without a GPU
+        distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU, nccl on CUDA)
         if args.command in ("reproduce", "sweep"):
             module = STUDIES[args.name] if args.command == "reproduce" else SWEEPS[args.name]
             mod = importlib.import_module(module)
@@ -181,7 +182,6 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(args.out)
         if args.jobs < 1:
             raise MasklabError("--jobs must be at least 1")
-        devices.use(args.device, args.precision)  # one clear error for --device cuda without a GPU
         writable_dir(out)
         executors.use(args.executor, args.ray_address)
         runner.KEEP_OLD_RUNS = args.keep_old_runs

@@ -34,7 +34,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-_STATE: dict[str, Any] = {"device": torch.device("cpu"), "precision": "fp32"}
+_STATE: dict[str, Any] = {"device": torch.device("cpu"), "precision": "fp32", "auto": False}
 
 
 def cuda_available() -> bool:
@@ -71,11 +71,34 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def use(name: str | torch.device | None = "cpu", precision: str = "fp32") -> torch.device:
-    """Set the device and precision of the following runs; return the device."""
+def use(name: str | torch.device | None = "cpu", precision: str = "fp32", auto: bool | None = None) -> torch.device:
+    """Set the device and precision of the following runs; return the device. ``auto``: whether
+    ``auto`` chose it (default: whether ``name`` is ``auto``), see :func:`for_study`."""
     dev = resolve(name)
-    _STATE.update(device=dev, precision=check_precision(precision))
+    if auto is None:
+        auto = name is None or str(name).strip().lower() == "auto"
+    _STATE.update(device=dev, precision=check_precision(precision), auto=auto)
     return dev
+
+
+def chosen_by_auto() -> bool:
+    """Whether the current device was picked by ``auto`` (so a study that runs on the CPU only
+    may fall back to the CPU instead of refusing)."""
+    return bool(_STATE["auto"])
+
+
+def for_study(study: str, supported: tuple[str, ...]) -> torch.device | None:
+    """The device a study whose run function computes on ``supported`` device types
+    (its module's ``DEVICES``; ``("cpu",)`` when it declares none) runs on: None when the
+    current device is supported; the CPU when ``auto`` chose an unsupported one; else one
+    :class:`MasklabError`."""
+    dev = current()
+    if dev.type in supported:
+        return None
+    if chosen_by_auto():
+        return torch.device("cpu")
+    raise MasklabError(f"{study} runs on {', '.join(supported)} only: its runs do not move their models and data to "
+                       f"{dev.type} yet; use --device cpu (or auto, which falls back to the CPU for it)")
 
 
 def current() -> torch.device:
@@ -89,11 +112,11 @@ def precision() -> str:
 
 
 @contextlib.contextmanager
-def using(name: str | torch.device | None, precision: str = "fp32") -> Iterator[torch.device]:
+def using(name: str | torch.device | None, precision: str = "fp32", auto: bool | None = None) -> Iterator[torch.device]:
     """:func:`use` for the duration of a ``with`` block, then restore the previous choice."""
     before = dict(_STATE)
     try:
-        yield use(name, precision)
+        yield use(name, precision, auto)
     finally:
         _STATE.update(before)
 

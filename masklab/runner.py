@@ -43,7 +43,7 @@ from masklab import device as devices
 from masklab import distributed, executors, revision
 from masklab.errors import MasklabError  # noqa: F401 (re-export)
 from masklab.files import atomic_write_text, read_json, write_json
-from masklab.runs import RunSpec, fn_code  # noqa: F401 (re-exported: studies build their runs from the runner's API)
+from masklab.runs import RunSpec, fn_code, resolve  # noqa: F401 (re-exported: studies build their runs from the runner's API)
 
 # Keep finished runs made by other code (another code hash) instead of running them again.
 # Set by the CLI's --keep-old-runs for one command; results.md then says the table mixes code.
@@ -215,8 +215,13 @@ def run_study(
     ``cuda``; ``fp32``, ``bf16``, ``fp16``; default: the CLI's ``--device`` / ``--precision``
     chosen with :func:`masklab.device.use`, else the CPU in fp32) say where every run computes."""
     if device is not None or precision is not None:
-        with devices.using(devices.current() if device is None else device, precision or devices.precision()):
+        keep = device is None  # only the precision given: keep the device and how it was chosen
+        with devices.using(devices.current() if keep else device, precision or devices.precision(), devices.chosen_by_auto() if keep else None):
             return run_study(study, config, specs, fn_path, out, jobs, threads, paper, progress, executor)
+    # a run function whose module declares no DEVICES computes on the CPU only
+    fallback = devices.for_study(study, getattr(sys.modules[resolve(fn_path).__module__], "DEVICES", ("cpu",)))
+    if fallback is not None:
+        return run_study(study, config, specs, fn_path, out, jobs, threads, paper, progress, executor, device=fallback)
     where = devices.describe()
     main = distributed.is_main()
     if distributed.world_size() > 1:

@@ -165,3 +165,15 @@ def test_cpu_numbers_do_not_depend_on_naming_the_device(tmp_path):
     with devices.using("cpu"):
         b = run_one(_spec(), tmp_path / "b")
     assert a["metrics"] == b["metrics"] and a["curves"] == b["curves"]
+
+
+def test_a_cpu_only_study_falls_back_to_the_cpu_under_auto_and_refuses_cuda(tmp_path, monkeypatch):
+    monkeypatch.setattr(devices, "cuda_available", lambda: True)  # pretend: nothing below touches the GPU
+    fn = "masklab.studies.evidence:run_one"  # declares no DEVICES: the CPU only
+    with devices.using("auto"):
+        assert devices.current().type == "cuda"
+        res = run_study("evidence", {}, [], fn, tmp_path / "a", progress=False)
+    assert res["environment"]["device"] == "cpu"
+    with devices.using("cuda"), pytest.raises(MasklabError, match="evidence runs on cpu only.*use --device cpu"):
+        run_study("evidence", {}, [], fn, tmp_path / "b", progress=False)
+    assert devices.for_study("gotu", ("cpu", "cuda")) is None
