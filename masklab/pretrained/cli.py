@@ -36,7 +36,7 @@ def _models(args: argparse.Namespace) -> int:
             print(f"{'':<{width}}  install: {r['install']}")
     print("also accepted wherever --model is: a local Hugging Face model directory or a .gguf file")
     if args.load:
-        lm = load(args.load, threads=args.threads if hasattr(args, "threads") else None)
+        lm = load(args.load, threads=args.threads if hasattr(args, "threads") else None, device=args.device)
         print(f"loaded {args.load} from {lm.source} in {lm.load_seconds:.1f} s "
               f"({lm.n_layers} layers x {lm.n_heads} heads)")
     return 0
@@ -49,9 +49,13 @@ def _cite(args: argparse.Namespace) -> int:
     path = Path(args.context)
     if not path.is_file():
         raise MasklabError(f"context file {path} does not exist")
-    lm = load(args.model, threads=args.threads, prompt_format=args.prompt_format)
-    res = cite(lm, path.read_text(), args.query, method=args.method, hide=args.hide,
-               tolerance=args.tolerance, max_new_tokens=args.max_new_tokens)
+    from masklab import device as devices
+
+    dev = devices.resolve(args.device)  # one clear error for --device cuda without a GPU, before loading
+    lm = load(args.model, threads=args.threads, prompt_format=args.prompt_format, device=dev)
+    with devices.autocast(dev, args.precision):
+        res = cite(lm, path.read_text(), args.query, method=args.method, hide=args.hide,
+                   tolerance=args.tolerance, max_new_tokens=args.max_new_tokens)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

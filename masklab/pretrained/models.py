@@ -241,13 +241,15 @@ def check_prompt_format(fmt: str | None) -> None:
 
 
 def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir: Path | None = None,
-         prompt_format: str | None = None) -> LoadedModel:
+         prompt_format: str | None = None, device: str | None = None) -> LoadedModel:
     """Load a registered model (cached after the first time), a model directory or a GGUF.
 
     ``attn``: ``"sdpa"`` (fast) or ``"eager"`` (needed to read attention probabilities).
     ``threads``: torch intra-op threads (None leaves the setting alone).
     ``prompt_format``: ``"raw"`` or ``"chat"``; None takes the model's default
     (:func:`default_prompt_format`).
+    ``device``: ``auto``, ``cpu``, ``cuda`` (:func:`masklab.device.resolve`); None leaves the
+    model on the CPU. Inputs follow ``lm.model.device`` in :mod:`masklab.pretrained.lm`.
     """
     import torch
 
@@ -288,6 +290,10 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     model.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if device is not None:
+        from masklab.device import resolve
+
+        model.to(resolve(device))
     fmt = prompt_format or default_prompt_format(name)
     return LoadedModel(name, model, tok, source, time.perf_counter() - t0, fmt)
 
