@@ -41,6 +41,8 @@ STUDIES = {
     "longctx": "masklab.studies.longctx",
     "evidence-prior": "masklab.studies.evidence_prior",
 }
+# commands of real LMs that are not studies: they take --device/--precision and resolve them themselves
+REAL_LM_COMMANDS = ("cite",)
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets", "arith-size": "masklab.studies.arith_size"}
@@ -86,11 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(rep, "")
     mp = sub.add_parser("models", help="list the pretrained models masklab can load and whether they are installed")
     mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
-    device_flags(mp)
+    device_flags(mp)  # for --load
     from masklab.pretrained import cli as pretrained_cli
 
     pretrained_cli.add_cite_parser(sub)
-    device_flags(sub.choices["cite"])
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")
@@ -98,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--check", action="store_true", help="only compare: list the files whose generated blocks differ and exit 1 if any do")
     rp.add_argument("--stale", action="store_true", help="only list the results files holding runs made by code other than this checkout's (exit 1 if any): run before a release, since any edit to a study's code makes its results stale")
     rp.add_argument("--root", default=".", metavar="DIR", help="the repository root holding README.md, docs/ and results/ (default .)")
+    for name in REAL_LM_COMMANDS:  # the studies, reproduce and sweep have them from _common
+        device_flags(sub.choices[name])
     return ap
 
 
@@ -163,14 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = _unalias(argv)
     args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "device") and args.command not in ("models", *REAL_LM_COMMANDS):
+            # the runs' device and precision, before torchrun's process group (nccl on CUDA);
+            # one clear error for --device cuda without a GPU, before anything is written
+            devices.use(args.device, args.precision)
         if args.command in ("models", "cite"):
             from masklab.pretrained import cli as pretrained_cli
 
             return pretrained_cli.main(args)
         if args.command == "report":
             return report(args)
-        devices.use(args.device, args.precision)  # one clear error for --device cuda without a GPU
-        distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU, nccl on CUDA)
+        distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
         if args.command in ("reproduce", "sweep"):
             module = STUDIES[args.name] if args.command == "reproduce" else SWEEPS[args.name]
             mod = importlib.import_module(module)
