@@ -177,3 +177,14 @@ def test_a_cpu_only_study_falls_back_to_the_cpu_under_auto_and_refuses_cuda(tmp_
     with devices.using("cuda"), pytest.raises(MasklabError, match="evidence runs on cpu only.*use --device cpu"):
         run_study("evidence", {}, [], fn, tmp_path / "b", progress=False)
     assert devices.for_study("gotu", ("cpu", "cuda")) is None
+
+
+def test_results_md_names_the_device_only_off_the_cpu_in_fp32():
+    from masklab.report import environment_line
+
+    env = {"python": "3.11", "torch": "2.13.0", "cpus": 2, "git_rev": "abc"}
+    res = {"environment": env, "runs": [{"seconds": 1.0}], "code": {"c0de": 1}}
+    assert environment_line(res).startswith("Environment: python 3.11")
+    assert environment_line({**res, "environment": {**env, "device": "cpu", "precision": "fp32", "device_name": "X"}}) == environment_line(res)
+    gpu = {**env, "device": "cuda", "precision": "bf16", "device_name": "NVIDIA H200"}
+    assert environment_line({**res, "environment": gpu}).startswith("Environment: NVIDIA H200 (cuda, bf16), python 3.11")
