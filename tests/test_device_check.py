@@ -95,3 +95,17 @@ def test_the_whole_script_runs_tiny_on_the_cpu(tmp_path):
     g = rep["steps"]["gotu_quick"]
     assert g["device_rc"] == g["cpu_rc"] == 0 and g["within"] is True
     assert set(g["max_abs_diff"].values()) == {0.0}  # CPU against CPU: the same numbers
+
+
+def test_the_masklab_commands_it_runs_parse_with_masklab_own_parser():
+    from masklab.cli import build_parser
+
+    ap = build_parser()
+    for tiny in (False, True):
+        args = dc.parse_args(["--tiny"] if tiny else [])
+        cmds = [dc.gotu_command(args, "cuda", "OUT"), dc.gotu_command(args, "cpu", "OUT")]
+        cmds += [dc.longctx_command(args, m, n, "OUT") for m, n in dc.LONGCTX]
+        for cmd in cmds:
+            assert cmd[1:3] == ["-m", "masklab"]
+            ns = ap.parse_args(cmd[3:])  # a renamed flag fails here, not on the GPU machine
+            assert ns.device in ("cuda", "cpu") and ns.out == "OUT"
