@@ -188,3 +188,53 @@ def test_results_md_names_the_device_only_off_the_cpu_in_fp32():
     assert environment_line({**res, "environment": {**env, "device": "cpu", "precision": "fp32", "device_name": "X"}}) == environment_line(res)
     gpu = {**env, "device": "cuda", "precision": "bf16", "device_name": "NVIDIA H200"}
     assert environment_line({**res, "environment": gpu}).startswith("Environment: NVIDIA H200 (cuda, bf16), python 3.11")
+
+
+# ----------------------------------------------------------------------------- GPU
+# The studies on CUDA against the same runs on the CPU (same draws: batches are drawn on the
+# CPU). Tolerances: accuracies 0.02 (a few of 4096+ points may change sign), MSEs and losses
+# 1e-3 absolute after these few steps; bf16 only has to train (finite losses).
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("method", ["mask", "qk-svd"])
+def test_gpu_gotu_run_equals_the_cpu_run(method, tmp_path):
+    spec = _spec(methods=[method], steps=30, evals=3)
+    cpu = run_one(spec, tmp_path / "cpu")
+    with devices.using("cuda"):
+        gpu = run_one(spec, tmp_path / "gpu")
+    for name in ("unseen_acc", "full_acc", "seen_acc"):
+        assert abs(gpu["metrics"][name] - cpu["metrics"][name]) <= 0.02, name
+    for name in ("train_mse", "unseen_mse"):
+        assert abs(gpu["metrics"][name] - cpu["metrics"][name]) <= 1e-3, name
+    assert max(abs(a - b) for a, b in zip(gpu["curves"]["train_loss"][1:], cpu["curves"]["train_loss"][1:])) <= 1e-3
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_arith_run_equals_the_cpu_run_and_bf16_trains(tmp_path):
+    from masklab.studies import arith
+
+    spec = asdict(arith.specs_for(arith.quick_config())[0])
+    spec["params"].update(steps=20, evals=2)
+    cpu = arith.run_one(spec, tmp_path / "cpu")
+    with devices.using("cuda"):
+        gpu = arith.run_one(spec, tmp_path / "gpu")
+    with devices.using("cuda", "bf16"):
+        bf16 = arith.run_one(spec, tmp_path / "bf16")
+    assert abs(gpu["metrics"]["final_train_loss"] - cpu["metrics"]["final_train_loss"]) <= 1e-3
+    assert abs(gpu["metrics"]["digit_acc"] - cpu["metrics"]["digit_acc"]) <= 0.02
+    assert all(v is None or v == v for v in bf16["curves"]["train_loss"])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_study_through_the_cli_records_the_gpu(tmp_path, capsys):
+    assert cli.main(["gotu", "--quick", "--task", "2parity", "--method", "mask", "--steps", "20", "--evals", "2",
+                     "--device", "cuda", "--jobs", "2", "--out", str(tmp_path), "--no-progress"]) == 0
+    res = read_json(tmp_path / "results.json")
+    assert res["environment"]["device"] == "cuda" and all(r["device"] == "cuda" for r in res["runs"])
+    assert res["environment"]["device_name"] == torch.cuda.get_device_name(0)
