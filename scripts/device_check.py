@@ -76,7 +76,7 @@ LONGCTX_EXAMPLES = 3
 GOTU_TINY = ["gotu", "--quick", "--task", "2parity", "--method", "mask", "--steps", "20", "--evals", "2",
              "--width", "16", "--depth", "1", "--heads", "2", "--batch", "32"]
 # seconds per step (the four add up to at most 8 minutes with the start-up)
-LIMITS = {"gpu_tests": 150, "attention": 120, "gotu_quick": 120, "longctx": 80}
+LIMITS = {"gpu_tests": 180, "attention": 100, "gotu_quick": 120, "longctx": 70}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -130,7 +130,9 @@ def masklab_cmd(*argv: str) -> list[str]:
 
 
 def pytest_command(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TEST_FILES]
+    # -rfE: the failures' and errors' names in the summary (-q prints one dot per test, so a
+    # timed-out run still shows how far it got)
+    return [sys.executable, "-m", "pytest", "-q", "-rfE", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TEST_FILES]
 
 
 def gotu_command(args: argparse.Namespace, device: str, out: str) -> list[str]:
@@ -144,24 +146,34 @@ def longctx_command(args: argparse.Namespace, model: str, length: int, out: str)
                        "--device", args.device, "--out", out, "--no-progress")
 
 
-def run_command(cmd: list[str], limit: float) -> dict:
-    """Run ``cmd`` from the repository root: exit code, wall seconds, the last stderr lines."""
+def run_command(cmd: list[str], limit: float, keep: tuple[str, ...] = ()) -> dict:
+    """Run ``cmd`` from the repository root: exit code (``"timeout"`` past ``limit``), wall
+    seconds, the last lines of its output (kept in files, so a timed-out command's output so
+    far still comes back); ``lines``: every output line starting with one of ``keep``."""
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    try:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit, env=env)
-        rc, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired:
-        rc, out, err = "timeout", "", ""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True, env=env)
+        try:
+            rc = p.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = "timeout"
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     return {"command": " ".join(cmd[2:] if cmd[1] == "-m" else cmd), "rc": rc, "seconds": round(time.perf_counter() - t0, 2),
-            "stdout_tail": out.strip().splitlines()[-3:], "stderr_tail": err.strip().splitlines()[-3:]}
+            "stdout_tail": stdout.strip().splitlines()[-3:], "stderr_tail": stderr.strip().splitlines()[-3:],
+            **({"lines": [x for x in stdout.splitlines() if x.startswith(keep)]} if keep else {})}
 
 
 # ----------------------------------------------------------------------------- 1. gpu tests
 
 
 def gpu_tests(args: argparse.Namespace) -> dict:
-    res = run_command(pytest_command(args), LIMITS["gpu_tests"])
+    res = run_command(pytest_command(args), LIMITS["gpu_tests"], keep=("FAILED", "ERROR"))
+    res["failures"] = res.pop("lines")
     return {**res, **pytest_counts(" ".join(res["stdout_tail"][-1:]))}
 
 
@@ -295,7 +307,9 @@ def attention(args: argparse.Namespace, dev: torch.device) -> dict:
             break
     long = [r for r in rows if r["T"] >= 256 and "ratio_to_plain" in r]
     return {"path": "flex (compiled)" if dev.type == "cuda" else "blocked (CPU: FlexAttention has no backward)",
-            "tokens": tokens, "heads": heads, "head_dim": head_dim, "reps": args.reps, "rows": rows,
+            # float32 throughout: SDPA's fused kernel for float32 on CUDA is the memory-efficient
+            # one (its flash kernel takes fp16/bf16 only), so "plain" is that kernel without a mask
+            "dtype": "float32", "tokens": tokens, "heads": heads, "head_dim": head_dim, "reps": args.reps, "rows": rows,
             "goal_prior_le_1.2x_plain_at_T_ge_256": (all(r["ratio_to_plain"]["prior"] <= 1.2 for r in long) if long else None)}
 
 
