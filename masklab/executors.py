@@ -6,7 +6,8 @@ executors share one interface::
 
     executor.run(fn_path, todo, out, threads, show) -> Iterator[(key, record)]
 
-It runs every spec in ``todo`` with :func:`masklab.runs.execute`, writes
+It runs every spec in ``todo`` with :func:`masklab.runs.execute` on the device and precision
+chosen with :func:`masklab.device.use` (passed to each worker and task), writes
 ``out/runs/<key>.json`` as each run finishes and yields ``(key, record)``; ``show(text)``
 puts the current run names on the progress bar. On a failed run it raises
 :class:`MasklabError` after keeping every finished run's file.
@@ -14,7 +15,8 @@ puts the current run names on the progress bar. On a failed run it raises
 * :class:`LocalExecutor`: ``jobs=1`` runs in this process; ``jobs>1`` runs at most
   ``jobs`` worker subprocesses (``python -m masklab.worker``; JSON in, JSON out).
 * :class:`RayExecutor`: each spec is one Ray task with ``num_cpus`` = the run's torch
-  threads (or its ``cpus`` param when larger). The task writes the run's file itself, so
+  threads (or its ``cpus`` param when larger), and ``num_gpus=1`` when the runs compute on
+  CUDA (``--device``). The task writes the run's file itself, so
   ``out`` must be storage every node sees at the same path; this is checked on every node
   before any run starts. A task whose worker dies is retried by Ray (``max_retries``) and
   continues from the run's checkpoint; a run that raises is not retried. Only JSON-able
