@@ -127,9 +127,10 @@ def device_name(dev: torch.device | str) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
     try:  # Linux: the CPU's model name
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return platform.processor() or platform.machine() or "cpu"
