@@ -23,7 +23,7 @@ from pathlib import Path
 
 from masklab import device as devices
 from masklab import distributed, doctables, executors, flags, runner
-from masklab.files import read_json, write_json
+from masklab.files import atomic_write_text, read_json, write_json
 from masklab.errors import MasklabError
 from masklab.executors import EXECUTORS
 
@@ -48,12 +48,21 @@ ALIASES = {"route": "routing"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets", "arith-size": "masklab.studies.arith_size"}
 
 
-def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = "the study's seeds") -> None:
+def _quick_help(mod) -> str:
+    """``--quick``'s help: the first sentence of the study's ``quick_config`` docstring (its
+    measured size and time), else a generic line."""
+    doc = (getattr(getattr(mod, "quick_config", None), "__doc__", None) or "").strip()
+    first = " ".join(doc.split("\n\n")[0].split()).rstrip(".").replace("%", "%%")
+    return f"small version (smoke test): {first[0].lower() + first[1:]}" if first else "small version (smoke test) that finishes in a minute or two"
+
+
+def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = "the study's seeds",
+            quick_help: str = "small version (smoke test) that finishes in a minute or two") -> None:
     ap.add_argument("--out", default=default_out, metavar="DIR", help=f"output directory (default {default_out or 'runs/NAME'})")
     seeds = ap.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", type=int, metavar="N", help=f"run seeds 0..N-1 (default {seeds_default})")
     seeds.add_argument("--seed", type=int, metavar="S", help="run this one seed")
-    ap.add_argument("--quick", action="store_true", help="small version that finishes in a minute or two")
+    ap.add_argument("--quick", action="store_true", help=quick_help)
     jobs = min(os.cpu_count() or 1, 4)
     ap.add_argument("--jobs", type=int, default=jobs, metavar="N", help=f"runs in parallel, one torch thread each (default {jobs}: the CPUs, at most 4)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -80,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module in STUDIES.items():
         mod = importlib.import_module(module)
         p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
-        _common(p, f"runs/{name}", ",".join(map(str, mod.Config().seeds)))
+        _common(p, f"runs/{name}", ",".join(map(str, mod.Config().seeds)), _quick_help(mod))
         flags.add_flags(p, mod.Config)
         p.set_defaults(study=module)
     rep = sub.add_parser("reproduce", help="run the study that reproduces a paper table, on its defaults")
@@ -92,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     from masklab.pretrained import cli as pretrained_cli
 
     pretrained_cli.add_cite_parser(sub)
+    from masklab.context import cli as context_cli
+
+    context_cli.add_parser(sub)
+    context_cli.add_train_parser(sub)
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")
@@ -151,13 +164,58 @@ def _unalias(argv: list[str]) -> list[str]:
 
 
 def writable_dir(out: Path) -> None:
-    """Create ``--out`` now, or fail with one clear message (before any run starts)."""
+    """Fail with one clear message, before any run starts, when ``--out`` cannot be created
+    or written. Nothing is created here: the runner creates ``--out`` when the first run
+    starts, so a command refused by validation leaves no empty directory behind."""
+    if out.exists():
+        if not out.is_dir():
+            raise MasklabError(f"cannot create the output directory {out}: Not a directory")
+        if not os.access(out, os.W_OK):
+            raise MasklabError(f"the output directory {out} is not writable")
+        return
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise MasklabError(f"cannot create the output directory {out}: Not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MasklabError(f"cannot create the output directory {out}: Permission denied")
+
+
+def validate(mod, cfg, args: argparse.Namespace) -> None:
+    """The one validation step of every study command, before any run or model load: the
+    ranges declared on the config's flags (:func:`masklab.flags.check_ranges`), the study's
+    own ``validate(cfg)`` (choices, files, combinations), ``--jobs`` and ``--out``."""
+    if dataclasses.is_dataclass(cfg):
+        flags.check_ranges(cfg)
+    models = getattr(cfg, "models", None)
+    if isinstance(models, list) and all(isinstance(m, str) for m in models):
+        from masklab.inputs import check_model_paths
+
+        check_model_paths(models)
+    if hasattr(mod, "validate"):
+        mod.validate(cfg)
+    if args.jobs < 1:
+        raise MasklabError("--jobs must be at least 1")
+
+
+def smoke_test_note(mod, cfg, results: dict) -> str:
+    """The line a ``--quick`` results.md opens with: a smoke test, its n, and the sizes that
+    differ from the study's defaults."""
+    ns = sorted({r.get("n") for r in results.get("summary", []) if isinstance(r.get("n"), int)})
+    n = "n = " + ("-".join(map(str, (ns[0], ns[-1]))) if len(ns) > 1 and ns[0] != ns[-1] else str(ns[0] if ns else 0))
+    smaller = []
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
-    if not os.access(out, os.W_OK):
-        raise MasklabError(f"the output directory {out} is not writable")
+        full = mod.Config()
+        for f in dataclasses.fields(cfg):
+            a, b = getattr(cfg, f.name), getattr(full, f.name)
+            if isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float)) and a != b:
+                smaller.append(f"{f.name} {a} (default {b})")
+    except Exception:  # noqa: BLE001 (a study without a default Config: the note just has no sizes)
+        smaller = []
+    sizes = f"; sizes that differ from the defaults: {', '.join(smaller)}" if smaller else ""
+    return (f"> **Smoke test** (`--quick`): checks that the study runs, not what it finds; {n} run(s) per row{sizes}. "
+            "Run without `--quick` for the numbers the docs quote.\n\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             return pretrained_cli.main(args)
         if args.command == "report":
             return report(args)
+        if getattr(args, "handler", None) is not None:
+            return args.handler(args)
         distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
         if args.command in ("reproduce", "sweep"):
             module = STUDIES[args.name] if args.command == "reproduce" else SWEEPS[args.name]
@@ -186,21 +246,26 @@ def main(argv: list[str] | None = None) -> int:
             mod = importlib.import_module(args.study)
             cfg = resolve_config(args)
             out = Path(args.out)
-        if args.jobs < 1:
-            raise MasklabError("--jobs must be at least 1")
+        validate(mod, cfg, args)
         writable_dir(out)
         executors.use(args.executor, args.ray_address)
         runner.KEEP_OLD_RUNS = args.keep_old_runs
         mod.run(cfg, out, jobs=args.jobs, progress=not args.no_progress, command=command)
         if distributed.is_main():
-            write_json(out / "results.json", {**read_json(out / "results.json"), "command": command})
+            results = {**read_json(out / "results.json"), "command": command}
+            write_json(out / "results.json", results)
+            if args.quick and (out / "results.md").exists():
+                atomic_write_text(out / "results.md", smoke_test_note(mod, cfg, results) + (out / "results.md").read_text())
             print((out / "results.md").read_text())
             print(f"results: {out / 'results.json'}")
     except MasklabError as e:
         print(f"masklab: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("masklab: interrupted; finished runs are kept, run the same command again to resume", file=sys.stderr)
+        if args.command not in ("reproduce", "sweep") and not hasattr(args, "study"):  # no runs to resume
+            print("masklab: interrupted", file=sys.stderr)
+        else:
+            print("masklab: interrupted; finished runs are kept, run the same command again to resume", file=sys.stderr)
         return 130
     finally:
         executors.use("local")  # the choices last one command (main() may be called again in-process)

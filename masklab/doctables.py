@@ -3,12 +3,13 @@
 A generated block is an HTML comment naming its source, the generated text, and a closing
 comment. Two kinds:
 
-``<!-- table FILE metrics=a,b [task=..] [method=..] [model=..] [n=..] [rows=summary] [digits=3] [paper=yes] -->``
+``<!-- table FILE metrics=a,b [task=..] [method=..] [model=..] [n=..] [rows=summary] [digits=3] [paper=yes] [ci=yes] -->``
     A markdown table of the rows of ``FILE``'s list ``rows`` (default ``summary``) kept by
     the filters (comma lists; rows keep the file's order): task and model columns when they
     vary, method and n, then one column per metric as
-    ``mean ± std`` (the mean alone for one run; :func:`masklab.report.stat_cell`), then a line
-    naming the file, its command and the code that made it. Closed by ``<!-- /table -->``.
+    ``mean ± std`` (the mean alone for one run; :func:`masklab.report.stat_cell`), with
+    ``ci=yes`` followed by the row's 95% interval ``[M_lo, M_hi]`` where it has one, then a
+    line naming the file, its command and the code that made it. Closed by ``<!-- /table -->``.
 
 ``<!-- value FILE key=a.b.0.c [digits=3] -->`` or ``<!-- value FILE metric=M [task=..] [method=..] [model=..] [n=..] [over=METHOD] [digits=3] -->``
     One number inline: a dotted path into the JSON (list items by index), or a metric of
@@ -103,11 +104,20 @@ def table(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) 
     head = [*keys, *metrics, *(["paper"] if opts.get("paper") == "yes" else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r.get(k, "-")) for k in keys] + [stat_cell(r, m, digits) if f"{m}_mean" in r else fmt(r.get(m), digits) for m in metrics]
+        cells = [str(r.get(k, "-")) for k in keys] + [cell(r, m, digits, opts.get("ci") == "yes") for m in metrics]
         if opts.get("paper") == "yes":
             cells.append(paper_cell(data.get("paper", []), r.get("task"), r.get("method")))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n" + "\n".join(lines) + "\n\n" + provenance(name, data) + "\n"
+
+
+def cell(row: dict, metric: str, digits: int, ci: bool = False) -> str:
+    """One table cell: mean ± std (or the value), and with ``ci`` the row's 95% interval
+    ``[metric_lo, metric_hi]`` where it has one (``ci=yes`` on a table block)."""
+    text = stat_cell(row, metric, digits) if f"{metric}_mean" in row else fmt(row.get(metric), digits)
+    if ci and row.get(f"{metric}_lo") is not None:
+        text += f" [{fmt(row[f'{metric}_lo'], 2)}, {fmt(row[f'{metric}_hi'], 2)}]"
+    return text
 
 
 def value(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) -> str:

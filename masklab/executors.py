@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
@@ -81,6 +82,19 @@ def current(jobs: int, write: bool = True) -> Executor:
 # ----------------------------------------------------------------------------- local
 
 
+def _last_line(e: BaseException) -> str:
+    """A run's error as one line: a :class:`MasklabError`'s message, else ``Type: message``."""
+    if isinstance(e, MasklabError):
+        return str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    return traceback.format_exception_only(e)[-1].strip()
+
+
+def failure_message(key: str, line: str, log: Path | None, out: Path) -> str:
+    """The one line every local run failure gives, in-process or in a worker."""
+    where = f"its log: {log}; " if log is not None else ""
+    return f"a run failed: {key}: {line} ({where}finished runs are kept in {out / 'runs'})"
+
+
 class LocalExecutor:
     """In this process (``jobs <= 1``) or in ``jobs`` worker subprocesses.
 
@@ -95,12 +109,29 @@ class LocalExecutor:
         if self.jobs <= 1:
             for s in todo:
                 show(s.key)
-                rec = execute(fn_path, s.as_dict(), out / "ckpt" / s.key, threads)
+                rec = self._in_process(fn_path, s, out, threads)
                 if self.write:
                     write_json(out / "runs" / f"{s.key}.json", rec)
                 yield s.key, rec
         else:
             yield from self._parallel(fn_path, todo, out, threads, show)
+
+    def _in_process(self, fn_path: str, s: RunSpec, out: Path, threads: int) -> dict:
+        """One run in this process; a run that raises is reported as a worker's failure is:
+        one line and the path of its log (which holds the traceback), never a traceback."""
+        try:
+            return execute(fn_path, s.as_dict(), out / "ckpt" / s.key, threads)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 (every failure of a run becomes one line + its log)
+            log = out / "ckpt" / s.key / "stderr.log"
+            text = "".join(traceback.format_exception(e)) if not isinstance(e, MasklabError) else f"{e}\n"
+            try:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(text)
+            except OSError:
+                log = None
+            raise MasklabError(failure_message(s.key, _last_line(e), log, out)) from None
 
     def _parallel(self, fn_path: str, todo: list[RunSpec], out: Path, threads: int, show: Callable[[str], None]) -> Iterator[tuple[str, dict]]:
         queue = list(todo)
@@ -125,8 +156,9 @@ class LocalExecutor:
                         continue
                     del active[key]
                     if proc.returncode != 0:
-                        err = (out / "ckpt" / key / "stderr.log").read_text()
-                        failure = failure or (err.strip().splitlines() or [f"worker exited {proc.returncode}"])[-1]
+                        log = out / "ckpt" / key / "stderr.log"
+                        err = log.read_text()
+                        failure = failure or failure_message(key, (err.strip().splitlines() or [f"worker exited {proc.returncode}"])[-1], log, out)
                         continue
                     show(", ".join(active) or key)
                     yield key, read_json(out / "runs" / f"{key}.json")
@@ -134,7 +166,7 @@ class LocalExecutor:
             for proc in active.values():
                 proc.kill()
         if failure is not None:
-            raise MasklabError(f"a run failed: {failure} (finished runs are kept in {out / 'runs'})")
+            raise MasklabError(failure)
 
 
 # ----------------------------------------------------------------------------- ray

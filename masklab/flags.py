@@ -20,6 +20,13 @@ raises :class:`~masklab.errors.MasklabError` (``masklab: error: ...``, exit 2).
 ``apply(value, base, updates) -> {field: value}`` lets one flag set other fields (or
 several, as ``--strength a,b`` sets ``allowed`` and ``suppressed``); by default the flag
 sets its own field.
+
+Ranges: ``min=`` / ``max=`` (inclusive) and ``above=`` / ``below=`` (exclusive) declare the
+values a number (or every item of a number list) may take, e.g. ``flag(200, min=1, help=...)``
+or a fraction ``flag(0.5, above=0, max=1, help=...)``. ``--help`` shows the range, and
+:func:`check_ranges` (run by the CLI on every study's config before anything starts, and by
+studies' ``validate``) refuses a value outside it: ``--steps must be >= 1, got 0``. ``None``
+(an unset optional) is always allowed.
 """
 
 from __future__ import annotations
@@ -100,6 +107,28 @@ class Flag:
     metavar: str | None = None
     apply: Callable[[Any, Any, dict], dict] | None = None
     default_text: str | None = None  # shown instead of the field's default (e.g. for None)
+    min: float | None = None  # inclusive bounds of a number (of every item of a list)
+    max: float | None = None
+    above: float | None = None  # exclusive bounds
+    below: float | None = None
+
+    def range_text(self) -> str:
+        """``>= 1``, ``in (0, 1]``, ... ('' when unbounded)."""
+        lo = (f"[{_num(self.min)}" if self.min is not None else f"({_num(self.above)}" if self.above is not None else None)
+        hi = (f"{_num(self.max)}]" if self.max is not None else f"{_num(self.below)})" if self.below is not None else None)
+        if lo and hi:
+            return f"in {lo}, {hi}"
+        if lo:
+            return (">= " if lo[0] == "[" else "> ") + lo[1:]
+        if hi:
+            return ("<= " if hi[-1] == "]" else "< ") + hi[:-1]
+        return ""
+
+    def allows(self, x: Any) -> bool:
+        if isinstance(x, float) and x != x:  # NaN is in no range
+            return False
+        return not ((self.min is not None and x < self.min) or (self.max is not None and x > self.max)
+                    or (self.above is not None and x <= self.above) or (self.below is not None and x >= self.below))
 
 
 def flag(
@@ -113,10 +142,15 @@ def flag(
     metavar: str | None = None,
     apply: Callable[[Any, Any, dict], dict] | None = None,
     default_text: str | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
     more: Sequence[Flag] = (),
 ) -> Any:
-    """A dataclass field with a command-line flag (``more``: further flags on the same field)."""
-    first = Flag(help, name, parse, choices, metavar, apply, default_text)
+    """A dataclass field with a command-line flag (``more``: further flags on the same field);
+    ``min``/``max`` (inclusive), ``above``/``below`` (exclusive): the allowed range of a number."""
+    first = Flag(help, name, parse, choices, metavar, apply, default_text, min, max, above, below)
     return dataclasses.field(default=default, default_factory=factory, metadata={"flags": (first, *more)})
 
 
@@ -139,6 +173,10 @@ def _dest(f: dataclasses.Field, fl: Flag) -> str:
     return _option(f, fl)[2:].replace("-", "_")
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
 def _show(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value) or "none"
@@ -154,7 +192,9 @@ def add_flags(ap: argparse.ArgumentParser, cls: type) -> None:
     for f, fl in flags_of(cls):
         t = _type(f)
         shown = fl.default_text if fl.default_text is not None else _show(getattr(defaults, f.name))
-        kw: dict[str, Any] = {"help": f"{fl.help} (default {shown})".replace("%", "%%"), "dest": _dest(f, fl)}
+        rng = fl.range_text()
+        rng = f"; {rng}" if rng else ""
+        kw: dict[str, Any] = {"help": f"{fl.help} (default {shown}{rng})".replace("%", "%%"), "dest": _dest(f, fl)}
         if fl.choices is not None:
             kw["choices"] = list(fl.choices)
         if t == "bool" and fl.parse is None:
@@ -183,3 +223,18 @@ def config_from_args(args: argparse.Namespace, base: Any) -> Any:
             raise MasklabError(f"{_option(f, fl)}: invalid value {raw!r}") from None
         updates.update(fl.apply(value, base, updates) if fl.apply else {f.name: value})
     return dataclasses.replace(base, **updates)
+
+
+def check_ranges(cfg: Any) -> None:
+    """Refuse (one :class:`MasklabError`) the first flag value of config ``cfg`` outside the
+    range its flag declares: ``--steps must be >= 1, got 0``."""
+    for f, fl in flags_of(type(cfg)):
+        if not fl.range_text():
+            continue
+        value = getattr(cfg, f.name)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for x in items:
+            if x is None or isinstance(x, str) or isinstance(x, bool):
+                continue
+            if not fl.allows(x):
+                raise MasklabError(f"{_option(f, fl)} must be {fl.range_text()}, got {_num(x) if isinstance(x, (int, float)) else x}")

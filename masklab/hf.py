@@ -23,7 +23,12 @@ absolute positions in every layer. A static cache (keys = slots ``[0, Tk)`` with
 ``Tk >= q0 + Tq``) is read as keys ``[0, Tk)``. After a kvpress press has pruned keys, kept
 keys are treated as the most recent ones (a press removes the positions this would need).
 
-Supported architectures: :data:`SUPPORTED` (``model.config.model_type``).
+Supported architectures: :data:`masklab.pretrained.arch.ARCHITECTURES` (by
+``model.config.model_type``), which also says where each model keeps its layers.
+
+Attention logit soft-capping (Gemma 2: ``softcap`` handed to the attention function) is
+applied as the model's eager attention does, ``softcap * tanh(q k^T * scale / softcap)``,
+before the mask, prior and hiding bias are added.
 
 API: :func:`attach_priors`, :func:`detach_priors`, :func:`save_priors`,
 :func:`load_priors`, :func:`hide`, :func:`priors_of`.
@@ -40,10 +45,10 @@ import torch
 from torch import Tensor, nn
 
 from masklab.bias import MaskPrior, RecencyPrior, RelativePrior
+from masklab.pretrained.arch import attention_modules
 from masklab.runner import MasklabError
 
 ATTN_NAME = "masklab"
-SUPPORTED = {"llama": "Llama family (Llama, SmolLM2)", "gemma3_text": "Gemma 3 (text)"}
 FILE_FORMAT = "masklab-priors"
 FILE_VERSION = "1"
 PRIOR_TYPES: dict[str, type[nn.Module]] = {"RelativePrior": RelativePrior, "RecencyPrior": RecencyPrior,
@@ -70,6 +75,7 @@ def masklab_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
+    softcap: float | None = None,
     **kwargs,
 ) -> tuple[Tensor, Tensor | None]:
     """transformers attention function: SDPA on ``mask + prior + hide``.
@@ -78,6 +84,8 @@ def masklab_attention(
     attention_mask: ``(B, 1, Tq, >=Tk)`` bool (True = visible) or additive float, or None
     (then causal, the queries being the last ``Tq`` keys). Returns ``((B, Tq, H, d), probs)``
     with ``probs (B, H, Tq, Tk)`` only while ``output_attentions`` was requested.
+    softcap: cap the logits as ``softcap * tanh(logits / softcap)`` before the mask is added
+    (computed explicitly: SDPA cannot).
     """
     B, H, Tq, _ = query.shape
     Tk = key.shape[-2]
@@ -98,27 +106,46 @@ def masklab_attention(
     q0, s = _key_start(module, Tq, Tk)
     prior = module._modules.get("prior")
     if prior is not None:
-        mask = mask + prior(Tq, s + Tk, q0)[..., s:].to(dtype)[None]  # (1, H, Tq, Tk)
+        mask = mask + _prior_bias(prior, H, Tq, s + Tk, q0)[..., s:].to(dtype)[None]  # (1, H, Tq, Tk)
     hidden = getattr(module, "_masklab_hide", None)
     if hidden is not None:
         mask = mask + _hide_bias(hidden, B, H, s, Tk, dtype, dev)  # (B|1, H|1, 1, Tk)
     dead = torch.isneginf(mask).all(-1, keepdim=True)  # a query with no visible key (padding)
     if dead.any():
         mask = mask.masked_fill(dead, 0.0)
-    if getattr(module, "_masklab_probs", False):
+    if getattr(module, "_masklab_probs", False) or softcap is not None:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        probs = ((query @ key.transpose(-2, -1)) * scale + mask).softmax(-1)
+        logits = (query @ key.transpose(-2, -1)) * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        probs = (logits + mask).softmax(-1)
         probs = nn.functional.dropout(probs, p=dropout, training=module.training)
-        return (probs @ value).transpose(1, 2).contiguous(), probs
+        keep = getattr(module, "_masklab_probs", False)
+        return (probs @ value).transpose(1, 2).contiguous(), probs if keep else None
     out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
                                                      scale=scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _prior_bias(prior: nn.Module, H: int, Tq: int, Tk: int, q0: int) -> Tensor:
+    """``prior(Tq, Tk, q0)``, refused unless it is the ``(H|1, Tq, Tk)`` bias a prior must give
+    (a wrong shape would otherwise be broadcast silently)."""
+    bias = prior(Tq, Tk, q0)
+    if not isinstance(bias, Tensor) or bias.dim() != 3 or bias.shape[0] not in (1, H) or tuple(bias.shape[1:]) != (Tq, Tk):
+        got = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+        raise MasklabError(f"the prior {type(prior).__name__} returned shape {got}; expected ({H} or 1, {Tq}, {Tk}) "
+                           f"= (heads, queries, keys) for {Tq} queries from position {q0}")
+    return bias
 
 
 def _hide_bias(hidden: tuple[Tensor, list[int] | None], B: int, H: int, s: int, Tk: int,
                dtype: torch.dtype, dev: torch.device) -> Tensor:
     """``(B|1, H|1, 1, Tk)`` bias: ``-inf`` on hidden keys (absolute positions ``[s, s + Tk)``)."""
     keep, heads = hidden  # keep: (B|1, T) bool over absolute positions; beyond T = visible
+    if s == 0 and keep.shape[-1] > Tk and not keep[:, Tk:].all():  # the whole sequence is here: nothing may lie past it
+        last = int((~keep).nonzero()[:, 1].max()) + 1
+        raise MasklabError(f"hide: the hidden positions reach {last} but the sequence has {Tk} tokens "
+                           f"(spans are token positions [start, end) with end <= {Tk})")
     cols = keep[:, s:s + Tk].to(dev)
     if cols.shape[-1] < Tk:
         pad = torch.ones(cols.shape[0], Tk - cols.shape[-1], dtype=torch.bool, device=dev)
@@ -150,21 +177,10 @@ def _register() -> None:
 
 
 # --------------------------------------------------------------------------- model plumbing
-def _check_supported(model: nn.Module) -> None:
-    mt = getattr(getattr(model, "config", None), "model_type", None)
-    if mt not in SUPPORTED:
-        names = ", ".join(f"{k} ({v})" for k, v in SUPPORTED.items())
-        raise MasklabError(f"model type {mt!r} is not supported by masklab.hf; supported: {names}")
-
-
 def attention_layers(model: nn.Module) -> list[nn.Module]:
-    """The self-attention module of every decoder layer, in order."""
-    _check_supported(model)
-    base = getattr(model, "model", model)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise MasklabError(f"cannot find the decoder layers of {type(model).__name__} (expected .model.layers)")
-    return [layer.self_attn for layer in layers]
+    """The self-attention module of every decoder layer, in order (read from the
+    architecture table, :mod:`masklab.pretrained.arch`; an unsupported type is one error)."""
+    return attention_modules(model)
 
 
 def _q0_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -212,8 +228,8 @@ def attach_priors(model: nn.Module, factory: PriorFactory) -> list[nn.Module]:
 
     The prior is called as ``prior(Tq, Tk, offset)`` and must return an ``(H|1, Tq, Tk)``
     bias (queries ``[offset, offset + Tq)`` against keys ``[0, Tk)``). It becomes the
-    submodule ``prior`` of the layer's ``self_attn`` (parameter names contain ``prior``),
-    placed on the layer's device. Returns the priors, one per layer.
+    submodule ``prior`` of the layer's attention module (``self_attn``; parameter names
+    contain ``prior``), placed on the layer's device. Returns the priors, one per layer.
     """
     layers = attention_layers(model)
     if priors_of(model):
@@ -225,6 +241,12 @@ def attach_priors(model: nn.Module, factory: PriorFactory) -> list[nn.Module]:
         p = factory(i, heads)
         if not isinstance(p, nn.Module):
             raise MasklabError(f"the prior factory returned {type(p).__name__} for layer {i}, not an nn.Module")
+        with torch.no_grad():  # a prior for another head count fails here, not in the first forward pass
+            probe = p(2, 2, 0)
+        if not isinstance(probe, Tensor) or probe.dim() != 3 or probe.shape[0] not in (1, heads):
+            got = tuple(probe.shape) if isinstance(probe, Tensor) else type(probe).__name__
+            raise MasklabError(f"the prior factory's prior for layer {i} gives shape {got} for 2 queries x 2 keys; "
+                               f"expected ({heads} or 1, 2, 2): the model has {heads} attention heads")
         priors.append(p.to(device=ref.device))
     for attn, p in zip(layers, priors):
         attn.add_module("prior", p)

@@ -62,3 +62,15 @@ def check_question(question: str | None, what: str = "question") -> str:
     if not q:
         raise MasklabError(f"the {what} is empty: give the question the context should answer")
     return q
+
+
+def check_model_paths(names: list[str]) -> None:
+    """A ``--model`` that names a directory must hold a Hugging Face model (``config.json``);
+    a ``.gguf`` must be a file. Registered names are left to the loader."""
+    for name in names:
+        path = Path(name).expanduser()
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise MasklabError(f"--model {name}: the directory holds no config.json, so it is not a Hugging Face "
+                               "model directory (give a registered name, see `masklab models`, a model directory or a .gguf file)")
+        if name.endswith(".gguf") and path.exists() and not path.is_file():
+            raise MasklabError(f"--model {name}: not a .gguf file")

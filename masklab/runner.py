@@ -214,6 +214,8 @@ def run_study(
     still to do; see :mod:`masklab.executors`. ``device`` / ``precision`` (``auto``, ``cpu``,
     ``cuda``; ``fp32``, ``bf16``, ``fp16``; default: the CLI's ``--device`` / ``--precision``
     chosen with :func:`masklab.device.use`, else the CPU in fp32) say where every run computes."""
+    if not isinstance(threads, int) or threads < 1:  # every study's --threads, before --out is created
+        raise MasklabError(f"--threads must be >= 1, got {threads}")
     if device is not None or precision is not None:
         keep = device is None  # only the precision given: keep the device and how it was chosen
         with devices.using(devices.current() if keep else device, precision or devices.precision(), devices.chosen_by_auto() if keep else None):

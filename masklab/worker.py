@@ -20,8 +20,8 @@ def main(argv: list[str]) -> int:
     spec = read_json(Path(spec_path))
     try:
         rec = execute(fn_path, spec, Path(spec_path).parent, int(threads), dev, precision)
-    except MasklabError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except MasklabError as e:  # the message alone: the parent reports the last line of this log
+        print(str(e), file=sys.stderr)
         return 1
     write_json(Path(result_path), rec)
     return 0

@@ -3,7 +3,7 @@
     PYTHONPATH=. python scripts/longctx_lexical_recall.py [--model smollm2-135m] [--examples 20] [--json PATH]
 
 For each task, length (512..4096 model tokens) and kept fraction (0.1, 0.25): the share of
-examples whose gold sentences all survive `masklab.pretrained.longctx.lexical_keep`.
+examples whose gold sentences all survive the `lexical` router (`masklab/context/routers/lexical.py`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from masklab.pretrained.longctx import lexical_keep  # noqa: E402
+from masklab.context.routers.lexical import Lexical  # noqa: E402
+from masklab.context.select import select  # noqa: E402
 from masklab.pretrained.models import cache_root  # noqa: E402
-from masklab.tasks.longctx import TASKS, count_tokens, make_examples  # noqa: E402
+from masklab.tasks.longctx import TASKS, make_examples  # noqa: E402
 
 
 def main() -> None:
@@ -35,9 +36,8 @@ def main() -> None:
             for keep in (0.1, 0.25):
                 hit = []
                 for e in exs:
-                    lengths = [count_tokens(tok, (" " if i else "") + s) for i, s in enumerate(e.sentences)]
-                    k = lexical_keep(e, lengths, keep)
-                    hit.append(all(k[g] for g in e.gold))
+                    k = select(Lexical().score(e, e.question), e.lengths(tok), keep)
+                    hit.append(all(g in k for g in e.gold))
                 rows.append({"task": task, "length": n, "keep": keep, "gold_recall": sum(hit) / len(hit)})
                 print(f"{task:9s} {n:5d} keep {keep:.2f}: all gold kept in {sum(hit)}/{len(hit)}")
     if a.json:

@@ -36,7 +36,8 @@ def run_example(name: str, module: str = "masklab.design_example") -> types.Modu
 
 def test_every_example_is_tested():
     names = re.findall(r"^# example: ([\w-]+)$", DOC.read_text(), flags=re.M)
-    assert sorted(names) == sorted(["study", "design", "qk-init", "search", "router", "selector"])
+    assert sorted(names) == sorted(["study", "design", "qk-init", "search", "router", "selector", "architecture",
+                                   "context-router"])
 
 
 def test_study_example_runs_resumes_and_takes_its_flags(tmp_path):
@@ -140,3 +141,42 @@ def test_selector_example_keeps_the_oldest():
         assert all(k == sorted(batch.positions[b][batch.valid[b]].tolist())[: len(k)] and k for b, k in enumerate(kept))
     finally:
         del SELECTORS["oldest"]
+
+
+def test_architecture_example_makes_a_new_model_type_work():
+    """Before the entry a StarCoder2 model is refused; after it, an all-allowed prior leaves
+    its logits unchanged and its sliding layers are known."""
+    transformers = pytest.importorskip("transformers")
+    from masklab.bias import RelativePrior
+    from masklab.hf import attach_priors
+    from masklab.pretrained.arch import ARCHITECTURES, sliding_window_layers
+
+    torch.manual_seed(0)
+    cfg = transformers.Starcoder2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    x = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(MasklabError, match="'starcoder2' is not supported"):
+        attach_priors(model, lambda i, h: RelativePrior(h))
+    run_example("architecture")
+    try:
+        with torch.no_grad():
+            ref = model(x).logits
+            attach_priors(model, lambda i, h: RelativePrior(h, max_distance=16))
+            torch.testing.assert_close(model(x).logits, ref, atol=1e-5, rtol=1e-5)
+        assert sliding_window_layers(model) == [0, 1]
+    finally:
+        del ARCHITECTURES["starcoder2"]
+
+
+def test_context_router_example_prunes_a_text():
+    from masklab.context import load_router
+    from masklab.context.router import ROUTERS
+
+    run_example("context-router")
+    try:
+        pruned = load_router("shortest").prune("A much longer first sentence than the rest here. Short one. Tiny.",
+                                               "anything?", keep=0.3)
+        assert pruned.doc.units[pruned.kept[0]] == "Tiny." and pruned.kept_fraction <= 0.3 + 1e-9
+    finally:
+        del ROUTERS["shortest"]

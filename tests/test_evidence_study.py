@@ -118,7 +118,8 @@ def test_an_untrained_teacher_warns_and_marks_its_rows_and_a_trained_one_does_no
     assert acc < 0.5 and res["runs"][0]["extra"]["teacher_untrained"] is True
     assert err.count("WARNING: Untrained teacher") == 1 and f"multihop-h2 (seed 0: {acc:.3f})" in err
     md = (tmp_path / "untrained" / "results.md").read_text().split("\n")
-    assert md[4].startswith("**Untrained teacher**") and "multihop-h2 (seed 0" in md[4]
+    assert md[0].startswith("> **Smoke test** (`--quick`)")  # then a blank line and the study's own results.md
+    assert md[6].startswith("**Untrained teacher**") and "multihop-h2 (seed 0" in md[6]
     # the same threshold with an exact teacher (hand-written, accuracy 1): no warning, no mark
     from chain_teacher import ChainTeacher
     from masklab.studies import evidence

@@ -7,24 +7,29 @@ import importlib.util
 import pytest
 import torch
 
-from masklab.pretrained.longctx import oracle_gold_keep
+from masklab.context.routers.lexical import Lexical
+from masklab.context.routers.oracle import OracleGold
+from masklab.context.select import select
 from masklab.tasks.longctx import make_example
 
 
 def test_oracle_keep_holds_gold_within_budget():
     ex = make_example("vt", 512, 0)
     lengths = [len(s.split()) + 1 for s in ex.sentences]
+    oracle = OracleGold(seed=1)
+    scores = oracle.score(ex, ex.question)
     for keep in (0.1, 0.25, 0.5):
-        k = oracle_gold_keep(ex, lengths, keep, seed=1)
-        assert all(k[g] for g in ex.gold)
-        kept = sum(n for n, b in zip(lengths, k) if b)
+        k = select(scores, lengths, keep)
+        assert all(g in k for g in ex.gold)
+        kept = sum(lengths[i] for i in k)
         assert kept <= max(keep * sum(lengths), sum(lengths[g] for g in ex.gold))
         assert kept >= keep * sum(lengths) - max(lengths)  # filled up to the budget
-    assert oracle_gold_keep(ex, lengths, 0.25, seed=1) == oracle_gold_keep(ex, lengths, 0.25, seed=1)
+    assert torch.equal(scores, OracleGold(seed=1).score(ex, ex.question))
+    assert not torch.equal(scores, OracleGold(seed=2).score(ex, ex.question))  # the seed decides the fill
 
 
 def test_chunks_cover_the_sentences_in_order():
-    from masklab.pretrained.longctx import chunk_sentences
+    from masklab.context.trained import chunk_units as chunk_sentences
 
     lengths = [5, 9, 3, 20, 4, 4, 4]
     chunks = chunk_sentences(lengths, 12)
@@ -35,16 +40,14 @@ def test_chunks_cover_the_sentences_in_order():
 
 
 def test_lexical_router_ranks_the_asked_needle_first():
-    from masklab.pretrained.longctx import lexical_keep
-
     for seed in range(6):
         ex = make_example("multikey", 512, seed, distractors=3)
         lengths = [len(s.split()) + 1 for s in ex.sentences]
         g = ex.gold[0]
-        keep = lexical_keep(ex, lengths, (lengths[g] + 1) / sum(lengths))  # room for about one sentence
-        assert keep[g] and sum(keep) <= 2
-        ranked_by_position = lexical_keep(ex, [1] * len(lengths), 1 / len(lengths))  # one sentence fits
-        assert ranked_by_position == [i == g for i in range(len(lengths))]
+        scores = Lexical().score(ex, ex.question)
+        keep = select(scores, lengths, (lengths[g] + 1) / sum(lengths))  # room for about one sentence
+        assert g in keep and len(keep) <= 2
+        assert select(scores, [1] * len(lengths), 1 / len(lengths)) == [g]  # one sentence fits
 
 
 @pytest.fixture(scope="module")
@@ -59,45 +62,51 @@ def smol():
 
 @pytest.mark.slow
 def test_oracle_router_answers_like_full_context(smol):
-    from masklab.pretrained.longctx import answer, sentence_tokens
+    from masklab.context.answer import generate_answer
+    from masklab.tasks.longctx import score
 
     ex = make_example("niah", 256, 0, smol.tokenizer)
-    full = answer(smol, ex)
-    assert full["correct"], full["generated"]
-    lengths = sentence_tokens(smol, ex)
-    oracle = answer(smol, ex, oracle_gold_keep(ex, lengths, 0.25))
-    assert oracle["correct"] and oracle["tokens"] < 0.5 * full["tokens"]
+    full = generate_answer(smol, ex.units, ex.query)
+    assert score(full["generated"], ex), full["generated"]
+    kept = OracleGold(smol).choose(ex, ex.question, 0.25).kept
+    oracle = generate_answer(smol, [ex.units[i] for i in kept], ex.query)
+    assert score(oracle["generated"], ex) and oracle["tokens"] < 0.5 * full["tokens"]
     # a router that drops the gold sentence (and keeps everything else) cannot answer
-    no_gold = [i not in ex.gold for i in range(len(ex.sentences))]
-    assert not answer(smol, ex, no_gold)["correct"]
+    no_gold = [u for i, u in enumerate(ex.units) if i not in ex.gold]
+    assert not score(generate_answer(smol, no_gold, ex.query)["generated"], ex)
 
 
 @pytest.mark.slow
 def test_group_testing_evidence_finds_the_needle(smol):
-    from masklab.pretrained.longctx import sentence_evidence
+    from masklab.context.trained import make_labels
+    from masklab.tasks.longctx import score
 
     ex = make_example("niah", 256, 0, smol.tokenizer)
-    ev = sentence_evidence(smol, ex)
-    assert ev["correct"] and ev["gold_recall"] == 1.0 and ev["evidence"] == ex.gold
+    lab = make_labels(smol, ex, ex.query, accept=lambda text: score(text, ex))
+    assert lab["correct"] and lab["evidence"] == ex.gold
     n = len(ex.sentences)
-    assert ev["forward_passes"] < n  # cheaper than leave-one-out
-    chunked = sentence_evidence(smol, ex, chunk_tokens=48)
-    assert len(chunked["chunks"]) < n and chunked["gold_recall"] == 1.0
-    assert len(chunked["evidence"]) == 1 and set(ex.gold) <= set(chunked["evidence_sentences"])
+    assert lab["passes"] < n  # cheaper than leave-one-out
+    chunked = make_labels(smol, ex, ex.query, accept=lambda text: score(text, ex), chunk_tokens=48)
+    assert set(ex.gold) <= set(chunked["evidence"]) and len(chunked["evidence"]) < 0.5 * n
+    assert chunked["passes"] < lab["passes"]  # fewer items to search
+    wrong = make_labels(smol, ex, ex.query, accept=lambda text: False)  # a rejected answer: no labels, one pass
+    assert wrong["evidence"] is None and wrong["passes"] == 1
 
 
 def test_study_rejects_bad_input(tmp_path):
     from masklab.errors import MasklabError
-    from masklab.studies.longctx import Config, keep_list, run
+    from masklab.studies.longctx import Config, run
 
     with pytest.raises(MasklabError, match="--keep"):
-        keep_list("0.25,1.5")
+        run(Config(keeps=[0.25, 1.5]), tmp_path)
+    with pytest.raises(MasklabError, match="--threads must be >= 1"):
+        run(Config(threads=0), tmp_path)
     with pytest.raises(MasklabError, match="unknown long-context task"):
         run(Config(tasks=["nope"]), tmp_path)
     with pytest.raises(MasklabError, match="--length"):
         run(Config(lengths=[100]), tmp_path)
     with pytest.raises(MasklabError, match="unknown router"):
-        run(Config(routers=["evidence", "bm25"]), tmp_path)
+        run(Config(routers=["evidence", "nope"]), tmp_path)
     with pytest.raises(MasklabError, match="unknown press"):
         run(Config(compare=["snapkv", "h2o"]), tmp_path)
 

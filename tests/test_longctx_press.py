@@ -1,14 +1,16 @@
-"""The context-level kvpress press (masklab/pretrained/context_press.py) inside kvpress's own
-pipeline: the prefill sees only the kept tokens, the gold-keeping oracle answers as the
-study's oracle-gold does, dropping the gold breaks the answer, and the evidence router
-offered as a press keeps the needle. Slow (SmolLM2 at 256 tokens, seconds each)."""
+"""A router as a kvpress press (masklab/context/press.py) inside kvpress's own pipeline: the
+prefill sees only the kept tokens, the gold-keeping oracle answers as the study's
+oracle-gold does, dropping the gold breaks the answer, a router offered as a press with no
+document given finds the context in the prefill itself, and a trained evidence router keeps
+the needle. Slow (SmolLM2 at 256 tokens, seconds each)."""
 
 import importlib.util
 
 import pytest
 import torch
 
-from masklab.tasks.longctx import make_example, make_examples
+from masklab.context.router import ROUTERS, Router
+from masklab.tasks.longctx import make_example, make_examples, score
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,7 @@ def smol():
 
 @pytest.fixture(scope="module")
 def kv(smol):
-    from masklab.pretrained.peers import KVPressRunner
+    from masklab.context.routers.presses import KVPressRunner
 
     return KVPressRunner(smol)
 
@@ -36,39 +38,62 @@ def ask(kv, ex, press):
     return kv.answer(ex.context, question, prefix, press, 1.0, max_new_tokens=10)[0]
 
 
+class Fixed(Router):
+    """Keeps exactly the units it is given (scores 1 there, -1 elsewhere; no fill)."""
+
+    fill = False
+
+    def __init__(self, lm, keep):
+        super().__init__(lm)
+        self.keep_units = set(keep)
+
+    def score(self, doc, question):
+        return torch.tensor([1.0 if i in self.keep_units else -1.0 for i in range(len(doc.units))])
+
+
 @pytest.mark.slow
 def test_press_prefills_only_the_kept_tokens_and_answers_like_the_oracle(smol, kv):
-    from masklab.pretrained.context_press import ContextPress, sentence_selector
-    from masklab.pretrained.longctx import answer, oracle_gold_keep, sentence_tokens
-    from masklab.tasks.longctx import score
+    from masklab.context.answer import generate_answer
+    from masklab.context.press import ContextPress
 
     ex = make_example("niah", 256, 0, smol.tokenizer)
-    lengths = sentence_tokens(smol, ex)
-    keep = oracle_gold_keep(ex, lengths, 0.25)
-    press = ContextPress(select=sentence_selector(smol.tokenizer, ex.sentences, keep))
+    lengths = ex.lengths(smol.tokenizer)
+    oracle = ROUTERS["oracle-gold"](lm=smol)
+    kept = oracle.choose(ex, ex.question, 0.25).kept
+    press = ContextPress(router=oracle, question=ex.question, keep=0.25, doc=ex)
     text = ask(kv, ex, press)
-    dropped = sum(n for n, k in zip(lengths, keep) if not k)
+    assert press.kept == kept
+    dropped = sum(n for i, n in enumerate(lengths) if i not in kept)
     assert press.prefill_tokens == press.context_tokens - dropped  # every dropped sentence's tokens, no others
     assert press.prefill_tokens < 0.35 * press.context_tokens
-    study = answer(smol, ex, keep)  # the study's oracle-gold: the same sentences, deleted from the text
+    study = generate_answer(smol, [ex.units[i] for i in kept], ex.query)  # the same sentences, deleted from the text
     assert score(text, ex) and score(study["generated"], ex)
     assert text.strip() == study["generated"].strip()
     # the same press keeping everything but the gold sentence cannot answer
-    no_gold = ContextPress(select=sentence_selector(smol.tokenizer, ex.sentences,
-                                                    [i not in ex.gold for i in range(len(ex.sentences))]))
-    assert not score(ask(kv, ex, no_gold), ex)
+    no_gold = Fixed(smol, [i for i in range(len(ex.units)) if i not in ex.gold])
+    assert not score(ask(kv, ex, ContextPress(router=no_gold, question=ex.question, keep=1.0, doc=ex)), ex)
+
+
+@pytest.mark.slow
+def test_router_press_finds_the_context_itself(smol, kv):
+    """``router.press(question, keep)`` with no document: the context is the prefill's
+    longest run of ordinary tokens, segmented; the lexical router keeps the needle."""
+    ex = make_example("multikey", 256, 1, smol.tokenizer)
+    press = ROUTERS["lexical"](lm=smol).press(ex.question, keep=0.25)
+    assert score(ask(kv, ex, press), ex)
+    assert press.prefill_tokens < 0.4 * press.context_tokens
 
 
 @pytest.mark.slow
 def test_evidence_router_as_a_press_keeps_the_needle(smol, kv):
-    from masklab.pretrained.context_press import evidence_router_press
-    from masklab.pretrained.lcrouter import early_features, fit_routers, question_text
-    from masklab.tasks.longctx import score
+    from masklab.context.trained import features, fit_routers
 
     train = make_examples("niah", 256, 3, seed=1000, tokenizer=smol.tokenizer)
-    feats = [early_features(smol, ex.sentences, question_text(ex)) for ex in train]
-    router = fit_routers(feats, {"evidence": [ex.gold for ex in train]})["evidence"]
+    feats = [features(smol, ex.units, ex.question) for ex in train]
+    fitted = fit_routers(feats, {"evidence": [ex.gold for ex in train]})
+    router = ROUTERS["evidence"](lm=smol, routers=fitted, meta={"model": smol.name})
     ex = make_example("niah", 256, 0, smol.tokenizer)
-    press = evidence_router_press(smol, router, ex.sentences, question_text(ex), 0.25)
+    press = router.press(ex.question, 0.25)
+    press.doc = ex
     assert score(ask(kv, ex, press), ex)
     assert press.prefill_tokens < 0.35 * press.context_tokens

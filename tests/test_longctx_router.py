@@ -1,4 +1,4 @@
-"""Long-context routers (masklab/pretrained/lcrouter.py): trained on evidence labels they
+"""Trained routers (masklab/context/trained.py): trained on evidence labels they
 rank the gold sentences above the filler on held-out examples (random labels do not);
 the stored router (safetensors + JSON) scores as the trained one; the router's input maps
 every token to its sentence. No model: features here are a hashed bag of words plus the
@@ -12,15 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from masklab.pretrained.lcrouter import (
-    fit_routers,
-    keep_by_scores,
-    load_routers,
-    question_overlap,
-    question_text,
-    save_routers,
-    superseded,
-)
+from masklab.context.routers.lexical import question_overlap
+from masklab.context.select import select
+from masklab.context.trained import fit_routers, load_routers, save_routers, superseded
 from masklab.tasks.longctx import make_examples
 
 SMOL = Path.home() / ".cache" / "masklab" / "models" / "smollm2-135m"
@@ -33,7 +27,7 @@ def bow_features(ex, dims: int = 32, recency: bool = False) -> torch.Tensor:
     for i, s in enumerate(ex.sentences):
         for w in s.lower().split():
             out[i, zlib.crc32(w.encode()) % dims] += 1
-    overlap = question_overlap(ex.sentences, question_text(ex))
+    overlap = question_overlap(ex.sentences, ex.question)
     out[:, dims] = torch.tensor(overlap)
     if recency:
         out[:, dims + 1] = torch.tensor(superseded(overlap))
@@ -44,8 +38,8 @@ def gold_recall(router, examples, keep: float) -> float:
     hits = 0
     for ex in examples:
         lengths = [len(s.split()) + 1 for s in ex.sentences]
-        kept = keep_by_scores(router.score(bow_features(ex)), lengths, keep)
-        hits += all(kept[g] for g in ex.gold)
+        kept = select(router.score(bow_features(ex)), lengths, keep)
+        hits += all(g in kept for g in ex.gold)
     return hits / len(examples)
 
 
@@ -75,7 +69,7 @@ def test_stored_router_scores_like_the_trained_one(tmp_path):
 
 def stale_statements(ex) -> list[int]:
     """The earlier statements of the asked key (as well matched by the question as the gold)."""
-    overlap = question_overlap(ex.sentences, question_text(ex))
+    overlap = question_overlap(ex.sentences, ex.question)
     return [i for i, o in enumerate(overlap) if o == max(overlap) and i not in ex.gold]
 
 
@@ -95,8 +89,8 @@ def test_stale_router_drops_stale_statements_only_with_evidence_labels_and_recen
         hits = 0
         for ex in test:
             lengths = [len(s.split()) + 1 for s in ex.sentences]
-            kept = keep_by_scores(routers[kind].score(bow_features(ex, recency=recency)), lengths, 0.25, fill=False)
-            hits += all(kept[g] for g in ex.gold) and not any(kept[i] for i in stale_statements(ex))
+            kept = select(routers[kind].score(bow_features(ex, recency=recency)), lengths, 0.25, fill=False)
+            hits += all(g in kept for g in ex.gold) and not any(i in kept for i in stale_statements(ex))
         return hits / len(test)
 
     assert clean("first") <= 0.2
@@ -110,14 +104,17 @@ def test_superseded_is_the_overlap_a_later_sentence_matches():
     assert superseded([0.0, 1.0, 0.2, 1.0, 0.5, 0.0]) == [0.0, 1.0, 0.2, 0.5, 0.0, 0.0]
 
 
-def test_keep_by_scores_respects_the_budget():
+def test_select_respects_the_budget():
     scores = torch.tensor([0.1, 3.0, 2.0, -1.0, 1.0])
     lengths = [10, 30, 30, 10, 10]
-    assert keep_by_scores(scores, lengths, 0.5) == [False, True, False, False, True]  # 40 of 90: 30 + 10
-    assert keep_by_scores(scores, lengths, 0.01) == [False, True, False, False, False]  # the top one always
+    assert select(scores, lengths, 0.5) == [1, 4]  # 40 of 90: 30 + 10 (the 30 of unit 2 would overflow)
+    assert select(scores, lengths, 0.01) == [1]  # the top one always
+    assert select(scores, lengths, 0.5, limit=35) == [1]  # a token limit caps the budget
     # at the decision boundary: only scores >= 0 (the top one always)
-    assert keep_by_scores(scores - 1.5, lengths, 0.9, fill=False) == [False, True, True, False, False]
-    assert keep_by_scores(scores - 5.0, lengths, 0.9, fill=False) == [False, True, False, False, False]
+    assert select(scores - 1.5, lengths, 0.9, fill=False) == [1, 2]
+    assert select(scores - 5.0, lengths, 0.9, fill=False) == [1]
+    # ties: the earlier unit first
+    assert select(torch.zeros(4), [10, 10, 10, 10], 0.5) == [0, 1]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None or not (SMOL / "tokenizer.json").exists(),
@@ -125,11 +122,11 @@ def test_keep_by_scores_respects_the_budget():
 def test_router_input_maps_tokens_to_their_sentences():
     from transformers import AutoTokenizer
 
-    from masklab.pretrained.lcrouter import router_input
+    from masklab.context.trained import router_input
 
     tok = AutoTokenizer.from_pretrained(str(SMOL))
     ex = make_examples("multikey", 512, 1, seed=3, tokenizer=tok)[0]
-    ids, item = router_input(tok, ex.sentences, question_text(ex))
-    assert tok.decode(ids[item == -2]).strip() == question_text(ex)
+    ids, item = router_input(tok, ex.sentences, ex.question)
+    assert tok.decode(ids[item == -2]).strip() == ex.question
     for i, s in enumerate(ex.sentences):
         assert tok.decode(ids[item == i]).split() == s.split(), i

@@ -90,16 +90,8 @@ def test_squad_loader_rejects_malformed(tmp_path, bad):
         load_squad(tmp_path / "missing.json")
 
 
-def test_budget_keeps_best_sentences_within_tokens():
-    from masklab.pretrained.router import keep_within_budget
-
-    lengths = torch.tensor([10.0, 10.0, 30.0, 50.0])
-    assert keep_within_budget(torch.tensor([0.1, 0.9, 0.5, 0.2]), lengths, 0.2) == [0, 1]
-    assert keep_within_budget(torch.tensor([0.1, 0.2, 0.3, 0.9]), lengths, 0.1) == [3]  # top one always kept
-
-
 def test_router_learns_separable_labels():
-    from masklab.pretrained.router import SentenceRouter
+    from masklab.context.trained import LinearRouter as SentenceRouter
 
     g = torch.Generator().manual_seed(0)
     X = torch.randn(200, 5, generator=g)

@@ -165,7 +165,9 @@ def test_routing_cli_quick_end_to_end(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("WARNING: Untrained teacher") == 1 and "kv (seed 0" in err
     assert res["untrained_teachers"][0]["task"] == "kv" and all(r["extra"]["teacher_untrained"] for r in res["runs"])
-    assert (out / "results.md").read_text().split("\n")[4].startswith("**Untrained teacher**: held-out accuracy at N below 0.5")
+    md = (out / "results.md").read_text().split("\n")
+    assert md[0].startswith("> **Smoke test** (`--quick`)")  # then a blank line and the study's own results.md
+    assert md[6].startswith("**Untrained teacher**: held-out accuracy at N below 0.5")
     methods = {r["method"] for r in res["summary"]}
     assert {"router/gold", "router/causal", "router/attention", "dense", "random", "oracle-gold", "teacher-attention"} <= methods
     gold = next(r for r in res["summary"] if r["method"] == "oracle-gold")

@@ -177,3 +177,69 @@ def test_recency_priors_save_and_load(tmp_path):
     load_priors(model, path)
     assert all(isinstance(p, RecencyPrior) for p in priors_of(model))
     torch.testing.assert_close(model(ids).logits, want)
+
+
+@needs_peft
+@pytest.mark.parametrize("method", ["prior", "lora"])
+def test_a_killed_tuning_run_continues_from_its_checkpoint_with_the_same_numbers(method, tmp_path, monkeypatch):
+    """Kill during step 5 of 6 (checkpoints every 2 steps), resume: the same parameters and
+    losses as the uninterrupted run."""
+    import masklab.studies.tune_prior as tp
+
+    torch.set_num_threads(1)
+    cfg = Config(steps=6, lr=0.05, lora_lr=0.05)
+
+    def tuned(ckpt_dir):
+        model, info = tp.adapt(tiny_llama(), method, cfg, batches(), seed=0, ckpt_dir=ckpt_dir, every=2)
+        return {n: p.detach().clone() for n, p in model.named_parameters() if n in info["trained"]}, info
+
+    want, want_info = tuned(None)
+    real, calls = tp.answer_loss, []
+
+    def dies_at_step_5(model, ids, T):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(model, ids, T)
+
+    monkeypatch.setattr(tp, "answer_loss", dies_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        tuned(tmp_path)
+    assert json.loads((tmp_path / f"tune-{method}" / "ckpt.json").read_text())["step"] == 4
+    calls.clear()
+    monkeypatch.setattr(tp, "answer_loss", lambda *a: calls.append(1) or real(*a))
+    got, got_info = tuned(tmp_path)
+    assert len(calls) == 2  # steps 5 and 6 only: the first four came from the checkpoint
+    assert sorted(got) == sorted(want)
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+    assert (got_info["loss_first"], got_info["loss_last"]) == (want_info["loss_first"], want_info["loss_last"])
+
+
+def test_a_killed_evaluation_continues_after_the_saved_answers(tmp_path, monkeypatch):
+    """Held-out answers are saved every EVAL_EVERY prompts; a resumed evaluation asks only the
+    rest and gives the same metrics and records as one pass."""
+    import types
+
+    import masklab.pretrained.lm as lm_mod
+    from masklab.studies.tune_prior import EVAL_EVERY, evaluate
+
+    prompts = split_prompts(12, 0, False, Config())
+    calls = []
+
+    def fake_generate(lm, ids, max_new_tokens):
+        calls.append(ids)
+        if len(calls) == 8 and lm == "dies":
+            raise KeyboardInterrupt
+        return None, " " + ids.split()[0]
+
+    monkeypatch.setattr(lm_mod, "encode", lambda lm, sentences, query: types.SimpleNamespace(ids=query))
+    monkeypatch.setattr(lm_mod, "generate", fake_generate)
+    want = evaluate("ok", prompts, 5)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        evaluate("dies", prompts, 5, ckpt=tmp_path / "eval.json")
+    assert len(json.loads((tmp_path / "eval.json").read_text())["recs"]) == EVAL_EVERY
+    calls.clear()
+    assert evaluate("ok", prompts, 5, ckpt=tmp_path / "eval.json") == want
+    assert len(calls) == len(prompts) - EVAL_EVERY

@@ -4,24 +4,90 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+import sys
+from dataclasses import dataclass
 
 from masklab.errors import MasklabError
+from masklab.flags import add_flags, check_ranges, config_from_args, flag
+from masklab.inputs import MAX_CONTEXT_BYTES
+
+CITE_METHODS = ("loo", "greedy-minimal", "group-testing", "contextcite")
+CHUNK_WORDS = 40  # a stretch without sentence punctuation longer than twice this is cut into chunks of this many words
+
+
+@dataclass
+class CiteOptions:
+    """``masklab cite``'s options besides ``--context`` and ``--query`` (flags with ranges, :mod:`masklab.flags`)."""
+
+    model: str = flag("smollm2-135m", help="registered name (see `masklab models`), a local Hugging Face model folder "
+                      "(/path/to/folder; see docs/pretrained.md for the architectures) or a .gguf file")
+    method: str = flag("group-testing", choices=list(CITE_METHODS), help="evidence search")
+    hide: str = flag("mask", choices=["mask", "delete"], help="hide a sentence by masking its tokens' keys or by deleting it")
+    tolerance: float = flag(1.0, min=0, help="answer 'holds' while its log-probability drops by less than this (nats) "
+                                             "and it stays the greedy answer")
+    max_new_tokens: int = flag(32, min=1, help="at most this many answer tokens; generation stops once the answer "
+                                               "(up to its first punctuation mark or line break) is complete")
+    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="the model's own, see `masklab models`",
+                                     help="raw completion or the model's chat turns")
+    threads: int = flag(1, min=1, help="torch threads (as the studies' runs)")
+    encoding: str | None = flag(None, default_text="UTF-8", help="text encoding of the context file, e.g. latin-1")
+    max_context_bytes: int = flag(MAX_CONTEXT_BYTES, min=1, help="refuse larger context files before loading the model")
 
 
 def add_cite_parser(sub) -> None:
     p = sub.add_parser("cite", help="which sentences of a context a pretrained LM's answer causally depends on")
-    p.add_argument("--model", default="smollm2-135m", help="registered name (see `masklab models`), model directory or .gguf file (default %(default)s)")
-    p.add_argument("--context", required=True, help="text file with the context")
+    p.add_argument("--context", required=True, help="text file with the context (- for standard input)")
     p.add_argument("--query", required=True, help="the question")
-    p.add_argument("--method", default="group-testing", help="evidence search: loo, greedy-minimal, group-testing, or contextcite (default %(default)s)")
-    p.add_argument("--hide", default="mask", choices=["mask", "delete"], help="hide a sentence by masking its tokens' keys or by deleting it (default %(default)s)")
-    p.add_argument("--tolerance", type=float, default=1.0, help="answer 'holds' while its log-probability drops by less than this (nats) and it stays the greedy answer (default %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=8, help="answer length in tokens (default %(default)s)")
-    p.add_argument("--prompt-format", choices=["raw", "chat"], default=None,
-                   help="raw completion or the model's chat turns (default: the model's own, see `masklab models`)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    add_flags(p, CiteOptions)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def note(text: str) -> None:
+    print(f"masklab: note: {text}", file=sys.stderr)
+
+
+def sentences_of(text: str) -> list[str]:
+    """The evidence items of a context: its sentences; a stretch of more than
+    ``2 * CHUNK_WORDS`` words without sentence punctuation is cut into chunks of
+    ``CHUNK_WORDS`` words, with a notice (later: the shared segmenter of masklab.context)."""
+    from masklab.tasks.stale_prompts import split_sentences
+
+    out, cut = [], 0
+    for s in split_sentences(text):
+        words = s.split()
+        if len(words) > 2 * CHUNK_WORDS:
+            out += [" ".join(words[i:i + CHUNK_WORDS]) for i in range(0, len(words), CHUNK_WORDS)]
+            cut += 1
+        else:
+            out.append(s)
+    if cut:
+        note(f"{cut} stretch(es) of the context had no sentence punctuation for over {2 * CHUNK_WORDS} words; "
+             f"they were cut into chunks of {CHUNK_WORDS} words, so some evidence items are chunks, not sentences")
+    if len(out) == 1:
+        note("the context is a single sentence, so it is trivially the evidence; give several sentences to compare")
+    return out
+
+
+def context_window(lm) -> int | None:
+    """The model's window in tokens: its position embeddings, else the tokenizer's limit."""
+    cfg = lm.model.config
+    n = getattr(cfg, "max_position_embeddings", None) or getattr(getattr(cfg, "text_config", None), "max_position_embeddings", None)
+    if not n:
+        n = getattr(lm.tokenizer, "model_max_length", None)
+    return int(n) if n and n < 10**8 else None
+
+
+def check_fits(lm, sentences: list[str], query: str, max_new_tokens: int) -> None:
+    """Refuse a prompt longer than the model's window (before any evidence search)."""
+    from masklab.pretrained.lm import encode
+
+    window = context_window(lm)
+    if window is None:
+        return
+    n = encode(lm, sentences, f"\nQuestion: {query}\nAnswer:").ids.numel()
+    if n + max_new_tokens > window:
+        raise MasklabError(f"the prompt is {n:,} tokens (context and question) + {max_new_tokens} answer tokens, past "
+                           f"{lm.name}'s window of {window:,} positions; shorten the context")
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -43,19 +109,30 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _cite(args: argparse.Namespace) -> int:
-    from masklab.pretrained.evidence import cite
-    from masklab.pretrained.models import load
+    from masklab.inputs import check_model_paths, check_question, read_text
+    from masklab.pretrained.models import check_models, check_prompt_format
 
-    path = Path(args.context)
-    if not path.is_file():
-        raise MasklabError(f"context file {path} does not exist")
+    # every option and the input file are checked before the model loads
+    opts = config_from_args(args, CiteOptions())
+    check_ranges(opts)
+    check_prompt_format(opts.prompt_format)
+    check_model_paths([opts.model])
+    check_models([opts.model])
+    query = check_question(args.query)
+    text = read_text(args.context, encoding=opts.encoding, max_bytes=opts.max_context_bytes)
+    sentences = sentences_of(text)
     from masklab import device as devices
 
     dev = devices.resolve(args.device)  # one clear error for --device cuda without a GPU, before loading
-    lm = load(args.model, threads=args.threads, prompt_format=args.prompt_format, device=dev)
+
+    from masklab.pretrained.evidence import cite
+    from masklab.pretrained.models import load
+
+    lm = load(opts.model, threads=opts.threads, prompt_format=opts.prompt_format, device=dev)
+    check_fits(lm, sentences, query, opts.max_new_tokens)
     with devices.autocast(dev, args.precision):
-        res = cite(lm, path.read_text(), args.query, method=args.method, hide=args.hide,
-                   tolerance=args.tolerance, max_new_tokens=args.max_new_tokens)
+        res = cite(lm, sentences, query, method=opts.method, hide=opts.hide,
+                   tolerance=opts.tolerance, max_new_tokens=opts.max_new_tokens)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

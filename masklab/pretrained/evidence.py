@@ -68,7 +68,7 @@ class SentenceOracle:
         self.enc: Encoded = encode(lm, sentences, query)
         self.generated = None
         if answer_ids is None:
-            new, text = generate(lm, self.enc.ids, max_new_tokens)
+            new, text = generate(lm, self.enc.ids, max_new_tokens, stop_at_head=True)
             self.generated = text
             answer_ids = answer_tokens(lm, new, answer_head(text))
         self.answer_ids = answer_ids

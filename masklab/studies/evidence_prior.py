@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from masklab.flags import flag, strength_flag
+from masklab.flags import check_ranges, flag, strength_flag
 from masklab.models import GPT, TokenEncoder, ViT
 from masklab.report import save_figure, write_markdown
 from masklab.runner import MasklabError, RunSpec, run_study, seed_everything, write_json
@@ -97,30 +97,30 @@ class Config:
     methods: list[str] = flag(factory=lambda: list(METHODS), name="--method", help=f"comma-separated methods ({', '.join(METHODS)})")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     op: str = flag("add", choices=OPS, help="--task arith: the operation")
-    fraction: float = flag(0.004, help="--task arith: training fraction of all operand pairs")
+    fraction: float = flag(0.004, above=0, below=1, help="--task arith: training fraction of all operand pairs")
     data: str = flag("digits", choices=DATASETS, help="--task vision: the data set")
     corpus: str = flag("pydoc", choices=CORPORA, help="--task lm: the corpus")
     source: str = flag("function", choices=SOURCES, help="Boolean tasks' evidence: the target on the seen points, or a briefly trained dense probe model (arith, vision, lm: always a probe)")
-    threshold: float = flag(0.05, help="an effect counts when above this fraction of the largest effect (of the row, for a probe; of the offset profile, for lm)")
-    top_k: int | None = flag(None, help="probe: keep each query's K largest effects (lm: the K largest offsets) instead of the threshold", default_text="threshold")
+    threshold: float = flag(0.05, min=0, below=1, help="an effect counts when above this fraction of the largest effect (of the row, for a probe; of the offset profile, for lm)")
+    top_k: int | None = flag(None, min=1, help="probe: keep each query's K largest effects (lm: the K largest offsets) instead of the threshold", default_text="threshold")
     unidentifiable: str = flag("allow", choices=UNIDENTIFIABLE_POLICIES,
                                help="function source: a pair the seen domain cannot measure, between two variables that have effects, is allowed or dropped")
-    probe_fraction: float = flag(0.1, help="probe: probe training steps as a fraction of the main training steps")
-    probe_points: int | None = flag(None, help="probe: training inputs the hidings are averaged over",
+    probe_fraction: float = flag(0.1, above=0, max=1, help="probe: probe training steps as a fraction of the main training steps")
+    probe_points: int | None = flag(None, min=1, help="probe: training inputs the hidings are averaged over",
                                     default_text="256; vision 64; lm 32 windows")
-    probe_rows: int = flag(8, help="--task lm: query positions the probe measures (evenly spaced, the last included)")
+    probe_rows: int = flag(8, min=1, help="--task lm: query positions the probe measures (evenly spaced, the last included)")
     derive_only: bool = flag(False, help="derive and report the structures (derivation.json, figures, derivation.md) without training")
     design: str | None = flag(None, choices=sorted(DESIGNS), help="Boolean tasks: prior design of mask and mask-derived", default_text="the task's own")
     allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
-    width: int = flag(64, help="Boolean tasks: model width")
-    depth: int = flag(2, help="Boolean tasks: transformer blocks")
-    heads: int = flag(4, help="Boolean tasks: attention heads")
-    steps: int | None = flag(None, help="training steps", default_text="the task's study: Boolean 1500, arith 2500, vision 1000, lm 1000")
-    batch: int = flag(128, help="Boolean tasks: batch size")
-    lr: float = flag(1e-3, help="Boolean tasks: learning rate (AdamW)")
-    weight_decay: float = flag(0.0, help="Boolean tasks: AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
-    evals: int = flag(10, help="evaluations during training")
+    width: int = flag(64, min=1, help="Boolean tasks: model width")
+    depth: int = flag(2, min=1, help="Boolean tasks: transformer blocks")
+    heads: int = flag(4, min=1, help="Boolean tasks: attention heads")
+    steps: int | None = flag(None, min=1, help="training steps", default_text="the task's study: Boolean 1500, arith 2500, vision 1000, lm 1000")
+    batch: int = flag(128, min=1, help="Boolean tasks: batch size")
+    lr: float = flag(1e-3, above=0, help="Boolean tasks: learning rate (AdamW)")
+    weight_decay: float = flag(0.0, min=0, help="Boolean tasks: AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
+    evals: int = flag(10, min=1, help="evaluations during training")
 
 
 BOOLEAN_STEPS = 1500
@@ -513,6 +513,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
 
 def validate(cfg: Config) -> None:
+    check_ranges(cfg)  # the ranges declared on the flags (--fraction, --threshold, --steps, ...)
     for t in cfg.tasks:
         if t not in ALL_TASKS:
             raise MasklabError(f"unknown task {t!r}; choose from {', '.join(ALL_TASKS)}")

@@ -12,7 +12,7 @@ list rotated by ``i``, so machine noise hits all methods alike):
   within ``keep`` (the floor a trained router must beat);
 * ``evidence-router@<keep>`` / ``attention-router@<keep>`` - a logistic regression over
   sentence features read through the LM's first ``--router-layers`` layers over
-  ``question + context`` (:mod:`masklab.pretrained.lcrouter`), trained on group-testing
+  ``question + context`` (:mod:`masklab.context.trained`), trained on group-testing
   evidence sets of the LM's own answers, or on the LM's attention to the sentences, on
   ``--train-examples`` examples per task from seeds disjoint from the test examples;
   cached per (model, task set, length) in ``<out>/ckpt/routers`` (safetensors + JSON);
@@ -44,52 +44,49 @@ from masklab.flags import flag, float_list, int_list, list_or_none
 from masklab.report import markdown_table
 from masklab.files import atomic_write_text, write_json
 from masklab.runner import RunSpec, add_stats, run_study, summary_row
-from masklab.tasks.longctx import TASKS
+from masklab.tasks.longctx import MAX_TOKENS, MIN_TOKENS, TASKS
 
 NAME = "longctx"
 TABLE_METRICS = ["acc", "seconds", "prefill_s", "kept", "gold_kept", "router_share", "kv_mb", "peak_mb", "ev_passes",
                  "train_passes"]
 
 
-def keep_list(text: str) -> list[float]:
-    keeps = float_list(text)
-    if not keeps or not all(0 < k < 1 for k in keeps):
-        raise MasklabError(f"--keep takes fractions in (0, 1), got {text!r}")
-    return keeps
-
-
 @dataclass
 class Config:
     models: list[str] = flag(factory=lambda: ["smollm2-135m"], name="--model", help="comma-separated models")
     tasks: list[str] = flag(factory=lambda: list(TASKS), help=f"comma-separated tasks ({', '.join(TASKS)})")
-    lengths: list[int] = flag(factory=lambda: [512, 1024], name="--length", parse=int_list,
+    lengths: list[int] = flag(factory=lambda: [512, 1024], name="--length", parse=int_list, min=MIN_TOKENS, max=MAX_TOKENS,
                               help="context lengths in model tokens (256..8192)")
-    keeps: list[float] = flag(factory=lambda: [0.25, 0.5], name="--keep", parse=keep_list,
+    keeps: list[float] = flag(factory=lambda: [0.25, 0.5], name="--keep", parse=float_list, above=0, max=1,
                               help="kept fraction(s) of the context for the routers")
-    examples: int = flag(10, help="examples per task and length")
-    evidence: int = flag(0, help="examples per task and length that also get group-testing evidence sets")
-    chunk_tokens: int | None = flag(None, help="evidence chunks: consecutive sentences of at most this many tokens "
+    examples: int = flag(10, min=1, help="examples per task and length")
+    evidence: int = flag(0, min=0, help="examples per task and length that also get group-testing evidence sets")
+    chunk_tokens: int | None = flag(None, min=1, help="evidence chunks: consecutive sentences of at most this many tokens "
                                     "(default: one chunk per sentence)", default_text="sentences")
     routers: list[str] = flag(factory=lambda: ["lexical", "evidence", "attention"], parse=list_or_none,
-                              help="routers besides the oracle: lexical, evidence (evidence-router), attention "
-                              "(attention-router); 'none' for none")
+                              help="routers besides the oracle: lexical, bm25, longllmlingua, evidence "
+                              "(evidence-router), attention (attention-router); 'none' for none")
+    router_source: str = flag("train", choices=["train", "shipped"],
+                              help="the evidence and attention routers: trained here on --train-examples of the "
+                              "test tasks (train), or the ones masklab ships, trained on other families (shipped)")
     compare: list[str] = flag(factory=lambda: ["snapkv", "tova", "knorm", "streaming", "expected-attention"],
                               parse=list_or_none,
                               help="kvpress presses at the same kept fraction (snapkv, tova, knorm, streaming, "
-                              "expected-attention; adakv-<press> wraps one in AdaKV; 'none' for none)")
-    train_examples: int = flag(8, help="router training examples per task (seeds disjoint from the test examples)")
-    router_layers: int = flag(2, help="the routers read the LM's first this many layers over question + context")
+                              "expected-attention, and the question-aware snapkv-question and finch; adakv-<press> "
+                              "wraps one in AdaKV; 'none' for none)")
+    train_examples: int = flag(8, min=1, help="router training examples per task (seeds disjoint from the test examples)")
+    router_layers: int = flag(2, min=1, help="the routers read the LM's first this many layers over question + context")
     router_fill: bool = flag(False, help="the trained routers fill the kept fraction with their next-best sentences "
                              "even where they score them as not evidence (default: stop at the decision boundary, "
                              "so the kept fraction is a cap)")
-    hops: int = flag(3, help="vt: assignments after the value in the asked chain")
-    updates: int = flag(2, help="stale: reassignments after the first statement")
-    distractors: int = flag(3, help="multikey: needles with other keys")
-    count: int = flag(3, help="count: tallies of the asked colour")
-    max_new_tokens: int = flag(10, help="greedy answer tokens")
+    hops: int = flag(3, min=1, help="vt: assignments after the value in the asked chain")
+    updates: int = flag(2, min=1, help="stale: reassignments after the first statement")
+    distractors: int = flag(3, min=1, help="multikey: needles with other keys")
+    count: int = flag(3, min=1, help="count: tallies of the asked colour")
+    max_new_tokens: int = flag(10, min=1, help="greedy answer tokens")
     prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
                                      help="raw completion or the model's chat turns")
-    threads: int = flag(1, help="torch threads per run")
+    threads: int = flag(1, min=1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
@@ -110,22 +107,27 @@ def reproduce_config() -> Config:
 
 
 ROUTER_METHODS = {"evidence": "evidence-router", "attention": "attention-router"}
+TEXT_ROUTERS = ("lexical", "bm25", "longllmlingua", "evidence", "attention")
+
+
+def method_name(router: str) -> str:
+    return ROUTER_METHODS.get(router, router)
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
     """All methods on one (model, task, length, seed), interleaved: example ``i`` runs the
-    methods in the list rotated by ``i``, so machine noise hits them alike."""
-    from masklab.pretrained.lcrouter import route, train_or_load
+    methods in the list rotated by ``i``, so machine noise hits them alike. Each finished
+    example is appended to ``ckpt_dir/examples.jsonl``; a killed run continues after the
+    last one with the same numbers."""
+    import json
+
+    from masklab.context.answer import generate_answer, kv_cache_mb, peak_rss_mb
+    from masklab.context.router import ROUTERS
+    from masklab.context.routers import load_router
+    from masklab.context.routers.presses import PressRouter
+    from masklab.context.trained import chunk_units, train_or_load
+    from masklab.pretrained.evidence import cite
     from masklab.pretrained.lm import split_answer_prefix
-    from masklab.pretrained.longctx import (
-        answer,
-        kv_cache_mb,
-        lexical_keep,
-        oracle_gold_keep,
-        peak_rss_mb,
-        sentence_evidence,
-        sentence_tokens,
-    )
     from masklab.pretrained.models import load
     from masklab.tasks.longctx import make_examples, score
 
@@ -134,58 +136,66 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     task_kw = {"hops": p["hops"], "updates": p["updates"], "distractors": p["distractors"], "count": p["count"]}
     examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer, **task_kw)
     new_tokens = p["max_new_tokens"]
-    routers, rmeta = {}, None
+    rmeta = None
     trained = [r for r in p["routers"] if r in ROUTER_METHODS]
-    if trained:
+    routers = {r: load_router(r, lm) for r in p["routers"] if r not in ROUTER_METHODS}
+    if trained and p.get("router_source", "train") == "shipped":
+        routers.update({kind: load_router(kind, lm) for kind in trained})
+        rmeta = routers[trained[0]].meta
+    elif trained:
         import sys
 
-        routers, rmeta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"],
-                                       Path(ckpt_dir).parent / "routers", seed=spec["seed"], task_kw=task_kw,
-                                       max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"],
-                                       layers=p["router_layers"], log=lambda m: print(m, file=sys.stderr))
-    kv = None
-    if p["compare"]:
-        from masklab.pretrained.peers import KVPressRunner
-
-        kv = KVPressRunner(lm)
+        fitted, rmeta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"],
+                                      Path(ckpt_dir).parent / "routers", seed=spec["seed"], task_kw=task_kw,
+                                      max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"],
+                                      layers=p["router_layers"], log=lambda m: print(m, file=sys.stderr))
+        routers.update({kind: ROUTERS[kind](lm=lm, routers=fitted, meta=rmeta) for kind in trained})
+    presses = {press: PressRouter(lm, press=press) for press in p["compare"]}
+    oracle = ROUTERS["oracle-gold"](lm=lm)
+    done_path = Path(ckpt_dir) / "examples.jsonl"
+    done = [json.loads(line) for line in done_path.read_text().splitlines()] if done_path.exists() else []
     rows: dict[str, list[dict]] = {}
     answers = []
+    for d in done:
+        for name, row in d["rows"].items():
+            rows.setdefault(name, []).append(row)
+        answers.append(d["rec"])
     for i, ex in enumerate(examples):
-        lengths = sentence_tokens(lm, ex)
+        if i < len(done):
+            continue
+        lengths = ex.lengths(lm.tokenizer)
         n_ctx = sum(lengths)
         rec: dict = {"answer": ex.answer, "n_tokens": ex.n_tokens}
+        ex_rows: dict[str, dict] = {}
 
-        def pruned(keep: list[bool], router_s: float = 0.0) -> tuple[dict, str]:
-            r = answer(lm, ex, keep, max_new_tokens=new_tokens)
-            kept = sum(n for n, kk in zip(lengths, keep) if kk) / n_ctx
-            return {"acc": float(r["correct"]), "seconds": router_s + r["seconds"], "prefill_s": r["prefill_seconds"],
-                    "kept": kept,
-                    "gold_kept": sum(keep[g] for g in ex.gold) / len(ex.gold),
-                    "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
+        def pruned(choice) -> tuple[dict, str]:
+            r = generate_answer(lm, [choice.text], ex.query, max_new_tokens=new_tokens)
+            if choice.compressed is not None:  # a compressor that rewrote the text: gold kept if it is there verbatim
+                gold_kept = sum(ex.units[g] in choice.text for g in ex.gold) / len(ex.gold)
+            else:
+                gold_kept = sum(g in choice.kept for g in ex.gold) / len(ex.gold)
+            return {"acc": float(score(r["generated"], ex)), "seconds": choice.seconds + r["seconds"],
+                    "prefill_s": r["prefill_seconds"], "kept": choice.kept_fraction, "gold_kept": gold_kept,
+                    "router_s": choice.seconds, "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
 
         def full() -> tuple[dict, str]:
-            r = answer(lm, ex, max_new_tokens=new_tokens)
+            r = generate_answer(lm, ex.units, ex.query, max_new_tokens=new_tokens)
             rec["prefill_s"] = r["prefill_seconds"]
-            return {"acc": float(r["correct"]), "seconds": r["seconds"], "kept": 1.0,
+            return {"acc": float(score(r["generated"], ex)), "seconds": r["seconds"], "kept": 1.0,
                     "prefill_s": r["prefill_seconds"], "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
 
         methods = [("full", full)]
+        oracle.seed = spec["seed"] * 1000 + i
         for k in p["keeps"]:
-            methods.append((f"oracle-gold@{k}", lambda k=k: pruned(oracle_gold_keep(ex, lengths, k, seed=spec["seed"] * 1000 + i))))
-            if "lexical" in p["routers"]:
-                methods.append((f"lexical@{k}", lambda k=k: pruned(lexical_keep(ex, lengths, k))))
-            for kind in trained:
-                def routed(k=k, kind=kind):
-                    keep, router_s = route(lm, routers[kind], ex, lengths, k, layers=p["router_layers"],
-                                           fill=p.get("router_fill", False))
-                    row, text = pruned(keep, router_s)
-                    row["router_s"] = router_s
-                    return row, text
-                methods.append((f"{ROUTER_METHODS[kind]}@{k}", routed))
+            methods.append((f"oracle-gold@{k}", lambda k=k: pruned(oracle.choose(ex, ex.question, k))))
+            for name, router in routers.items():
+                fill = p.get("router_fill", False) if name in ROUTER_METHODS else True
+                methods.append((f"{method_name(name)}@{k}",
+                                lambda k=k, router=router, fill=fill: pruned(router.choose(ex, ex.question, k, fill=fill))))
             for press in p["compare"]:
                 def pressed(k=k, press=press):
                     question, prefix = split_answer_prefix(ex.query)
-                    text, secs = kv.answer(ex.context, question, prefix, press, k, max_new_tokens=new_tokens)
+                    text, secs = presses[press].answer(ex.context, question, prefix, k, max_new_tokens=new_tokens)
                     # the cache after prefill: kept context pairs (AdaKV masks, keeps all) + the rest of the prompt
                     ctx = n_ctx if press.startswith("adakv-") else round(k * n_ctx)
                     rest = len(lm.tokenizer(ex.query)["input_ids"]) + new_tokens
@@ -195,33 +205,43 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         shift = i % len(methods)
         for name, fn in methods[shift:] + methods[:shift]:
             row, text = fn()
-            rows.setdefault(name, []).append(row)
+            ex_rows[name] = row
             rec[name] = text
-        for name, rs in rows.items():  # the router's share of this example's full prefill
-            if "router_s" in rs[-1] and len(rs) == i + 1:
-                rs[-1]["router_share"] = rs[-1]["router_s"] / rec["prefill_s"]
+        for row in ex_rows.values():  # a router's share of this example's full prefill
+            if "router_s" in row:
+                row["router_share"] = row["router_s"] / rec["prefill_s"]
         if i < p["evidence"]:
+            chunks = chunk_units(lengths, p["chunk_tokens"])
             try:
-                ev = sentence_evidence(lm, ex, max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"])
+                ev = cite(lm, [" ".join(ex.units[j] for j in c) for c in chunks], ex.query, max_new_tokens=new_tokens)
             except MasklabError:  # an empty answer has no evidence
                 ev = None
             if ev is not None:
-                rows.setdefault("evidence", []).append({"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
-                                                        "ev_size": len(ev["evidence"]),
-                                                        "ev_gold_recall": ev["gold_recall"]})
-                rec["evidence"] = {"items": ev["evidence_sentences"], "gold": ex.gold, "answer": ev["answer"],
-                                   "n_sentences": len(ex.sentences), "n_chunks": len(ev["chunks"])}
+                items = sorted(j for c in ev["evidence"] for j in chunks[c])
+                ex_rows["evidence"] = {"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
+                                       "ev_size": len(ev["evidence"]),
+                                       "ev_gold_recall": sum(g in items for g in ex.gold) / len(ex.gold)}
+                rec["evidence"] = {"items": items, "gold": ex.gold, "answer": ev["answer"],
+                                   "n_sentences": len(ex.units), "n_chunks": len(chunks)}
+        with open(done_path, "a") as f:
+            f.write(json.dumps({"rows": ex_rows, "rec": rec}) + "\n")
+        for name, row in ex_rows.items():
+            rows.setdefault(name, []).append(row)
         answers.append(rec)
     metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples)}
     for method, rs in rows.items():
         for m in rs[0]:
             metrics[f"{m}|{method}"] = sum(r[m] for r in rs) / len(rs)
-    if rmeta is not None:
+    if rmeta is not None:  # a router trained here, or a shipped one (whose file says what its labels cost)
+        passes = rmeta.get("ev_passes", rmeta.get("label_cost", {}).get("passes"))
+        labelled = rmeta.get("labelled", rmeta.get("data", {}).get("labelled"))
         for k in p["keeps"]:
             for kind in trained:
-                metrics[f"train_passes|{ROUTER_METHODS[kind]}@{k}"] = rmeta["ev_passes"]
-                metrics[f"train_labelled|{ROUTER_METHODS[kind]}@{k}"] = rmeta["labelled"]
-    return {"metrics": metrics, "curves": {}, "extra": {"answers": answers, "router": rmeta}}
+                metrics[f"train_passes|{ROUTER_METHODS[kind]}@{k}"] = passes
+                metrics[f"train_labelled|{ROUTER_METHODS[kind]}@{k}"] = labelled
+    per_example = [{name: rs[e] for name, rs in rows.items() if e < len(rs) and name != "evidence"}
+                   for e in range(len(examples))]
+    return {"metrics": metrics, "curves": {}, "extra": {"answers": answers, "router": rmeta, "examples": per_example}}
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
@@ -251,8 +271,34 @@ def pivot(results: dict) -> list[dict]:
         row = summary_row(task, model, method, int(sum(ms.pop("examples"))))  # n: examples, over seeds
         for metric, vals in ms.items():
             add_stats(row, metric, vals)
+        add_intervals(row, [r for r in results["runs"] if (r["task"], r["model"]) == (task, model)])
         out.append(row)
     return out
+
+
+def add_intervals(row: dict, runs: list[dict]) -> None:
+    """From the per-example outcomes of ``runs`` (pooled over seeds): the Wilson 95% interval
+    of ``acc`` (``acc_lo``, ``acc_hi``), the exact McNemar p against the full context
+    (``p_full``) and against the evidence router at the same kept fraction (``p_evidence``),
+    and the speed-up over the full context (mean seconds of ``full`` over this method's,
+    ``speedup`` with a bootstrap 95% interval ``speedup_lo``/``speedup_hi``)."""
+    from masklab.stats import bootstrap_ratio, mcnemar, wilson
+
+    method = row["method"]
+    ex = [e for r in runs for e in r.get("extra", {}).get("examples", []) if method in e and "acc" in e[method]]
+    if not ex:
+        return
+    acc = [bool(e[method]["acc"]) for e in ex]
+    row["acc_lo"], row["acc_hi"] = wilson(sum(acc), len(acc))
+    if method != "full" and all("full" in e for e in ex):
+        row["p_full"] = mcnemar(acc, [bool(e["full"]["acc"]) for e in ex])
+        lo, hi = bootstrap_ratio([e["full"]["seconds"] for e in ex], [e[method]["seconds"] for e in ex])
+        row["speedup"] = sum(e["full"]["seconds"] for e in ex) / sum(e[method]["seconds"] for e in ex)
+        row["speedup_lo"], row["speedup_hi"] = lo, hi
+    keep = method.rsplit("@", 1)[-1]
+    ev = f"evidence-router@{keep}"
+    if "@" in method and method != ev and all(ev in e for e in ex):
+        row["p_evidence"] = mcnemar(acc, [bool(e[ev]["acc"]) for e in ex])
 
 
 NOTES = """\
@@ -269,34 +315,30 @@ cost (group testing on the model's own answers, each over the full prompt);
 """
 
 
-def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab longctx") -> dict:
+def validate(cfg: Config) -> None:
+    """Everything the flag ranges do not say, before any model loads."""
+    from masklab.context.routers.presses import press_names
+    from masklab.flags import check_ranges
     from masklab.pretrained.models import check_models, check_prompt_format
-    from masklab.tasks.longctx import MAX_TOKENS, MIN_TOKENS
 
+    check_ranges(cfg)
     check_models(cfg.models)
     check_prompt_format(cfg.prompt_format)
     bad = [t for t in cfg.tasks if t not in TASKS]
     if bad or not cfg.tasks:
         raise MasklabError(f"unknown long-context task(s) {', '.join(bad) or '(none)'}: use {', '.join(TASKS)}")
-    if not cfg.lengths or not all(MIN_TOKENS <= n <= MAX_TOKENS for n in cfg.lengths):
-        raise MasklabError(f"--length takes token counts in {MIN_TOKENS}..{MAX_TOKENS}")
-    if cfg.examples < 1 or cfg.evidence < 0:
-        raise MasklabError("--examples must be at least 1 and --evidence at least 0")
-    bad = [r for r in cfg.routers if r not in ("lexical", *ROUTER_METHODS)]
+    if not cfg.lengths or not cfg.keeps:
+        raise MasklabError("--length and --keep need at least one value")
+    bad = [r for r in cfg.routers if r not in TEXT_ROUTERS]
     if bad:
-        raise MasklabError(f"unknown router(s) {', '.join(bad)}: use lexical, evidence, attention (or none)")
-    if cfg.compare:
-        from masklab.pretrained.peers import press_names
+        raise MasklabError(f"unknown router(s) {', '.join(bad)}: use {', '.join(TEXT_ROUTERS)} (or none)")
+    bad = [c for c in cfg.compare if c not in press_names()]
+    if bad:
+        raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(press_names())} (or none)")
 
-        bad = [c for c in cfg.compare if c not in press_names()]
-        if bad:
-            raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(press_names())} (or none)")
-    if cfg.train_examples < 1 or cfg.router_layers < 1:
-        raise MasklabError("--train-examples and --router-layers must be at least 1")
-    if cfg.chunk_tokens is not None and cfg.chunk_tokens < 1:
-        raise MasklabError("--chunk-tokens must be at least 1")
-    if min(cfg.hops, cfg.updates, cfg.distractors, cfg.count) < 1:
-        raise MasklabError("--hops, --updates, --distractors and --count must be at least 1")
+
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab longctx") -> dict:
+    validate(cfg)
     specs = specs_for(cfg)
     res = run_study(NAME, asdict(cfg), specs, "masklab.studies.longctx:run_one", out,
                     jobs=min(jobs, len(specs)), threads=cfg.threads, paper=[], progress=progress)

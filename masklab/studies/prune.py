@@ -1,8 +1,9 @@
 """Study B on real LMs: prune the context for the LM at a budget; evidence router vs kvpress.
 
-For each model: a sentence router (:mod:`masklab.pretrained.router`) is trained on
-generated stale-fact prompts, once with causal evidence labels (leave-one-out with the LM
-itself) and once with attention labels (the LM's most attended sentences). On fresh test
+For each model: a sentence router (:mod:`masklab.context.trained`: features from the LM's
+first layers over question + context, a logistic regression) is trained on generated
+stale-fact prompts, once with causal evidence labels (leave-one-out with the LM itself)
+and once with attention labels (the LM's most attended sentences). On fresh test
 prompts every method keeps ``budget`` of the context's tokens and the LM answers from what
 is kept:
 
@@ -68,17 +69,17 @@ class Config:
     models: list[str] = flag(factory=lambda: ["gemma3-270m"], name="--model", help="comma-separated models")
     task: str = flag("stale", choices=["stale", "squad"], help="generated stale-fact prompts or SQuAD v1.1")
     squad: str | None = flag(None, help="path to the official SQuAD v1.1 JSON (with --task squad)")
-    budgets: list[float] = flag(factory=lambda: [0.3], name="--budget", parse=budget_list,
+    budgets: list[float] = flag(factory=lambda: [0.3], name="--budget", parse=budget_list, above=0, max=1,
                                 help="kept fraction(s) of the context, e.g. 0.3 or 0.2,0.5")
     compare: list[str] = flag(factory=lambda: ["snapkv", "knorm", "tova", "streaming", "expected-attention"],
                               help="kvpress presses ('' for none)")
     methods: list[str] = flag(factory=lambda: ["full", *SENTENCE_METHODS], help=f"sentence methods (full, {', '.join(SENTENCE_METHODS)})")
-    train_prompts: int = flag(40, help="router training prompts per model")
-    test_prompts: int = flag(40, help="test prompts per model")
-    filler_max: int = flag(6, help="at most this many distractor sentences per gap")
+    train_prompts: int = flag(40, min=1, help="router training prompts per model")
+    test_prompts: int = flag(40, min=1, help="test prompts per model")
+    filler_max: int = flag(6, min=0, help="at most this many distractor sentences per gap")
     max_new_tokens: int = 6
     prompt_format: str | None = prompt_format_flag()
-    threads: int = flag(1, help="torch threads per run")
+    threads: int = flag(1, min=1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
@@ -110,19 +111,14 @@ def generate_on(lm, sentences: list[str], query: str, max_new_tokens: int) -> st
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
-    from masklab.pretrained.lm import encode
-    from masklab.pretrained.peers import KVPressRunner
-    from masklab.pretrained.router import (
-        SentenceRouter,
-        attention_per_sentence,
-        keep_within_budget,
-        labels_for,
-        sentence_features,
-        sentence_lengths,
-    )
+    from masklab.context.document import Document
+    from masklab.context.routers.presses import KVPressRunner
+    from masklab.context.select import select
+    from masklab.context.trained import attention_per_unit, features, fit_routers, make_labels
+    from masklab.pretrained.lm import encode, split_answer_prefix
 
     p = spec["params"]
-    lm = load_model(spec, attn="eager")
+    lm = load_model(spec, attn="sdpa")
     rng = random.Random(spec["seed"])
     n_train = p["train_prompts"]
     pool = make_examples(p, n_train + p["test_prompts"], 1000 + spec["seed"])
@@ -130,25 +126,28 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     if not test:
         raise MasklabError("no test examples: lower --train-prompts or give more data")
 
+    def question(ex) -> str:
+        return split_answer_prefix(ex.query)[0].strip()
+
     # ---- train the two routers on the LM's own labels (correct answers only)
     t0 = time.perf_counter()
-    X, y_ev, y_att, label_passes, used, n_fallback = [], [], [], 0, 0, 0
+    X, labels, label_passes, n_fallback = [], {"evidence": [], "attention": []}, 0, 0
     for ex in train:
-        lab = labels_for(lm, ex.sentences, ex.query, accept=lambda a, ex=ex: ex.classify(a) == "current")
+        doc = Document(units=ex.sentences)
+        lab = make_labels(lm, doc, ex.query, accept=lambda a, ex=ex: ex.classify(a) == "current", search="loo",
+                          max_new_tokens=p["max_new_tokens"])
         label_passes += lab["passes"]
         if lab["evidence"] is None:
             continue
-        used += 1
-        n = len(ex.sentences)
         n_fallback += not lab["evidence"]  # no single deletion changed the answer: the last sentence is labelled
-        X.append(sentence_features(lm, lab["enc"], n))
-        y_ev.append(torch.zeros(n).index_fill_(0, torch.tensor(lab["evidence"] or [n - 1], dtype=torch.long), 1.0))
-        y_att.append(torch.zeros(n).index_fill_(0, torch.tensor(lab["attention"], dtype=torch.long), 1.0))
+        X.append(features(lm, ex.sentences, question(ex)))
+        labels["evidence"].append(lab["evidence"] or [len(ex.sentences) - 1])
+        labels["attention"].append(lab["attention"])
+    used = len(X)
     if used < 2:
         raise MasklabError(f"{spec['model']} answered fewer than 2 training prompts correctly; no router can be trained")
-    Xc = torch.cat(X)
-    routers = {"router-evidence": SentenceRouter.fit(Xc, torch.cat(y_ev), seed=spec["seed"]),
-               "router-attention": SentenceRouter.fit(Xc, torch.cat(y_att), seed=spec["seed"])}
+    fitted = fit_routers(X, labels, seed=spec["seed"])
+    routers = {"router-evidence": fitted["evidence"], "router-attention": fitted["attention"]}
     train_seconds = time.perf_counter() - t0
 
     # ---- test
@@ -161,39 +160,40 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
     for ex in test:
         n = len(ex.sentences)
-        enc = encode(lm, ex.sentences, ex.query)
-        lengths = sentence_lengths(enc, n)
+        doc = Document(units=ex.sentences)
+        lengths = doc.lengths(lm.tokenizer)
         t = time.perf_counter()
-        feats = sentence_features(lm, enc, n)
+        feats = features(lm, ex.sentences, question(ex))
         feat_s = time.perf_counter() - t
         t = time.perf_counter()
-        att = attention_per_sentence(lm, enc, n)
+        enc = encode(lm, ex.sentences, ex.query)
+        att = attention_per_unit(lm, enc.ids, enc.item_of_token, n)
         att_s = time.perf_counter() - t
         scores = {"router-evidence": (routers["router-evidence"].score(feats), feat_s),
                   "router-attention": (routers["router-attention"].score(feats), feat_s),
                   "attention-keep": (att, att_s),
                   "random": (torch.tensor([rng.random() for _ in range(n)]), 0.0)}
-        question, prefix = ex.query.rsplit("\n", 1)
+        q, prefix = ex.query.rsplit("\n", 1)
         if "full" in p["methods"]:
             t = time.perf_counter()
             cls = ex.classify(generate_on(lm, ex.sentences, ex.query, p["max_new_tokens"]))
             for b in p["budgets"]:
                 record("full", b, cls, time.perf_counter() - t, 1.0, 1.0)
         if p["compare"]:  # the presses' control: kvpress's pipeline without a press, on the same prompt
-            text, full_s = kv.answer(ex.context, question, prefix, None, 1.0, p["max_new_tokens"])
+            text, full_s = kv.answer(ex.context, q, prefix, None, 1.0, p["max_new_tokens"])
             full_cls, full_cache = ex.classify(text), kv.last_cache_tokens
         for b in p["budgets"]:
             for m in [m for m in p["methods"] if m in scores]:
                 s, extra_s = scores[m]
-                keep = keep_within_budget(s, lengths, b)
+                keep = select(s, lengths, b)
                 t = time.perf_counter()
                 cls = ex.classify(generate_on(lm, [ex.sentences[i] for i in keep], ex.query, p["max_new_tokens"]))
-                record(m, b, cls, time.perf_counter() - t + extra_s, float(lengths[keep].sum() / lengths.sum()),
+                record(m, b, cls, time.perf_counter() - t + extra_s, sum(lengths[i] for i in keep) / sum(lengths),
                        float(ex.gold in keep))
             if p["compare"]:
                 record("kvpress-full", b, full_cls, full_s, 1.0, None)
             for press in p["compare"]:
-                text, secs = kv.answer(ex.context, question, prefix, press, b, p["max_new_tokens"])
+                text, secs = kv.answer(ex.context, q, prefix, press, b, p["max_new_tokens"])
                 record(press, b, ex.classify(text), secs, kv.last_cache_tokens / full_cache, None)
 
     metrics: dict = {"empty_rate": sum(r[4] for rows in acc.values() for r in rows) / max(sum(len(rows) for rows in acc.values()), 1),
@@ -248,7 +248,7 @@ the teacher is a small pretrained LM and the claims are tested, not assumed.
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab prune") -> dict:
-    from masklab.pretrained.peers import PRESS_NAMES
+    from masklab.context.routers.presses import PRESSES as PRESS_NAMES
 
     if cfg.task not in ("stale", "squad"):
         raise MasklabError(f"unknown task {cfg.task!r}: use stale or squad (with --squad FILE)")

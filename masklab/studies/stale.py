@@ -67,7 +67,7 @@ def min_max(name: str, least: int) -> Callable[[str], tuple[int, int]]:
 @dataclass
 class Config:
     models: list[str] = flag(factory=lambda: ["gemma3-270m", "smollm2-135m"], name="--model", help="comma-separated models")
-    prompts: int = flag(200, help="number of generated prompts per model")
+    prompts: int = flag(200, min=1, help="number of generated prompts per model")
     updates_min: int = flag(1, name="--updates", parse=min_max("updates", 1), metavar="MIN,MAX", default_text="1,3",
                             apply=lambda v, base, up: {"updates_min": v[0], "updates_max": v[1]},
                             help="min,max number of updates")
@@ -78,7 +78,7 @@ class Config:
     filler_max: int = 6
     max_new_tokens: int = 6
     prompt_format: str | None = prompt_format_flag()
-    threads: int = flag(1, help="torch threads per run")
+    threads: int = flag(1, min=1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
 

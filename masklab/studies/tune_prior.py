@@ -50,34 +50,35 @@ class Config:
     methods: list[str] = flag(factory=lambda: list(METHODS), name="--method",
                               help="comma-separated methods: base (no training), prior (RelativePrior only), recency (RecencyPrior: "
                                    "one slope per head), lora (PEFT LoRA)")
-    train_prompts: int = flag(400, help="generated training prompts")
-    test_prompts: int = flag(100, help="generated held-out prompts")
-    steps: int = flag(200, help="training steps (one prompt each, same order for every method)")
-    lr: float = flag(0.05, help="Adam learning rate of the priors")
-    lora_lr: float = flag(1e-3, help="Adam learning rate of the LoRA adapters")
-    lora_rank: int = flag(1, help="LoRA rank")
+    train_prompts: int = flag(400, min=1, help="generated training prompts")
+    test_prompts: int = flag(100, min=1, help="generated held-out prompts")
+    steps: int = flag(200, min=1, help="training steps (one prompt each, same order for every method)")
+    lr: float = flag(0.05, above=0, help="Adam learning rate of the priors")
+    lora_lr: float = flag(1e-3, above=0, help="Adam learning rate of the LoRA adapters")
+    lora_rank: int = flag(1, min=1, help="LoRA rank")
     lora_targets: list[str] = flag(factory=lambda: ["q_proj", "v_proj"], help="comma-separated attention projections LoRA adapts")
-    lora_layers: int = flag(0, help="layers with LoRA adapters, evenly spaced; 0: as many as bring LoRA's trainable "
+    lora_layers: int = flag(0, min=0, help="layers with LoRA adapters, evenly spaced; 0: as many as bring LoRA's trainable "
                                     "parameters closest to the prior's")
     train_filler: tuple[int, int] = flag((0, 2), parse=min_max("train-filler", 0), metavar="MIN,MAX",
                                          help="min,max distractor sentences per gap in training prompts")
     test_filler: tuple[int, int] = flag((3, 4), parse=min_max("test-filler", 0), metavar="MIN,MAX",
                                         help="min,max distractor sentences per gap in held-out prompts")
     updates: tuple[int, int] = flag((1, 2), parse=min_max("updates", 1), metavar="MIN,MAX", help="min,max number of updates")
-    max_distance: int = flag(512, help="RelativePrior: distances from here on share the last bucket")
-    exact: int = flag(16, help="RelativePrior: distances with a bucket each")
-    log_buckets: int = flag(16, help="RelativePrior: log-spaced buckets up to --max-distance")
+    max_distance: int = flag(512, min=1, help="RelativePrior: distances from here on share the last bucket")
+    exact: int = flag(16, min=1, help="RelativePrior: distances with a bucket each")
+    log_buckets: int = flag(16, min=0, help="RelativePrior: log-spaced buckets up to --max-distance")
     init: float = 0.0  # theta at start: logsigmoid(0) everywhere = a constant shift, outputs unchanged
-    ppl_tokens: int = flag(512, help="tokens of pydoc text for the perplexity")
-    max_new_tokens: int = flag(5, help="tokens generated per held-out answer")
+    ppl_tokens: int = flag(512, min=2, help="tokens of pydoc text for the perplexity")
+    max_new_tokens: int = flag(5, min=1, help="tokens generated per held-out answer")
     prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
                                      help="raw completion or the model's chat turns")
-    threads: int = flag(1, help="torch threads per run")
+    threads: int = flag(1, min=1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
 def quick_config() -> Config:
-    """A few minutes on SmolLM2 (one thread): 40 training steps, 20 held-out prompts."""
+    """About five minutes on SmolLM2 (the four methods, one thread each; 297 s measured on a busy 2-core CPU):
+    40 training steps, 20 held-out prompts."""
     return Config(models=["smollm2-135m"], train_prompts=40, test_prompts=20, steps=40, ppl_tokens=256)
 
 
@@ -166,13 +167,30 @@ def add_lora(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, list
     return get_peft_model(model, lc), layers
 
 
+CKPT_EVERY = 25  # training steps between checkpoints of the tuned parameters
+
+
+class _Tuned(torch.nn.Module):
+    """The trained parameters alone (the same tensors as the model's), so a checkpoint holds
+    the priors or adapters and their Adam state, not the frozen model."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        super().__init__()
+        self.params = torch.nn.ParameterList(params)
+
+
 def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[torch.Tensor, int]],
-          seed: int, log=None) -> tuple[torch.nn.Module, dict]:
+          seed: int, log=None, ckpt_dir: Path | None = None, every: int = CKPT_EVERY) -> tuple[torch.nn.Module, dict]:
     """Train ``method``'s parameters on ``cfg.steps`` batches drawn (seeded) from ``batches``.
 
     Returns the model to evaluate (the PEFT wrapper for ``lora``) and a record: trainable
     parameter count, the names of the trained parameters, loss at the start / end, seconds.
+    With ``ckpt_dir``, the trained parameters, Adam's state, the prompt order and the losses
+    so far are saved there every ``every`` steps and after the last (:class:`~masklab.runner.Checkpoint`),
+    and a later call continues from them with the same numbers as an uninterrupted run.
     """
+    from masklab.runner import Checkpoint
+
     if method not in METHODS:
         raise MasklabError(f"unknown method {method!r}: use {', '.join(METHODS)}")
     model.requires_grad_(False)
@@ -197,8 +215,20 @@ def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[
     opt = torch.optim.Adam(params, lr=lr)
     rng = random.Random(seed)
     losses: list[float] = []
+    tuned, gen = _Tuned(params), torch.Generator()  # gen: Checkpoint's slot; the order is drawn by rng
+    ckpt = Checkpoint(Path(ckpt_dir) / f"tune-{method}") if ckpt_dir is not None else None
+    start = 0
+    if ckpt is not None and ckpt.exists:
+        start, extra = ckpt.load(tuned, opt, gen)
+        if extra.get("trained") != info["trained"]:
+            raise MasklabError(f"the checkpoint in {ckpt.dir} trained other parameters; delete it to start over")
+        losses = list(extra["losses"])
+        version, state, gauss = extra["rng"]
+        rng.setstate((version, tuple(state), gauss))
+        if log:
+            log(f"{method}: continuing from the checkpoint at step {start}/{cfg.steps}")
     t0 = time.perf_counter()
-    for step in range(cfg.steps):
+    for step in range(start, cfg.steps):
         ids, T = batches[rng.randrange(len(batches))]
         loss = answer_loss(model, ids, T)
         opt.zero_grad()
@@ -207,6 +237,8 @@ def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[
         losses.append(loss.item())
         if log and (step + 1) % 25 == 0:
             log(f"{method} step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / 25:.3f} {time.perf_counter() - t0:.0f}s")
+        if ckpt is not None and ((step + 1) % every == 0 or step + 1 == cfg.steps):
+            ckpt.save(step + 1, tuned, opt, gen, {"losses": losses, "rng": list(rng.getstate()), "trained": info["trained"]})
     model.eval()
     k = max(1, len(losses) // 5)
     if losses:
@@ -215,16 +247,32 @@ def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[
 
 
 # --------------------------------------------------------------------------- evaluation
+EVAL_EVERY = 5  # held-out answers between saves of the answers so far
+
+
 @torch.no_grad()
-def evaluate(lm, prompts: list, max_new_tokens: int) -> tuple[dict, list[dict]]:
-    """Answer classes over every held-out prompt (an empty answer counts as not current)."""
+def evaluate(lm, prompts: list, max_new_tokens: int, ckpt: Path | None = None) -> tuple[dict, list[dict]]:
+    """Answer classes over every held-out prompt (an empty answer counts as not current).
+
+    With ``ckpt`` (a JSON file), the answers so far are saved every :data:`EVAL_EVERY`
+    prompts and a later call with the same prompts continues after them (greedy decoding:
+    the same answers as one uninterrupted pass)."""
+    from masklab.files import read_json, write_json
     from masklab.pretrained.lm import encode, generate
     from masklab.tasks.stale_prompts import score_answer
 
-    recs = []
-    for p in prompts:
+    recs: list[dict] = []
+    asked = [p.prompt for p in prompts]
+    if ckpt is not None and Path(ckpt).exists():
+        saved = read_json(Path(ckpt))
+        if saved.get("prompts") == asked:
+            recs = saved["recs"]
+    for i in range(len(recs), len(prompts)):
+        p = prompts[i]
         _, text = generate(lm, encode(lm, p.sentences, p.query).ids, max_new_tokens)
         recs.append({"answer": text, "class": score_answer(text, p), "values": p.values})
+        if ckpt is not None and (len(recs) % EVAL_EVERY == 0 and len(recs) < len(prompts)):
+            write_json(Path(ckpt), {"prompts": asked, "recs": recs})
     n = len(prompts)
     count = lambda c: sum(r["class"] == c for r in recs) / n  # noqa: E731
     return {"accuracy": count("current"), "stale_rate": count("stale"), "other_rate": count("other"),
@@ -256,13 +304,14 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     ppl_before = pydoc_perplexity(lm.model, lm.tokenizer, cfg.ppl_tokens)
     t_train = time.perf_counter()
     batches = [answer_batch(lm, q) for q in train]
-    lm.model, info = adapt(lm.model, method, cfg, batches, spec["seed"], log=lambda s: print(s, file=sys.stderr, flush=True))
+    lm.model, info = adapt(lm.model, method, cfg, batches, spec["seed"], log=lambda s: print(s, file=sys.stderr, flush=True),
+                           ckpt_dir=ckpt_dir)
     train_s = time.perf_counter() - t_train
     if method in ("prior", "recency"):
         from masklab.hf import save_priors
 
         save_priors(lm.model, Path(ckpt_dir) / "priors.safetensors")
-    metrics, recs = evaluate(lm, test, cfg.max_new_tokens)
+    metrics, recs = evaluate(lm, test, cfg.max_new_tokens, ckpt=Path(ckpt_dir) / f"eval-{method}.json")
     ppl = pydoc_perplexity(lm.model, lm.tokenizer, cfg.ppl_tokens)
     metrics.update({
         "trainable": info["trainable"], "trainable_frac": info["trainable"] / n_params, "ppl": ppl,
@@ -273,6 +322,10 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     })
     extra = {"prompt_format": lm.prompt_format, "lora_layers": info["lora_layers"], "trained_parameters": len(info["trained"]),
              "examples": [{"prompt": q.prompt, **r} for q, r in list(zip(test, recs))[:3]]}
+    from masklab.runner import Checkpoint
+
+    Checkpoint(Path(ckpt_dir) / f"tune-{method}").clear()  # the run is done: its record holds everything
+    (Path(ckpt_dir) / f"eval-{method}.json").unlink(missing_ok=True)
     return {"metrics": metrics, "curves": {}, "extra": extra}
 
 
@@ -315,24 +368,37 @@ LoRA adapts the projections (content-dependent) in the listed layers, rank `--lo
 """
 
 
-def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab tune-prior") -> dict:
-    from masklab.pretrained.models import check_models, check_prompt_format
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # the attention projections of every packaged model
 
+
+def validate(cfg: Config) -> None:
+    """Every check of the options that needs no model, before any run starts (the CLI's
+    validation step calls it; :func:`run` too): the declared ranges, methods, models,
+    prompt format, LoRA targets of the packaged models and the peft package."""
+    from masklab.flags import check_ranges
+    from masklab.inputs import check_model_paths
+    from masklab.pretrained.models import MODELS, check_models, check_prompt_format
+
+    check_ranges(cfg)
     if not cfg.methods or any(m not in METHODS for m in cfg.methods):
         raise MasklabError(f"--method takes a comma-separated list of {', '.join(METHODS)}")
     if len(set(cfg.methods)) != len(cfg.methods):
         raise MasklabError("--method: a method is listed twice")
-    for name in ("train_prompts", "test_prompts", "lora_rank"):
-        if getattr(cfg, name) < 1:
-            raise MasklabError(f"--{name.replace('_', '-')} must be at least 1")
-    if cfg.steps < 0 or cfg.lora_layers < 0 or cfg.ppl_tokens < 2:
-        raise MasklabError("--steps and --lora-layers must be >= 0, --ppl-tokens >= 2")
     check_models(cfg.models)
+    check_model_paths(cfg.models)
     check_prompt_format(cfg.prompt_format)
     if "lora" in cfg.methods:
         from masklab.pretrained.models import _require
 
+        bad = [t for t in cfg.lora_targets if t not in LORA_TARGETS]
+        if not cfg.lora_targets or (bad and all(m in MODELS for m in cfg.models)):
+            raise MasklabError(f"--lora-targets: unknown projection(s) {', '.join(bad) or '(none)'}; "
+                               f"the packaged models' attention has {', '.join(LORA_TARGETS)}")
         _require("peft", "pip install peft==0.21.2 (the pretrained extra)")
+
+
+def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab tune-prior") -> dict:
+    validate(cfg)
     specs = specs_for(cfg)
     res = run_study(NAME, asdict(cfg), specs, "masklab.studies.tune_prior:run_one", out,
                     jobs=min(jobs, len(specs)), threads=cfg.threads, progress=progress)

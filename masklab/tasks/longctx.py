@@ -41,8 +41,8 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
+from masklab.context.document import Document, count_tokens, token_offsets
 from masklab.errors import MasklabError
 from masklab.tasks.stale_prompts import answer_head, distractor_pool
 
@@ -69,9 +69,10 @@ TALLY_RE = re.compile(r"A (\w+) marble was put into the jar\.")
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 
 
-@dataclass
-class LongExample:
-    """One example. ``context = " ".join(sentences)``; the model reads ``context + query``.
+@dataclass(kw_only=True)
+class LongExample(Document):
+    """One example: a :class:`~masklab.context.document.Document` whose ``units`` are the
+    context's sentences (``context = " ".join(units)``); the model reads ``context + query``.
 
     ``gold``: indices of the gold evidence sentences; ``gold_spans``: their character spans
     in ``context``; ``gold_token_spans``: token spans ``[a, b)`` in the tokenised context.
@@ -79,11 +80,9 @@ class LongExample:
     """
 
     task: str
-    sentences: list[str]
     query: str
     answer: str
     key: str
-    gold: list[int]
     gold_spans: list[tuple[int, int]]
     gold_token_spans: list[tuple[int, int]]
     n_tokens: int
@@ -92,40 +91,16 @@ class LongExample:
     meta: dict = field(default_factory=dict)
 
     @property
-    def context(self) -> str:
-        return " ".join(self.sentences)
-
-    @property
     def prompt(self) -> str:
         return self.context + self.query
 
+    @property
+    def question(self) -> str:
+        """The question without the answer prefix: ``"Question: What is ...?"``."""
+        return self.query.rsplit("\nAnswer:", 1)[0].strip()
+
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# --------------------------------------------------------------------------- tokens
-Counter = Callable[[str], int]
-_WORDS = re.compile(r"\w+|[^\w\s]")
-
-
-def word_offsets(text: str) -> list[tuple[int, int]]:
-    """A tokenizer-free stand-in: words and punctuation marks as tokens (character offsets)."""
-    return [m.span() for m in _WORDS.finditer(text)]
-
-
-def token_offsets(tokenizer, text: str) -> list[tuple[int, int]]:
-    """Character offsets of ``text``'s tokens (no special tokens); ``tokenizer`` None uses
-    :func:`word_offsets`."""
-    if tokenizer is None:
-        return word_offsets(text)
-    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-    return [tuple(o) for o in enc["offset_mapping"]]
-
-
-def count_tokens(tokenizer, text: str) -> int:
-    if tokenizer is None:
-        return len(word_offsets(text))
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def token_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -276,8 +251,9 @@ def make_example(task: str, n_tokens: int, seed: int, tokenizer=None, *, distrac
     spans = [(starts[g], starts[g] + len(sentences[g])) for g in gold]
     context = " ".join(sentences)
     tspans = token_spans(token_offsets(tokenizer, context), spans)
-    return LongExample(task, sentences, plan.query, plan.answer, plan.key, gold, spans, tspans, n, n_tokens, seed,
-                       plan.meta)
+    return LongExample(units=sentences, gold=gold, task=task, query=plan.query, answer=plan.answer, key=plan.key,
+                       gold_spans=spans, gold_token_spans=tspans, n_tokens=n, target_tokens=n_tokens, seed=seed,
+                       meta=plan.meta)
 
 
 def make_examples(task: str, n_tokens: int, n: int, seed: int = 0, tokenizer=None, **kw) -> list[LongExample]:

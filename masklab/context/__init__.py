@@ -1,0 +1,24 @@
+"""Prune a context for a question before a model reads it.
+
+    from masklab.context import load_router
+    router = load_router("bm25")                              # or "lexical", "evidence", ... (ROUTERS)
+    pruned = router.prune(text, "Who approved the budget?", keep=0.25)
+    pruned.text, pruned.kept, pruned.scores, pruned.kept_fraction, pruned.seconds
+
+* :mod:`~masklab.context.document`: :class:`Document` (units, gold, spans) and :func:`segment`;
+* :mod:`~masklab.context.select`: :func:`select`, the one rule that keeps units within a budget;
+* :mod:`~masklab.context.router`: :class:`Router` (override ``score``), :data:`ROUTERS`,
+  :func:`load_router`, :class:`Pruned`;
+* :mod:`~masklab.context.routers`: one file per router (``lexical``, ``bm25``, ``oracle-gold``,
+  the trained ``evidence`` / ``attention``, and kvpress's presses in one table);
+* :mod:`~masklab.context.trained`: the trained routers' features, labels, fit and files;
+* :mod:`~masklab.context.press`: a router as a kvpress press (prune before prefill);
+* :mod:`~masklab.context.answer`: answer from a pruned context, timed.
+"""
+
+from masklab.context.document import Document, segment
+from masklab.context.router import ROUTERS, Pruned, Router
+from masklab.context.routers import load_router
+from masklab.context.select import select
+
+__all__ = ["Document", "segment", "select", "Router", "ROUTERS", "Pruned", "load_router"]

@@ -1,0 +1,61 @@
+"""Answer from a (pruned) context: greedy decoding timed apart from the router, and the
+resources a long-context run uses."""
+
+from __future__ import annotations
+
+import re
+import resource
+import sys
+import time
+
+import torch
+
+from masklab.pretrained.lm import encode
+
+SENTENCE_END = re.compile(r"(?<!\d)[.!?](?:\s|$)|\n\s*\S.*\n")
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (monotone over a run)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / 2**20 if sys.platform == "darwin" else r / 1024
+
+
+@torch.no_grad()
+def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, stop_at_sentence: bool = False) -> dict:
+    """Greedy continuation of ``" ".join(units) + query`` in ``lm``'s prompt format.
+
+    ``stop_at_sentence`` stops after the first sentence end (or line) of the answer.
+    Returns ``{"generated", "seconds" (tokenise + prefill + decode), "prefill_seconds"
+    (tokenise + prefill), "tokens" (prompt), "new_tokens"}``."""
+    t0 = time.perf_counter()
+    enc = encode(lm, units, query)
+    out = lm.model(input_ids=enc.ids[None], use_cache=True, logits_to_keep=1)
+    t1 = time.perf_counter()
+    eos = lm.model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    new: list[int] = []
+    for _ in range(max_new_tokens):  # greedy, as generate(do_sample=False) decodes
+        nxt = int(out.logits[0, -1].argmax())
+        new.append(nxt)
+        if nxt in eos or len(new) == max_new_tokens:
+            break
+        if stop_at_sentence and SENTENCE_END.search(lm.tokenizer.decode(new, skip_special_tokens=True).lstrip()):
+            break
+        out = lm.model(input_ids=torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True)
+    text = lm.tokenizer.decode(new, skip_special_tokens=True)
+    return {"generated": text, "seconds": time.perf_counter() - t0, "prefill_seconds": t1 - t0,
+            "tokens": int(enc.ids.numel()), "new_tokens": len(new)}
+
+
+def kv_cache_mb(lm, tokens: float) -> float:
+    """KV-cache size by formula for ``tokens`` cached positions: layers x 2 (K, V) x KV heads
+    x head dim x tokens x bytes per value, in MiB (every layer full length: Gemma 3's
+    sliding-window layers would cap theirs at the window)."""
+    from masklab.pretrained.arch import kv_heads as kv_heads_of
+
+    c = lm.model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = kv_heads_of(lm.model)
+    size = next(lm.model.parameters()).element_size()
+    return c.num_hidden_layers * 2 * kv_heads * head_dim * tokens * size / 2**20

@@ -1,0 +1,124 @@
+"""The router base class, its registry and :func:`load_router`.
+
+A router scores the units of a document for a question; :func:`~masklab.context.select.select`
+keeps the best within a token budget. A new router is one small registered class with one
+method to override (as a kvpress press overrides ``score``)::
+
+    @ROUTERS.register("longest")
+    class Longest(Router):
+        def score(self, doc, question):
+            return torch.tensor(doc.lengths(self.tokenizer), dtype=torch.float32)
+
+Every router is registered by importing :mod:`masklab.context.routers`, which also holds
+:func:`~masklab.context.routers.load_router`. ``Router.prune(text, question, keep)`` segments a text (or takes a :class:`Document`),
+scores it, selects and returns a :class:`Pruned`; ``Router.press(question, keep)`` wraps
+the same choice as a kvpress press that deletes the other units' tokens before prefill.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from masklab.context.document import UNIT_TOKENS, Document, segment
+from masklab.context.select import check_keep, select
+from masklab.errors import MasklabError
+from masklab.registry import Registry
+
+ROUTERS: Registry = Registry("router")
+
+
+@dataclass
+class Pruned:
+    """What a router kept of a document: ``kept`` unit indices (ascending), every unit's
+    ``scores``, the pruned ``text`` (kept units in reading order), ``kept_fraction`` of the
+    context's tokens, the router's ``seconds`` (segmenting excluded) and ``notes`` on what
+    happened (windows, a budget capped to fit the model). A compressor that rewrites the
+    text instead of keeping units sets ``compressed`` (the text) and ``compressed_tokens``."""
+
+    doc: Document
+    kept: list[int]
+    scores: list[float]
+    lengths: list[int]
+    seconds: float
+    router: str
+    notes: list[str] = field(default_factory=list)
+    compressed: str | None = None  # a compressor that rewrites the text (LongLLMLingua) keeps no units
+    compressed_tokens: int | None = None
+
+    @property
+    def text(self) -> str:
+        return self.compressed if self.compressed is not None else self.doc.text_of(self.kept)
+
+    @property
+    def kept_fraction(self) -> float:
+        kept = self.compressed_tokens if self.compressed is not None else sum(self.lengths[i] for i in self.kept)
+        return kept / max(1, sum(self.lengths))
+
+    def to_json(self) -> dict:
+        units = self.compressed is None
+        return {"router": self.router, "units": self.doc.units, "kept": self.kept if units else None,
+                "scores": self.scores if units else None,
+                "unit_tokens": self.lengths, "pruned_text": self.text, "kept_fraction": self.kept_fraction,
+                "router_seconds": self.seconds, "notes": self.notes}
+
+
+class Router:
+    """Scores units for a question. ``lm``: the :class:`~masklab.pretrained.models.LoadedModel`
+    whose tokenizer counts tokens (and whose layers a trained router reads); None counts
+    words. ``fill``: the default of :meth:`prune` (True: fill the budget)."""
+
+    name = ""
+    needs_model = False
+    fill = True
+
+    def __init__(self, lm=None) -> None:
+        if self.needs_model and lm is None:
+            raise MasklabError(f"the {self.name} router reads a language model: give one (--model / model=...)")
+        self.lm = lm
+
+    @property
+    def tokenizer(self):
+        return None if self.lm is None else self.lm.tokenizer
+
+    def score(self, doc: Document, question: str) -> Tensor:
+        """``(N,)``: one score per unit of ``doc``, higher = keep first."""
+        raise NotImplementedError
+
+    def choose(self, doc: Document, question: str, keep: float, fill: bool | None = None,
+               limit: int | None = None) -> Pruned:
+        """Score ``doc`` and keep its best units within ``keep`` of its tokens (and ``limit``)."""
+        check_keep(keep)
+        if not doc.units:
+            raise MasklabError("the document has no units to keep")
+        lengths = doc.lengths(self.tokenizer)
+        t0 = time.perf_counter()
+        scores = self.score(doc, question)
+        if scores.shape != (len(doc.units),):
+            raise MasklabError(f"router {self.name!r} returned scores of shape {tuple(scores.shape)} "
+                               f"for {len(doc.units)} units; expected ({len(doc.units)},)")
+        kept = select(scores, lengths, keep, fill=self.fill if fill is None else fill, limit=limit)
+        seconds = time.perf_counter() - t0
+        return Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name)
+
+    def prune(self, text: str | Document, question: str, keep: float = 0.25, fill: bool | None = None,
+              unit_tokens: int = UNIT_TOKENS, limit: int | None = None) -> Pruned:
+        """``text`` (cut by :func:`~masklab.context.document.segment`) or a :class:`Document`,
+        pruned to ``keep`` of its tokens for ``question``."""
+        from masklab.inputs import check_question
+
+        question = check_question(question)
+        doc = text if isinstance(text, Document) else segment(text, self.tokenizer, unit_tokens)
+        return self.choose(doc, question, keep, fill, limit)
+
+    def press(self, question: str, keep: float = 0.25, fill: bool | None = None):
+        """A kvpress press that prefills only the units this router keeps of the context the
+        pipeline is given (:class:`masklab.context.press.ContextPress`)."""
+        from masklab.context.press import ContextPress
+
+        check_keep(keep)
+        if self.lm is None:
+            raise MasklabError("a press needs the model's tokenizer: load the router with model=...")
+        return ContextPress(router=self, question=question, keep=keep, fill=fill)

@@ -1,0 +1,24 @@
+"""Every registered router: importing this package registers them in
+:data:`masklab.context.router.ROUTERS` (one file each; the kvpress presses in one table),
+and :func:`load_router` builds one by name."""
+
+from __future__ import annotations
+
+from masklab.context.router import ROUTERS, Router
+from masklab.context.routers import bm25, lexical, longllmlingua, oracle, presses, trained  # noqa: F401
+
+
+def load_router(name: str, model=None, **kwargs) -> Router:
+    """The router ``name`` (``lexical``, ``bm25``, ``oracle-gold``, ``evidence``,
+    ``attention``, or a kvpress press name) for ``model``: a registered model name, a model
+    directory, a loaded :class:`~masklab.pretrained.models.LoadedModel`, or None (routers
+    that read no model then count words). ``kwargs`` go to the router (e.g. ``path=`` a
+    trained router file, ``seed=`` for ``oracle-gold``)."""
+    factory = ROUTERS[name]
+    lm = model
+    if isinstance(model, str):
+        from masklab.pretrained.models import check_models, load
+
+        check_models([model])
+        lm = load(model)
+    return factory(lm=lm, **kwargs)

