@@ -60,6 +60,12 @@ def test_cli_device_cuda_without_a_gpu_exits_2_with_one_line(tmp_path, capsys):
     assert devices.current() == torch.device("cpu")
 
 
+# real-LM commands of the context package (main, after this branch began): not wired to a
+# device yet (docs/gpu.md, issue 30's report); wiring one means adding it to
+# cli.REAL_LM_COMMANDS and removing it here
+NOT_YET_ON_DEVICES = {"compress", "train-router"}
+
+
 def test_every_study_and_real_lm_command_takes_device_and_precision():
     ap = cli.build_parser()
     sub = next(a for a in ap._actions if a.dest == "command")
@@ -67,7 +73,10 @@ def test_every_study_and_real_lm_command_takes_device_and_precision():
         if name == "report":
             continue
         opts = {o for a in p._actions for o in a.option_strings}
-        assert {"--device", "--precision"} <= opts, name
+        if name in NOT_YET_ON_DEVICES:
+            assert "--device" not in opts, f"{name} takes --device now: remove it from NOT_YET_ON_DEVICES"
+        else:
+            assert {"--device", "--precision"} <= opts, name
 
 
 def test_using_restores_the_previous_choice():
