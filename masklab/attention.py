@@ -23,24 +23,36 @@ mask that requires grad sends SDPA to its math kernel, which materialises severa
 handled (no prior and ``return_attn`` are unaffected):
 
 * ``"math"`` - the reference: SDPA with the summed mask (its math kernel);
-* ``"blocked"`` - :class:`BlockedBiasAttention`: forward by SDPA's CPU flash kernel (which
-  also returns the log-sum-exp), backward by recomputing ``P`` in blocks of batch items and
-  query rows that fit in cache, giving the q, k, v and bias gradients from one recompute.
-  The bias gradient is summed over the batch block by block, so it needs ``(H|1, T, T)``
-  memory, never ``(B, H, T, T)``. A relative (per-distance) prior gets the same path: the
-  gradient of its ``(H|1, T, T)`` output flows back through the prior's own indexing, which
-  sums it along diagonals;
-* ``"auto"`` (default) - for ``T >= MIN_FAST_SEQ`` (128): ``"blocked"`` on CPU in
-  float32/float64 when the op is available, else ``"math"``; shorter sequences stay on
-  ``"math"``: as fast at T = 16, and every study at its default size (T <= 64) computes
-  exactly what it did before (at T = 64 the blocked path is faster in attention alone but
-  was not in the LM study's whole training step; see benchmarks/attention_overhead.py). ``"blocked"`` and ``"auto"`` at ``T >= 128`` also hand a frozen
-  ``(H|1, T, T)`` prior to SDPA as a 4-D mask, which its CPU flash kernel accepts (a 3-D
-  mask sends SDPA to its math kernel). On CUDA the math kernel is used; FlexAttention (a learnable bias
-  captured in ``score_mod``) is the GPU path to build, not built here (no GPU to test it).
+* ``"blocked"`` - :class:`BlockedBiasAttention` (CPU): forward by SDPA's CPU flash kernel
+  (which also returns the log-sum-exp), backward by recomputing ``P`` in blocks of batch
+  items and query rows that fit in cache, giving the q, k, v and bias gradients from one
+  recompute. The bias gradient is summed over the batch block by block, so it needs
+  ``(H|1, T, T)`` memory, never ``(B, H, T, T)``. A relative (per-distance) prior gets the
+  same path: the gradient of its ``(H|1, T, T)`` output flows back through the prior's own
+  indexing, which sums it along diagonals;
+* ``"flex"`` - FlexAttention (:func:`flex_attention_bias`, the GPU path): the prior and the
+  caller's bias are captured tensors read in ``score_mod`` (``score + prior[h, q, k] +
+  bias[b, h, q, k]``), so the fused kernel computes the forward and the backward, including
+  the gradient of the captured prior. On CUDA the call is compiled (``torch.compile``, once
+  per shape); on the CPU FlexAttention runs eagerly and has no backward, so ``"flex"`` serves
+  there only forward passes without gradients (the CPU tests compare it with the math path);
+* ``"auto"`` (default) - for ``T >= MIN_FAST_SEQ`` (128): on the CPU ``"blocked"`` in
+  float32/float64 when the op is available, else ``"math"``; on CUDA ``"flex"`` when this
+  torch has FlexAttention, else ``"math"``. Shorter sequences stay on ``"math"`` on every
+  device: on the CPU as fast at T = 16, and every study at its default size (T <= 64)
+  computes exactly what it did before (at T = 64 the blocked path is faster in attention
+  alone but was not in the LM study's whole training step; see
+  benchmarks/attention_overhead.py; ``scripts/device_check.py`` measures the CUDA side).
 
-Asking for ``"blocked"`` where it cannot run (CUDA, other dtypes, a torch without the CPU
-flash op) falls back to ``"math"`` with one logged warning.
+Frozen priors and masks (nothing requires grad) go to SDPA as a 4-D mask wherever a fused
+kernel takes one: on CUDA always (its memory-efficient kernel takes an additive mask), on the
+CPU with ``"blocked"`` and ``"auto"`` at ``T >= 128`` (its flash kernel takes 2-D or 4-D
+masks; a 3-D mask sends SDPA to its math kernel).
+
+Asking for ``"blocked"`` or ``"flex"`` where it cannot run (``"blocked"``: CUDA, other
+dtypes, a torch without the CPU flash op; ``"flex"``: a torch without FlexAttention, a
+backward on the CPU, a head dim FlexAttention's GPU kernels do not take) falls back to
+``"math"`` with one logged warning.
 """
 
 from __future__ import annotations
@@ -55,8 +67,8 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
-AttentionImpl = Literal["auto", "math", "blocked"]
-ATTENTION_IMPLS = ("auto", "math", "blocked")
+AttentionImpl = Literal["auto", "math", "blocked", "flex"]
+ATTENTION_IMPLS = ("auto", "math", "blocked", "flex")
 
 # "auto" leaves sequences shorter than this on the math path (see the module docstring;
 # benchmarks/attention_overhead.py: at T = 16 math was as fast, and the study models' training
@@ -68,13 +80,19 @@ MIN_FAST_SEQ = 128
 BLOCK_BYTES = 1 << 20
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+try:
+    from torch.nn.attention.flex_attention import flex_attention as _FLEX
+except ImportError:  # a torch older than 2.5
+    _FLEX = None
 _warned: set[str] = set()
+_flex_failed: list[str] = []  # the reason the compiled flex kernel failed once in this process (then: math)
+_flex_compiled = None
 
 
-def _warn_once(reason: str) -> None:
-    if reason not in _warned:
-        _warned.add(reason)
-        log.warning("masklab: blocked attention unavailable (%s); using the math path", reason)
+def _warn_once(reason: str, path: str = "blocked") -> None:
+    if (path, reason) not in _warned:
+        _warned.add((path, reason))
+        log.warning("masklab: %s attention unavailable (%s); using the math path", path, reason)
 
 
 def blocked_unavailable(q: Tensor) -> str | None:
@@ -82,7 +100,7 @@ def blocked_unavailable(q: Tensor) -> str | None:
     if _FLASH_CPU is None:
         return "this torch has no aten._scaled_dot_product_flash_attention_for_cpu"
     if q.device.type != "cpu":
-        return f"device {q.device.type} (FlexAttention is the GPU path, not built)"
+        return f"device {q.device.type} (impl='flex', which 'auto' picks on CUDA, is the GPU path)"
     if q.dtype not in (torch.float32, torch.float64):
         return f"dtype {q.dtype}"
     return None
@@ -153,6 +171,61 @@ class BlockedBiasAttention(torch.autograd.Function):
         return dq, dk, dv, dprior, None
 
 
+def flex_unavailable(q: Tensor, needs_grad: bool) -> str | None:
+    """Why :func:`flex_attention_bias` cannot run on ``q`` (``needs_grad``: a backward will
+    follow), or ``None`` when it can."""
+    if _FLEX is None:
+        return "this torch has no torch.nn.attention.flex_attention"
+    if _flex_failed:
+        return _flex_failed[0]
+    if q.device.type == "cpu":
+        return "FlexAttention has no backward on the CPU" if needs_grad else None
+    if q.device.type != "cuda":
+        return f"device {q.device.type}"
+    dh = q.shape[-1]
+    if dh < 16 or dh & (dh - 1):
+        return f"head dim {dh} (FlexAttention's GPU kernels take powers of two >= 16)"
+    return None
+
+
+def _flex_core(q: Tensor, k: Tensor, v: Tensor, prior: Tensor | None, bias: Tensor | None,
+               prior_heads: bool, bias_items: bool, bias_heads: bool) -> Tensor:
+    """FlexAttention with ``score + prior[h|0, q, k] + bias[b|0, h|0, q, k]`` in ``score_mod``
+    (the flags say which dims are not broadcast). Compiled as a whole on CUDA, so the closure
+    is traced inside the compiled region and one compile serves every step."""
+
+    def score_mod(score, b, h, qi, ki):
+        if prior is not None:
+            score = score + prior[h if prior_heads else 0, qi, ki]
+        if bias is not None:
+            score = score + bias[b if bias_items else 0, h if bias_heads else 0, qi, ki]
+        return score
+
+    return _FLEX(q, k, v, score_mod=score_mod)
+
+
+def flex_attention_bias(q: Tensor, k: Tensor, v: Tensor, prior: Tensor | None, bias: Tensor | None) -> Tensor:
+    """``softmax(q k^T / sqrt(dh) + prior + bias) v`` by FlexAttention, with gradients for q,
+    k, v and a learnable ``prior``.
+
+    q, k, v: ``(B, H, T, dh)``; prior: ``(H|1, T, T)`` or None; bias: ``(B|1, H|1, T, T)`` or
+    None (``-inf`` allowed). Compiled on CUDA (``torch.compile``, ``dynamic=False``); eager
+    on the CPU (forward only: FlexAttention has no CPU backward), where torch's
+    "called without torch.compile" warning is silenced: the CPU use is the reference test."""
+    global _flex_compiled
+    flags = (prior is not None and prior.shape[0] > 1,
+             bias is not None and bias.shape[0] > 1, bias is not None and bias.shape[1] > 1)
+    if q.device.type != "cuda":
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            return _flex_core(q, k, v, prior, bias, *flags)
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(_flex_core, dynamic=False)
+    return _flex_compiled(q, k, v, prior, bias, *flags)
+
+
 def _sum_bias(prior: Tensor | None, bias: Tensor | None) -> Tensor | None:
     """``prior + bias`` where either may be ``None``."""
     if prior is None or bias is None:
@@ -210,27 +283,35 @@ class Attention(nn.Module):
         v = self.v(x).view(shape).transpose(1, 2)
         prior = self.prior(T) if self.prior is not None else None
         fast = self.impl == "blocked" or (self.impl == "auto" and T >= MIN_FAST_SEQ)
-        if (
-            not return_attn
-            and fast
-            and prior is not None
-            and prior.requires_grad  # learnable and grad enabled
-            and (bias is None or not bias.requires_grad)
-        ):
-            why = blocked_unavailable(q)
-            if why is None:
-                prior = prior if prior.dim() == 3 else prior.reshape(-1, T, T)
-                while bias is not None and bias.dim() < 4:
-                    bias = bias[None]
-                y = BlockedBiasAttention.apply(q, k, v, prior.to(q.dtype), None if bias is None else bias.to(q.dtype))
-                return self.out(y.transpose(1, 2).reshape(B, T, self.dim)), None
-            if self.impl == "blocked":
-                _warn_once(why)
+        path = None if return_attn else self._fast_path(q, k, v, T, prior, bias)
+        if path is not None:
+            p4 = None if prior is None else (prior if prior.dim() == 3 else prior.reshape(-1, T, T)).to(q.dtype)
+            b4 = bias
+            while b4 is not None and b4.dim() < 4:
+                b4 = b4[None]
+            b4 = None if b4 is None else b4.to(q.dtype)
+            if path == "blocked":
+                y = BlockedBiasAttention.apply(q, k, v, p4, b4)
+            else:
+                try:
+                    y = flex_attention_bias(q, k, v, p4, b4)
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception as e:  # a kernel or compile failure on the GPU: the math path from now on
+                    if q.device.type == "cpu":
+                        raise
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    _flex_failed.append(f"FlexAttention failed: {type(e).__name__}: {first}")
+                    _warn_once(_flex_failed[0], "flex")
+                    return self.forward(x, bias, return_attn, query_scale)
+            return self.out(y.transpose(1, 2).reshape(B, T, self.dim)), None
         mask = _sum_bias(prior, bias)
         if mask is not None:
             mask = mask.to(q.dtype)
-            if fast and mask.dim() == 3:  # SDPA's CPU flash kernel takes 2-D or 4-D masks only,
-                mask = mask[None]  # so a frozen (H|1, T, T) prior would send it to the math kernel
+            # SDPA's fused kernels take a 4-D mask (the CPU flash kernel 2-D or 4-D only), so a
+            # frozen (H|1, T, T) prior would send it to the math kernel
+            if (fast or q.device.type == "cuda") and mask.dim() == 3:
+                mask = mask[None]
         probs = None
         if return_attn:
             logits = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
@@ -242,6 +323,34 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).reshape(B, T, self.dim)
         return self.out(y), probs
+
+    def _fast_path(self, q: Tensor, k: Tensor, v: Tensor, T: int, prior: Tensor | None, bias: Tensor | None) -> str | None:
+        """``"blocked"``, ``"flex"`` or None (SDPA with the summed mask) for this call; see the
+        module docstring. Warns once where an asked-for path cannot run."""
+        if self.impl == "math" or (bias is not None and bias.requires_grad):
+            return None
+        learnable = prior is not None and prior.requires_grad  # learnable and grad enabled
+        if self.impl == "flex":
+            if prior is None and bias is None:
+                return None
+            needs_grad = learnable or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+            why = flex_unavailable(q, needs_grad)
+            if why is None:
+                return "flex"
+            _warn_once(why, "flex")
+            return None
+        if not learnable:
+            return None
+        if self.impl == "blocked" or (T >= MIN_FAST_SEQ and q.device.type == "cpu"):
+            why = blocked_unavailable(q)
+            if why is None:
+                return "blocked"
+            if self.impl == "blocked":
+                _warn_once(why)
+            return None
+        if T >= MIN_FAST_SEQ and flex_unavailable(q, True) is None:  # "auto" off the CPU
+            return "flex"
+        return None
 
     def logits(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """Pre-softmax logits ``(B, H, T, T)`` of x ``(B, T, D)``: ``q.k / sqrt(dh)`` plus the

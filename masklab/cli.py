@@ -2,7 +2,8 @@
 
 Every study is a subcommand taking ``--out DIR``, ``--seeds N`` (or ``--seed S``),
 ``--quick``, ``--jobs``, ``--executor local|ray`` (with ``--ray-address``, see
-docs/cluster.md) and ``--no-progress`` (added here, once) and the flags declared on its
+docs/cluster.md), ``--device auto|cpu|cuda``, ``--precision fp32|bf16|fp16``
+(:mod:`masklab.device`) and ``--no-progress`` (added here, once) and the flags declared on its
 config dataclass (:mod:`masklab.flags`); ``masklab reproduce NAME`` runs a paper table on
 its defaults, ``masklab sweep NAME`` a factor sweep, ``masklab report`` regenerates the
 tables in README.md and docs/ from results files (:mod:`masklab.doctables`). A study module provides ``NAME``,
@@ -20,6 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from masklab import device as devices
 from masklab import distributed, doctables, executors, flags, runner
 from masklab.files import atomic_write_text, read_json, write_json
 from masklab.errors import MasklabError
@@ -39,6 +41,8 @@ STUDIES = {
     "longctx": "masklab.studies.longctx",
     "evidence-prior": "masklab.studies.evidence_prior",
 }
+# commands of real LMs that are not studies: they take --device/--precision and resolve them themselves
+REAL_LM_COMMANDS = ("cite",)
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets", "arith-size": "masklab.studies.arith_size"}
@@ -68,6 +72,15 @@ def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = 
                     help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; docs/cluster.md) (default local)")
     ap.add_argument("--ray-address", metavar="ADDR", default=None,
                     help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster (default the running local one, else a new one on this machine)")
+    device_flags(ap)
+
+
+def device_flags(ap: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--precision``: every study and every real-LM command takes them."""
+    ap.add_argument("--device", default="auto", metavar="DEVICE",
+                    help="where models compute: auto (CUDA when available, else the CPU), cpu, cuda or cuda:N (default auto)")
+    ap.add_argument("--precision", default="fp32", choices=devices.PRECISIONS,
+                    help="fp32, or autocast to bf16 / fp16 (fp16 training uses a loss scaler on CUDA) (default fp32)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(rep, "")
     mp = sub.add_parser("models", help="list the pretrained models masklab can load and whether they are installed")
     mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
+    device_flags(mp)  # for --load
     from masklab.pretrained import cli as pretrained_cli
 
     pretrained_cli.add_cite_parser(sub)
@@ -98,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--check", action="store_true", help="only compare: list the files whose generated blocks differ and exit 1 if any do")
     rp.add_argument("--stale", action="store_true", help="only list the results files holding runs made by code other than this checkout's (exit 1 if any): run before a release, since any edit to a study's code makes its results stale")
     rp.add_argument("--root", default=".", metavar="DIR", help="the repository root holding README.md, docs/ and results/ (default .)")
+    for name in REAL_LM_COMMANDS:  # the studies, reproduce and sweep have them from _common
+        device_flags(sub.choices[name])
     return ap
 
 
@@ -208,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = _unalias(argv)
     args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "device") and args.command not in ("models", *REAL_LM_COMMANDS):
+            # the runs' device and precision, before torchrun's process group (nccl on CUDA);
+            # one clear error for --device cuda without a GPU, before anything is written
+            devices.use(args.device, args.precision)
         if args.command in ("models", "cite"):
             from masklab.pretrained import cli as pretrained_cli
 
@@ -249,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         executors.use("local")  # the choices last one command (main() may be called again in-process)
+        devices.use("cpu")
         runner.KEEP_OLD_RUNS = False
         distributed.shutdown()
     return 0

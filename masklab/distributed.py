@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from masklab import device as devices
 from masklab.errors import MasklabError
 
 
@@ -32,10 +33,15 @@ def init_from_env() -> bool:
 
 
 def device() -> torch.device:
-    """``cuda:LOCAL_RANK`` when a GPU is present (unless ``MASKLAB_DEVICE=cpu``), else the CPU."""
-    if os.environ.get("MASKLAB_DEVICE", "auto") != "cpu" and torch.cuda.is_available():
+    """This process's device: :func:`masklab.device.current` (the CLI's ``--device``; the CPU
+    unless chosen), and under ``torchrun`` on CUDA ``cuda:LOCAL_RANK``. ``MASKLAB_DEVICE=cpu``
+    (the switch from before ``--device``) still forces the CPU."""
+    if os.environ.get("MASKLAB_DEVICE", "auto") == "cpu":
+        return torch.device("cpu")
+    dev = devices.current()
+    if dev.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    return torch.device("cpu")
+    return dev
 
 
 def shutdown() -> None:

@@ -6,7 +6,8 @@ executors share one interface::
 
     executor.run(fn_path, todo, out, threads, show) -> Iterator[(key, record)]
 
-It runs every spec in ``todo`` with :func:`masklab.runs.execute`, writes
+It runs every spec in ``todo`` with :func:`masklab.runs.execute` on the device and precision
+chosen with :func:`masklab.device.use` (passed to each worker and task), writes
 ``out/runs/<key>.json`` as each run finishes and yields ``(key, record)``; ``show(text)``
 puts the current run names on the progress bar. On a failed run it raises
 :class:`MasklabError` after keeping every finished run's file.
@@ -14,7 +15,8 @@ puts the current run names on the progress bar. On a failed run it raises
 * :class:`LocalExecutor`: ``jobs=1`` runs in this process; ``jobs>1`` runs at most
   ``jobs`` worker subprocesses (``python -m masklab.worker``; JSON in, JSON out).
 * :class:`RayExecutor`: each spec is one Ray task with ``num_cpus`` = the run's torch
-  threads (or its ``cpus`` param when larger). The task writes the run's file itself, so
+  threads (or its ``cpus`` param when larger), and ``num_gpus=1`` when the runs compute on
+  CUDA (``--device``). The task writes the run's file itself, so
   ``out`` must be storage every node sees at the same path; this is checked on every node
   before any run starts. A task whose worker dies is retried by Ray (``max_retries``) and
   continues from the run's checkpoint; a run that raises is not retried. Only JSON-able
@@ -38,6 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
+from masklab import device as devices
 from masklab.errors import MasklabError
 from masklab.files import json_default, read_json, write_json
 from masklab.runs import RunSpec, execute
@@ -140,7 +143,8 @@ class LocalExecutor:
                     s = queue.pop(0)
                     spec_path = out / "ckpt" / s.key / "spec.json"
                     write_json(spec_path, s.as_dict())
-                    cmd = [sys.executable, "-m", "masklab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads)]
+                    cmd = [sys.executable, "-m", "masklab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads),
+                           str(devices.current()), devices.precision()]
                     with open(out / "ckpt" / s.key / "stderr.log", "w") as log:
                         active[s.key] = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
                     show(", ".join(active))
@@ -177,10 +181,10 @@ def import_ray():
     return ray
 
 
-def _ray_task(fn_path: str, spec: dict, out: str, threads: int) -> str:
+def _ray_task(fn_path: str, spec: dict, out: str, threads: int, device: str = "cpu", precision: str = "fp32") -> str:
     """One run on a Ray worker: execute, write ``runs/<key>.json``, return the record as JSON text."""
     key = RunSpec(**spec).key
-    rec = execute(fn_path, spec, Path(out) / "ckpt" / key, threads)  # sets torch's threads
+    rec = execute(fn_path, spec, Path(out) / "ckpt" / key, threads, device, precision)  # sets torch's threads and device
     write_json(Path(out) / "runs" / f"{key}.json", rec)
     return json.dumps(rec, default=json_default)
 
@@ -279,8 +283,9 @@ class RayExecutor:
         keys: dict = {}
         for s in todo:
             cpus = max(threads, int(s.params.get("cpus", 1)))
-            ref = task.options(num_cpus=cpus, max_retries=self.max_retries, retry_exceptions=False, name=f"masklab:{s.key}").remote(
-                fn_path, s.as_dict(), str(out), threads
+            gpus = 1 if devices.current().type == "cuda" else 0  # a CUDA run asks Ray for one GPU
+            ref = task.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.max_retries, retry_exceptions=False, name=f"masklab:{s.key}").remote(
+                fn_path, s.as_dict(), str(out), threads, "cuda" if gpus else "cpu", devices.precision()
             )
             keys[ref] = s.key
         pending = list(keys)

@@ -92,12 +92,16 @@ def write_markdown(results: dict, out: Path, metrics: list[str], command: str, n
 
 def environment_line(results: dict) -> str:
     """The footer of every results.md: versions, threads, jobs, git revision, code hashes,
-    total run time, and :func:`code_note`'s warning when the runs mix code."""
+    total run time, the device when it is not the CPU in fp32 (so CPU footers read as they
+    did before devices), and :func:`code_note`'s warning when the runs mix code."""
     env = results["environment"]
     total = sum(r["seconds"] for r in results["runs"])
     code = ", ".join(results.get("code") or {}) or "unknown"
+    where = ""
+    if env.get("device", "cpu") != "cpu" or env.get("precision", "fp32") != "fp32":
+        where = f"{env.get('device_name')} ({env.get('device')}, {env.get('precision')}), "
     return (
-        f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
+        f"Environment: {where}python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
         f"{env.get('torch_threads_per_run')} thread(s) per run, {env.get('jobs')} job(s), git {env['git_rev']}, "
         f"code {code}; sum of run times {total:.0f} s."
     ) + (f"\n\n{note}" if (note := code_note(results)) else "")

@@ -5,9 +5,11 @@ for studies of real LMs) and a *run function*
 ``fn(spec: dict, ckpt_dir: Path) -> {"metrics": {...}, "curves": {...}, "extra": {...}}``
 named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`:
 
-* skips runs whose result file already exists with the same spec and was made by the same
-  code (resume; :mod:`masklab.revision`); a run made by other code is run again, from
-  scratch, unless :data:`KEEP_OLD_RUNS` (the CLI's ``--keep-old-runs``) keeps it;
+* skips runs whose result file already exists with the same spec, was made by the same
+  code (resume; :mod:`masklab.revision`) and on the same kind of device in the same
+  precision (:mod:`masklab.device`; a record without ``device`` was made on the CPU in
+  fp32); any other run is run again, from scratch, unless :data:`KEEP_OLD_RUNS` (the CLI's
+  ``--keep-old-runs``) keeps it;
 * runs the rest with an executor (:mod:`masklab.executors`): in-process (``jobs=1``), in
   ``jobs`` worker processes (``python -m masklab.worker``) or as Ray tasks on a cluster;
   specs and results travel as JSON, nothing is pickled;
@@ -37,10 +39,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from masklab import device as devices
 from masklab import distributed, executors, revision
 from masklab.errors import MasklabError  # noqa: F401 (re-export)
 from masklab.files import atomic_write_text, read_json, write_json
-from masklab.runs import RunSpec, fn_code  # noqa: F401 (re-exported: studies build their runs from the runner's API)
+from masklab.runs import RunSpec, fn_code, resolve  # noqa: F401 (re-exported: studies build their runs from the runner's API)
 
 # Keep finished runs made by other code (another code hash) instead of running them again.
 # Set by the CLI's --keep-old-runs for one command; results.md then says the table mixes code.
@@ -90,12 +93,13 @@ class Checkpoint:
 
     def save(self, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, extra: dict) -> None:
         # cloned: tied weights (a GPT's embedding and LM head) share memory, which safetensors refuses
-        tensors = {f"model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        # (.cpu(): a model on CUDA is saved as CPU tensors, a no-op on the CPU)
+        tensors = {f"model.{k}": v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
         opt_state = opt.state_dict()
         for pid, st in opt_state["state"].items():
             for name, val in st.items():
                 t = val if torch.is_tensor(val) else torch.tensor(val)
-                tensors[f"opt.{pid}.{name}"] = t.detach().contiguous()
+                tensors[f"opt.{pid}.{name}"] = t.detach().cpu().contiguous()
         tensors["rng.torch"] = torch.get_rng_state()
         tensors["rng.gen"] = gen.get_state()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -199,16 +203,28 @@ def run_study(
     paper: list[dict] | None = None,
     progress: bool = True,
     executor: executors.Executor | None = None,
+    device: str | None = None,
+    precision: str | None = None,
 ) -> dict:
     """Run (or resume) every spec, then write ``results.json``; return the results dict.
 
     Under ``torchrun`` (see :mod:`masklab.distributed`) every process runs every spec
     in-process, together; only rank 0 writes files. ``executor`` (default: the one the
     CLI chose with :func:`masklab.executors.use`, else local with ``jobs``) runs the specs
-    still to do; see :mod:`masklab.executors`."""
-
+    still to do; see :mod:`masklab.executors`. ``device`` / ``precision`` (``auto``, ``cpu``,
+    ``cuda``; ``fp32``, ``bf16``, ``fp16``; default: the CLI's ``--device`` / ``--precision``
+    chosen with :func:`masklab.device.use`, else the CPU in fp32) say where every run computes."""
     if not isinstance(threads, int) or threads < 1:  # every study's --threads, before --out is created
         raise MasklabError(f"--threads must be >= 1, got {threads}")
+    if device is not None or precision is not None:
+        keep = device is None  # only the precision given: keep the device and how it was chosen
+        with devices.using(devices.current() if keep else device, precision or devices.precision(), devices.chosen_by_auto() if keep else None):
+            return run_study(study, config, specs, fn_path, out, jobs, threads, paper, progress, executor)
+    # a run function whose module declares no DEVICES computes on the CPU only
+    fallback = devices.for_study(study, getattr(sys.modules[resolve(fn_path).__module__], "DEVICES", ("cpu",)))
+    if fallback is not None:
+        return run_study(study, config, specs, fn_path, out, jobs, threads, paper, progress, executor, device=fallback)
+    where = devices.describe()
     main = distributed.is_main()
     if distributed.world_size() > 1:
         jobs = 1
@@ -226,7 +242,8 @@ def run_study(
         path = out / "runs" / f"{s.key}.json"
         if path.exists():
             rec = read_json(path)
-            if rec.get("spec") == s.as_dict() and (KEEP_OLD_RUNS or rec.get("code") == code):
+            same_place = rec.get("device", "cpu") == where["device"] and rec.get("precision", "fp32") == where["precision"]
+            if rec.get("spec") == s.as_dict() and (KEEP_OLD_RUNS or (rec.get("code") == code and same_place)):
                 done[s.key] = rec
                 continue
         todo.append(s)
@@ -249,6 +266,7 @@ def run_study(
     env["jobs"] = jobs
     env["executor"] = type(executor).__name__
     env["world_size"] = distributed.world_size()
+    env.update(where)  # device, device_name, precision
     results = {
         "study": study,
         "config": config,

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from threadpoolctl import threadpool_limits
 
+from masklab import device as devices
 from masklab import revision
 from masklab.errors import MasklabError
 
@@ -54,16 +55,24 @@ def resolve(path: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
-def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int) -> dict:
+def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int, device: str | None = None, precision: str | None = None) -> dict:
     """Run one spec and return its result record (what lands in ``runs/<key>.json``), with
-    the code that made it (``code``, ``git_rev``: :mod:`masklab.revision`).
+    the code that made it (``code``, ``git_rev``: :mod:`masklab.revision`) and where it
+    computed (``device``, ``device_name``, ``precision``: :func:`masklab.device.describe`).
 
     torch and the BLAS under numpy use ``threads`` threads, so a run's numbers do not depend
-    on the machine's core count or on where it ran (in-process, a worker, a Ray task)."""
+    on the machine's core count or on where it ran (in-process, a worker, a Ray task).
+    ``device`` / ``precision`` (default: :func:`masklab.device.current` /
+    :func:`masklab.device.precision`) are set for the run's duration; the run function reads
+    them from :mod:`masklab.device`, so the spec (and the run's key) does not name them."""
     torch.set_num_threads(threads)
+    dev = devices.current() if device is None else device
+    prec = devices.precision() if precision is None else precision
     start = time.perf_counter()
-    with threadpool_limits(threads):
+    with threadpool_limits(threads), devices.using(dev, prec) as where:
         out = resolve(fn_path)(spec, Path(ckpt_dir))
+        if where.type == "cuda":
+            torch.cuda.synchronize(where)
     model = {"model": spec["model"]} if spec.get("model") else {}
     return {
         "task": spec["task"],
@@ -77,6 +86,7 @@ def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int) -> dict:
         "spec": spec,
         "code": fn_code(fn_path),
         "git_rev": revision.git_rev(),
+        **devices.describe(where, prec),
     }
 
 

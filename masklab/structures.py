@@ -120,7 +120,7 @@ def allowed_mass(probs: Tensor, structure: Tensor, rows: str = "cls") -> float:
     probs: ``(B, H, T, T)``; structure: ``(H|1, T, T)`` in [0, 1] (> 0.5 = allowed).
     ``rows="cls"`` averages the CLS query (row 0) over batch and heads; ``"all"`` every row.
     """
-    allowed = (structure > 0.5).to(probs.dtype)
+    allowed = (structure > 0.5).to(probs.device, probs.dtype)
     mass = (probs * allowed).sum(-1)  # (B, H, T)
     return (mass[..., 0] if rows == "cls" else mass).mean().item()
 

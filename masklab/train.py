@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from masklab import device as devices
 from masklab import distributed as dist
 from masklab.bias import ALiBi, MaskPrior
 from masklab.models.optim import param_groups
@@ -132,6 +133,8 @@ def train(
         gradients at step 0 and every ``steps // evals`` steps and at the end.
     label: ``task/method``, named by the NaN guard's error.
     """
+    model.to(dist.device())  # the run's device, before the optimiser: its state lives beside the parameters
+    scaler = devices.grad_scaler()  # fp16 on CUDA only
     # the lambda returns the learning rate itself, so the optimiser's base lr is 1.0
     # (LambdaLR sets lr = base * lambda(step); this keeps warmup_cosine's floats exact)
     opt = torch.optim.AdamW(param_groups(model, recipe.weight_decay), lr=1.0)
@@ -146,7 +149,7 @@ def train(
 
     def record(step: int, train_loss: float | None) -> None:
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), devices.autocast():
             values = {"step": step, "train_loss": train_loss, **evaluate(step), "mask_drift": mask_drift(model)}
         model.train()
         for k, v in values.items():
@@ -160,14 +163,23 @@ def train(
     net.train()
     running: list[float] = []
     while step < recipe.steps:
-        loss = loss_of(net, step)
+        with devices.autocast():
+            loss = loss_of(net, step)
         if not torch.isfinite(loss):
             raise MasklabError(f"loss became {loss.item()} at step {step} ({label}); lower --lr")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if recipe.clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            if recipe.clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+            opt.step()
+        else:  # fp16 on CUDA: scale the loss, unscale before clipping, skip steps with inf gradients
+            scaler.scale(loss).backward()
+            if recipe.clip is not None:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+            scaler.step(opt)
+            scaler.update()
         schedule.step()
         running.append(dist.mean_across(loss))
         step += 1

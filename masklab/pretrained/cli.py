@@ -102,7 +102,7 @@ def _models(args: argparse.Namespace) -> int:
             print(f"{'':<{width}}  install: {r['install']}")
     print("also accepted wherever --model is: a local Hugging Face model directory or a .gguf file")
     if args.load:
-        lm = load(args.load, threads=args.threads if hasattr(args, "threads") else None)
+        lm = load(args.load, threads=args.threads if hasattr(args, "threads") else None, device=args.device)
         print(f"loaded {args.load} from {lm.source} in {lm.load_seconds:.1f} s "
               f"({lm.n_layers} layers x {lm.n_heads} heads)")
     return 0
@@ -121,14 +121,18 @@ def _cite(args: argparse.Namespace) -> int:
     query = check_question(args.query)
     text = read_text(args.context, encoding=opts.encoding, max_bytes=opts.max_context_bytes)
     sentences = sentences_of(text)
+    from masklab import device as devices
+
+    dev = devices.resolve(args.device)  # one clear error for --device cuda without a GPU, before loading
 
     from masklab.pretrained.evidence import cite
     from masklab.pretrained.models import load
 
-    lm = load(opts.model, threads=opts.threads, prompt_format=opts.prompt_format)
+    lm = load(opts.model, threads=opts.threads, prompt_format=opts.prompt_format, device=dev)
     check_fits(lm, sentences, query, opts.max_new_tokens)
-    res = cite(lm, sentences, query, method=opts.method, hide=opts.hide,
-               tolerance=opts.tolerance, max_new_tokens=opts.max_new_tokens)
+    with devices.autocast(dev, args.precision):
+        res = cite(lm, sentences, query, method=opts.method, hide=opts.hide,
+                   tolerance=opts.tolerance, max_new_tokens=opts.max_new_tokens)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

@@ -192,7 +192,7 @@ def _head_complete(tokenizer, start: int):
     class HeadComplete(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
             text = tokenizer.decode(input_ids[0, start:], skip_special_tokens=True).strip()
-            return torch.full((input_ids.shape[0],), bool(HEAD_END.search(text)), dtype=torch.bool)
+            return torch.full((input_ids.shape[0],), bool(HEAD_END.search(text)), dtype=torch.bool, device=input_ids.device)
 
     return HeadComplete()
 
@@ -202,6 +202,7 @@ def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8, stop_at_head
     """Greedy continuation of ``ids (T,)``: ``(new_ids (n,), text)``. ``stop_at_head``: stop
     as soon as the answer head is complete (the first punctuation mark or line break after
     some text), which leaves the head the same and saves the remaining tokens."""
+    ids = ids.to(lm.model.device)  # the model's device (a no-op on the CPU)
     kw = {}
     if stop_at_head:
         from transformers import StoppingCriteriaList
@@ -209,7 +210,7 @@ def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8, stop_at_head
         kw["stopping_criteria"] = StoppingCriteriaList([_head_complete(lm.tokenizer, ids.numel())])
     out = lm.model.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=max_new_tokens,
                             do_sample=False, pad_token_id=lm.tokenizer.pad_token_id, **kw)
-    new = out[0, ids.numel():]
+    new = out[0, ids.numel():].cpu()
     return new, lm.tokenizer.decode(new, skip_special_tokens=True)
 
 
@@ -232,14 +233,16 @@ def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Ten
     Returns ``logp (V,)`` (sum of the answer tokens' log-probabilities) and ``greedy (V,)``
     (True where every answer token is still the argmax, i.e. greedy decoding reproduces it).
     """
+    dev = lm.model.device  # inputs go to the model's device, results come back to the CPU
+    ids, answer, keep_tokens = ids.to(dev), answer.to(dev), keep_tokens.to(dev)
     full = torch.cat([ids, answer])
     T, A = ids.numel(), answer.numel()
     logps, greedys = [], []
     for s in range(0, keep_tokens.shape[0], batch):
         keep = keep_tokens[s:s + batch]
         V = keep.shape[0]
-        mask = torch.cat([keep.long(), torch.ones(V, A, dtype=torch.long)], dim=1)
-        pos = torch.arange(T + A)[None].expand(V, -1)
+        mask = torch.cat([keep.long(), torch.ones(V, A, dtype=torch.long, device=dev)], dim=1)
+        pos = torch.arange(T + A, device=dev)[None].expand(V, -1)
         if via == "hide":
             from masklab.hf import hide
 
@@ -252,7 +255,7 @@ def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Ten
         lp = torch.log_softmax(logits, -1)
         logps.append(lp.gather(-1, answer[None, :, None].expand(V, -1, 1))[..., 0].sum(-1))
         greedys.append((logits.argmax(-1) == answer[None]).all(-1))
-    return torch.cat(logps), torch.cat(greedys)
+    return torch.cat(logps).cpu(), torch.cat(greedys).cpu()
 
 
 @torch.no_grad()
@@ -260,7 +263,7 @@ def last_token_attention(lm: LoadedModel, ids: Tensor) -> Tensor:
     """Attention probabilities from the last position of ``ids (T,)``: ``(L, H, T)``.
 
     Needs the model in eager attention mode (``set_attention(lm, "eager")``)."""
-    out = lm.model(input_ids=ids[None], output_attentions=True, logits_to_keep=1)
+    out = lm.model(input_ids=ids[None].to(lm.model.device), output_attentions=True, logits_to_keep=1)
     if out.attentions is None or out.attentions[0] is None:
         raise RuntimeError("the model returned no attention probabilities; load it with attn='eager'")
-    return torch.stack([a[0, :, -1, :] for a in out.attentions]).float()
+    return torch.stack([a[0, :, -1, :] for a in out.attentions]).float().cpu()

@@ -265,7 +265,7 @@ def check_prompt_format(fmt: str | None) -> None:
 
 
 def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir: Path | None = None,
-         prompt_format: str | None = None) -> LoadedModel:
+         prompt_format: str | None = None, device: str | None = None) -> LoadedModel:
     """Load a registered model (cached after the first time), a model directory or a GGUF.
 
     A directory is any Hugging Face causal LM of an architecture in
@@ -279,6 +279,8 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     ``prompt_format``: ``"raw"`` or ``"chat"``; None takes the model's default
     (:func:`default_prompt_format`: a directory whose tokenizer has a chat template
     prompts with that template).
+    ``device``: ``auto``, ``cpu``, ``cuda`` (:func:`masklab.device.resolve`); None leaves the
+    model on the CPU. Inputs follow ``lm.model.device`` in :mod:`masklab.pretrained.lm`.
     """
     import torch
 
@@ -329,6 +331,10 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     model.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if device is not None:
+        from masklab.device import resolve
+
+        model.to(resolve(device))
     # a user's model prompts with its tokenizer's chat template; the packaged models keep the
     # chat turns their committed numbers were made with (CHAT_TURNS)
     template_chat = not packaged and bool(getattr(tok, "chat_template", None))

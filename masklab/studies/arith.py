@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from masklab import distributed as dist  # noqa: E402
 from masklab.flags import flag, str_list, strength_flag  # noqa: E402
 from masklab.models import GPT  # noqa: E402
 from masklab.report import plot_curves, save_figure, write_markdown  # noqa: E402
@@ -43,6 +44,7 @@ from masklab.tasks.arithmetic import OPS, VOCAB, WIDTHS, greedy_results, inputs_
 from masklab.train import Recipe, init_qk, priors_for, steps_to, train  # noqa: E402
 
 NAME = "arith"
+DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.device)
 METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard", "mask-zero")
 TABLE_METRICS = ["exact_acc", "digit_acc", "train_exact_acc", "steps_to_90", "prior_mass_step0", "prior_mass_final", "mask_drift"]
 TRAIN_PROBE = 2000  # training pairs scored for train_exact_acc
@@ -178,12 +180,15 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     probe = inputs_targets(test_seq[:ATTN_PROBE], width)[0]
     curve_seq = test_seq[:CURVE_PROBE]
     sample = lambda: x_train[torch.randperm(len(x_train), generator=gen)[:256]]  # noqa: E731
-    init_qk(method, model, structures, p["allowed"], p["suppressed"], sample)
+    init_qk(method, model, structures, p["allowed"], p["suppressed"], sample)  # on the CPU, as every QK init
+    # the run's device (a no-op on the CPU): batches are drawn on the CPU by ``gen``, then indexed on it
+    model.to(dist.device())
+    x_dev, y_dev, probe = (t.to(dist.device()) for t in (x_train, y_train, probe))
 
     def loss_of(net: torch.nn.Module, step: int) -> torch.Tensor:
         idx = torch.randint(len(x_train), (p["batch"],), generator=gen)
-        logits, _ = net(x_train[idx])
-        return F.cross_entropy(logits.flatten(0, 1), y_train[idx].flatten())
+        logits, _ = net(x_dev[idx])
+        return F.cross_entropy(logits.flatten(0, 1), y_dev[idx].flatten())
 
     def evaluate(step: int) -> dict:
         acc = score(greedy_results(model, curve_seq, width), curve_seq, width)["exact_acc"]

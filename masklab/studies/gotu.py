@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from masklab import device as devices
 from masklab.flags import flag, strength_flag
 from masklab.models import TokenEncoder
 from masklab.report import plot_curves, write_markdown
@@ -46,6 +47,7 @@ from masklab.tasks.boolean import (
 from masklab.train import Recipe, init_qk, priors_for, steps_to, train
 
 NAME = "gotu"
+DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.device)
 CURVE_SEEN = 2048  # seen points scored at each evaluation (a seeded random subset)
 CURVE_UNSEEN = 8192  # unseen points scored at each evaluation: the whole unseen domain up to this size
 PROBE = 256  # points for the attention statistics
@@ -159,7 +161,7 @@ def probe_points(task: BooleanTask, seed: int, n: int = PROBE) -> np.ndarray:
 
 @torch.no_grad()
 def predict(model: TokenEncoder, tokens: torch.Tensor, chunk: int = 2048) -> np.ndarray:
-    return torch.cat([model(tokens[i : i + chunk])[0][:, 0] for i in range(0, len(tokens), chunk)]).numpy()
+    return torch.cat([model(tokens[i : i + chunk])[0][:, 0] for i in range(0, len(tokens), chunk)]).float().cpu().numpy()
 
 
 @torch.no_grad()
@@ -193,14 +195,17 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     # curves are scored on fixed points (2048 seen, the whole unseen domain); final metrics on the full cube
     sub = curve_points(task, spec["seed"])
     sample = lambda: x_all[seen_idx[torch.randperm(len(seen_idx), generator=gen)[:256]]]  # noqa: E731
-    init_qk(method, model, structures, p["allowed"], p["suppressed"], sample)
+    init_qk(method, model, structures, p["allowed"], p["suppressed"], sample)  # on the CPU, as every QK init
+    # the run's device (a no-op on the CPU): batches are drawn on the CPU by ``gen``, then indexed on it
+    model.to(devices.current())
+    x_dev, y_dev, probe = devices.to((x_all, y_t, probe))
 
     def loss_of(net: torch.nn.Module, step: int) -> torch.Tensor:
         idx = seen_idx[torch.randint(len(seen_idx), (p["batch"],), generator=gen)]
-        return F.mse_loss(net(x_all[idx])[0][:, 0], y_t[idx])
+        return F.mse_loss(net(x_dev[idx])[0][:, 0], y_dev[idx])
 
     def evaluate(step: int) -> dict:
-        pred = predict(model, x_all[sub])
+        pred = predict(model, x_dev[sub])
         y, seen = y_all[sub], task.seen[sub]
         sign_ok = np.sign(pred) == np.sign(y)
         # full-cube accuracy re-weighted from the subsample's seen/unseen halves
@@ -212,7 +217,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], evals=p["evals"])  # constant lr
     curves = train(model, recipe, loss_of, evaluate, gen, ckpt_dir, f"{spec['task']}/{method}").curves
 
-    pred = predict(model, x_all)
+    pred = predict(model, x_dev)
     sign_ok = np.sign(pred) == np.sign(y_all)
     try:
         mdi = minimum_degree_interpolator(task)

@@ -41,6 +41,7 @@ from masklab.tasks.text import CORPORA, TOKENIZERS, TokenData, load_corpus, toke
 from masklab.train import Recipe, priors_for, steps_to, train
 
 NAME = "lm"
+DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.device)
 METHODS = ("vanilla", "alibi", "mask", "mask-nopos", "mask-zero")
 DEFAULT_METHODS = ("vanilla", "alibi", "mask")
 TABLE_METRICS = ["val_ppl", "best_val_ppl", "steps_to_target", "train_loss", "mask_drift"]
@@ -133,7 +134,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     windows = torch.stack([data.valid[s : s + T + 1] for s in starts])  # (W, T + 1), fixed
     gen = seed_everything(spec["seed"])
     model = build_model(p, data.vocab)
-    device = dist.device()  # a GPU when there is one (MASKLAB_DEVICE=cpu forces the CPU)
+    device = dist.device()  # the run's device (--device; cuda:LOCAL_RANK under torchrun on GPUs)
     model.to(device)
     windows = windows.to(device)
     offsets = torch.arange(T + 1)

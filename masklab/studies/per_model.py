@@ -37,8 +37,10 @@ def run_per_model(name: str, cfg: Any, specs: list[RunSpec], fn_path: str, out: 
 
 
 def load_model(spec: dict, attn: str = "sdpa"):
-    """The spec's model (:func:`masklab.pretrained.models.load`) with its threads and prompt format."""
+    """The spec's model (:func:`masklab.pretrained.models.load`) with its threads and prompt
+    format, on the run's device (:func:`masklab.device.current`: the CLI's ``--device``)."""
+    from masklab import device as devices
     from masklab.pretrained.models import load
 
     p = spec["params"]
-    return load(spec["model"], attn=attn, threads=p["threads"], prompt_format=p.get("prompt_format"))
+    return load(spec["model"], attn=attn, threads=p["threads"], prompt_format=p.get("prompt_format"), device=devices.current())

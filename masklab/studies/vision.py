@@ -43,6 +43,7 @@ from masklab.tasks.vision import DATASETS, VisionData, augment, load_vision, nor
 from masklab.train import Recipe, init_qk, priors_for, train  # noqa: E402
 
 NAME = "vision"
+DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.device)
 METHODS = ("default", "mimetic", "impulse", "mask", "mask-zero")
 DEFAULT_METHODS = ("default", "mimetic", "impulse", "mask")
 TABLE_METRICS = ["test_acc", "test_loss", "train_loss", "local_mass_step0", "local_mass_final", "impulse_mass_step0", "mask_drift"]
@@ -162,7 +163,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     sample = normalise(data.train_x[torch.randperm(len(data.train_x), generator=gen)[:256]], data, mean, std)
     probe = sample[:64]
     init_qk(method, model, [impulse] * size["depth"], p["allowed"], p["suppressed"], lambda: sample)
-    device = dist.device()  # a GPU when there is one (MASKLAB_DEVICE=cpu forces the CPU)
+    device = dist.device()  # the run's device (--device; cuda:LOCAL_RANK under torchrun on GPUs)
     model.to(device)
     test_x, test_y, probe = test_x.to(device), data.test_y.to(device), probe.to(device)
     local, impulse = local.to(device), impulse.to(device)

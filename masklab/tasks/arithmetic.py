@@ -122,7 +122,8 @@ def greedy_results(model, seq: Tensor, width: int, chunk: int = 2000) -> Tensor:
     """Greedy decoding of the result from the prompt: ``(P, L)`` -> predicted result ``(P, r)``."""
     p = prompt_len(width)
     r = seq.shape[1] - p
-    out = [model.generate(seq[i : i + chunk, :p], r)[:, p:] for i in range(0, len(seq), chunk)]
+    dev = next(model.parameters()).device  # prompts go to the model's device, results come back to the CPU
+    out = [model.generate(seq[i : i + chunk, :p].to(dev), r)[:, p:].cpu() for i in range(0, len(seq), chunk)]
     return torch.cat(out) if out else seq[:, p:]
 
 
