@@ -120,7 +120,8 @@ def test_peers_on_the_same_prompt(smol):
     if not (_have("kvpress") and _have("context_cite")):
         pytest.skip("kvpress/context-cite not installed: pip install -e '.[pretrained]'")
     from masklab.pretrained.lm import encode, generate
-    from masklab.pretrained.peers import KVPressRunner, contextcite_scores
+    from masklab.context.routers.presses import KVPressRunner
+    from masklab.pretrained.peers import contextcite_scores
 
     p = _simple_prompt()
     ours = generate(smol, encode(smol, p.sentences, p.query).ids, 4)[1]
