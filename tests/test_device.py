@@ -63,7 +63,7 @@ def test_cli_device_cuda_without_a_gpu_exits_2_with_one_line(tmp_path, capsys):
 # real-LM commands of the context package (main, after this branch began): not wired to a
 # device yet (docs/gpu.md, issue 30's report); wiring one means adding it to
 # cli.REAL_LM_COMMANDS and removing it here
-NOT_YET_ON_DEVICES = {"compress", "train-router"}
+NOT_YET_ON_DEVICES = {"train-router"}
 
 
 def test_every_study_and_real_lm_command_takes_device_and_precision():

@@ -30,7 +30,8 @@ def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, 
     (tokenise + prefill), "tokens" (prompt), "new_tokens"}``."""
     t0 = time.perf_counter()
     enc = encode(lm, units, query)
-    out = lm.model(input_ids=enc.ids[None], use_cache=True, logits_to_keep=1)
+    dev = lm.model.device
+    out = lm.model(input_ids=enc.ids[None].to(dev), use_cache=True, logits_to_keep=1)
     t1 = time.perf_counter()
     eos = lm.model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -42,7 +43,7 @@ def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, 
             break
         if stop_at_sentence and SENTENCE_END.search(lm.tokenizer.decode(new, skip_special_tokens=True).lstrip()):
             break
-        out = lm.model(input_ids=torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True)
+        out = lm.model(input_ids=torch.tensor([[nxt]], device=dev), past_key_values=out.past_key_values, use_cache=True)
     text = lm.tokenizer.decode(new, skip_special_tokens=True)
     return {"generated": text, "seconds": time.perf_counter() - t0, "prefill_seconds": t1 - t0,
             "tokens": int(enc.ids.numel()), "new_tokens": len(new)}

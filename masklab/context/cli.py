@@ -29,6 +29,8 @@ class CompressConfig:
     keep: float = flag(0.25, above=0, max=1, help="kept fraction of the document's tokens")
     router: str = flag("bm25", help="lexical, bm25, evidence, attention, or a kvpress press (snapkv, ...: only "
                        "with --answer); `masklab compress --list-routers` lists them")
+    router_file: str | None = flag(None, metavar="PATH", help="evidence/attention: a router file made by `masklab "
+                                   "train-router` (OUT/MODEL, without suffix) instead of the one masklab ships")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
                       "scores them as not evidence (--no-fill: stop at its decision boundary)")
     unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: longer sentences and text without sentence "
@@ -84,6 +86,8 @@ def check(cfg: CompressConfig) -> None:
     check_question(cfg.question)
     check_ranges(cfg)
     ROUTERS[cfg.router]  # noqa: B018  (unknown router: one clear error)
+    if cfg.router_file and cfg.router not in ("evidence", "attention"):
+        raise MasklabError("--router-file is for the trained routers (--router evidence or attention)")
     if cfg.router in press_names() and not cfg.answer:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")
 
@@ -95,9 +99,7 @@ def press_names() -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from masklab.context.answer import generate_answer
-    from masklab.context.document import segment
-    from masklab.context.routers import ROUTERS, load_router
+    from masklab.context.routers import ROUTERS
     from masklab.pretrained.models import check_models, check_prompt_format, load
 
     if args.list_routers:
@@ -107,11 +109,24 @@ def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, CompressConfig())
     check(cfg)
     check_prompt_format(cfg.prompt_format)
+    from masklab import device as devices
+
+    dev = devices.resolve(args.device)  # one clear error for --device cuda without a GPU, before reading
     text = read_text(cfg.context, cfg.encoding, cfg.max_context_bytes)
     check_models([cfg.model])
     question = check_question(cfg.question)
-    lm = load(cfg.model, threads=cfg.threads, prompt_format=cfg.prompt_format)
-    router = load_router(cfg.router, lm)
+    lm = load(cfg.model, threads=cfg.threads, prompt_format=cfg.prompt_format, device=dev)
+    with devices.autocast(dev, args.precision):
+        return compress(cfg, lm, text, question)
+
+
+def compress(cfg: CompressConfig, lm, text: str, question: str) -> int:
+    """Prune ``text`` for ``question`` with ``lm`` loaded; print what ``cfg`` asks for."""
+    from masklab.context.answer import generate_answer
+    from masklab.context.document import segment
+    from masklab.context.routers import load_router
+
+    router = load_router(cfg.router, lm, **({"path": cfg.router_file} if cfg.router_file else {}))
     doc = segment(text, lm.tokenizer, cfg.unit_tokens)
     query = f"\nQuestion: {question}\nAnswer:"
     window = int(getattr(lm.model.config, "max_position_embeddings", 2048))

@@ -101,9 +101,9 @@ def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, k
     if kind not in FEATURE_SETS:
         raise MasklabError(f"unknown router feature set {kind!r}; choose from {', '.join(FEATURE_SETS)}")
     ids, unit = router_input(lm.tokenizer, units, question)
-    with first_layers(lm.model, layers) as base:
-        out = base(input_ids=ids[None], use_cache=False, output_hidden_states=True)
-    h = out.last_hidden_state[0].float()  # (T, D), final-normed
+    with first_layers(lm.model, layers) as base:  # on the model's device; the feature maths on the CPU
+        out = base(input_ids=ids[None].to(lm.model.device), use_cache=False, output_hidden_states=True)
+    h = out.last_hidden_state[0].float().cpu()  # (T, D), final-normed
     n = len(units)
     m = unit >= 0
     count = torch.bincount(unit[m], minlength=n).float()
@@ -123,7 +123,7 @@ def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, k
     if kind == "v2-superseded":
         extra = torch.stack([cos_mean, cos_max, pos, rel_len, torch.tensor(overlap), torch.tensor(superseded(overlap))], dim=1)
         return torch.cat([mean - mean.mean(0, keepdim=True), extra], dim=1)
-    h1 = out.hidden_states[1][0].float()  # after the first layer (not normed)
+    h1 = out.hidden_states[1][0].float().cpu()  # after the first layer (not normed)
     cos1 = torch.nn.functional.cosine_similarity(unit_mean(h1), (h1[isq].mean(0) if isq.any() else h1.mean(0))[None], dim=1)
     hn = torch.nn.functional.normalize(h, dim=1)
     sim = hn[m] @ hn[isq].T if isq.any() else torch.zeros(int(m.sum()), 1)  # (T_ctx, Q) token cosines

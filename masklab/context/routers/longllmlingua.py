@@ -55,7 +55,7 @@ def compressor(lm):
             tok = copy.deepcopy(lm.tokenizer)
             tok.padding_side = "left"
             tok.pad_token_id = lm.model.config.pad_token_id or tok.eos_token_id
-            self.tokenizer, self.model, self.device = tok, lm.model, "cpu"
+            self.tokenizer, self.model, self.device = tok, lm.model, str(lm.model.device)
             self.context_idxs = []
             self.max_position_embeddings = lm.model.config.max_position_embeddings
 

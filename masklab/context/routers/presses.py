@@ -83,7 +83,7 @@ class KVPressRunner:
 
         logging.getLogger("kvpress").setLevel(logging.ERROR)  # "Gemma3ForCausalLM not tested" on every call
         self.lm = lm
-        self.pipe = pipeline("kv-press-text-generation", model=lm.model, tokenizer=lm.tokenizer, device="cpu")
+        self.pipe = pipeline("kv-press-text-generation", model=lm.model, tokenizer=lm.tokenizer, device=lm.model.device)
         self.last_cache_tokens: int | None = None
 
     def answer(self, context: str, question: str, answer_prefix: str, press, keep: float,

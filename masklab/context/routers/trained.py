@@ -39,7 +39,8 @@ class TrainedRouter(Router):
             where = Path(path) if path is not None else shipped(lm.name)
             if path is None and not where.with_suffix(".json").is_file():
                 raise MasklabError(f"no {self.kind} router ships for model {lm.name!r}; train one with "
-                                   f"`masklab train-router --model {lm.name} --out DIR` and pass its file")
+                                   f"`masklab train-router --model {lm.name} --out DIR` and pass DIR/{lm.name} "
+                                   "(--router-file, or path= in Python)")
             routers, meta = load_routers(where)
         if self.kind not in routers:
             raise MasklabError(f"the router file holds {', '.join(routers)}, not {self.kind}")
