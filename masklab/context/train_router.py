@@ -165,8 +165,8 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
 
     words = {name: ROUTERS[name](lm=lm) for name in EVAL_METHODS if name not in routers}
     kinds = cfg.eval_kinds or SPLITS[cfg.eval_split]["kind"]
-    name = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
-    path = out / f"eval_rows_{name}.jsonl"
+    tag = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
+    path = out / f"eval_rows_{tag}.jsonl"
     done = {(r["length"], r["kind"], r["seed"]) for r in _jsonl(path)}
     todo = [(n, ex) for n in cfg.eval_lengths
             for ex in split_examples(cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer,
@@ -202,8 +202,8 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     rows = [r for r in _jsonl(path) if r["length"] in cfg.eval_lengths and r["kind"] in kinds]
     res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
            "summary": summarise(rows, cfg.eval_answers), "rows": rows}
-    write_json(out / f"eval_{name}.json", res)
-    (out / f"eval_{name}.md").write_text(markdown(res) + "\n")
+    write_json(out / f"eval_{tag}.json", res)
+    (out / f"eval_{tag}.md").write_text(markdown(res) + "\n")
     return res
 
 
