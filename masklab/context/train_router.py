@@ -208,10 +208,12 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
 
 
 def summarise(rows: list[dict], answers: bool) -> list[dict]:
-    """One row per (length, kind, method): n, ``gold_kept`` with its Wilson interval, kept
-    fraction, and with answers ``acc`` (interval) and McNemar p against the full context
-    and (for the evidence router) against each other method."""
-    from masklab.stats import mcnemar, wilson
+    """One row per (length, kind, method): n, ``gold_kept`` and ``gold_top`` with their Wilson
+    intervals, kept fraction, router seconds; with answers ``acc`` (interval), McNemar p
+    against the full context, the speed-up over the full context (router included, with a
+    bootstrap interval) and ``router_share`` (router seconds over the full prefill's); for
+    the evidence router, McNemar p against each other method."""
+    from masklab.stats import bootstrap_ratio, mcnemar, wilson
 
     out = []
     for n_tok in sorted({r["length"] for r in rows}):
@@ -233,6 +235,11 @@ def summarise(rows: list[dict], answers: bool) -> list[dict]:
                     s.update({"acc": k / len(cell), "acc_lo": lo, "acc_hi": hi})
                     if m != "full":
                         s["p_vs_full"] = mcnemar([r[m]["correct"] for r in cell], [r["full"]["correct"] for r in cell])
+                        full_s, own_s = [r["full"]["seconds"] for r in cell], [r[m]["seconds"] for r in cell]
+                        s["speedup"] = sum(full_s) / sum(own_s)
+                        s["speedup_lo"], s["speedup_hi"] = bootstrap_ratio(full_s, own_s)
+                        s["router_share"] = (sum(r[m]["router_seconds"] for r in cell)
+                                             / sum(r["full"]["prefill_seconds"] for r in cell))
                 if m == "evidence":
                     for other in ("attention", "lexical", "bm25"):
                         s[f"p_gold_vs_{other}"] = mcnemar([r[m]["gold_kept"] for r in cell], [r[other]["gold_kept"] for r in cell])
