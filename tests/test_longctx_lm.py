@@ -141,3 +141,37 @@ def test_study_rows(smol, tmp_path):
     stored = list((tmp_path / "ckpt" / "routers").glob("*.safetensors"))
     assert len(stored) == 1 and stored[0].with_suffix(".json").exists()
     assert (tmp_path / "results.md").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_after_its_last_example_with_the_same_answers(smol, tmp_path):
+    """Each finished example is appended to the run's ``examples.jsonl``; a run killed after
+    its first example (simulated: the second line and the run record removed) answers only
+    the second again and ends with the same per-example outcomes, intervals included."""
+    import json
+
+    from masklab.studies.longctx import Config, run
+
+    cfg = Config(tasks=["niah"], lengths=[256], keeps=[0.25], examples=2, routers=["lexical", "bm25"],
+                 router_source="shipped", compare=[])
+    first = run(cfg, tmp_path, progress=False)
+    ckpt = next((tmp_path / "ckpt").glob("*/examples-*.jsonl"))
+    lines = ckpt.read_text().splitlines()
+    assert len(lines) == 2
+    ckpt.write_text(lines[0] + "\n")  # killed after the first example
+    for record in (tmp_path / "runs").glob("*.json"):
+        record.unlink()
+    again = run(cfg, tmp_path, progress=False)
+    assert ckpt.read_text().splitlines()[0] == lines[0] and len(ckpt.read_text().splitlines()) == 2
+
+    def outcomes(res):
+        return [{m: (row["acc"], row["kept"]) for m, row in ex.items()} for ex in res["runs"][0]["extra"]["examples"]]
+
+    assert outcomes(again) == outcomes(first)
+    rows = {r["method"]: r for r in again["summary"]}
+    assert rows["lexical@0.25"]["acc_lo"] <= rows["lexical@0.25"]["acc_mean"] <= rows["lexical@0.25"]["acc_hi"]
+    assert json.loads(lines[0])["rows"]["full"]["acc"] in (0.0, 1.0)
+    # other settings (another kept fraction) do not reuse these examples
+    other = run(Config(**{**cfg.__dict__, "keeps": [0.5]}), tmp_path, progress=False)
+    assert {r["method"] for r in other["summary"]} >= {"lexical@0.5", "bm25@0.5"}
+    assert len(list(ckpt.parent.glob("examples-*.jsonl"))) == 2  # its own file, not the keep-0.25 examples

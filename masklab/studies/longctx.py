@@ -117,8 +117,9 @@ def method_name(router: str) -> str:
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
     """All methods on one (model, task, length, seed), interleaved: example ``i`` runs the
     methods in the list rotated by ``i``, so machine noise hits them alike. Each finished
-    example is appended to ``ckpt_dir/examples.jsonl``; a killed run continues after the
-    last one with the same numbers."""
+    example is appended to ``ckpt_dir/examples-<settings hash>.jsonl``; a killed run
+    continues after the last one with the same numbers."""
+    import hashlib
     import json
 
     from masklab.context.answer import generate_answer, kv_cache_mb, peak_rss_mb
@@ -152,7 +153,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         routers.update({kind: ROUTERS[kind](lm=lm, routers=fitted, meta=rmeta) for kind in trained})
     presses = {press: PressRouter(lm, press=press) for press in p["compare"]}
     oracle = ROUTERS["oracle-gold"](lm=lm)
-    done_path = Path(ckpt_dir) / "examples.jsonl"
+    # finished examples of *these* settings (a changed setting other than --examples starts afresh)
+    settings = hashlib.sha256(json.dumps({k: v for k, v in p.items() if k != "examples"}, sort_keys=True).encode())
+    done_path = Path(ckpt_dir) / f"examples-{settings.hexdigest()[:12]}.jsonl"
     done = [json.loads(line) for line in done_path.read_text().splitlines()] if done_path.exists() else []
     rows: dict[str, list[dict]] = {}
     answers = []
