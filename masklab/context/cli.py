@@ -90,6 +90,11 @@ def check(cfg: CompressConfig) -> None:
         raise MasklabError("--router-file is for the trained routers (--router evidence or attention)")
     if cfg.router in press_names() and not cfg.answer:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")
+    if cfg.html and not Path(cfg.html).expanduser().resolve().parent.is_dir():
+        raise MasklabError(f"cannot write the page {cfg.html}: its folder does not exist")
+    if cfg.html and (cfg.router in press_names() or cfg.router == "longllmlingua"):
+        raise MasklabError(f"--html highlights the kept units; {cfg.router} keeps none (it "
+                           f"{'prunes the cache' if cfg.router in press_names() else 'rewrites the text'})")
 
 
 def press_names() -> list[str]:
@@ -99,6 +104,7 @@ def press_names() -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from masklab import device as devices
     from masklab.context.routers import ROUTERS
     from masklab.pretrained.models import check_models, check_prompt_format, load
 
@@ -109,8 +115,6 @@ def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, CompressConfig())
     check(cfg)
     check_prompt_format(cfg.prompt_format)
-    from masklab import device as devices
-
     dev = devices.resolve(args.device)  # one clear error for --device cuda without a GPU, before reading
     text = read_text(cfg.context, cfg.encoding, cfg.max_context_bytes)
     check_models([cfg.model])
@@ -164,21 +168,22 @@ def compress(cfg: CompressConfig, lm, text: str, question: str) -> int:
         r = generate_answer(lm, [doc.source], query, cfg.max_new_tokens, stop_at_sentence=True)
         out.update({"full_answer": r["generated"].strip(), "full_seconds": r["seconds"]})
     if cfg.html:
-        if out["kept"] is None:
-            raise MasklabError("--html shows the kept units; a KV-cache press keeps none")
         from masklab.context.html import page
 
         extra = {label: out[k] for k, label in (("answer", "answer from the kept text"),
                                                 ("full_answer", "answer from the whole document")) if k in out}
-        Path(cfg.html).write_text(page(pruned, question, extra), encoding="utf-8")
+        try:
+            Path(cfg.html).write_text(page(pruned, question, extra), encoding="utf-8")
+        except OSError as e:
+            raise MasklabError(f"cannot write the page {cfg.html}: {e.strerror or e}") from None
     if cfg.json:
         print(json.dumps(out, indent=1))
         return 0
-    if out["kept"] is not None:
+    if out["pruned_text"] is not None:
         print(out["pruned_text"])
         print("---")
-        print(f"kept {len(out['kept'])} of {len(doc.units)} units, {out['kept_fraction']:.0%} of {total} tokens "
-              f"(router {cfg.router}, {out['router_seconds']:.3f} s)")
+        what = f"kept {len(out['kept'])} of {len(doc.units)} units," if out["kept"] is not None else "rewritten to"
+        print(f"{what} {out['kept_fraction']:.0%} of {total} tokens (router {cfg.router}, {out['router_seconds']:.3f} s)")
     for n in notes:
         print(f"note: {n}")
     if "answer" in out:
