@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return report(args)
         if getattr(args, "handler", None) is not None:
+            args.command_line = command  # the command as typed, for the files it writes
             return args.handler(args)
         distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
         if args.command in ("reproduce", "sweep"):

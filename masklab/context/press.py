@@ -102,16 +102,21 @@ class ContextPress(BasePress):
     prefill_tokens: int | None = field(default=None, init=False)
     context_tokens: int | None = field(default=None, init=False)
     kept: list[int] | None = field(default=None, init=False)
+    _routing: bool = field(default=False, init=False, repr=False)
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         return keys, values  # nothing to drop after prefill: the context was pruned before it
 
     def _pre_hook(self, module, args, kwargs):
         ids = kwargs.get("input_ids")
-        if ids is None or ids.shape[1] <= 1:
+        if ids is None or ids.shape[1] <= 1 or self._routing:  # a trained router's own pass goes through untouched
             return None
         unit, doc = token_units(self.router.tokenizer, ids[0], self.doc)
-        self.kept = self.router.choose(doc, self.question, self.keep, self.fill).kept
+        self._routing = True
+        try:
+            self.kept = self.router.choose(doc, self.question, self.keep, self.fill).kept
+        finally:
+            self._routing = False
         keep = (unit < 0) | torch.isin(unit, torch.tensor(self.kept, dtype=torch.long))
         kwargs["input_ids"] = ids[:, keep]
         kwargs["position_ids"] = torch.arange(ids.shape[1], device=ids.device)[keep][None]
