@@ -125,7 +125,7 @@ def report(args: argparse.Namespace) -> int:
         stale = doctables.stale_results(root)
         for path, codes in stale:
             print(f"stale: {path} ({', '.join(f'{n} runs by code {c}' for c, n in codes.items())})")
-        n = doctables.results_files(root)
+        n = len(doctables.results_paths(root))
         print(f"{n - len(stale)} of {n} results files were made by this checkout's code", file=sys.stderr)
         return 1 if stale else 0
     changed = doctables.update(root, check=args.check)

@@ -189,10 +189,8 @@ def stale_results(root: Path) -> list[tuple[Path, dict[str, int]]]:
     stale until the reproduction is run again."""
     prefixes = ("masklab.studies.", "masklab.pretrained.", "masklab.context.")
     current = {revision.code_hash(m) for m in revision.import_graph() if m.startswith(prefixes)}
-    quoted = {root / m.group(2).split()[0] for doc in doc_files(root) for m in BLOCK.finditer(doc.read_text())}
-    paths = set((root / "results").rglob("results.json")) | {p for p in quoted if p.is_file() and "results" in p.parts}
     out = []
-    for path in sorted(paths):
+    for path in results_paths(root):
         data = read_json(path)
         if "runs" in data:
             codes = Counter(str(run.get("code")) for run in data["runs"] if run.get("code") not in current)
@@ -204,10 +202,10 @@ def stale_results(root: Path) -> list[tuple[Path, dict[str, int]]]:
     return out
 
 
-def results_files(root: Path) -> int:
-    """How many files :func:`stale_results` looks at."""
+def results_paths(root: Path) -> list[Path]:
+    """Every ``results.json`` under ``root/results`` and every other results file a README/docs block quotes."""
     quoted = {root / m.group(2).split()[0] for doc in doc_files(root) for m in BLOCK.finditer(doc.read_text())}
-    return len(set((root / "results").rglob("results.json")) | {p for p in quoted if p.is_file() and "results" in p.parts})
+    return sorted(set((root / "results").rglob("results.json")) | {p for p in quoted if p.is_file() and "results" in p.parts})
 
 
 def update(root: Path, check: bool = False) -> list[Path]:

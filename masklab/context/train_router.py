@@ -104,8 +104,9 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
     n = 2 if cfg.quick else cfg.examples
     examples = split_examples("train", n, cfg.length, seed=cfg.seed, tokenizer=lm.tokenizer)
     path = out / "labels.jsonl"
-    done = {(r["kind"], r["seed"], r["template"], r["filler"]) for r in _jsonl(path)}
-    if len(_jsonl(path)) > len(done):
+    labelled = _jsonl(path)
+    done = {(r["kind"], r["seed"], r["template"], r["filler"]) for r in labelled}
+    if len(labelled) > len(done):
         raise MasklabError(f"{path} holds duplicate examples: remove it to label again")
     for ex in _bar(examples, cfg.progress, f"labels {lm.name}"):
         key = (ex.kind, ex.seed, ex.template, ex.filler)
