@@ -55,11 +55,21 @@ def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(tmp_
     routers, meta = load_routers(tmp_path / "smollm2-135m")
     ship, _ = load_routers(WEIGHTS / "smollm2-135m")
     assert routers["evidence"].weight.shape == ship["evidence"].weight.shape
-    assert meta["data"]["examples"] == 6 and meta["command"].startswith("masklab train-router")
+    assert meta["data"]["examples"] == 8 and meta["command"].startswith("masklab train-router")
     labels = (tmp_path / "labels.jsonl").read_text().splitlines()
-    assert len(labels) == 6 and all(json.loads(line)["passes"] >= 1 for line in labels)
+    assert len(labels) == 8 and all(json.loads(line)["passes"] >= 1 for line in labels)
     # a killed run resumes: drop the last label, run again, and only that example is labelled again
     (tmp_path / "labels.jsonl").write_text("\n".join(labels[:-1]) + "\n")
     assert main(argv) == 0
     again = (tmp_path / "labels.jsonl").read_text().splitlines()
     assert again[:-1] == labels[:-1] and json.loads(again[-1])["seed"] == json.loads(labels[-1])["seed"]
+    # the held-out rows name the routers' weights: a row of other routers is measured again, not reused
+    ev = argv + ["--eval", "--eval-split", "val", "--eval-lengths", "256", "--eval-examples", "1", "--eval-kinds", "single"]
+    assert main(ev) == 0
+    rows_path = tmp_path / "eval_rows_val.jsonl"
+    (row,) = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    rows_path.write_text(json.dumps({**row, "router": "0ther0router"}) + "\n")
+    assert main(ev) == 0
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    assert [r["router"] for r in rows] == ["0ther0router", row["router"]]
+    assert json.loads((tmp_path / "eval_val.json").read_text())["rows"] == [rows[1]]

@@ -6,7 +6,8 @@
    check): the LM answers each example, and on a right answer group testing finds its
    evidence units and one eager pass its most attended units
    (:func:`masklab.context.trained.make_labels`). One JSON line per example in
-   ``OUT/labels.jsonl``; a killed run resumes after the last labelled example.
+   ``OUT/labels.jsonl``; a killed run resumes after the last labelled example, and a rerun
+   with more ``--examples`` labels only the new ones (and refits).
 2. **Fit**: the evidence and the attention router (same features, data and model class)
    into ``OUT/<model>.safetensors`` + ``.json`` (the command, data, code hash, label cost).
 3. **Held-out evaluation** (``--eval``): on the ``--eval-split`` families (``val`` to choose
@@ -16,12 +17,14 @@
    there are: where word overlap cannot tell the latest statement or the asked key from
    the others, this is what differs), and with ``--eval-answers`` the answer from the kept
    text and from the full context. Rows
-   per example in ``OUT/eval_rows_SPLIT[-answers].jsonl`` (resumable), the table with Wilson 95% intervals
+   per example in ``OUT/eval_rows_SPLIT[-answers].jsonl`` (resumable; rows name the routers' weights, so
+   rows of other routers are never reused), the table with Wilson 95% intervals
    and paired McNemar p-values in ``OUT/eval_SPLIT[-answers].json`` / ``.md``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -38,7 +41,7 @@ EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
 class TrainConfig:
     model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory")
     out: str = flag("runs/router", metavar="DIR", help="output directory (labels, router files, evaluation)")
-    examples: int = flag(70, min=1, help="training examples per task kind of the train families (3 kinds)")
+    examples: int = flag(70, min=1, help="training examples per task kind of the train families (4 kinds)")
     length: int = flag(384, min=256, max=8192, help="training context length in model tokens")
     features: str = flag("v3-relative", choices=["v3-relative", "v2-superseded"], help="router feature set")
     layers: int = flag(2, min=1, help="the router reads the LM's first this many layers")
@@ -168,7 +171,8 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     kinds = cfg.eval_kinds or SPLITS[cfg.eval_split]["kind"]
     tag = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
     path = out / f"eval_rows_{tag}.jsonl"
-    done = {(r["length"], r["kind"], r["seed"]) for r in _jsonl(path)}
+    weights = hashlib.sha256((out / f"{lm.name}.safetensors").read_bytes()).hexdigest()[:12]
+    done = {(r["length"], r["kind"], r["seed"]) for r in _jsonl(path) if r.get("router") == weights}  # rows of these routers only
     todo = [(n, ex) for n in cfg.eval_lengths
             for ex in split_examples(cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer,
                                      kinds=kinds)]
@@ -176,7 +180,7 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
         if (n, ex.kind, ex.seed) in done:
             continue
         row = {"length": n, "kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
-               "tokens": ex.n_tokens, "gold": ex.gold}
+               "tokens": ex.n_tokens, "gold": ex.gold, "router": weights}
         if cfg.eval_answers:
             r = generate_answer(lm, ex.units, ex.query, cfg.max_new_tokens, stop_at_sentence=True)
             row["full"] = {"correct": ex.correct(r["generated"]), "answer": r["generated"], "seconds": r["seconds"],
@@ -200,7 +204,7 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
                             "seconds": seconds + r["seconds"]})
             row[name] = rec
         _append(path, row)
-    rows = [r for r in _jsonl(path) if r["length"] in cfg.eval_lengths and r["kind"] in kinds]
+    rows = [r for r in _jsonl(path) if r["length"] in cfg.eval_lengths and r["kind"] in kinds and r.get("router") == weights]
     res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
            "summary": summarise(rows, cfg.eval_answers), "rows": rows}
     write_json(out / f"eval_{tag}.json", res)
@@ -276,12 +280,11 @@ def run(cfg: TrainConfig) -> int:
         raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
     lm = load(cfg.model, threads=cfg.threads)
     t0 = time.perf_counter()
-    if (out / f"{lm.name}.json").exists() and (out / f"{lm.name}.safetensors").exists() and not cfg.quick:
-        routers, meta = load_routers(out / lm.name)
-        if meta.get("features") != cfg.features:
-            routers, meta = fit(lm, cfg, label(lm, cfg, out), out)
-    else:
-        routers, meta = fit(lm, cfg, label(lm, cfg, out), out)
+    rows = label(lm, cfg, out)
+    routers, meta = load_routers(out / lm.name) if (out / f"{lm.name}.safetensors").exists() else (None, {})
+    if cfg.quick or (meta.get("features"), meta.get("layers"), meta.get("data", {}).get("examples"), meta.get("data", {}).get("length")) \
+            != (cfg.features, cfg.layers, len(rows), cfg.length):  # refit when the data or the recipe changed
+        routers, meta = fit(lm, cfg, rows, out)
     cost = meta["label_cost"]
     print(f"routers: {out / lm.name}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "
           f"examples labelled; {cost['passes_per_labelled']:.1f} passes and {cost['seconds_per_labelled']:.1f} s per "

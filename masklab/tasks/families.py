@@ -35,7 +35,7 @@ FILLERS = ("pydoc", "sklearn", "licences")
 KINDS = ("single", "multikey", "update", "chain", "multi")
 WORDINGS = ("a", "b", "c")
 SPLITS = {
-    "train": {"filler": ["pydoc"], "template": ["number", "word"], "wording": ["a"], "kind": ["single", "multikey", "update"]},
+    "train": {"filler": ["pydoc"], "template": ["number", "word"], "wording": ["a"], "kind": ["single", "multikey", "update", "chain"]},
     "val": {"filler": ["sklearn"], "template": ["name"], "wording": ["b"], "kind": list(KINDS)},
     "test": {"filler": ["licences"], "template": ["date", "place"], "wording": ["c"], "kind": list(KINDS)},
 }
