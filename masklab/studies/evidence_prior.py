@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from masklab import device as devices
+from masklab import distributed
 from masklab.flags import check_ranges, flag, strength_flag
 from masklab.models import GPT, TokenEncoder, ViT
 from masklab.report import save_figure, write_markdown
@@ -217,9 +218,9 @@ def _probe_structure(cfg: Config, task, fx) -> tuple[torch.Tensor, dict]:
     main_steps = cfg.steps or BOOLEAN_STEPS
     steps = max(1, round(cfg.probe_fraction * main_steps))
 
-    def loss_of(net, step):  # drawn on the CPU, then moved to the probe's device (train() puts it there)
+    def loss_of(net, step):  # drawn on the CPU, then moved to the probe's device (where train() puts it)
         idx = seen_idx[torch.randint(len(seen_idx), (cfg.batch,), generator=gen)]
-        xb, yb = devices.to((x_all[idx], y_t[idx]))
+        xb, yb = devices.to((x_all[idx], y_t[idx]), distributed.device())
         return F.mse_loss(net(xb)[0][:, 0], yb)
 
     import tempfile
@@ -285,7 +286,7 @@ def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict
 
         def loss_of(net, step):
             idx = torch.randint(len(x), (p["batch"],), generator=gen)
-            xb, yb = devices.to((x[idx], y[idx]))
+            xb, yb = devices.to((x[idx], y[idx]), distributed.device())
             return F.cross_entropy(net(xb)[0].flatten(0, 1), yb.flatten())
 
         T = x.shape[1]
@@ -302,7 +303,7 @@ def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict
         def loss_of(net, step):
             idx = torch.randint(len(data.train_x), (p["batch"],), generator=gen)
             xb = normalise(augment(data.train_x[idx].float(), data.pad, data.flip, gen), data, mean, std)
-            xb, yb = devices.to((xb, data.train_y[idx]))
+            xb, yb = devices.to((xb, data.train_y[idx]), distributed.device())
             return F.cross_entropy(net(xb)[0], yb)
 
         pts = normalise(data.train_x[torch.randperm(len(data.train_x), generator=gen)[:points]], data, mean, std)
@@ -314,7 +315,8 @@ def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict
     offsets = torch.arange(T + 1)
 
     def loss_of(net, step):
-        w = devices.to(data.train[torch.randint(len(data.train) - T - 1, (p["batch"],), generator=gen)[:, None] + offsets])
+        w = data.train[torch.randint(len(data.train) - T - 1, (p["batch"],), generator=gen)[:, None] + offsets]
+        w = devices.to(w, distributed.device())
         return F.cross_entropy(net(w[:, :-1])[0].flatten(0, 1), w[:, 1:].flatten())
 
     starts = torch.randint(len(data.train) - T - 1, (points,), generator=gen)
