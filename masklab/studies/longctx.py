@@ -48,8 +48,9 @@ from masklab.tasks.longctx import MAX_TOKENS, MIN_TOKENS, TASKS
 
 NAME = "longctx"
 # run_one loads its model on the run's device; answers, router features, presses and evidence move
-# their ids to the model's device (masklab.context, masklab.pretrained.lm); on CUDA the clocks are
-# read after torch.cuda.synchronize and the run also records the GPU's peak memory (gpu_peak_mb)
+# their ids to the model's device (masklab.context, masklab.pretrained.lm); on CUDA the prefill clock
+# is read after torch.cuda.synchronize (every other clock follows a result read back on the CPU) and
+# the run also records the GPU's peak memory (gpu_peak_mb)
 DEVICES = ("cpu", "cuda")
 TABLE_METRICS = ["acc", "seconds", "prefill_s", "kept", "gold_kept", "router_share", "kv_mb", "peak_mb", "ev_passes",
                  "train_passes"]
