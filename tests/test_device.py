@@ -136,6 +136,11 @@ def test_to_moves_nested_tensors_and_leaves_the_rest():
     assert out["a"][0] is x and out["a"][1][0] is x and out["b"] == 3
 
 
+def test_of_is_where_a_modules_parameters_live():
+    assert devices.of(torch.nn.Linear(2, 2, device="meta")) == torch.device("meta")  # read from the parameters
+    assert devices.of(torch.nn.ReLU()) == torch.device("cpu")  # none: the CPU
+
+
 def test_autocast_is_a_null_context_in_fp32_and_bf16_on_cpu_casts_matmuls():
     a = torch.randn(4, 4)
     with devices.autocast(torch.device("cpu"), "fp32"):
