@@ -42,7 +42,7 @@ STUDIES = {
     "evidence-prior": "masklab.studies.evidence_prior",
 }
 # commands of real LMs that are not studies: they take --device/--precision and resolve them themselves
-REAL_LM_COMMANDS = ("cite", "compress")
+REAL_LM_COMMANDS = ("cite", "compress", "train-router")
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets", "arith-size": "masklab.studies.arith_size"}

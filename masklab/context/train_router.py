@@ -20,6 +20,10 @@
    per example in ``OUT/eval_rows_SPLIT[-answers].jsonl`` (resumable; rows name the routers' weights, so
    rows of other routers are never reused), the table with Wilson 95% intervals
    and paired McNemar p-values in ``OUT/eval_SPLIT[-answers].json`` / ``.md``.
+
+The LM computes on ``device`` (``--device``; labels, router features and answers move their
+ids to it) in ``precision`` (``--precision``: autocast around every pass); the router file's
+meta and the evaluation file record both (:func:`masklab.device.describe`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from masklab import device as devices
 from masklab.errors import MasklabError
 from masklab.flags import flag, int_list, str_list
 
@@ -61,6 +66,9 @@ class TrainConfig:
     threads: int = flag(1, min=1, help="torch threads")
     progress: bool = flag(True, help="progress bars")
     command: str = field(default="", repr=False)
+    # not flags here: the CLI's --device/--precision (masklab.cli.device_flags) set them
+    device: str = "cpu"  # auto, cpu, cuda or cuda:N (masklab.device.resolve)
+    precision: str = "fp32"  # fp32, or autocast to bf16 / fp16
 
 
 def check(cfg: TrainConfig) -> None:
@@ -151,7 +159,8 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path) -> tuple[dict, dict]:
                            "passes_per_labelled": sum(r["passes"] for r in rows) / len(labelled),
                            "seconds_per_labelled": sum(r["seconds"] for r in rows) / len(labelled)},
             "evidence_matches_gold": sum(sorted(r["evidence"]) == sorted(r["gold"]) for r in labelled) / len(labelled),
-            "code": code_hash("masklab.context.train_router"), "search": "group-testing"}
+            "code": code_hash("masklab.context.train_router"), "search": "group-testing",
+            "device": devices.describe(lm.model.device, cfg.precision)}
     save_routers(out / lm.name, routers, meta)
     return load_routers(out / lm.name)
 
@@ -206,7 +215,7 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
         _append(path, row)
     rows = [r for r in _jsonl(path) if r["length"] in cfg.eval_lengths and r["kind"] in kinds and r.get("router") == weights]
     res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
-           "summary": summarise(rows, cfg.eval_answers), "rows": rows}
+           "device": devices.describe(lm.model.device, cfg.precision), "summary": summarise(rows, cfg.eval_answers), "rows": rows}
     write_json(out / f"eval_{tag}.json", res)
     (out / f"eval_{tag}.md").write_text(markdown(res) + "\n")
     return res
@@ -272,23 +281,26 @@ def run(cfg: TrainConfig) -> int:
     from masklab.pretrained.models import check_models, load
 
     check(cfg)
+    dev = devices.resolve(cfg.device)  # one clear error for cuda without a GPU, before anything is written
+    devices.check_precision(cfg.precision)
     check_models([cfg.model])
     out = Path(cfg.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
-    lm = load(cfg.model, threads=cfg.threads)
+    lm = load(cfg.model, threads=cfg.threads, device=dev)
     t0 = time.perf_counter()
-    rows = label(lm, cfg, out)
-    routers, meta = load_routers(out / lm.name) if (out / f"{lm.name}.safetensors").exists() else (None, {})
-    if cfg.quick or (meta.get("features"), meta.get("layers"), meta.get("data", {}).get("examples"), meta.get("data", {}).get("length")) \
-            != (cfg.features, cfg.layers, len(rows), cfg.length):  # refit when the data or the recipe changed
-        routers, meta = fit(lm, cfg, rows, out)
-    cost = meta["label_cost"]
-    print(f"routers: {out / lm.name}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "
-          f"examples labelled; {cost['passes_per_labelled']:.1f} passes and {cost['seconds_per_labelled']:.1f} s per "
-          f"labelled example; {time.perf_counter() - t0:.0f} s)")
-    if cfg.eval:
-        print(markdown(evaluate(lm, cfg, routers, meta, out)))
+    with devices.autocast(dev, cfg.precision):
+        rows = label(lm, cfg, out)
+        routers, meta = load_routers(out / lm.name) if (out / f"{lm.name}.safetensors").exists() else (None, {})
+        if cfg.quick or (meta.get("features"), meta.get("layers"), meta.get("data", {}).get("examples"),
+                         meta.get("data", {}).get("length")) != (cfg.features, cfg.layers, len(rows), cfg.length):
+            routers, meta = fit(lm, cfg, rows, out)  # refit when the data or the recipe changed
+        cost = meta["label_cost"]
+        print(f"routers: {out / lm.name}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "
+              f"examples labelled; {cost['passes_per_labelled']:.1f} passes and {cost['seconds_per_labelled']:.1f} s per "
+              f"labelled example; {time.perf_counter() - t0:.0f} s)")
+        if cfg.eval:
+            print(markdown(evaluate(lm, cfg, routers, meta, out)))
     return 0

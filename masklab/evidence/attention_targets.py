@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from masklab import device as devices
 from masklab.errors import MasklabError
 from masklab.registry import Registry
 from masklab.tasks.evidence_gyms import EvidenceBatch
@@ -99,9 +100,11 @@ def top_10pct(scores: Tensor, valid: Tensor, k: int | Tensor | None = None) -> T
 
 @torch.no_grad()
 def attention_maps(model, batch: EvidenceBatch) -> list[Tensor]:
-    """Per-block attention ``[(B, H, N+1, N+1)]`` of the model on the full contexts."""
+    """Per-block attention ``[(B, H, N+1, N+1)]`` of the model on the full contexts, on the CPU
+    (the forward pass runs on the model's device)."""
     model.eval()
-    return model(batch.items, batch.query, batch.valid, batch.positions, return_attn=True)[1]
+    inputs = devices.to((batch.items, batch.query, batch.valid, batch.positions), devices.of(model))
+    return [a.cpu() for a in model(*inputs, return_attn=True)[1]]
 
 
 def attention_targets(

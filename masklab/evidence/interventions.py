@@ -13,7 +13,9 @@ All masked variants of one example - and, where the search allows it, of many ex
 run as one batched forward pass (split into chunks of at most ``chunk`` sequences).
 
 The model is any module called as ``model(items, query, visible, positions)`` returning
-``(logits (B, vocab), extras)``, e.g. :class:`masklab.models.reader.EvidenceReader`.
+``(logits (B, vocab), extras)``, e.g. :class:`masklab.models.reader.EvidenceReader`. Batches,
+keep-masks and the searches' bookkeeping stay on the CPU; each forward pass moves its inputs
+to the model's device and its logits back.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from masklab import device as devices
 from masklab.evidence.search import SEARCHES, Evidence
 from masklab.errors import MasklabError
 from masklab.tasks.evidence_gyms import EvidenceBatch
@@ -45,14 +48,16 @@ def pack_visible(items: Tensor, positions: Tensor, visible: Tensor) -> tuple[Ten
 
 @torch.no_grad()
 def answer_logits(model, batch: EvidenceBatch, keep: Tensor | None = None, mode: str = "key_bias") -> Tensor:
-    """Logits ``(B, vocab)`` with only the items in ``keep`` ``(B, N)`` visible (default all)."""
+    """Logits ``(B, vocab)`` on the CPU with only the items in ``keep`` ``(B, N)`` visible
+    (default all); the forward pass runs on the model's device."""
     if mode not in MODES:
         raise MasklabError(f"unknown intervention mode {mode!r}; choose from {', '.join(MODES)}")
     visible = batch.valid if keep is None else batch.valid & keep
     items, positions = batch.items, batch.positions
     if mode == "delete":
         items, positions, visible = pack_visible(items, positions, visible)
-    return model(items, batch.query, visible, positions)[0]
+    dev = devices.of(model)
+    return model(*devices.to((items, batch.query, visible, positions), dev))[0].cpu()
 
 
 @torch.no_grad()

@@ -17,6 +17,10 @@ on freshly generated examples every step (no fixed training set, so nothing to o
 :func:`load_or_train` caches teachers as ``<cache>/teachers/<task>-<hash>.safetensors`` plus
 a ``.json`` with the config and the held-out accuracies at ``items`` and at
 ``max_factor * items``; the hash covers every field of :class:`TeacherConfig`.
+
+Teachers train and answer on the run's device (:func:`masklab.device.current`): examples
+are drawn on the CPU from the step's seeded generator, then moved to it. A teacher trained
+off the CPU is cached under its own key (``device``), so a CPU run never reads one.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from masklab import device as devices
 from masklab.models.reader import EvidenceReader
 from masklab.runner import Checkpoint, MasklabError, read_json, seed_everything, warmup_cosine, write_json
 from masklab.tasks.evidence_gyms import EvidenceBatch, Gym, make_gym
@@ -67,10 +72,11 @@ class TeacherConfig:
     eval_examples: int = 1000
     seed: int = 0
     recency: bool = False  # reader option (see EvidenceReader); enters the key only when set
+    device: str = "cpu"  # the device type it is trained on (masklab.device.current().type); in the key only off the CPU
 
     # options added later enter the cache key only when they differ from these values, so
     # teachers cached before they existed keep their keys
-    _LATE_DEFAULTS = {"recency": False}
+    _LATE_DEFAULTS = {"recency": False, "device": "cpu"}
 
     @property
     def max_items(self) -> int:
@@ -124,24 +130,26 @@ def hop_targets(batch: EvidenceBatch, layers: int) -> torch.Tensor:
 
 @torch.no_grad()
 def accuracy(model: EvidenceReader, gym: Gym, n_items: int, examples: int, seed: int, chunk: int = 250) -> float:
-    """Held-out accuracy on ``examples`` fresh examples with ``n_items`` items (full hops)."""
+    """Held-out accuracy on ``examples`` fresh examples with ``n_items`` items (full hops),
+    drawn on the CPU and read on the model's device."""
     model.eval()
     rng = np.random.default_rng([seed, 7777, n_items])
     correct = 0
     for s in range(0, examples, chunk):
-        b = gym.sample(min(chunk, examples - s), n_items, rng)
+        b = gym.sample(min(chunk, examples - s), n_items, rng).to(devices.of(model))
         pred = model(b.items, b.query, b.valid, b.positions)[0].argmax(-1)
         correct += int((pred == b.answer).sum())
     return correct / examples
 
 
 def train_teacher(cfg: TeacherConfig, ckpt_dir: Path | None = None, log=None) -> tuple[EvidenceReader, dict]:
-    """Train a teacher from scratch (resuming from ``ckpt_dir`` if it holds a checkpoint).
-    Returns ``(model, info)`` with held-out accuracies and the loss curve."""
+    """Train a teacher from scratch (resuming from ``ckpt_dir`` if it holds a checkpoint) on
+    the run's device. Returns ``(model, info)`` with held-out accuracies and the loss curve."""
     gym = gym_of(cfg)
     gym.check(cfg.max_items)
     seed_everything(cfg.seed)
-    model = build_teacher(cfg)
+    dev = devices.current()
+    model = build_teacher(cfg).to(dev)  # before the optimiser: its state lives beside the parameters
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
 
@@ -160,13 +168,14 @@ def train_teacher(cfg: TeacherConfig, ckpt_dir: Path | None = None, log=None) ->
     while step < cfg.steps:
         rng = np.random.default_rng([cfg.seed, step])  # data of step s is fixed: resume-safe
         batch = gym.sample(cfg.batch, rng=rng, **schedule(cfg, step, gym))
+        use_aux = cfg.aux > 0 and cfg.task == "multihop"
+        targets = hop_targets(batch, cfg.depth).to(dev) if use_aux else None  # read from the CPU batch
+        batch = batch.to(dev)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        use_aux = cfg.aux > 0 and cfg.task == "multihop"
         logits, hidden = model(batch.items, batch.query, batch.valid, batch.positions, return_hidden=use_aux)
         loss = F.cross_entropy(logits, batch.answer)
         if use_aux:
-            targets = hop_targets(batch, cfg.depth)
             aux = sum(F.cross_entropy(model.answer_from(h), targets[:, l]) for l, h in enumerate(hidden))
             loss = loss + cfg.aux * aux / cfg.depth
         if not torch.isfinite(loss):
@@ -210,7 +219,7 @@ def save_teacher(model: EvidenceReader, info: dict, path: Path) -> None:
     """Write ``path.safetensors`` and ``path.json`` atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp))
     os.replace(tmp, path.with_suffix(".safetensors"))
     write_json(path.with_suffix(".json"), info)
 
@@ -226,11 +235,12 @@ def load_teacher(path: Path) -> tuple[EvidenceReader, dict]:
 
 
 def load_or_train(cfg: TeacherConfig, cache: Path | None = None, ckpt_dir: Path | None = None, log=None) -> tuple[EvidenceReader, dict]:
-    """The cached teacher for ``cfg``, training (and caching) it first if needed."""
+    """The cached teacher for ``cfg``, training (and caching) it first if needed; on the run's
+    device (:func:`masklab.device.current`)."""
     path = Path(cache or default_cache()) / "teachers" / cfg.key()
     if path.with_suffix(".json").exists() and path.with_suffix(".safetensors").exists():
         model, info = load_teacher(path)
-        return model, {**info, "cached": True}
+        return model.to(devices.current()), {**info, "cached": True}
     model, info = train_teacher(cfg, ckpt_dir, log)
     save_teacher(model, info, path)
     return model, {**info, "cached": False}

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from masklab import device as devices
 from masklab.errors import MasklabError
 from masklab.evidence.attention_targets import aggregate_fn, attention_maps, top_k
 from masklab.evidence.interventions import MODES, answer_logits
@@ -91,6 +92,14 @@ def keep_mask(scores: Tensor, valid: Tensor, budget: Budget | None = None, thres
 
 
 @torch.no_grad()
+def router_scores(router: Router, batch: EvidenceBatch) -> Tensor:
+    """``(B, N)`` scores of every item on the CPU (``-inf`` on padding); the router runs on its
+    own device."""
+    inputs = devices.to((batch.items, batch.query, batch.valid, batch.positions), devices.of(router))
+    return router(*inputs).cpu()
+
+
+@torch.no_grad()
 def teacher_answer(teacher, batch: EvidenceBatch, keep: Tensor, mode: str = "delete") -> Tensor:
     """``(B,)`` the teacher's argmax answer from the kept items only (``mode`` "delete": the
     others are dropped from the sequence; "key_bias": masked in the attention bias)."""
@@ -113,7 +122,7 @@ def sparse_answer(
     router.eval()
     if isinstance(budget, str):
         budget = parse_budget(budget)
-    scores = router(batch.items, batch.query, batch.valid, batch.positions)
+    scores = router_scores(router, batch)
     keep = keep_mask(scores, batch.valid, None if threshold is not None else budget, threshold, batch.gold)
     return teacher_answer(teacher, batch, keep, mode), keep
 

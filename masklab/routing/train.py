@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from masklab import device as devices
 from masklab.evidence.attention_targets import top_k
 from masklab.evidence.targets import target_masks
 from masklab.routing.routers import Router
@@ -68,7 +69,8 @@ def train_router(
     see :func:`masklab.evidence.targets.target_names`; needs ``teacher`` unless ``gold``) or,
     with a fixed pool, a ``(P, N)`` tensor. ``recall`` in the curves is the fraction of target
     items among the router's top-|target| items on the training batches (a running measure
-    of how well the router fits its target)."""
+    of how well the router fits its target). The router trains on the run's device
+    (:func:`masklab.device.current`); batches and targets are drawn on the CPU, then moved."""
     if isinstance(targets, str) and targets != "gold" and teacher is None:
         raise MasklabError(f"target {targets!r} is computed from a teacher; pass teacher=")
     fixed = isinstance(examples, EvidenceBatch)
@@ -77,6 +79,8 @@ def train_router(
     if fixed and targets.shape != examples.valid.shape:
         raise MasklabError(f"targets {tuple(targets.shape)} do not match the pool {tuple(examples.valid.shape)}")
     lo = min_items if min_items is not None else max(1, items // 2)
+    dev = devices.current()
+    router.to(dev)  # before the optimiser: its state lives beside the parameters
     opt = torch.optim.AdamW(router.parameters(), lr=lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(seed)
     ckpt = Checkpoint(ckpt_dir) if ckpt_dir is not None else None
@@ -100,15 +104,16 @@ def train_router(
             target = target_masks(teacher, b, targets)
         for g in opt.param_groups:
             g["lr"] = warmup_cosine(step, steps, lr, min(100, steps // 10), floor=0.05)
-        scores = router(b.items, b.query, b.valid, b.positions)
-        value = router_loss(scores, target, b.valid, loss)
+        on = b.to(dev)
+        scores = router(on.items, on.query, on.valid, on.positions)
+        value = router_loss(scores, target.to(dev), on.valid, loss)
         opt.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(router.parameters(), 1.0)
         opt.step()
         step += 1
         run_loss += value.item()
-        run_recall += fit_recall(scores.detach(), target, b.valid)
+        run_recall += fit_recall(scores.detach().cpu(), target, b.valid)
         seen += 1
         if step % log_every == 0 or step == steps:
             curves["step"].append(step)

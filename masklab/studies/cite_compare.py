@@ -27,6 +27,9 @@ from masklab.runner import RunSpec, add_stats, summary_row, write_json
 from masklab.studies.per_model import load_model, model_specs, run_per_model
 
 NAME = "cite"
+# run_one loads its model on the run's device (per_model.load_model); generate and cite's
+# answer_scores move their ids there and bring the results back to the CPU
+DEVICES = ("cpu", "cuda")
 RUN_METHOD = "all"  # one run per model evaluates every method of the config on the same prompts
 METHODS = ("loo", "group-testing", "greedy-minimal", "contextcite")
 TABLE_METRICS = ["gold_hit", "top1_hit", "set_size", "exact", "agree_contextcite", "forward_passes", "seconds", "n_prompts"]

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from masklab import device as devices
 from masklab.evidence.attention_targets import AGGREGATES, SELECTIONS, aggregate_fn, attention_maps, per_layer
 from masklab.evidence.interventions import MODES, answer_logits, evidence_mask, evidence_sets
 from masklab.evidence.search import SEARCHES
@@ -52,6 +53,9 @@ from masklab.runner import RunSpec, run_study, summarize
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "evidence"
+# run_one trains (or loads) its teacher on the run's device; the examples, evidence searches and
+# metrics stay on the CPU and every forward pass moves its inputs there (masklab.evidence.interventions)
+DEVICES = ("cpu", "cuda")
 SET_METRICS = ["precision", "recall", "exact", "size", "keep_acc", "passes"]
 
 # The paper (docs/papers.md) reports these qualitatively for attention vs causal sets;
@@ -147,7 +151,7 @@ def teacher_config(p: dict, task: str, hops: int, seed: int) -> TeacherConfig:
         task=task, items=p["items"], vocab=p["vocab"], hops=hops, updates=p["updates"], tags=p["tags"],
         max_count=p["max_count"], max_factor=p["max_factor"], dim=p["dim"], depth=p["depth"], heads=p["heads"],
         steps=p["teacher_steps"], batch=p["teacher_batch"], lr=p["teacher_lr"], aux=p["aux"], seed=seed,
-        recency=p.get("recency", False),
+        recency=p.get("recency", False), device=devices.current().type,
     )
 
 

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from masklab import device as devices
+from masklab import distributed
 from masklab.flags import check_ranges, flag, strength_flag
 from masklab.models import GPT, TokenEncoder, ViT
 from masklab.report import save_figure, write_markdown
@@ -68,6 +70,9 @@ from masklab.tasks.text import CORPORA
 from masklab.train import Recipe, train
 
 NAME = "evidence-prior"
+# run_one is the task study's own run function (gotu, arith, vision, lm: each moves its model and
+# data to the run's device); the derivation's probe trains and is measured on the command's device
+DEVICES = ("cpu", "cuda")
 METHODS = ("vanilla", "mask", "mask-derived", "mask-shuffled")
 SOURCES = ("function", "probe")
 #: tasks of other studies: their data, model, recipe and run function; the structure comes from a probe
@@ -213,9 +218,10 @@ def _probe_structure(cfg: Config, task, fx) -> tuple[torch.Tensor, dict]:
     main_steps = cfg.steps or BOOLEAN_STEPS
     steps = max(1, round(cfg.probe_fraction * main_steps))
 
-    def loss_of(net, step):
+    def loss_of(net, step):  # drawn on the CPU, then moved to the probe's device (where train() puts it)
         idx = seen_idx[torch.randint(len(seen_idx), (cfg.batch,), generator=gen)]
-        return F.mse_loss(net(x_all[idx])[0][:, 0], y_t[idx])
+        xb, yb = devices.to((x_all[idx], y_t[idx]), distributed.device())
+        return F.mse_loss(net(xb)[0][:, 0], yb)
 
     import tempfile
 
@@ -269,7 +275,9 @@ def _probe_structure(cfg: Config, task, fx) -> tuple[torch.Tensor, dict]:
 def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict:
     """A dense model of the task study's size, its training loss on the study's training data
     (the probe sees what the main runs see: seed 0's training pairs, images, windows), its
-    recipe shortened to ``steps``, the probe inputs, the measured rows and how they are read."""
+    recipe shortened to ``steps``, the probe inputs, the measured rows and how they are read.
+    Batches are drawn on the CPU from ``gen``, then moved to the run's device (where
+    :func:`masklab.train.train` puts the model)."""
     study = p["study"]
     if study == "arith":
         split = make_split(p["op"], p["width"], p["fraction"], p["test_size"], 0, p["reverse"])
@@ -278,7 +286,8 @@ def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict
 
         def loss_of(net, step):
             idx = torch.randint(len(x), (p["batch"],), generator=gen)
-            return F.cross_entropy(net(x[idx])[0].flatten(0, 1), y[idx].flatten())
+            xb, yb = devices.to((x[idx], y[idx]), distributed.device())
+            return F.cross_entropy(net(xb)[0].flatten(0, 1), yb.flatten())
 
         T = x.shape[1]
         rows = np.flatnonzero((y != IGNORE).any(0).numpy()).tolist()  # the rows whose output the loss reads
@@ -294,7 +303,8 @@ def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict
         def loss_of(net, step):
             idx = torch.randint(len(data.train_x), (p["batch"],), generator=gen)
             xb = normalise(augment(data.train_x[idx].float(), data.pad, data.flip, gen), data, mean, std)
-            return F.cross_entropy(net(xb)[0], data.train_y[idx])
+            xb, yb = devices.to((xb, data.train_y[idx]), distributed.device())
+            return F.cross_entropy(net(xb)[0], yb)
 
         pts = normalise(data.train_x[torch.randperm(len(data.train_x), generator=gen)[:points]], data, mean, std)
         return {"model": model, "loss_of": loss_of, "recipe": Recipe(steps, p["lr"], p["weight_decay"], p["warmup"], floor=0.0, evals=1),
@@ -306,6 +316,7 @@ def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict
 
     def loss_of(net, step):
         w = data.train[torch.randint(len(data.train) - T - 1, (p["batch"],), generator=gen)[:, None] + offsets]
+        w = devices.to(w, distributed.device())
         return F.cross_entropy(net(w[:, :-1])[0].flatten(0, 1), w[:, 1:].flatten())
 
     starts = torch.randint(len(data.train) - T - 1, (points,), generator=gen)

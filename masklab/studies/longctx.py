@@ -47,6 +47,11 @@ from masklab.runner import RunSpec, add_stats, run_study, summary_row
 from masklab.tasks.longctx import MAX_TOKENS, MIN_TOKENS, TASKS
 
 NAME = "longctx"
+# run_one loads its model on the run's device; answers, router features, presses and evidence move
+# their ids to the model's device (masklab.context, masklab.pretrained.lm); on CUDA the prefill clock
+# is read after torch.cuda.synchronize (every other clock follows a result read back on the CPU) and
+# the run also records the GPU's peak memory (gpu_peak_mb)
+DEVICES = ("cpu", "cuda")
 TABLE_METRICS = ["acc", "seconds", "prefill_s", "kept", "gold_kept", "router_share", "kv_mb", "peak_mb", "ev_passes",
                  "train_passes"]
 
@@ -122,6 +127,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     import hashlib
     import json
 
+    import torch
+
+    from masklab import device as devices
     from masklab.context.answer import generate_answer, kv_cache_mb, peak_rss_mb
     from masklab.context.router import ROUTERS
     from masklab.context.routers import load_router
@@ -133,7 +141,10 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     from masklab.tasks.longctx import make_examples, score
 
     p = spec["params"]
-    lm = load(spec["model"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"))
+    dev = devices.current()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    lm = load(spec["model"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"), device=dev)
     task_kw = {"hops": p["hops"], "updates": p["updates"], "distractors": p["distractors"], "count": p["count"]}
     examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer, **task_kw)
     new_tokens = p["max_new_tokens"]
@@ -232,6 +243,8 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
             rows.setdefault(name, []).append(row)
         answers.append(rec)
     metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples)}
+    if dev.type == "cuda":  # the GPU's own peak (peak_mb is the process's resident memory)
+        metrics["gpu_peak_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
     for method, rs in rows.items():
         for m in rs[0]:
             metrics[f"{m}|{method}"] = sum(r[m] for r in rs) / len(rs)
@@ -268,6 +281,8 @@ def pivot(results: dict) -> list[dict]:
         for method in methods - {"evidence"}:
             row = rows.setdefault((*task, method), {})
             row.setdefault("peak_mb", []).append(run["metrics"]["peak_mb"])
+            if "gpu_peak_mb" in run["metrics"]:  # runs on CUDA only
+                row.setdefault("gpu_peak_mb", []).append(run["metrics"]["gpu_peak_mb"])
             row.setdefault("examples", []).append(run["metrics"]["n"])
     out = []
     for (task, model, method), ms in rows.items():
@@ -312,7 +327,8 @@ interleaved per example, one thread); `kept`: kept fraction of the context's tok
 seconds over the same example's full prefill; `kv_mb`: KV-cache MiB by formula (layers x 2
 x KV heads x head dim x cached tokens x bytes; presses: kept context + the rest of the
 prompt; AdaKV masks, so it caches all); `peak_mb`: peak resident memory of the run (one
-value per run, shared by its methods); `train_passes`: forward passes the routers' labels
+value per run, shared by its methods; on CUDA `gpu_peak_mb` beside it: the GPU's peak allocated
+memory); `train_passes`: forward passes the routers' labels
 cost (group testing on the model's own answers, each over the full prompt);
 `ev_passes`: group-testing evidence on the test examples (with `--evidence`).
 """
@@ -354,8 +370,9 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
 
 def write_report(res: dict, out: Path, command: str) -> None:
     env = res["environment"]
+    gpu = ["gpu_peak_mb"] if any("gpu_peak_mb_mean" in r for r in res["summary"]) else []  # runs on CUDA only
     lines = [f"# {NAME}", "", f"Regenerate with: `{command}`", "",
-             markdown_table(res["summary"], res["paper"], TABLE_METRICS), "", NOTES.strip(), "",
+             markdown_table(res["summary"], res["paper"], TABLE_METRICS + gpu), "", NOTES.strip(), "",
              f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
              f"{env.get('torch_threads_per_run')} thread(s) per run, git {env['git_rev']}."]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")

@@ -46,6 +46,10 @@ from masklab.runner import RunSpec, add_stats, summary_row
 from masklab.studies.per_model import load_model, model_specs, prompt_format_flag, run_per_model
 
 NAME = "prune"
+# run_one loads its model on the run's device (per_model.load_model); the labels, router features,
+# attention and answers read it through masklab.pretrained.lm / masklab.context.trained, which move
+# their ids to the model's device, and kvpress's pipeline runs on it (KVPressRunner)
+DEVICES = ("cpu", "cuda")
 RUN_METHOD = "all"  # one run per model trains the routers and evaluates every method and budget on the same prompts
 SENTENCE_METHODS = ("router-evidence", "router-attention", "attention-keep", "random")
 TABLE_METRICS = ["accuracy", "gold_kept", "kept", "seconds"]

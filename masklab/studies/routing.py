@@ -71,6 +71,7 @@ from masklab.routing.sparse import (
     budget_label,
     keep_mask,
     parse_budget,
+    router_scores,
     teacher_answer,
     teacher_flops,
 )
@@ -82,6 +83,9 @@ from masklab.runner import RunSpec, add_stats, run_study, summarize
 from masklab.tasks.evidence_gyms import GYMS, EvidenceBatch
 
 NAME = "routing"
+# run_one trains its teacher and routers on the run's device (pools, examples, selections and
+# metrics stay on the CPU; forward passes move their inputs there)
+DEVICES = ("cpu", "cuda")
 
 # docs/papers.md, Study B, multi-hop retrieval: the teacher answering from the items a
 # router keeps. Only these three numbers are stated; nothing else is compared numerically.
@@ -304,10 +308,9 @@ def router_cost(teacher, router, batch: EvidenceBatch, scores: torch.Tensor, p: 
     n = int(batch.items.shape[1])
 
     def sparse():
-        with torch.no_grad():
-            s = router(batch.items, batch.query, batch.valid, batch.positions)
-            keep = keep_mask(s, batch.valid, budget, gold=batch.gold)
-            answer_logits(teacher, batch, keep, "delete")
+        s = router_scores(router, batch)  # on the CPU: the time includes moving to and from the device
+        keep = keep_mask(s, batch.valid, budget, gold=batch.gold)
+        answer_logits(teacher, batch, keep, "delete")
 
     def dense():
         answer_logits(teacher, batch)
@@ -335,8 +338,7 @@ def router_one(spec: dict, ckpt_dir: Path) -> dict:
                         lr=p["router_lr"], loss=p["loss"], seed=seed, ckpt_dir=ckpt_dir)
     metrics: dict[str, float] = {"target_fit": info["curves"]["recall"][-1], "train_seconds": info["seconds"]}
     for m, batch in eval_batches(p, task, hops, seed).items():
-        with torch.no_grad():
-            scores = router(batch.items, batch.query, batch.valid, batch.positions)
+        scores = router_scores(router, batch)
         metrics.update(evaluate_scores(teacher, batch, scores, p, m))
         metrics.update(router_cost(teacher, router, batch, scores, p, m))
     params = sum(x.numel() for x in router.parameters())

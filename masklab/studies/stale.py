@@ -40,6 +40,9 @@ from masklab.runner import RunSpec
 from masklab.studies.per_model import load_model, model_specs, prompt_format_flag, run_per_model
 
 NAME = "stale"
+# run_one loads its model on the run's device (per_model.load_model); generate and
+# last_token_attention move the prompt's ids there and bring the results back to the CPU
+DEVICES = ("cpu", "cuda")
 METHOD = "answer-attention"  # greedy answer, then the attention from the answer position
 TABLE_METRICS = ["accuracy", "empty_rate", "stale_rate", "stale_higher", "stale_higher_heads", "best_head", "worst_head",
                  "stale_layers", "current_over_stale", "stale_higher_all", "n_correct"]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from masklab import device as devices
 from masklab.errors import MasklabError
 from masklab.flags import flag
 from masklab.report import write_markdown
@@ -35,6 +36,9 @@ from masklab.runner import RunSpec, run_study
 from masklab.studies.stale import min_max
 
 NAME = "tune-prior"
+# run_one loads its model on the run's device; the priors (attach_priors) and LoRA's adapters (PEFT)
+# are made beside the layers they adapt, and every token tensor is built on the CPU, then moved
+DEVICES = ("cpu", "cuda")
 METHODS = ("base", "prior", "recency", "lora")
 TASKS = ("stale",)
 TRAIN_ATTRIBUTES = ("city", "colour", "job")
@@ -119,7 +123,9 @@ def answer_batch(lm, p) -> tuple[torch.Tensor, int]:
 
 
 def answer_loss(model: torch.nn.Module, ids: torch.Tensor, T: int) -> torch.Tensor:
-    """Cross-entropy of the answer tokens ``ids[0, T:]`` given everything before them."""
+    """Cross-entropy of the answer tokens ``ids[0, T:]`` given everything before them; ``ids``
+    ``(1, T + A)`` go to the model's device."""
+    ids = ids.to(devices.of(model))
     # only the positions that predict answer tokens go through the LM head (Gemma 3's
     # 262k-token head otherwise costs as much as the rest of the model)
     logits = model(ids, logits_to_keep=ids.shape[1] - T + 1).logits[0, :-1]  # predicts tokens T .. end
@@ -286,7 +292,7 @@ def pydoc_perplexity(model: torch.nn.Module, tokenizer, tokens: int) -> float:
     from pydoc_data.topics import topics
 
     text = topics[sorted(topics)[len(topics) // 2]] + " " + topics[sorted(topics)[-1]]
-    ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens].to(devices.of(model))
     logits = model(ids).logits[0, :-1].float()
     return math.exp(torch.nn.functional.cross_entropy(logits, ids[0, 1:]).item())
 
@@ -297,7 +303,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     p, method = spec["params"], spec["method"]
     cfg = Config(**{k: v for k, v in p.items() if k not in ("model",)}, models=[p["model"]])
     t0 = time.perf_counter()
-    lm = load(p["model"], threads=p["threads"], prompt_format=p.get("prompt_format"))
+    lm = load(p["model"], threads=p["threads"], prompt_format=p.get("prompt_format"), device=devices.current())
     n_params = sum(q.numel() for q in lm.model.parameters())
     train = split_prompts(cfg.train_prompts, spec["seed"], True, cfg)
     test = split_prompts(cfg.test_prompts, spec["seed"], False, cfg)

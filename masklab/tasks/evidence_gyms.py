@@ -78,6 +78,13 @@ class EvidenceBatch:
         """Sub-batch of the examples ``idx`` (a slice, index list or bool mask)."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "task"})
 
+    def to(self, dev: torch.device) -> "EvidenceBatch":
+        """The same batch with every tensor on ``dev`` (itself when they are there already:
+        batches are drawn on the CPU, then moved to the model's device)."""
+        if self.items.device == dev:
+            return self
+        return replace(self, **{f.name: getattr(self, f.name).to(dev) for f in fields(self) if f.name != "task"})
+
 
 class Gym:
     """Base class: subclasses implement :meth:`example` and :meth:`solve_one`."""
