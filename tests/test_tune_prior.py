@@ -107,6 +107,20 @@ def test_lora_is_sized_to_the_prior():
     assert abs(info["trainable"] - prior) <= per_layer / 2
 
 
+@needs_peft
+def test_lora_adapters_start_from_the_runs_seed_not_the_global_generator():
+    from masklab.studies.tune_prior import add_lora
+
+    def adapters(seed: int, noise: int) -> list[torch.Tensor]:
+        torch.manual_seed(noise)  # whatever the global generator holds must not matter
+        model, _ = add_lora(tiny_llama(), Config(), seed)
+        return [p.detach().clone() for n, p in model.named_parameters() if "lora_A" in n]
+
+    a, b, c = adapters(0, 1), adapters(0, 2), adapters(1, 1)
+    assert a and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
 # --------------------------------------------------------------------------- the CLI end to end
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):

@@ -152,9 +152,9 @@ def prior_parameter_count(model: torch.nn.Module, cfg: Config) -> int:
     return len(attention_layers(model)) * int(model.config.num_attention_heads) * (cfg.exact + cfg.log_buckets)
 
 
-def add_lora(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, list[int]]:
-    """Wrap ``model`` with PEFT LoRA adapters (base weights frozen); returns the PEFT model
-    and the layers that got adapters."""
+def add_lora(model: torch.nn.Module, cfg: Config, seed: int = 0) -> tuple[torch.nn.Module, list[int]]:
+    """Wrap ``model`` with PEFT LoRA adapters (base weights frozen), their random start drawn
+    from ``seed``; returns the PEFT model and the layers that got adapters."""
     from peft import LoraConfig, get_peft_model
 
     from masklab.hf import attention_layers
@@ -170,7 +170,9 @@ def add_lora(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, list
     layers = sorted({round(i * (len(attn) - 1) / max(n - 1, 1)) for i in range(n)}) if n > 1 else [len(attn) // 2]
     lc = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_rank, lora_dropout=0.0, target_modules=list(cfg.lora_targets),
                     layers_to_transform=layers, bias="none")
-    return get_peft_model(model, lc), layers
+    with torch.random.fork_rng(devices=[]):  # PEFT draws the adapters' start from the global generator
+        torch.manual_seed(seed)
+        return get_peft_model(model, lc), layers
 
 
 CKPT_EVERY = 25  # training steps between checkpoints of the tuned parameters
@@ -209,7 +211,7 @@ def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[
         attach_priors(model, prior_factory(method, cfg))
         lr = cfg.lr
     else:
-        model, info["lora_layers"] = add_lora(model, cfg)
+        model, info["lora_layers"] = add_lora(model, cfg, seed)
         lr = cfg.lora_lr
     key = "lora_" if method == "lora" else "prior"
     named = [(n, p) for n, p in model.named_parameters() if key in n]
