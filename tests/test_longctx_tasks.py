@@ -54,6 +54,19 @@ def test_lengths_and_spans(task):
             assert offs[ta][0] == a and offs[tb - 1][1] == b
 
 
+def test_a_context_longer_than_the_filler_pool_repeats_it_and_keeps_its_facts():
+    from masklab.tasks.longctx import distractor_pool
+
+    words = sum(len(s.split()) for s in distractor_pool())
+    n = 3 * words  # past the pool's end twice over (tokens here: words and punctuation marks)
+    ex = make_example("stale", n, 0)
+    assert 0.95 * n <= ex.n_tokens <= n
+    filler = [s for s in ex.sentences if s in set(distractor_pool())]
+    assert len(filler) > 2 * len(set(filler)) and len(ex.sentences) - len(filler) == 3  # the statement, 2 updates
+    assert solve("stale", ex.key, [ex.sentences[g] for g in ex.gold]) == ex.answer
+    assert solve("stale", ex.key, filler) is None
+
+
 def test_seeded_and_varied():
     a, b = make_examples("niah", 512, 3, seed=0), make_examples("niah", 512, 3, seed=0)
     assert [e.prompt for e in a] == [e.prompt for e in b]
@@ -72,7 +85,7 @@ def test_bad_input():
     with pytest.raises(MasklabError, match="unknown long-context task"):
         make_example("nope", 512, 0)
     with pytest.raises(MasklabError, match="outside"):
-        make_example("niah", 100_000, 0)
+        make_example("niah", 1_000_000, 0)
 
 
 SMOL = Path.home() / ".cache" / "masklab" / "models" / "smollm2-135m"

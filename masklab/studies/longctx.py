@@ -61,7 +61,7 @@ class Config:
     models: list[str] = flag(factory=lambda: ["smollm2-135m"], name="--model", help="comma-separated models")
     tasks: list[str] = flag(factory=lambda: list(TASKS), help=f"comma-separated tasks ({', '.join(TASKS)})")
     lengths: list[int] = flag(factory=lambda: [512, 1024], name="--length", parse=int_list, min=MIN_TOKENS, max=MAX_TOKENS,
-                              help="context lengths in model tokens (256..8192)")
+                              help=f"context lengths in model tokens ({MIN_TOKENS}..{MAX_TOKENS})")
     keeps: list[float] = flag(factory=lambda: [0.25, 0.5], name="--keep", parse=float_list, above=0, max=1,
                               help="kept fraction(s) of the context for the routers")
     examples: int = flag(10, min=1, help="examples per task and length")

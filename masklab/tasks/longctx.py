@@ -48,7 +48,7 @@ from masklab.tasks.stale_prompts import answer_head, distractor_pool
 
 TASKS = ("niah", "multikey", "vt", "stale", "count")
 TOLERANCE = 0.05  # n_tokens lands within 5% of the target (and at most the target)
-MIN_TOKENS, MAX_TOKENS = 256, 8192
+MIN_TOKENS, MAX_TOKENS = 256, 32768
 
 ADJECTIVES = ["silver", "quiet", "amber", "rapid", "hollow", "bright", "frozen", "gentle", "lucky", "crimson",
               "wooden", "misty", "golden", "brave", "sleepy", "copper", "distant", "humble", "lunar", "velvet"]
@@ -213,17 +213,23 @@ def make_example(task: str, n_tokens: int, seed: int, tokenizer=None, *, distrac
     fixed = count_tokens(tokenizer, " ".join(plan.facts) + plan.query)
     budget = n_tokens - fixed
     # filler: add sentences by their own token counts, then correct against the exact count
+    # (past the end of the pool, about 8k SmolLM2 tokens, it starts again: long contexts repeat
+    # their filler, as RULER's long haystacks do; shorter ones are what they were)
     filler: list[str] = []
     used = 0
-    for s in pool:  # first fit: a sentence too long for what is left is skipped
-        c = count_tokens(tokenizer, " " + s)
-        if used + c <= budget:
-            filler.append(s)
-            used += c
-        if budget - used < 6:
+    while True:
+        before = used
+        for s in pool:  # first fit: a sentence too long for what is left is skipped
+            c = count_tokens(tokenizer, " " + s)
+            if used + c <= budget:
+                filler.append(s)
+                used += c
+            if budget - used < 6:
+                break
+        if budget - used <= max(24, TOLERANCE * n_tokens):
             break
-    if budget - used > max(24, TOLERANCE * n_tokens):
-        raise MasklabError(f"the filler text is too short for {n_tokens} tokens")
+        if used == before:
+            raise MasklabError(f"the filler text is too short for {n_tokens} tokens")
     # where the task sentences go: sorted random slots among the filler (order kept)
     slots = sorted(rng.randint(0, len(filler)) for _ in plan.facts)
     sentences: list[str] = []
