@@ -220,10 +220,14 @@ def run_study(
         keep = device is None  # only the precision given: keep the device and how it was chosen
         with devices.using(devices.current() if keep else device, precision or devices.precision(), devices.chosen_by_auto() if keep else None):
             return run_study(study, config, specs, fn_path, out, jobs, threads, paper, progress, executor)
-    # a run function whose module declares no DEVICES computes on the CPU only
-    fallback = devices.for_study(study, getattr(sys.modules[resolve(fn_path).__module__], "DEVICES", ("cpu",)))
+    # a run function whose module declares no DEVICES computes on the CPU only, no PRECISIONS in fp32 only
+    module = sys.modules[resolve(fn_path).__module__]
+    fallback = devices.for_study(study, getattr(module, "DEVICES", ("cpu",)))
     if fallback is not None:
         return run_study(study, config, specs, fn_path, out, jobs, threads, paper, progress, executor, device=fallback)
+    if devices.precision() not in getattr(module, "PRECISIONS", ("fp32",)):
+        raise MasklabError(f"{study} computes in fp32 only: its passes do not autocast to {devices.precision()} yet; "
+                           "drop --precision")
     where = devices.describe()
     main = distributed.is_main()
     if distributed.world_size() > 1:

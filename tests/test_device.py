@@ -220,6 +220,15 @@ def test_cpu_numbers_do_not_depend_on_naming_the_device(tmp_path):
     assert a["metrics"] == b["metrics"] and a["curves"] == b["curves"]
 
 
+def test_a_study_whose_passes_do_not_autocast_refuses_bf16_instead_of_recording_it(tmp_path):
+    with devices.using("cpu", "bf16"), pytest.raises(MasklabError, match="evidence computes in fp32 only"):
+        run_study("evidence", {}, [], "masklab.studies.evidence:run_one", tmp_path / "a", progress=False)
+    assert not (tmp_path / "a").exists()
+    with devices.using("cpu", "bf16"):  # gotu trains through masklab/train.py, which autocasts
+        res = run_study("gotu", {}, [], "masklab.studies.gotu:run_one", tmp_path / "b", progress=False)
+    assert res["environment"]["precision"] == "bf16"
+
+
 def test_a_cpu_only_study_falls_back_to_the_cpu_under_auto_and_refuses_cuda(tmp_path, monkeypatch):
     from masklab.studies import evidence
 

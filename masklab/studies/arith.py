@@ -45,6 +45,7 @@ from masklab.train import Recipe, init_qk, priors_for, steps_to, train  # noqa: 
 
 NAME = "arith"
 DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.device)
+PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.device.autocast (masklab/train.py)
 METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard", "mask-zero")
 TABLE_METRICS = ["exact_acc", "digit_acc", "train_exact_acc", "steps_to_90", "prior_mass_step0", "prior_mass_final", "mask_drift"]
 TRAIN_PROBE = 2000  # training pairs scored for train_exact_acc

@@ -73,6 +73,7 @@ NAME = "evidence-prior"
 # run_one is the task study's own run function (gotu, arith, vision, lm: each moves its model and
 # data to the run's device); the derivation's probe trains and is measured on the command's device
 DEVICES = ("cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.device.autocast (masklab/train.py)
 METHODS = ("vanilla", "mask", "mask-derived", "mask-shuffled")
 SOURCES = ("function", "probe")
 #: tasks of other studies: their data, model, recipe and run function; the structure comes from a probe

@@ -48,6 +48,7 @@ from masklab.train import Recipe, init_qk, priors_for, steps_to, train
 
 NAME = "gotu"
 DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.device)
+PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.device.autocast (masklab/train.py)
 CURVE_SEEN = 2048  # seen points scored at each evaluation (a seeded random subset)
 CURVE_UNSEEN = 8192  # unseen points scored at each evaluation: the whole unseen domain up to this size
 PROBE = 256  # points for the attention statistics

@@ -42,6 +42,7 @@ from masklab.train import Recipe, priors_for, steps_to, train
 
 NAME = "lm"
 DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.device)
+PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.device.autocast (masklab/train.py)
 METHODS = ("vanilla", "alibi", "mask", "mask-nopos", "mask-zero")
 DEFAULT_METHODS = ("vanilla", "alibi", "mask")
 TABLE_METRICS = ["val_ppl", "best_val_ppl", "steps_to_target", "train_loss", "mask_drift"]

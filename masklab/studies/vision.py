@@ -44,6 +44,7 @@ from masklab.train import Recipe, init_qk, priors_for, train  # noqa: E402
 
 NAME = "vision"
 DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.device)
+PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.device.autocast (masklab/train.py)
 METHODS = ("default", "mimetic", "impulse", "mask", "mask-zero")
 DEFAULT_METHODS = ("default", "mimetic", "impulse", "mask")
 TABLE_METRICS = ["test_acc", "test_loss", "train_loss", "local_mass_step0", "local_mass_final", "impulse_mass_step0", "mask_drift"]
