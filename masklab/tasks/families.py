@@ -30,6 +30,7 @@ from functools import lru_cache
 
 from masklab.context.document import Document, count_tokens
 from masklab.errors import MasklabError
+from masklab.tasks.longctx import fill
 
 FILLERS = ("pydoc", "sklearn", "licences")
 KINDS = ("single", "multikey", "update", "chain", "multi")
@@ -268,16 +269,7 @@ def make_example(filler: str, template: str, wording: str, kind: str, n_tokens: 
     rng.shuffle(pool)
     query = f"\nQuestion: {question}\nAnswer: {prefix}"
     budget = n_tokens - count_tokens(tokenizer, " ".join(facts) + query)
-    filler_s, used = [], 0
-    for s in pool:
-        c = count_tokens(tokenizer, " " + s)
-        if used + c <= budget:
-            filler_s.append(s)
-            used += c
-        if budget - used < 6:
-            break
-    if budget - used > max(24, 0.05 * n_tokens):
-        raise MasklabError(f"the {filler} filler is too short for {n_tokens} tokens")
+    filler_s = fill(pool, budget, tokenizer, n_tokens)
     slots = sorted(rng.randint(0, len(filler_s)) for _ in facts)
     units, gold, fi = [], [], 0
     for slot, fact, g in zip(slots, facts, gold_flags):

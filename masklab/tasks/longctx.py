@@ -198,6 +198,28 @@ def _plan(task: str, rng: random.Random, *, distractors: int, hops: int, updates
 
 
 # --------------------------------------------------------------------------- generation
+def fill(pool: list[str], budget: int, tokenizer, n_tokens: int) -> list[str]:
+    """Filler sentences from ``pool`` in its order, first fit (a sentence too long for what is
+    left is skipped), until ``budget`` tokens are used to within ``max(24, TOLERANCE * n_tokens)``.
+    Past the end of the pool it starts again: long contexts repeat their filler, as RULER's long
+    haystacks do; a context the pool fills once is what it was before repeats existed."""
+    filler: list[str] = []
+    used = 0
+    while True:
+        before = used
+        for s in pool:
+            c = count_tokens(tokenizer, " " + s)
+            if used + c <= budget:
+                filler.append(s)
+                used += c
+            if budget - used < 6:
+                break
+        if budget - used <= max(24, TOLERANCE * n_tokens):
+            return filler
+        if used == before:
+            raise MasklabError(f"the filler text is too short for {n_tokens} tokens")
+
+
 def make_example(task: str, n_tokens: int, seed: int, tokenizer=None, *, distractors: int = 3, hops: int = 3,
                  updates: int = 2, count: int = 3) -> LongExample:
     """One seeded example of ``task`` whose ``context + query`` is ``n_tokens`` long under
@@ -213,23 +235,7 @@ def make_example(task: str, n_tokens: int, seed: int, tokenizer=None, *, distrac
     fixed = count_tokens(tokenizer, " ".join(plan.facts) + plan.query)
     budget = n_tokens - fixed
     # filler: add sentences by their own token counts, then correct against the exact count
-    # (past the end of the pool, about 8k SmolLM2 tokens, it starts again: long contexts repeat
-    # their filler, as RULER's long haystacks do; shorter ones are what they were)
-    filler: list[str] = []
-    used = 0
-    while True:
-        before = used
-        for s in pool:  # first fit: a sentence too long for what is left is skipped
-            c = count_tokens(tokenizer, " " + s)
-            if used + c <= budget:
-                filler.append(s)
-                used += c
-            if budget - used < 6:
-                break
-        if budget - used <= max(24, TOLERANCE * n_tokens):
-            break
-        if used == before:
-            raise MasklabError(f"the filler text is too short for {n_tokens} tokens")
+    filler = fill(pool, budget, tokenizer, n_tokens)
     # where the task sentences go: sorted random slots among the filler (order kept)
     slots = sorted(rng.randint(0, len(filler)) for _ in plan.facts)
     sentences: list[str] = []
