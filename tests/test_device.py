@@ -52,22 +52,14 @@ def test_unknown_precision_is_rejected():
 
 
 @no_cuda
-def test_cli_device_cuda_without_a_gpu_exits_2_with_one_line(tmp_path, capsys):
-    code = cli.main(["gotu", "--quick", "--device", "cuda", "--out", str(tmp_path / "o"), "--no-progress"])
+@pytest.mark.parametrize("command", ["gotu", "train-router"])
+def test_cli_device_cuda_without_a_gpu_exits_2_with_one_line(command, tmp_path, capsys):
+    code = cli.main([command, "--quick", "--device", "cuda", "--out", str(tmp_path / "o"), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("masklab: error: --device cuda: this machine has no CUDA GPU")
     assert not (tmp_path / "o").exists()  # refused before anything was written
     assert devices.current() == torch.device("cpu")
-
-
-@no_cuda
-def test_train_router_device_cuda_without_a_gpu_exits_2_with_one_line(tmp_path, capsys):
-    code = cli.main(["train-router", "--quick", "--device", "cuda", "--out", str(tmp_path / "o"), "--no-progress"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(err) == 1 and err[0].startswith("masklab: error: --device cuda: this machine has no CUDA GPU")
-    assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
 def test_train_router_loads_its_model_on_the_chosen_device(tmp_path, monkeypatch):
