@@ -46,6 +46,18 @@ def test_split_examples_interleave_kinds_and_are_seeded():
     assert [e.units for e in split_examples("test", 2, 384, seed=1)] == [e.units for e in exs]
 
 
+def test_digest_names_the_text():
+    import dataclasses
+
+    ex = make_example("licences", "date", "c", "chain", 384, seed=2)
+    assert ex.digest == make_example("licences", "date", "c", "chain", 384, seed=2).digest
+    units = list(ex.units)
+    units[ex.gold[0]] = units[ex.gold[0]].replace(ex.answers[0], "1 May") if ex.answers[0] in units[ex.gold[0]] else "X."
+    for changed in (dataclasses.replace(ex, units=units), dataclasses.replace(ex, gold=ex.gold[:1]),
+                    make_example("licences", "date", "c", "chain", 384, seed=3)):
+        assert changed.digest != ex.digest
+
+
 def test_bad_family_is_one_error():
     with pytest.raises(MasklabError, match="unknown template"):
         make_example("pydoc", "colour", "a", "single", 512, 0)

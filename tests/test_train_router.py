@@ -63,6 +63,12 @@ def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(tmp_
     assert main(argv) == 0
     again = (tmp_path / "labels.jsonl").read_text().splitlines()
     assert again[:-1] == labels[:-1] and json.loads(again[-1])["seed"] == json.loads(labels[-1])["seed"]
+    # a label made from other text (a changed generator) is made again; the others are kept
+    first = json.loads(again[0])
+    (tmp_path / "labels.jsonl").write_text("\n".join([json.dumps({**first, "example": "0ther0text00"})] + again[1:]) + "\n")
+    assert main(argv) == 0
+    relabelled = (tmp_path / "labels.jsonl").read_text().splitlines()
+    assert relabelled[:-1] == again[1:] and json.loads(relabelled[-1])["example"] == first["example"]
     # the held-out rows name the routers' weights: a row of other routers is measured again, not reused
     ev = argv + ["--eval", "--eval-split", "val", "--eval-lengths", "256", "--eval-examples", "1", "--eval-kinds", "single"]
     assert main(ev) == 0
@@ -72,4 +78,10 @@ def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(tmp_
     assert main(ev) == 0
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
     assert [r["router"] for r in rows] == ["0ther0router", row["router"]]
+    assert json.loads((tmp_path / "eval_val.json").read_text())["rows"] == [rows[1]]
+    # and so is a row of the same routers made from other text
+    rows_path.write_text(json.dumps({**row, "example": "0ther0text00"}) + "\n")
+    assert main(ev) == 0
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    assert [r["example"] for r in rows] == ["0ther0text00", row["example"]]
     assert json.loads((tmp_path / "eval_val.json").read_text())["rows"] == [rows[1]]

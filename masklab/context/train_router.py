@@ -6,8 +6,10 @@
    check): the LM answers each example, and on a right answer group testing finds its
    evidence units and one eager pass its most attended units
    (:func:`masklab.context.trained.make_labels`). One JSON line per example in
-   ``OUT/labels.jsonl``; a killed run resumes after the last labelled example, and a rerun
-   with more ``--examples`` labels only the new ones (and refits).
+   ``OUT/labels.jsonl``; a killed run resumes after the last labelled example, a rerun
+   with more ``--examples`` labels only the new ones, and an example whose text changed
+   (its digest, :attr:`~masklab.tasks.families.FamilyExample.digest`) is labelled again;
+   the routers are refitted whenever the labels differ from those they were fitted on.
 2. **Fit**: the evidence and the attention router (same features, data and model class)
    into ``OUT/<model>.safetensors`` + ``.json`` (the command, data, code hash, label cost).
 3. **Held-out evaluation** (``--eval``): on the ``--eval-split`` families (``val`` to choose
@@ -17,8 +19,8 @@
    there are: where word overlap cannot tell the latest statement or the asked key from
    the others, this is what differs), and with ``--eval-answers`` the answer from the kept
    text and from the full context. Rows
-   per example in ``OUT/eval_rows_SPLIT[-answers].jsonl`` (resumable; rows name the routers' weights, so
-   rows of other routers are never reused), the table with Wilson 95% intervals
+   per example in ``OUT/eval_rows_SPLIT[-answers].jsonl`` (resumable; rows name the routers' weights
+   and the example's text, so rows of other routers or of a changed generator are never reused), the table with Wilson 95% intervals
    and paired McNemar p-values in ``OUT/eval_SPLIT[-answers].json`` / ``.md``.
 
 The LM computes on ``device`` (``--device``; labels, router features and answers move their
@@ -37,6 +39,7 @@ from pathlib import Path
 
 from masklab import device as devices
 from masklab.errors import MasklabError
+from masklab.files import atomic_write_text
 from masklab.flags import flag, int_list, str_list
 
 EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
@@ -115,22 +118,33 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
     n = 2 if cfg.quick else cfg.examples
     examples = split_examples("train", n, cfg.length, seed=cfg.seed, tokenizer=lm.tokenizer)
     path = out / "labels.jsonl"
+    key = lambda r: (r["kind"], r["seed"], r["template"], r["filler"])  # noqa: E731
+    want = {(e.kind, e.seed, e.template, e.filler): e.digest for e in examples}
     labelled = _jsonl(path)
-    done = {(r["kind"], r["seed"], r["template"], r["filler"]) for r in labelled}
-    if len(labelled) > len(done):
+    if len(labelled) > len({key(r) for r in labelled}):
         raise MasklabError(f"{path} holds duplicate examples: remove it to label again")
+    stale = [r for r in labelled if key(r) in want and r.get("example") != want[key(r)]]
+    if stale:  # made from other text: labelled again, the rest kept
+        print(f"{len(stale)} of the labelled examples in {path} were made from other text (the generator changed): "
+              "labelling them again", file=sys.stderr)
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in labelled if r not in stale))
+    done = {key(r) for r in labelled if r not in stale}
     for ex in _bar(examples, cfg.progress, f"labels {lm.name}"):
-        key = (ex.kind, ex.seed, ex.template, ex.filler)
-        if key in done:
+        if (ex.kind, ex.seed, ex.template, ex.filler) in done:
             continue
         lab = make_labels(lm, ex, ex.query, accept=ex.correct, max_new_tokens=cfg.max_new_tokens)
         _append(path, {"kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
-                       "wording": ex.wording, "gold": ex.gold, "answer": lab["answer"], "correct": lab["correct"],
-                       "evidence": lab["evidence"], "attention": lab["attention"], "passes": lab["passes"],
-                       "seconds": lab["seconds"], "tokens": ex.n_tokens})
-    rows = _jsonl(path)
-    return [r for r in rows if (r["kind"], r["seed"], r["template"], r["filler"]) in
-            {(e.kind, e.seed, e.template, e.filler) for e in examples}]
+                       "wording": ex.wording, "example": ex.digest, "gold": ex.gold, "answer": lab["answer"],
+                       "correct": lab["correct"], "evidence": lab["evidence"], "attention": lab["attention"],
+                       "passes": lab["passes"], "seconds": lab["seconds"], "tokens": ex.n_tokens})
+    return [r for r in _jsonl(path) if key(r) in want]
+
+
+def labels_digest(rows: list[dict]) -> str:
+    """12 hex digits of sha256 over the labelled rows' examples and labels: the routers are
+    refitted when it differs from the one their meta records."""
+    data = [[r["example"], r["correct"], r["evidence"], r["attention"]] for r in rows]
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:12]
 
 
 def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path) -> tuple[dict, dict]:
@@ -153,6 +167,7 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path) -> tuple[dict, dict]:
     labelled = [r for r in rows if r["correct"]]
     meta = {"model": lm.name, "features": cfg.features, "layers": cfg.layers, "command": cfg.command,
             "data": {"families": "train split of masklab.tasks.families", "length": cfg.length, "examples": len(rows),
+                     "labels": labels_digest(rows),
                      "labelled": len(labelled), "per_kind": {k: sum(r["kind"] == k for r in labelled)
                                                              for k in sorted({r["kind"] for r in rows})}},
             "label_cost": {"passes": sum(r["passes"] for r in rows), "seconds": sum(r["seconds"] for r in rows),
@@ -181,14 +196,15 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     tag = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
     path = out / f"eval_rows_{tag}.jsonl"
     weights = hashlib.sha256((out / f"{lm.name}.safetensors").read_bytes()).hexdigest()[:12]
-    done = {(r["length"], r["kind"], r["seed"]) for r in _jsonl(path) if r.get("router") == weights}  # rows of these routers only
+    done = {(r["length"], r["kind"], r["seed"], r.get("example")) for r in _jsonl(path)
+            if r.get("router") == weights}  # rows of these routers and this text only
     todo = [(n, ex) for n in cfg.eval_lengths
             for ex in split_examples(cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer,
                                      kinds=kinds)]
     for n, ex in _bar(todo, cfg.progress, f"held-out {cfg.eval_split} {lm.name}"):
-        if (n, ex.kind, ex.seed) in done:
+        if (n, ex.kind, ex.seed, ex.digest) in done:
             continue
-        row = {"length": n, "kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
+        row = {"length": n, "kind": ex.kind, "seed": ex.seed, "example": ex.digest, "template": ex.template, "filler": ex.filler,
                "tokens": ex.n_tokens, "gold": ex.gold, "router": weights}
         if cfg.eval_answers:
             r = generate_answer(lm, ex.units, ex.query, cfg.max_new_tokens, stop_at_sentence=True)
@@ -213,7 +229,8 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
                             "seconds": seconds + r["seconds"]})
             row[name] = rec
         _append(path, row)
-    rows = [r for r in _jsonl(path) if r["length"] in cfg.eval_lengths and r["kind"] in kinds and r.get("router") == weights]
+    current = {(n, ex.kind, ex.seed, ex.digest) for n, ex in todo}
+    rows = [r for r in _jsonl(path) if r.get("router") == weights and (r["length"], r["kind"], r["seed"], r.get("example")) in current]
     res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
            "device": devices.describe(lm.model.device, cfg.precision), "summary": summarise(rows, cfg.eval_answers), "rows": rows}
     write_json(out / f"eval_{tag}.json", res)
@@ -294,8 +311,8 @@ def run(cfg: TrainConfig) -> int:
     with devices.autocast(dev, cfg.precision):
         rows = label(lm, cfg, out)
         routers, meta = load_routers(out / lm.name) if (out / f"{lm.name}.safetensors").exists() else (None, {})
-        if cfg.quick or (meta.get("features"), meta.get("layers"), meta.get("data", {}).get("examples"),
-                         meta.get("data", {}).get("length")) != (cfg.features, cfg.layers, len(rows), cfg.length):
+        if cfg.quick or (meta.get("features"), meta.get("layers"), meta.get("data", {}).get("labels"),
+                         meta.get("data", {}).get("length")) != (cfg.features, cfg.layers, labels_digest(rows), cfg.length):
             routers, meta = fit(lm, cfg, rows, out)  # refit when the data or the recipe changed
         cost = meta["label_cost"]
         print(f"routers: {out / lm.name}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "

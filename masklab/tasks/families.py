@@ -23,6 +23,8 @@ and which measure it (``test``); they share no filler, template or wording.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import re
 from dataclasses import dataclass, field
@@ -208,6 +210,14 @@ class FamilyExample(Document):
     @property
     def query(self) -> str:
         return f"\nQuestion: {self.question}\nAnswer: {self.prefix}"
+
+    @property
+    def digest(self) -> str:
+        """12 hex digits of sha256 over the example's text, gold and answers: a label or
+        held-out row stored with another digest was made from other text (a changed
+        generator) and is never reused."""
+        text = json.dumps([self.units, self.gold, self.question, self.answers, self.prefix])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def correct(self, generated: str) -> bool:
         """Every answer value's first word appears in the first line of ``generated``."""
