@@ -18,10 +18,11 @@
    (``gold_top``: whether its top-ranked units are exactly the answering ones, as many as
    there are: where word overlap cannot tell the latest statement or the asked key from
    the others, this is what differs), and with ``--eval-answers`` the answer from the kept
-   text and from the full context. Rows
-   per example in ``OUT/eval_rows_SPLIT[-answers].jsonl`` (resumable; rows name the routers' weights
-   and the example's text, so rows of other routers or of a changed generator are never reused), the table with Wilson 95% intervals
-   and paired McNemar p-values in ``OUT/eval_SPLIT[-answers].json`` / ``.md``.
+   text and from the full context. Rows per example in
+   ``OUT/eval_rows_SPLIT[-answers].jsonl`` (resumable; rows name the routers' weights and
+   the example's digest, so rows of other routers or of other text are never reused), the
+   table with Wilson 95% intervals and paired McNemar p-values in
+   ``OUT/eval_SPLIT[-answers].json`` / ``.md``.
 
 The LM computes on ``device`` (``--device``; labels, router features and answers move their
 ids to it) in ``precision`` (``--precision``: autocast around every pass); the router file's
@@ -118,7 +119,9 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
     n = 2 if cfg.quick else cfg.examples
     examples = split_examples("train", n, cfg.length, seed=cfg.seed, tokenizer=lm.tokenizer)
     path = out / "labels.jsonl"
-    key = lambda r: (r["kind"], r["seed"], r["template"], r["filler"])  # noqa: E731
+    def key(r: dict) -> tuple:
+        return r["kind"], r["seed"], r["template"], r["filler"]
+
     want = {(e.kind, e.seed, e.template, e.filler): e.digest for e in examples}
     labelled = _jsonl(path)
     if len(labelled) > len({key(r) for r in labelled}):
@@ -204,8 +207,8 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     for n, ex in _bar(todo, cfg.progress, f"held-out {cfg.eval_split} {lm.name}"):
         if (n, ex.kind, ex.seed, ex.digest) in done:
             continue
-        row = {"length": n, "kind": ex.kind, "seed": ex.seed, "example": ex.digest, "template": ex.template, "filler": ex.filler,
-               "tokens": ex.n_tokens, "gold": ex.gold, "router": weights}
+        row = {"length": n, "kind": ex.kind, "seed": ex.seed, "example": ex.digest, "template": ex.template,
+               "filler": ex.filler, "tokens": ex.n_tokens, "gold": ex.gold, "router": weights}
         if cfg.eval_answers:
             r = generate_answer(lm, ex.units, ex.query, cfg.max_new_tokens, stop_at_sentence=True)
             row["full"] = {"correct": ex.correct(r["generated"]), "answer": r["generated"], "seconds": r["seconds"],
@@ -230,7 +233,8 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
             row[name] = rec
         _append(path, row)
     current = {(n, ex.kind, ex.seed, ex.digest) for n, ex in todo}
-    rows = [r for r in _jsonl(path) if r.get("router") == weights and (r["length"], r["kind"], r["seed"], r.get("example")) in current]
+    rows = [r for r in _jsonl(path)
+            if r.get("router") == weights and (r["length"], r["kind"], r["seed"], r.get("example")) in current]
     res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
            "device": devices.describe(lm.model.device, cfg.precision), "summary": summarise(rows, cfg.eval_answers), "rows": rows}
     write_json(out / f"eval_{tag}.json", res)
