@@ -52,7 +52,7 @@ def test_digest_names_the_text():
     ex = make_example("licences", "date", "c", "chain", 384, seed=2)
     assert ex.digest == make_example("licences", "date", "c", "chain", 384, seed=2).digest
     units = list(ex.units)
-    units[ex.gold[0]] = units[ex.gold[0]].replace(ex.answers[0], "1 May") if ex.answers[0] in units[ex.gold[0]] else "X."
+    units[ex.gold[0]] = "X."
     for changed in (dataclasses.replace(ex, units=units), dataclasses.replace(ex, gold=ex.gold[:1]),
                     make_example("licences", "date", "c", "chain", 384, seed=3)):
         assert changed.digest != ex.digest

@@ -119,21 +119,22 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
     n = 2 if cfg.quick else cfg.examples
     examples = split_examples("train", n, cfg.length, seed=cfg.seed, tokenizer=lm.tokenizer)
     path = out / "labels.jsonl"
+
     def key(r: dict) -> tuple:
         return r["kind"], r["seed"], r["template"], r["filler"]
 
-    want = {(e.kind, e.seed, e.template, e.filler): e.digest for e in examples}
+    want = {key(vars(e)): e for e in examples}
     labelled = _jsonl(path)
     if len(labelled) > len({key(r) for r in labelled}):
         raise MasklabError(f"{path} holds duplicate examples: remove it to label again")
-    stale = [r for r in labelled if key(r) in want and r.get("example") != want[key(r)]]
-    if stale:  # made from other text: labelled again, the rest kept
-        print(f"{len(stale)} of the labelled examples in {path} were made from other text (the generator changed): "
-              "labelling them again", file=sys.stderr)
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in labelled if r not in stale))
-    done = {key(r) for r in labelled if r not in stale}
-    for ex in _bar(examples, cfg.progress, f"labels {lm.name}"):
-        if (ex.kind, ex.seed, ex.template, ex.filler) in done:
+    fresh = [r for r in labelled if key(r) not in want or r.get("example") == want[key(r)].digest]
+    if len(fresh) < len(labelled):  # made from other text: labelled again, the rest kept
+        print(f"{len(labelled) - len(fresh)} of the labelled examples in {path} were made from other text (the "
+              "generator changed): labelling them again", file=sys.stderr)
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in fresh))
+    done = {key(r) for r in fresh}
+    for k, ex in _bar(list(want.items()), cfg.progress, f"labels {lm.name}"):
+        if k in done:
             continue
         lab = make_labels(lm, ex, ex.query, accept=ex.correct, max_new_tokens=cfg.max_new_tokens)
         _append(path, {"kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
