@@ -111,6 +111,28 @@ def test_study_rejects_bad_input(tmp_path):
         run(Config(compare=["snapkv", "h2o"]), tmp_path)
 
 
+def test_a_run_is_named_by_the_routers_it_uses(monkeypatch, tmp_path):
+    """Shipped routers: a run's settings hold their weights' digest (new weights redo the run)
+    and not the task set (``--tasks multikey`` alone resumes a two-task run's multikey);
+    routers trained here: the task set they are trained on, and no digest."""
+    from masklab.context.routers import trained
+    from masklab.studies.longctx import Config, specs_for
+
+    (tmp_path / "smollm2-135m.safetensors").write_bytes(b"weights one")
+    monkeypatch.setattr(trained, "WEIGHTS", tmp_path)
+    shipped = Config(tasks=["multikey", "stale"], routers=["lexical", "evidence"], router_source="shipped")
+    both = {s.task: s.params for s in specs_for(shipped)}
+    alone = {s.task: s.params for s in specs_for(Config(**{**shipped.__dict__, "tasks": ["multikey"]}))}
+    assert alone["multikey@512"] == both["multikey@512"] and "task_set" not in both["multikey@512"]
+    (tmp_path / "smollm2-135m.safetensors").write_bytes(b"weights two")
+    again = {s.task: s.params for s in specs_for(shipped)}
+    assert again["multikey@512"]["shipped_router"] != both["multikey@512"]["shipped_router"]
+    here = {s.task: s.params for s in specs_for(Config(**{**shipped.__dict__, "router_source": "train"}))}
+    assert here["stale@512"]["task_set"] == ["multikey", "stale"] and "shipped_router" not in here["stale@512"]
+    words = {s.task: s.params for s in specs_for(Config(**{**shipped.__dict__, "routers": ["lexical"]}))}
+    assert not {"task_set", "shipped_router"} & set(words["stale@512"])
+
+
 @pytest.mark.slow
 def test_study_rows(smol, tmp_path):
     import json

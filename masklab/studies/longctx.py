@@ -261,8 +261,22 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
+    """One run per (model, task, length, seed). Its settings name the trained routers it uses:
+    routers trained here depend on the whole task set (``task_set``); shipped ones on their
+    weights (``shipped_router``, a digest), so a run resumes only with the same routers."""
+    from masklab.context.routers.trained import shipped_digest
+
     base = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds", "tasks", "lengths")}
-    return [RunSpec(f"{t}@{n}", "all", s, {**base, "task": t, "length": n, "task_set": list(cfg.tasks)}, model=m)
+    trained = any(r in ROUTER_METHODS for r in cfg.routers)
+
+    def routers(model: str) -> dict:
+        if not trained:
+            return {}
+        if cfg.router_source == "train":
+            return {"task_set": list(cfg.tasks)}
+        return {"shipped_router": shipped_digest(model)}
+
+    return [RunSpec(f"{t}@{n}", "all", s, {**base, "task": t, "length": n, **routers(m)}, model=m)
             for m in cfg.models for t in cfg.tasks for n in cfg.lengths for s in cfg.seeds]
 
 

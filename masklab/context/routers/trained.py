@@ -8,6 +8,7 @@ meta: the command that trained it, its data, code hash and label cost);
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -23,6 +24,13 @@ WINDOW_TOKENS = 8192
 def shipped(model: str) -> Path:
     """Where the routers shipped for ``model`` live (no suffix)."""
     return WEIGHTS / model
+
+
+def shipped_digest(model: str) -> str | None:
+    """12 hex digits of sha256 over the weights shipped for ``model`` (None where none ship):
+    what names those routers in a run's settings, so shipping new weights redoes the runs."""
+    path = shipped(model).with_suffix(".safetensors")
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
 
 
 class TrainedRouter(Router):
