@@ -45,7 +45,7 @@ REPRODUCTIONS = [
     ("longctx-peers", ["longctx", "--model", "smollm2-135m", "--tasks", "multikey,stale", "--length", "1024",
                        "--keep", "0.25", "--examples", "30", "--routers", "lexical,bm25,longllmlingua,evidence",
                        "--router-source", "shipped", "--compare", "snapkv,snapkv-question,finch"]),
-    # the same on Gemma 3 270M (the committed table used the two-layer router shipped before the one-layer one)
+    # the same on Gemma 3 270M
     ("longctx-peers-gemma", ["longctx", "--model", "gemma3-270m", "--tasks", "multikey,stale", "--length", "1024",
                              "--keep", "0.25", "--examples", "30", "--routers", "lexical,bm25,longllmlingua,evidence",
                              "--router-source", "shipped", "--compare", "snapkv,snapkv-question,finch"]),
