@@ -42,7 +42,7 @@ REPRODUCTIONS = [
     ("longctx", ["reproduce", "longctx"]),
     ("evidence-prior", ["reproduce", "evidence-prior"]),
     # the question-aware peers at 1024 tokens, 30 examples per cell, with the shipped routers (docs/context.md)
-    ("longctx-peers", ["longctx", "--model", "smollm2-135m", "--tasks", "multikey,stale", "--length", "1024",
+    ("longctx-peers", ["longctx", "--model", "smollm2-135m", "--tasks", "niah,multikey,vt,stale", "--length", "1024",
                        "--keep", "0.25", "--examples", "30", "--routers", "lexical,bm25,longllmlingua,evidence",
                        "--router-source", "shipped", "--compare", "snapkv,snapkv-question,finch"]),
     # the same on Gemma 3 270M
