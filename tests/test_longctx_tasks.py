@@ -33,6 +33,10 @@ def test_tasks_have_distractors_the_solver_must_reject():
     assert len(mk.meta["keys"]) == 4 and sum("magic number" in s for s in mk.sentences) == 4
     vt = make_example("vt", 512, 0, hops=3)
     assert len(vt.gold) == 4 and sum(s.startswith("VAR ") for s in vt.sentences) == 8
+    mv = make_example("multivalue", 512, 0, count=3, distractors=2)
+    assert len(mv.gold) == 3 and sum("special magic numbers" in s for s in mv.sentences) == 5
+    assert mv.answer.split(", ") == mv.meta["values"] and all(mv.sentences[g].endswith(f"{v}.")
+                                                               for g, v in zip(mv.gold, mv.meta["values"]))
     st = make_example("stale", 512, 0, updates=2)
     assert sum("access code" in s for s in st.sentences) == 3 and ex_answer_is_last(st)
 
@@ -79,6 +83,10 @@ def test_scoring():
     vt = make_example("vt", 512, 0)
     assert score(f" {vt.answer}.", vt) and score(f" VAR XYZ = {vt.answer}", vt)
     assert normalise(" 1234567 is the number") == "1234567"
+    mv = make_example("multivalue", 512, 0, count=3)
+    a, b, c = mv.meta["values"]
+    assert score(f" {c}, {a} and {b}.", mv) and score(f"\n- {a}\n- {b}\n- {c}", mv)
+    assert not score(f" {a}, {b}.", mv) and not score(f" {a}.", mv)  # every value, not the first
 
 
 def test_bad_input():

@@ -86,9 +86,9 @@ class Config:
                              "so the kept fraction is a cap)")
     hops: int = flag(3, min=1, help="vt: assignments after the value in the asked chain")
     updates: int = flag(2, min=1, help="stale: reassignments after the first statement")
-    distractors: int = flag(3, min=1, help="multikey: needles with other keys")
-    count: int = flag(3, min=1, help="count: tallies of the asked colour")
-    max_new_tokens: int = flag(10, min=1, help="greedy answer tokens")
+    distractors: int = flag(3, min=1, help="multikey, multivalue: needles with other keys")
+    count: int = flag(3, min=1, help="count: tallies of the asked colour; multivalue: needles of the asked key")
+    max_new_tokens: int = flag(10, min=1, help="greedy answer tokens (multivalue: per needle of the asked key)")
     prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
                                      help="raw completion or the model's chat turns")
     threads: int = flag(1, min=1, help="torch threads per run")
@@ -147,7 +147,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     lm = load(spec["model"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"), device=dev)
     task_kw = {"hops": p["hops"], "updates": p["updates"], "distractors": p["distractors"], "count": p["count"]}
     examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer, **task_kw)
-    new_tokens = p["max_new_tokens"]
+    new_tokens = p["max_new_tokens"] * (p["count"] if p["task"] == "multivalue" else 1)  # an answer lists count values
     rmeta = None
     trained = [r for r in p["routers"] if r in ROUTER_METHODS]
     routers = {r: load_router(r, lm) for r in p["routers"] if r not in ROUTER_METHODS}
@@ -159,7 +159,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
         fitted, rmeta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"],
                                       Path(ckpt_dir).parent / "routers", seed=spec["seed"], task_kw=task_kw,
-                                      max_new_tokens=new_tokens, chunk_tokens=p["chunk_tokens"],
+                                      max_new_tokens=p["max_new_tokens"], chunk_tokens=p["chunk_tokens"],
                                       layers=p["router_layers"], log=lambda m: print(m, file=sys.stderr))
         routers.update({kind: ROUTERS[kind](lm=lm, routers=fitted, meta=rmeta) for kind in trained})
     presses = {press: PressRouter(lm, press=press) for press in p["compare"]}
@@ -335,7 +335,7 @@ def add_intervals(row: dict, runs: list[dict]) -> None:
 
 NOTES = """\
 `acc`: exact match of the greedy answer (cut at the first punctuation mark, number words
-read as digits); `seconds`: router + tokenise + prefill + decode per prompt (methods
+read as digits; `multivalue`: every number of the key among the answer's); `seconds`: router + tokenise + prefill + decode per prompt (methods
 interleaved per example, one thread); `kept`: kept fraction of the context's tokens;
 `gold_kept`: share of the gold sentences a router kept; `router_share`: the router's
 seconds over the same example's full prefill; `kv_mb`: KV-cache MiB by formula (layers x 2

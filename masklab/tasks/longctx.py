@@ -18,6 +18,9 @@ multikey    the needle plus ``distractors`` needles with other keys / the asked 
 vt          variable tracking: a chain of ``hops`` assignments (``VAR QXKPR = 48213.``,
             ``VAR MBZTE = VAR QXKPR.``, ...) and a distractor chain with another value;
             the question asks the value of the chain's last variable / every link of it
+multivalue  ``count`` needles with the asked key (``One of the special magic numbers for
+            silver-fox is 4829137.``) among ``distractors`` with other keys; the question
+            asks for all of them (RULER's multi-value NIAH) / every needle of the key
 stale       a key's code stated, then reassigned ``updates`` times; the question asks for
             the latest / the last reassignment
 count       aggregation: ``count`` tally sentences (``A red marble was put into the
@@ -46,7 +49,7 @@ from masklab.context.document import Document, count_tokens, token_offsets
 from masklab.errors import MasklabError
 from masklab.tasks.stale_prompts import answer_head, distractor_pool
 
-TASKS = ("niah", "multikey", "vt", "stale", "count")
+TASKS = ("niah", "multikey", "multivalue", "vt", "stale", "count")
 TOLERANCE = 0.05  # n_tokens lands within 5% of the target (and at most the target)
 MIN_TOKENS, MAX_TOKENS = 256, 32768
 
@@ -58,6 +61,8 @@ COLOURS = ["red", "blue", "green", "yellow", "white", "black"]
 
 NEEDLE = "The special magic number for {k} is {v}."
 NEEDLE_RE = re.compile(r"The special magic number for ([\w-]+) is (\d+)\.")
+VALUE = "One of the special magic numbers for {k} is {v}."
+VALUE_RE = re.compile(r"One of the special magic numbers for ([\w-]+) is (\d+)\.")
 VT_VALUE = "VAR {a} = {v}."
 VT_LINK = "VAR {a} = VAR {b}."
 VT_RE = re.compile(r"VAR ([A-Z]+) = (?:VAR ([A-Z]+)|(\d+))\.")
@@ -162,6 +167,17 @@ def _plan(task: str, rng: random.Random, *, distractors: int, hops: int, updates
         return _Plan([facts[i] for i in order], [i == 0 for i in order],
                      f"\nQuestion: What is the special magic number for {k}?\nAnswer: The special magic number for {k} is",
                      vals[0], k, {"keys": keys})
+    if task == "multivalue":
+        keys = _keys(rng, 1 + distractors)
+        vals = _numbers(rng, count + distractors, 7)
+        owners = [keys[0]] * count + keys[1:]
+        rng.shuffle(owners)
+        facts = [VALUE.format(k=k, v=v) for k, v in zip(owners, vals)]
+        k = keys[0]
+        mine = [v for o, v in zip(owners, vals) if o == k]
+        return _Plan(facts, [o == k for o in owners],
+                     f"\nQuestion: What are all the special magic numbers for {k}?\n"
+                     f"Answer: The special magic numbers for {k} are", ", ".join(mine), k, {"keys": keys, "values": mine})
     if task == "vt":
         names = _var_names(rng, 2 * (hops + 1))
         vals = _numbers(rng, 2, 5)
@@ -280,6 +296,9 @@ def solve(task: str, key: str, sentences: list[str]) -> str | None:
     if task in ("niah", "multikey"):
         found = {v for k, v in NEEDLE_RE.findall(text) if k == key}
         return found.pop() if len(found) == 1 else None
+    if task == "multivalue":
+        found = [v for k, v in VALUE_RE.findall(text) if k == key]
+        return ", ".join(found) if found else None
     if task == "vt":
         assign: dict[str, list[str]] = {}
         for a, b, v in VT_RE.findall(text):
@@ -311,5 +330,8 @@ def normalise(text: str) -> str:
 
 
 def score(generated: str, example: LongExample) -> bool:
-    """Exact match of the normalised continuation with the answer."""
+    """Exact match of the normalised continuation with the answer; ``multivalue``: every
+    value of the key is among the continuation's numbers (in any order)."""
+    if example.task == "multivalue":
+        return set(example.answer.split(", ")) <= set(re.findall(r"\d+", generated))
     return normalise(generated) == example.answer.lower()
