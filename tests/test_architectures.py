@@ -239,6 +239,55 @@ def test_hide_equals_the_2d_attention_mask(kind, folders):
         assert (got - plain).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_answer_scores_from_a_cached_prefix_equal_the_full_reads(kind, folders):
+    """Group testing's key masks read from the first hidden token on, the keys and values
+    before it cached: the scores stay those of reading everything (past the window of 4)."""
+    from masklab.pretrained.lm import answer_scores, context_cache
+
+    lm = load(str(folders[kind]))
+    x, answer = ids(1, 20)[0], ids(1, 3, seed=1)[0]
+    keep = torch.ones(5, 20, dtype=torch.bool)
+    keep[0, 12:15] = False  # one batch of 3 reads from token 7, one of 2 from token 12
+    keep[1, 7:9] = False
+    keep[3, 12] = False
+    keep[4, 15:] = False
+    plain = answer_scores(lm, x, answer, keep, batch=3)
+    cached = answer_scores(lm, x, answer, keep, batch=3, prefix=context_cache(lm, x))
+    torch.testing.assert_close(cached[0], plain[0], atol=1e-4, rtol=1e-4)
+    assert torch.equal(cached[1], plain[1])
+    assert plain[0][0] != plain[0][2]  # the hidden tokens matter
+    if SLIDES[kind] != [0, 1]:  # a layer reads past the window: another text's cache is read, not ignored
+        wrong = answer_scores(lm, x, answer, keep, batch=3, prefix=context_cache(lm, ids(1, 20, seed=2)[0]))
+        assert (wrong[0] - plain[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_generation_cache_and_last_token_attention_reuse_the_context(kind, folders):
+    """The answer's generation keeps the context's keys and values (those of one pass over
+    it), and the attention labels' pass reads only the last token from them."""
+    from transformers import DynamicCache
+
+    from masklab.pretrained.lm import context_cache, generate, last_token_attention
+    from masklab.pretrained.models import set_attention
+
+    lm = load(str(folders[kind]))
+    x = ids(1, 20)[0]
+    cache = DynamicCache()
+    new, _ = generate(lm, x, 5, cache=cache)
+    assert torch.equal(new, generate(lm, x, 5)[0])
+    kept, read = context_cache(lm, x, cache), context_cache(lm, x)
+    assert len(kept) == len(read) == 2
+    for (k1, v1), (k2, v2) in zip(kept, read):
+        assert k1.shape == k2.shape == (1, 2, 20, k1.shape[-1])
+        torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+    set_attention(lm, "eager")
+    full = last_token_attention(lm, x)
+    assert full.shape == (2, 4, 20)
+    torch.testing.assert_close(last_token_attention(lm, x, read), full, atol=1e-5, rtol=1e-5)
+
+
 # --------------------------------------------------------------------------- prompts and the CLI
 CONTEXT = "Anna lives in Oslo. The sky is blue. Anna moved to Rome in 2020.\n"
 

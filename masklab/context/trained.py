@@ -168,16 +168,17 @@ def link(units: list[str], overlap: list[float], question: str, top: int = 3) ->
 
 # --------------------------------------------------------------------------- labels
 @torch.no_grad()
-def attention_per_unit(lm, ids: Tensor, unit: Tensor, n: int) -> Tensor:
+def attention_per_unit(lm, ids: Tensor, unit: Tensor, n: int, prefix: list | None = None) -> Tensor:
     """``(N,)`` attention mass from the last position of ``ids (T,)`` on each unit (``unit
     (T,)`` = unit index per token, < 0 elsewhere), mean over layers and heads. Switches the
-    model to eager attention for the pass."""
+    model to eager attention for the pass; ``prefix`` (the context's cached keys and values,
+    :func:`~masklab.pretrained.lm.context_cache`): only the last token is read."""
     from masklab.pretrained.lm import last_token_attention
     from masklab.pretrained.models import set_attention
 
     set_attention(lm, "eager")
     try:
-        a = last_token_attention(lm, ids).mean((0, 1))  # (T,)
+        a = last_token_attention(lm, ids, prefix).mean((0, 1))  # (T,)
     finally:
         set_attention(lm, "sdpa")
     out = torch.zeros(n)
@@ -204,14 +205,16 @@ def chunk_units(lengths: list[int], chunk_tokens: int | None) -> list[list[int]]
 
 
 def make_labels(lm, doc: Document, query: str, accept: Callable[[str], bool], search: str = "group-testing",
-                max_new_tokens: int = 10, chunk_tokens: int | None = None, tolerance: float = 1.0) -> dict:
+                max_new_tokens: int = 10, chunk_tokens: int | None = None, tolerance: float = 1.0,
+                reuse_prefix: bool = True) -> dict:
     """Evidence and attention labels of one document (module docstring).
 
     The LM answers ``query`` from ``doc`` (one greedy generation); a document whose answer
     ``accept`` rejects (or that is empty) gets no labels. Otherwise ``search`` (an evidence
     search of :mod:`masklab.evidence.search`) finds the evidence chunks (units, or
     consecutive units of at most ``chunk_tokens`` tokens, :func:`chunk_units`) under key
-    masks, and one eager pass gives the attention labels.
+    masks (read from each variant's first hidden token on unless ``reuse_prefix`` is False:
+    the same labels), and one eager pass gives the attention labels.
 
     Returns ``{"answer", "correct", "passes", "seconds", "evidence", "attention"}``
     (unit indices, or None without labels); ``passes`` counts every sequence the LM read.
@@ -222,7 +225,8 @@ def make_labels(lm, doc: Document, query: str, accept: Callable[[str], bool], se
     t0 = time.perf_counter()
     chunks = chunk_units(doc.lengths(lm.tokenizer), chunk_tokens)
     texts = [" ".join(doc.units[i] for i in c) for c in chunks]
-    oracle = SentenceOracle(lm, texts, query, hide="mask", tolerance=tolerance, max_new_tokens=max_new_tokens)
+    oracle = SentenceOracle(lm, texts, query, hide="mask", tolerance=tolerance, max_new_tokens=max_new_tokens,
+                            reuse_prefix=reuse_prefix)
     out = {"answer": oracle.answer, "correct": False, "passes": 1, "evidence": None, "attention": None}
     if is_empty_answer(oracle.generated) or not accept(oracle.generated):
         return {**out, "seconds": time.perf_counter() - t0}
@@ -231,7 +235,8 @@ def make_labels(lm, doc: Document, query: str, accept: Callable[[str], bool], se
     from masklab.pretrained.lm import encode
 
     enc = encode(lm, doc.units, query)  # tokens mapped to units (not chunks)
-    att = attention_per_unit(lm, enc.ids, enc.item_of_token, len(doc.units))
+    same = torch.equal(enc.ids, oracle.enc.ids)  # units read as the search's chunks: its cached keys and values serve
+    att = attention_per_unit(lm, enc.ids, enc.item_of_token, len(doc.units), oracle.prefix if same else None)
     top = torch.argsort(att, descending=True, stable=True)[:max(1, len(evidence))].tolist()
     return {**out, "correct": True, "passes": ev.forward_passes + 2, "seconds": time.perf_counter() - t0,
             "evidence": evidence, "attention": sorted(top)}

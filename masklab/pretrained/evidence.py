@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from masklab.evidence.search import SEARCHES
-from masklab.pretrained.lm import Encoded, answer_scores, answer_tokens, encode, generate
+from masklab.pretrained.lm import Encoded, answer_scores, answer_tokens, context_cache, encode, generate
 from masklab.pretrained.models import LoadedModel
 from masklab.errors import MasklabError
 from masklab.tasks.stale_prompts import answer_head, split_sentences
@@ -53,12 +53,14 @@ class SentenceOracle:
     """``holds(keep (V, N) bool) -> (V,) bool`` for one (sentences, query) pair.
 
     On construction the model answers greedily on the full context (``answer``,
-    ``answer_ids``, ``full_logp``). Every evaluated variant adds one to ``passes``.
+    ``answer_ids``, ``full_logp``). Every evaluated variant adds one to ``passes``. With key
+    masks and ``reuse_prefix``, the context's keys and values are cached once and a variant
+    is read from its first hidden token on (:func:`~masklab.pretrained.lm.answer_scores`).
     """
 
     def __init__(self, lm: LoadedModel, sentences: list[str], query: str, hide: str = "mask",
                  tolerance: float = 1.0, max_new_tokens: int = 8, answer_ids: Tensor | None = None,
-                 layers: list[int] | None = None, heads: list[int] | None = None):
+                 layers: list[int] | None = None, heads: list[int] | None = None, reuse_prefix: bool = True):
         if hide not in HIDES:
             raise MasklabError(f"unknown hiding method {hide!r}: use one of {', '.join(HIDES)}")
         if hide != "layers" and (layers is not None or heads is not None):
@@ -67,13 +69,23 @@ class SentenceOracle:
         self.layers, self.heads = layers, heads
         self.enc: Encoded = encode(lm, sentences, query)
         self.generated = None
+        # key masks: the context's keys and values are kept from the answer's generation (or read
+        # once), and each variant is read from its first hidden token on: the same scores, fewer tokens read
+        reuse = reuse_prefix and hide == "mask"
+        cache = None
+        if reuse and answer_ids is None:
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
         if answer_ids is None:
-            new, text = generate(lm, self.enc.ids, max_new_tokens, stop_at_head=True)
+            new, text = generate(lm, self.enc.ids, max_new_tokens, stop_at_head=True, cache=cache)
             self.generated = text
             answer_ids = answer_tokens(lm, new, answer_head(text))
         self.answer_ids = answer_ids
         self.answer = lm.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
-        logp, _ = answer_scores(lm, self.enc.ids, answer_ids, torch.ones(1, self.enc.ids.numel(), dtype=torch.bool))
+        self.prefix = context_cache(lm, self.enc.ids, cache) if reuse else None
+        logp, _ = answer_scores(lm, self.enc.ids, answer_ids, torch.ones(1, self.enc.ids.numel(), dtype=torch.bool),
+                                prefix=self.prefix)
         self.full_logp = float(logp[0])
         self.passes = 0
 
@@ -92,7 +104,7 @@ class SentenceOracle:
             if self.hide == "layers":
                 return answer_scores(self.lm, self.enc.ids, self.answer_ids, visible, layers=self.layers,
                                      heads=self.heads, via="hide")
-            return answer_scores(self.lm, self.enc.ids, self.answer_ids, visible)
+            return answer_scores(self.lm, self.enc.ids, self.answer_ids, visible, prefix=self.prefix)
         out_lp, out_g = [], []
         for row in keep:
             sub = [s for s, k in zip(self.sentences, row.tolist()) if k]

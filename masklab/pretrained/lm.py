@@ -198,12 +198,15 @@ def _head_complete(tokenizer, start: int):
 
 
 @torch.no_grad()
-def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8, stop_at_head: bool = False) -> tuple[Tensor, str]:
+def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8, stop_at_head: bool = False,
+             cache=None) -> tuple[Tensor, str]:
     """Greedy continuation of ``ids (T,)``: ``(new_ids (n,), text)``. ``stop_at_head``: stop
     as soon as the answer head is complete (the first punctuation mark or line break after
-    some text), which leaves the head the same and saves the remaining tokens."""
+    some text), which leaves the head the same and saves the remaining tokens. ``cache``: an
+    empty ``DynamicCache`` that keeps the keys and values of every token read (its first
+    ``T`` positions are :func:`context_cache` of ``ids``)."""
     ids = ids.to(lm.model.device)  # the model's device (a no-op on the CPU)
-    kw = {}
+    kw = {} if cache is None else {"past_key_values": cache}
     if stop_at_head:
         from transformers import StoppingCriteriaList
 
@@ -223,16 +226,47 @@ def answer_tokens(lm: LoadedModel, new_ids: Tensor, head: str) -> Tensor:
 
 
 @torch.no_grad()
+def context_cache(lm: LoadedModel, ids: Tensor, cache=None) -> list[tuple[Tensor, Tensor]]:
+    """Every layer's keys and values after reading ``ids (T,)`` with nothing hidden, as
+    ``(keys, values)`` of shape ``(1, KV heads, T, head dim)``: all ``T`` positions, also on
+    layers that slide (their window is applied by the attention mask, not by the cache).
+    ``cache``: a ``DynamicCache`` that already read ``ids`` (and maybe more, as
+    :func:`generate`'s does): its first ``T`` positions, without a pass."""
+    from transformers import DynamicCache
+
+    if cache is None:
+        cache = DynamicCache()
+        lm.model(input_ids=ids[None].to(lm.model.device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    T = ids.numel()
+    return [(layer.keys[:, :, :T], layer.values[:, :, :T]) for layer in cache.layers]
+
+
+def cached(prefix: list[tuple[Tensor, Tensor]], start: int, batch: int = 1):
+    """A ``DynamicCache`` holding the first ``start`` positions of ``prefix``
+    (:func:`context_cache`), repeated ``batch`` times."""
+    from transformers import DynamicCache
+
+    return DynamicCache([(k[:, :, :start].expand(batch, -1, -1, -1), v[:, :, :start].expand(batch, -1, -1, -1))
+                         for k, v in prefix])
+
+
+@torch.no_grad()
 def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Tensor,
                   batch: int = 8, layers: list[int] | None = None, heads: list[int] | None = None,
-                  via: str = "mask") -> tuple[Tensor, Tensor]:
+                  via: str = "mask", prefix: list[tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
     """Teacher-force ``answer (A,)`` after ``ids (T,)`` under key masks ``keep_tokens (V, T)``.
 
     ``via="mask"`` hides keys through the 2-D ``attention_mask`` (every layer and head);
     ``via="hide"`` through :func:`masklab.hf.hide`, only in ``layers`` / ``heads`` (None = all).
+    ``prefix``: :func:`context_cache` of ``ids`` (``via="mask"`` only). A token before a
+    batch's first hidden one reads exactly what it reads with nothing hidden, so its keys and
+    values are taken from there and the model reads only the rest: the same scores, fewer
+    tokens read.
     Returns ``logp (V,)`` (sum of the answer tokens' log-probabilities) and ``greedy (V,)``
     (True where every answer token is still the argmax, i.e. greedy decoding reproduces it).
     """
+    if prefix is not None and via != "mask":
+        raise MasklabError("a cached prefix needs via='mask'")
     dev = lm.model.device  # inputs go to the model's device, results come back to the CPU
     ids, answer, keep_tokens = ids.to(dev), answer.to(dev), keep_tokens.to(dev)
     full = torch.cat([ids, answer])
@@ -243,7 +277,13 @@ def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Ten
         V = keep.shape[0]
         mask = torch.cat([keep.long(), torch.ones(V, A, dtype=torch.long, device=dev)], dim=1)
         pos = torch.arange(T + A, device=dev)[None].expand(V, -1)
-        if via == "hide":
+        # read from the batch's first hidden token on (at most T - 1: the logits at T - 1 predict the answer)
+        start = 0 if prefix is None else min(int(torch.where(keep.all(1), T, (~keep).int().argmax(1)).min()), T - 1)
+        if start > 0:
+            logits = lm.model(input_ids=full[start:][None].expand(V, -1), attention_mask=mask,
+                              position_ids=pos[:, start:], past_key_values=cached(prefix, start, V), use_cache=True,
+                              logits_to_keep=A + 1).logits[:, :A].float()
+        elif via == "hide":
             from masklab.hf import hide
 
             with hide(lm.model, keep=mask.bool(), layers=layers, heads=heads):
@@ -259,11 +299,18 @@ def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Ten
 
 
 @torch.no_grad()
-def last_token_attention(lm: LoadedModel, ids: Tensor) -> Tensor:
+def last_token_attention(lm: LoadedModel, ids: Tensor, prefix: list[tuple[Tensor, Tensor]] | None = None) -> Tensor:
     """Attention probabilities from the last position of ``ids (T,)``: ``(L, H, T)``.
+    ``prefix``: :func:`context_cache` of ``ids``; only the last token is read.
 
     Needs the model in eager attention mode (``set_attention(lm, "eager")``)."""
-    out = lm.model(input_ids=ids[None].to(lm.model.device), output_attentions=True, logits_to_keep=1)
+    dev = lm.model.device
+    if prefix is not None and ids.numel() > 1:
+        T = ids.numel()
+        out = lm.model(input_ids=ids[None, -1:].to(dev), position_ids=torch.tensor([[T - 1]], device=dev),
+                       past_key_values=cached(prefix, T - 1), use_cache=True, output_attentions=True)
+    else:
+        out = lm.model(input_ids=ids[None].to(dev), output_attentions=True, logits_to_keep=1)
     if out.attentions is None or out.attentions[0] is None:
         raise RuntimeError("the model returned no attention probabilities; load it with attn='eager'")
     return torch.stack([a[0, :, -1, :] for a in out.attentions]).float().cpu()
