@@ -3,6 +3,7 @@
 
     python scripts/reproduce_all.py                       # all of them, in the order below
     python scripts/reproduce_all.py gotu evidence --jobs 2
+    python scripts/reproduce_all.py longctx-peers --keep-old-runs   # a task added: the finished ones kept
     masklab report                                        # then regenerate the docs' tables
 
 A reproduction resumes: runs already in ``results/NAME`` that the same code made are kept
@@ -42,11 +43,11 @@ REPRODUCTIONS = [
     ("longctx", ["reproduce", "longctx"]),
     ("evidence-prior", ["reproduce", "evidence-prior"]),
     # the question-aware peers at 1024 tokens, 30 examples per cell, with the shipped routers (docs/context.md)
-    ("longctx-peers", ["longctx", "--model", "smollm2-135m", "--tasks", "niah,multikey,vt,stale", "--length", "1024",
+    ("longctx-peers", ["longctx", "--model", "smollm2-135m", "--tasks", "niah,multikey,multivalue,vt,stale", "--length", "1024",
                        "--keep", "0.25", "--examples", "30", "--routers", "lexical,bm25,longllmlingua,evidence",
                        "--router-source", "shipped", "--compare", "snapkv,snapkv-question,finch"]),
     # the same on Gemma 3 270M
-    ("longctx-peers-gemma", ["longctx", "--model", "gemma3-270m", "--tasks", "multikey,stale", "--length", "1024",
+    ("longctx-peers-gemma", ["longctx", "--model", "gemma3-270m", "--tasks", "niah,multikey,multivalue,vt,stale", "--length", "1024",
                              "--keep", "0.25", "--examples", "30", "--routers", "lexical,bm25,longllmlingua,evidence",
                              "--router-source", "shipped", "--compare", "snapkv,snapkv-question,finch"]),
     # where pruning pays: 4096 tokens, the shipped routers and the word-overlap peers (one entry per model: each fits a session)
@@ -66,9 +67,10 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run(name: str, args: list[str], jobs: int) -> int:
+def run(name: str, args: list[str], jobs: int, keep_old_runs: bool = False) -> int:
     out = ROOT / "results" / name
     cmd = [sys.executable, "-m", "masklab", *args, "--out", str(out.relative_to(ROOT)), "--jobs", str(jobs), "--no-progress"]
+    cmd += ["--keep-old-runs"] if keep_old_runs else []
     print(f"== {name}: {' '.join(cmd[2:])}", flush=True)
     load, started = os.getloadavg()[0], time.strftime("%Y-%m-%dT%H:%M:%S%z")
     start, cpu0 = time.perf_counter(), cpu_seconds()
@@ -98,10 +100,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", metavar="NAME", help=f"which to run (default all: {', '.join(names)})")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel per reproduction (default 2)")
+    ap.add_argument("--keep-old-runs", action="store_true",
+                    help="keep finished runs that other code made (masklab's --keep-old-runs: the tables then say they mix code)")
     a = ap.parse_args()
     if unknown := set(a.names) - set(names):
         ap.error(f"unknown: {', '.join(sorted(unknown))} (choose from {', '.join(names)})")
-    failed = [n for n, args in REPRODUCTIONS if (not a.names or n in a.names) and run(n, args, a.jobs) != 0]
+    failed = [n for n, args in REPRODUCTIONS if (not a.names or n in a.names) and run(n, args, a.jobs, a.keep_old_runs) != 0]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
