@@ -343,7 +343,7 @@ x KV heads x head dim x cached tokens x bytes; presses: kept context + the rest 
 prompt; AdaKV masks, so it caches all); `peak_mb`: peak resident memory of the run (one
 value per run, shared by its methods; on CUDA `gpu_peak_mb` beside it: the GPU's peak allocated
 memory); `train_passes`: forward passes the routers' labels
-cost (group testing on the model's own answers, each over the full prompt);
+cost (group testing on the model's own answers; a pass reads from its first hidden token on);
 `ev_passes`: group-testing evidence on the test examples (with `--evidence`).
 """
 
