@@ -46,10 +46,15 @@ REPRODUCTIONS = [
     ("longctx-peers", ["longctx", "--model", "smollm2-135m", "--tasks", "niah,multikey,multivalue,vt,stale", "--length", "1024",
                        "--keep", "0.25", "--examples", "30", "--routers", "lexical,bm25,longllmlingua,evidence",
                        "--router-source", "shipped", "--compare", "snapkv,snapkv-question,finch"]),
-    # the same on Gemma 3 270M (multivalue left out: a run stopped at 12 of 30 examples, to give the CPU to the rest)
+    # the same on Gemma 3 270M (multivalue apart, below)
     ("longctx-peers-gemma", ["longctx", "--model", "gemma3-270m", "--tasks", "niah,multikey,vt,stale", "--length", "1024",
                              "--keep", "0.25", "--examples", "30", "--routers", "lexical,bm25,longllmlingua,evidence",
                              "--router-source", "shipped", "--compare", "snapkv,snapkv-question,finch"]),
+    # Gemma's multivalue at 1024 tokens: two seeds of 15 examples, so two cores share one task
+    ("longctx-peers-gemma-multivalue", ["longctx", "--model", "gemma3-270m", "--tasks", "multivalue", "--length", "1024",
+                                        "--keep", "0.25", "--examples", "15", "--seeds", "2", "--routers",
+                                        "lexical,bm25,longllmlingua,evidence", "--router-source", "shipped",
+                                        "--compare", "snapkv,snapkv-question,finch"]),
     # where pruning pays: 4096 tokens, the shipped routers and the word-overlap peers (one entry per model: each fits a session)
     ("longctx-4k", ["longctx", "--model", "smollm2-135m", "--tasks", "niah,stale", "--length", "4096",
                     "--keep", "0.25", "--examples", "20", "--routers", "lexical,bm25,evidence",
