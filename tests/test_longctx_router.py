@@ -14,7 +14,7 @@ import torch
 
 from masklab.context.routers.lexical import question_overlap
 from masklab.context.select import select
-from masklab.context.trained import fit_routers, load_routers, save_routers, superseded
+from masklab.context.trained import bm25_scores, fit_routers, hop, load_routers, save_routers, superseded
 from masklab.tasks.longctx import make_examples
 
 SMOL = Path.home() / ".cache" / "masklab" / "models" / "smollm2-135m"
@@ -102,6 +102,25 @@ def test_stale_router_drops_stale_statements_only_with_evidence_labels_and_recen
 
 def test_superseded_is_the_overlap_a_later_sentence_matches():
     assert superseded([0.0, 1.0, 0.2, 1.0, 0.5, 0.0]) == [0.0, 1.0, 0.2, 0.5, 0.0, 0.0]
+
+
+def test_hop_points_from_a_chains_link_to_the_fact_it_names():
+    units = ["The harbour opens at dawn.",
+             "The violin of Priya is kept in the same place as the old map of Tomas.",  # the link (the anchor)
+             "Nobody moves the old map of Tomas from the attic trunk.",  # the fact it points to
+             "You will find the logbook of Anna in the boathouse.",  # another key's fact
+             "The violin of Priya sounds sweet in the evening."]  # matches the question, not the link
+    question = "Where is the violin of Priya kept?"
+    ov = torch.tensor(question_overlap(units, question))
+    h = hop(units, question, bm25_scores(units, question), ov)
+    assert int(h.argmax()) == 2 and h[1] == 0  # the pointed-to fact first; the anchor itself 0
+    assert h[2] > 2 * max(h[3], h[4], h[0])
+    # a unit that holds every question word gets no hop, however many link words it shares
+    full = units + ["Where the violin of Priya is kept, the old map of Tomas is kept too."]
+    ov = torch.tensor(question_overlap(full, question))
+    anchored = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 0.5])  # BM25 scores with unit 1 the best
+    h = hop(full, question, anchored, ov)
+    assert ov[5] == 1 and h[5] == 0 and int(h.argmax()) == 2
 
 
 def test_select_respects_the_budget():

@@ -39,10 +39,16 @@ def test_summary_has_wilson_intervals_and_paired_tests():
 
     rows = [{"length": 1024, "kind": "update", "seed": i, "evidence": rec(True, True), "attention": rec(i < 5, False),
              "lexical": rec(i < 20, i < 3), "bm25": rec(i < 20, False)} for i in range(30)]
-    s = {r["method"]: r for r in summarise(rows, answers=False)}
+    rows += [{**r, "length": 2048, "evidence": rec(r["seed"] < 15, False)} for r in rows]
+    summary = summarise(rows, answers=False)
+    s = {r["method"]: r for r in summary if r["task"] == "update@1024"}
     assert s["evidence"]["gold_kept"] == 1.0 and s["evidence"]["gold_kept_lo"] > 0.85
     assert s["evidence"]["p_gold_vs_attention"] < 1e-5 and s["evidence"]["p_gold_vs_lexical"] < 0.01
     assert s["attention"]["gold_kept_hi"] < 0.4 and s["evidence"]["p_top_vs_lexical"] < 1e-5
+    pooled = {r["method"]: r for r in summary if r["task"] == "all"}  # over both lengths: 45 / 60 kept, 30 / 60 top
+    assert pooled["evidence"]["n"] == 60 and pooled["evidence"]["gold_kept"] == 0.75
+    assert pooled["evidence"]["gold_top"] == 0.5 and pooled["evidence"]["gold_top_lo"] < 0.5 < pooled["evidence"]["gold_top_hi"]
+    assert not [r for r in summarise(rows, answers=True) if r["task"] == "all"]
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ class TrainConfig:
     out: str = flag("runs/router", metavar="DIR", help="output directory (labels, router files, evaluation)")
     examples: int = flag(70, min=1, help="training examples per task kind of the train families (4 kinds)")
     length: int = flag(384, min=256, max=8192, help="training context length in model tokens")
-    features: str = flag("v3-relative", choices=["v3-relative", "v2-superseded"], help="router feature set")
+    features: str = flag("v3-relative", choices=["v3-relative", "v4-hop", "v2-superseded"], help="router feature set")
     layers: int = flag(2, min=1, help="the router reads the LM's first this many layers")
     max_new_tokens: int = flag(12, min=1, help="greedy answer tokens when labelling")
     seed: int = flag(0, help="seed of the training examples (evaluation examples use other seeds)")
@@ -248,7 +248,8 @@ def summarise(rows: list[dict], answers: bool) -> list[dict]:
     intervals, kept fraction, router seconds; with answers ``acc`` (interval), McNemar p
     against the full context, the speed-up over the full context (router included, with a
     bootstrap interval) and ``router_share`` (router seconds over the full prefill's); for
-    the evidence router, McNemar p against each other method."""
+    the evidence router, McNemar p against each other method. Without answers, one more row
+    per method, task ``all``: ``gold_kept`` and ``gold_top`` over every example."""
     from masklab.stats import bootstrap_ratio, mcnemar, wilson
 
     out = []
@@ -283,6 +284,14 @@ def summarise(rows: list[dict], answers: bool) -> list[dict]:
                         if answers and "correct" in cell[0][m]:
                             s[f"p_acc_vs_{other}"] = mcnemar([r[m]["correct"] for r in cell], [r[other]["correct"] for r in cell])
                 out.append(s)
+    for m in [] if answers else EVAL_METHODS:  # pooled over every kind and length: what features are chosen by
+        cell = [r for r in rows if m in r]
+        s = {"task": "all", "method": m, "n": len(cell)}
+        for metric in ("gold_kept", "gold_top"):
+            k = sum(r[m][metric] for r in cell)
+            lo, hi = wilson(k, len(cell))
+            s.update({metric: k / len(cell), f"{metric}_lo": lo, f"{metric}_hi": hi})
+        out.append(s)
     return out
 
 
@@ -293,7 +302,7 @@ def markdown(res: dict) -> str:
         g = f"{s['gold_kept']:.3f} [{s['gold_kept_lo']:.2f}, {s['gold_kept_hi']:.2f}]" if "gold_kept" in s else "-"
         t = f"{s['gold_top']:.3f} [{s['gold_top_lo']:.2f}, {s['gold_top_hi']:.2f}]" if "gold_top" in s else "-"
         a = f"{s['acc']:.3f} [{s['acc_lo']:.2f}, {s['acc_hi']:.2f}]" if "acc" in s else "-"
-        k = f"{s['kept']:.3f}" if "kept" in s else "1.000"
+        k = f"{s['kept']:.3f}" if "kept" in s else "-" if s["task"] == "all" else "1.000"
         lines.append(f"| {s['task']} | {s['method']} | {s['n']} | {g} | {t} | {k} | {a} |")
     return "\n".join(lines)
 

@@ -21,7 +21,10 @@ Features of unit ``i`` (:func:`features`, ``(N, F)``), by feature set:
   question's mean; each of these as a z-score within the document; the ``lexical`` share,
   :func:`superseded`, BM25 over the document's units (over its maximum), the best
   neighbour's lexical share, the share of the unit's words that the three best-matching
-  units hold (a link to the matched facts, for chains); relative position and length.
+  units hold (a link to the matched facts, for chains); relative position and length;
+* ``v4-hop``: ``v3-relative`` and one hop (:func:`hop`) for facts that matter through
+  another one (chains): the anchor (the unit with the best BM25) has words the question
+  lacks; the units that hold them and do not match the question themselves score high.
 
 Labels per training document (:func:`make_labels`, only documents the LM answers rightly):
 ``evidence``, the units of the evidence set of the LM's own answer (group testing or
@@ -52,7 +55,7 @@ from masklab.pretrained.arch import first_layers
 LABELS = ("evidence", "attention")
 ROUTER_LAYERS = 2
 FEATURES = "v2-superseded"  # the longctx reproduction's; the shipped routers use "v3-relative"
-FEATURE_SETS = ("v2-superseded", "v3-relative")
+FEATURE_SETS = ("v2-superseded", "v3-relative", "v4-hop")
 
 
 # --------------------------------------------------------------------------- features
@@ -139,7 +142,9 @@ def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, k
     extra = torch.stack([cos1, cos_mean, maxsim, cos_max, z(cos1), z(cos_mean), z(maxsim), z(cos_max), ov,
                          torch.tensor(superseded(overlap)), bm / bm.max().clamp(min=1e-6), neighbour,
                          link(units, overlap, question), pos, rel_len], dim=1)
-    return extra
+    if kind == "v3-relative":
+        return extra
+    return torch.cat([extra, hop(units, question, bm, ov)[:, None]], dim=1)  # v4-hop
 
 
 def bm25_scores(units: list[str], question: str) -> Tensor:
@@ -164,6 +169,21 @@ def link(units: list[str], overlap: list[float], question: str, top: int = 3) ->
         if i not in order and w:
             out[i] = len(w & linked) / len(w)
     return out
+
+
+def hop(units: list[str], question: str, bm: Tensor, overlap: Tensor) -> Tensor:
+    """``(N,)``: one hop from the *anchor*, the unit with the best BM25 ``bm (N,)`` for the
+    question: the BM25 of each unit for the anchor's words that are not the question's (over
+    the anchor's own score, the maximum; 0 for the anchor), times the share of the question's
+    words the unit lacks (``1 - overlap (N,)``). High for the fact a chain's link points to."""
+    from masklab.context.routers.lexical import words
+
+    a = int(bm.argmax())
+    second = " ".join(sorted(words(units[a]) - words(question)))
+    out = bm25_scores(units, second) if bm.max() > 0 and second else torch.zeros(len(units))
+    out = out / out.max().clamp(min=1e-6)
+    out[a] = 0.0
+    return out * (1 - overlap)
 
 
 # --------------------------------------------------------------------------- labels
