@@ -55,6 +55,10 @@ REPRODUCTIONS = [
                                         "--keep", "0.25", "--examples", "15", "--seeds", "2", "--routers",
                                         "lexical,bm25,longllmlingua,evidence", "--router-source", "shipped",
                                         "--compare", "snapkv,snapkv-question,finch"]),
+    # Gemma's shipped router since the hop feature (v4-hop) on the same 1024-token examples, against the full context
+    ("longctx-gemma-hop", ["longctx", "--model", "gemma3-270m", "--tasks", "niah,multikey,vt,stale,multivalue", "--length",
+                           "1024", "--keep", "0.25", "--examples", "30", "--routers", "evidence", "--router-source", "shipped",
+                           "--compare", "none"]),
     # where pruning pays: 4096 tokens, the shipped routers and the word-overlap peers (one entry per model: each fits a session)
     ("longctx-4k", ["longctx", "--model", "smollm2-135m", "--tasks", "niah,stale", "--length", "4096",
                     "--keep", "0.25", "--examples", "20", "--routers", "lexical,bm25,evidence",
