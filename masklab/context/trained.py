@@ -54,7 +54,7 @@ from masklab.pretrained.arch import first_layers
 
 LABELS = ("evidence", "attention")
 ROUTER_LAYERS = 2
-FEATURES = "v2-superseded"  # the longctx reproduction's; the shipped routers use "v3-relative"
+FEATURES = "v2-superseded"  # the longctx reproduction's; each shipped router file names its own set
 FEATURE_SETS = ("v2-superseded", "v3-relative", "v4-hop")
 
 
