@@ -284,7 +284,9 @@ def summarise(rows: list[dict], answers: bool) -> list[dict]:
                         if answers and "correct" in cell[0][m]:
                             s[f"p_acc_vs_{other}"] = mcnemar([r[m]["correct"] for r in cell], [r[other]["correct"] for r in cell])
                 out.append(s)
-    for m in [] if answers else EVAL_METHODS:  # pooled over every kind and length: what features are chosen by
+    if answers:
+        return out
+    for m in EVAL_METHODS:  # pooled over every kind and length: what features are chosen by
         cell = [r for r in rows if m in r]
         s = {"task": "all", "method": m, "n": len(cell)}
         for metric in ("gold_kept", "gold_top"):
