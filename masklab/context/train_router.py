@@ -243,6 +243,18 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     return res
 
 
+def _kept_rates(cell: list[dict], m: str) -> dict:
+    """``gold_kept`` and ``gold_top`` of method ``m`` over the rows ``cell``, with Wilson intervals."""
+    from masklab.stats import wilson
+
+    out = {}
+    for metric in ("gold_kept", "gold_top"):
+        k = sum(r[m][metric] for r in cell)
+        lo, hi = wilson(k, len(cell))
+        out.update({metric: k / len(cell), f"{metric}_lo": lo, f"{metric}_hi": hi})
+    return out
+
+
 def summarise(rows: list[dict], answers: bool) -> list[dict]:
     """One row per (length, kind, method): n, ``gold_kept`` and ``gold_top`` with their Wilson
     intervals, kept fraction, router seconds; with answers ``acc`` (interval), McNemar p
@@ -260,10 +272,7 @@ def summarise(rows: list[dict], answers: bool) -> list[dict]:
             for m in names:
                 s = {"task": f"{kind}@{n_tok}", "method": m, "n": len(cell)}
                 if m != "full":
-                    for metric in ("gold_kept", "gold_top"):
-                        k = sum(r[m][metric] for r in cell)
-                        lo, hi = wilson(k, len(cell))
-                        s.update({metric: k / len(cell), f"{metric}_lo": lo, f"{metric}_hi": hi})
+                    s.update(_kept_rates(cell, m))
                     s["kept"] = sum(r[m]["kept"] for r in cell) / len(cell)
                     s["router_seconds"] = sum(r[m]["router_seconds"] for r in cell) / len(cell)
                 if answers and "correct" in cell[0][m]:
@@ -288,12 +297,7 @@ def summarise(rows: list[dict], answers: bool) -> list[dict]:
         return out
     for m in EVAL_METHODS:  # pooled over every kind and length: what features are chosen by
         cell = [r for r in rows if m in r]
-        s = {"task": "all", "method": m, "n": len(cell)}
-        for metric in ("gold_kept", "gold_top"):
-            k = sum(r[m][metric] for r in cell)
-            lo, hi = wilson(k, len(cell))
-            s.update({metric: k / len(cell), f"{metric}_lo": lo, f"{metric}_hi": hi})
-        out.append(s)
+        out.append({"task": "all", "method": m, "n": len(cell), **_kept_rates(cell, m)})
     return out
 
 
