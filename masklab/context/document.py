@@ -7,11 +7,32 @@ the pruned text keeps the original line and paragraph breaks (:meth:`Document.te
 a page can highlight the kept units. Generated tasks set ``gold`` (the indices of the units
 that answer); :class:`masklab.tasks.longctx.LongExample` is a ``Document``.
 
-Segmentation (:func:`segment`): sentences from Bling Fire's sentence breaker (a maintained
-finite-state model, about 1 MB of text in half a second) inside each paragraph (blank
-lines end paragraphs), then any unit longer than
-``unit_tokens`` tokens, as text without sentence punctuation (code, lists, tables) is, is
-cut into chunks of at most ``unit_tokens`` tokens, at line breaks where it has them.
+Segmentation (:func:`segment`), with regexes over lines and Bling Fire's sentence breaker
+(a maintained finite-state model) on prose only. Paragraphs end at blank lines (a fenced
+code block is one paragraph). A unit is then:
+
+* a sentence of prose, as Bling Fire cuts it inside its paragraph; a piece that is only a
+  number or marker ("2.", "1.1.", "Q.", "(a)", "-") joins the sentence after it (a short
+  title after a number, "2. Grant of Copyright License.", joins it too), punctuation alone
+  joins the sentence before;
+* list items (lines that start with "-", "*", "1.", "1)", "(a)", "a)", "Q." or "A:"), as
+  many whole items as fit in ``unit_tokens`` tokens; an item longer than that is cut into
+  its sentences;
+* a table (lines with "|" and a rule line), a fenced code block or a paragraph indented
+  further than the one before it and not ending like a sentence (code): whole up to
+  ``unit_tokens``, else cut at line breaks.
+
+A heading does not stand alone: a paragraph that is a Markdown ``#`` line, a reST
+underlined title, an all-caps line (a man-page section name), a numbered title or only
+markers, or any other short line without sentence-final punctuation ("Preamble", "For
+example:", "* Internationalisation"), is the leading text of the first unit of the text
+after it (headings in a row all lead it; two plain short lines in a row, "Then" and
+"gunzip -c foo", make one unit; a plain short line before a heading, or headings at the end
+of the text, end the unit before them). A paragraph's short last sentence ending in ":"
+("For example:") leads the next paragraph the same way. Any unit still longer than
+``unit_tokens`` is cut into chunks of at most that many tokens, at line breaks where it
+has them. Units are whitespace-trimmed, never empty, and every non-space character of the
+text is in exactly one unit.
 """
 
 from __future__ import annotations
@@ -123,27 +144,216 @@ def _split_long(text: str, start: int, tokenizer, unit_tokens: int) -> list[tupl
     return [(a + start, b + start) for a, b in spans]
 
 
-def segment(text: str, tokenizer=None, unit_tokens: int = UNIT_TOKENS) -> Document:
-    """``text`` cut into sentences, and any sentence longer than ``unit_tokens`` tokens into
-    chunks (module docstring). ``tokenizer``: a Hugging Face tokenizer (None counts words
-    and punctuation marks). Units are whitespace-trimmed and never empty."""
+# Line-level patterns (regexes over lines; Bling Fire runs only on prose).
+_MARK = r"(?:[-*+•·#=~_|>]+|\(?\d{1,3}(?:\.\d{1,3})*[.):]?|\(\w{1,4}\)|[A-Za-z][.):])"
+_MARKER_ONLY = re.compile(rf"\s*{_MARK}(?:\s+{_MARK})*\s*")  # "2.", "1.1.", "Q.", "(a)", "-", "* *"
+_ITEM = re.compile(r"[ \t]*(?:[-*+•]|\d{1,3}(?:\.\d{1,3})*[.)]|\(\w{1,4}\)|[a-z][.)]|[QA][.:])[ \t]+\S")
+_NUMBERED = re.compile(r"\s*(?:\d{1,3}(?:\.\d{1,3})*\.?|[A-Z]\.|\(\w{1,4}\))\s+(\S.*)", re.S)
+_ATX = re.compile(r"[ \t]{0,3}#{1,6}(?:[ \t].*)?")  # Markdown "## Install"
+_UNDERLINE = re.compile(r"[ \t]*([=\-~^*#+`'\"_.:])\1{2,}[ \t]*")  # reST "=======" (also an overline)
+_FENCE = re.compile(r"^[ \t]*(?:```|~~~)", re.M)
+_TABLE_RULE = re.compile(r"[ \t]*[|+]?[ \t]*:?-{3,}:?[ \t]*(?:[|+][ \t]*:?-*:?[ \t]*)*")
+
+
+def _words(s: str) -> list[str]:
+    return re.findall(r"\w+", s)
+
+
+def _title(s: str) -> bool:
+    """A short title: at most 8 words, the first capitalised and most of them too ("Grant of
+    Copyright License.", "Definitions", "TERMS AND CONDITIONS"), no sentence mark but a final
+    full stop."""
+    w = _words(s)
+    if not w or len(w) > 8 or not w[0][0].isupper() or re.search(r"[.!?]\S*\s", s) or s.rstrip()[-1] in "!?,;":
+        return False
+    return sum(x[0].isupper() or x[0].isdigit() for x in w) * 2 > len(w)
+
+
+def _heading(block: str) -> str | None:
+    """'explicit' for a paragraph that is a heading by its form (a Markdown ``#`` line, a reST
+    underlined title, an all-caps line, a numbered title like "2. Grant of Copyright License.",
+    only markers like "Q." or "---"), 'generic' for any other short line without sentence-final
+    punctuation ("Preamble", "For example:", "* Internationalisation"), else None."""
+    lines = block.strip().splitlines()
+    if len(lines) in (2, 3) and _UNDERLINE.fullmatch(lines[-1]) and (len(lines) == 2 or _UNDERLINE.fullmatch(lines[0])):
+        title = lines[-2].strip()
+        return "explicit" if 0 < len(_words(title)) <= 12 else None
+    if len(lines) != 1:
+        return None
+    s = lines[0].strip()
+    if _MARKER_ONLY.fullmatch(s) or _ATX.fullmatch(lines[0]):
+        return "explicit"
+    w = _words(s)
+    if len(w) <= 8 and any(c.isalpha() for c in s) and s == s.upper() and s[-1] not in ".!?,;":
+        return "explicit"  # a man-page section name
+    m = _NUMBERED.fullmatch(s)
+    if m and _title(m.group(1)):
+        return "explicit"
+    if len(w) <= 10 and len(s) <= 80 and s[-1] not in ".!?,;":
+        return "generic"
+    return None
+
+
+def _lines(text: str, a: int, b: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each line of ``text[a:b]`` (without its line break)."""
+    out, pos = [], a
+    for line in text[a:b].split("\n"):
+        out.append((pos, pos + len(line)))
+        pos += len(line) + 1
+    return out
+
+
+def _paragraphs(text: str) -> list[tuple[int, int]]:
+    """Blank-line paragraphs, a fenced code block (```) with its blank lines as one."""
+    paras: list[tuple[int, int]] = []
+    open_fence = False
+    for m in re.finditer(r"\S(?:.*?\S)?(?=\s*\n\s*\n|\s*$)", text, flags=re.S):
+        if open_fence:
+            paras[-1] = (paras[-1][0], m.end())
+        else:
+            paras.append(m.span())
+        if len(_FENCE.findall(m.group())) % 2:
+            open_fence = not open_fence
+    return paras
+
+
+def _sentences(text: str, a: int, b: int, tokenizer, unit_tokens: int) -> list[tuple[int, int]]:
+    """Prose ``text[a:b]`` as Bling Fire sentences that cover it, a sentence that is only
+    markers ("2.", "Q.") joined to the next one (with a short title after a number, "2. Grant
+    of Copyright License.", to the one after it), punctuation alone to the previous one, and
+    any piece longer than ``unit_tokens`` cut by :func:`_split_long`."""
     import blingfire
 
+    cuts = [a + s for s, _ in blingfire.text_to_sentences_and_offsets(text[a:b])[1]][1:]
+    pieces = [[x, y] for x, y in zip([a] + cuts, cuts + [b]) if text[x:y].strip()]
+    if pieces:
+        pieces[0][0] = a
+    out: list[list[int]] = []
+    carry = None  # start of markers waiting for their sentence
+    for i, (x, y) in enumerate(pieces):
+        if carry is not None:
+            x, carry = carry, None
+        s = text[x:y]
+        if out and not re.search(r"\w", s):
+            out[-1][1] = y  # "]" or "..." alone: the end of the sentence before
+            continue
+        last = i == len(pieces) - 1
+        m = _NUMBERED.fullmatch(s.strip())
+        if not last and (_MARKER_ONLY.fullmatch(s) or (m and _MARKER_ONLY.fullmatch(s.strip()[:m.start(1)]) and _title(m.group(1)))):
+            carry = x
+            continue
+        out.append([x, y])
+    spans: list[tuple[int, int]] = []
+    for x, y in out:
+        if count_tokens(tokenizer, text[x:y]) > unit_tokens:
+            spans += _split_long(text[x:y], x, tokenizer, unit_tokens)
+        else:
+            spans.append((x, y))
+    return spans
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _blocks(text: str, p0: int, p1: int, prev_indent: int | None, tokenizer, unit_tokens: int):
+    """One paragraph as ``(kind, spans)`` blocks: ``("explicit"|"generic", [span])`` for a
+    heading, ``("units", spans)`` for text; and the paragraph's indentation."""
+    l0 = text.rfind("\n", 0, p0) + 1
+    lines = [(a, b) for a, b in _lines(text, l0, p1)]
+    raw = [text[a:b] for a, b in lines]
+    indent = _indent(raw[0])
+    body = text[p0:p1]
+    kind = _heading(body)
+    if kind:
+        return [(kind, [(p0, p1)])], indent
+    nonblank = [r for r in raw if r.strip()]
+    lowest = min(_indent(r) for r in nonblank)
+    fenced = bool(_FENCE.match(raw[0]))
+    table = all("|" in r for r in nonblank) and (any(_TABLE_RULE.fullmatch(r) for r in nonblank) or all(r.lstrip().startswith("|") for r in nonblank))
+    grid = raw[0].lstrip().startswith("+-")
+    code = prev_indent is not None and lowest >= prev_indent + 3 and body.rstrip()[-1] not in ".!?"
+    if fenced or table or grid or code:  # whole up to unit_tokens, then at line breaks
+        spans = [(p0, p1)] if count_tokens(tokenizer, body) <= unit_tokens else _split_long(body, p0, tokenizer, unit_tokens)
+        return [("units", spans)], (indent if not code else prev_indent)
+    framed = all(r.lstrip()[:1] == "*" and r.rstrip()[-1:] == "*" for r in nonblank)
+    starts = [] if framed else [i for i, r in enumerate(raw) if _ITEM.match(r)]
+    if not starts:
+        spans = _sentences(text, p0, p1, tokenizer, unit_tokens)
+        a, b = spans[-1]
+        tail = text[a:b].strip()
+        if len(spans) > 1 and _heading(tail) == "generic" and (tail[-1] == ":" or len(_words(tail)) <= 4):
+            return [("units", spans[:-1]), ("generic", [(a, b)])], indent  # "For example:" leads on
+        return [("units", spans)], indent
+    blocks = []
+    if starts[0] > 0:  # the text before the first item: a heading or sentences
+        lead_end = lines[starts[0] - 1][1]
+        kind = _heading(text[p0:lead_end])
+        blocks.append((kind, [(p0, lead_end)]) if kind else ("units", _sentences(text, p0, lead_end, tokenizer, unit_tokens)))
+    items = [(max(lines[i][0] + _indent(raw[i]), p0), lines[j - 1][1]) for i, j in zip(starts, starts[1:] + [len(lines)])]
+    spans: list[tuple[int, int]] = []
+    cur = None
+    for a, b in items:  # whole items, as many as fit in unit_tokens
+        if cur is not None and count_tokens(tokenizer, text[cur[0]:b]) <= unit_tokens:
+            cur = (cur[0], b)
+            continue
+        if cur is not None:
+            spans.append(cur)
+            cur = None
+        if count_tokens(tokenizer, text[a:b]) <= unit_tokens:
+            cur = (a, b)
+        else:
+            spans += _sentences(text, a, b, tokenizer, unit_tokens)
+    if cur is not None:
+        spans.append(cur)
+    blocks.append(("units", spans))
+    return blocks, indent
+
+
+def segment(text: str, tokenizer=None, unit_tokens: int = UNIT_TOKENS) -> Document:
+    """``text`` cut into units: sentences, whole list items, table rows and code lines up to
+    ``unit_tokens`` tokens, headings and markers joined to the text they label (module
+    docstring). ``tokenizer``: a Hugging Face tokenizer (None counts words and punctuation
+    marks). Units are whitespace-trimmed and never empty, and every non-space character of
+    ``text`` is in exactly one unit."""
     if unit_tokens < 1:
         raise MasklabError(f"--unit-tokens must be at least 1, got {unit_tokens}")
     if not text.strip():
         raise MasklabError("the context is empty")
     spans: list[tuple[int, int]] = []
-    for para in re.finditer(r"\S(?:.*?\S)?(?=\s*\n\s*\n|\s*$)", text, flags=re.S):  # paragraphs: blank lines
-        p0 = para.start()
-        for a, b in blingfire.text_to_sentences_and_offsets(para.group())[1]:  # character offsets
-            piece = para.group()[a:b]
-            if not piece.strip():
+    pending = None  # [start, end, explicit, last_generic]: headings waiting for their text
+    prev_indent = None
+    for p0, p1 in _paragraphs(text):
+        blocks, prev_indent = _blocks(text, p0, p1, prev_indent, tokenizer, unit_tokens)
+        for kind, bspans in blocks:
+            if kind == "units":
+                if pending is not None:
+                    bspans = [(pending[0], bspans[0][1])] + bspans[1:]
+                    pending = None
+                spans += bspans
                 continue
-            if count_tokens(tokenizer, piece) > unit_tokens:
-                spans += _split_long(piece, p0 + a, tokenizer, unit_tokens)
+            a, b = bspans[0]
+            if pending is None:
+                pending = [a, b, kind == "explicit", kind == "generic"]
+            elif kind == "generic" and pending[3]:  # "Then" + "gunzip -c foo": a unit
+                spans.append((pending[0], b))
+                pending = None
+            elif kind == "explicit" and not pending[2]:  # a short line ends its section
+                if spans:
+                    spans[-1] = (spans[-1][0], pending[1])
+                else:
+                    spans.append((pending[0], pending[1]))
+                pending = [a, b, True, False]
             else:
-                spans.append((p0 + a, p0 + b))
+                pending = [pending[0], b, True, kind == "generic"]
+            if pending is not None and count_tokens(tokenizer, text[pending[0]:pending[1]]) > unit_tokens:
+                spans.append((pending[0], pending[1]))  # a run of short lines long enough to stand
+                pending = None
+    if pending is not None:  # headings at the end: the last unit's trailing text
+        if spans:
+            spans[-1] = (spans[-1][0], pending[1])
+        else:
+            spans.append((pending[0], pending[1]))
     units, trimmed = [], []
     for a, b in spans:
         piece = text[a:b]
@@ -153,4 +363,3 @@ def segment(text: str, tokenizer=None, unit_tokens: int = UNIT_TOKENS) -> Docume
             units.append(unit)
             trimmed.append((a + lead, a + lead + len(unit)))
     return Document(units=units, spans=trimmed, source=text)
-
