@@ -1,4 +1,4 @@
-"""A context cut into units (sentences or chunks): the one document type of masklab.context.
+"""A context cut into units (sentences, list items or chunks): the one document type of masklab.context.
 
 ``Document(units, gold=[], spans=None, source=None)``: the routers score ``units``; a model
 reads ``" ".join(units)`` (:attr:`Document.context`). A document cut from a user's text by
@@ -28,11 +28,12 @@ markers, or any other short line without sentence-final punctuation ("Preamble",
 example:", "* Internationalisation"), is the leading text of the first unit of the text
 after it (headings in a row all lead it; two plain short lines in a row, "Then" and
 "gunzip -c foo", make one unit; a plain short line before a heading, or headings at the end
-of the text, end the unit before them). A paragraph's short last sentence ending in ":"
-("For example:") leads the next paragraph the same way. Any unit still longer than
-``unit_tokens`` is cut into chunks of at most that many tokens, at line breaks where it
-has them. Units are whitespace-trimmed, never empty, and every non-space character of the
-text is in exactly one unit.
+of the text, end the unit before them). A paragraph's last sentence that is such a short
+line and ends in ":" or has at most 4 words ("For example:", "This is as if") leads the
+next paragraph the same way. A sentence longer than ``unit_tokens`` tokens is cut into
+chunks of at most that many, at line breaks where it has them (a unit led by headings is
+longer by their tokens). Units are whitespace-trimmed, never empty, and every non-space
+character of the text is in exactly one unit.
 """
 
 from __future__ import annotations
