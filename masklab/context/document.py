@@ -190,7 +190,7 @@ def _heading(block: str) -> str | None:
     m = _NUMBERED.fullmatch(s)
     if m and _title(m.group(1)):
         return "explicit"
-    if len(w) <= 10 and len(s) <= 80 and s[-1] not in ".!?,;":
+    if len(w) <= 10 and len(s) <= 80 and s[-1] not in ".!?":
         return "generic"
     return None
 
