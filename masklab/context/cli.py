@@ -33,8 +33,8 @@ class CompressConfig:
                                    "train-router` (OUT/MODEL, without suffix) instead of the one masklab ships")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
                       "scores them as not evidence (--no-fill: stop at its decision boundary)")
-    unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: longer sentences and text without sentence "
-                            "punctuation (code, lists) are cut into chunks of at most this many")
+    unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: list items, tables and code stay whole up to "
+                            "this many; longer sentences and blocks are cut into chunks of at most this many")
     answer: bool = flag(False, help="also answer the question from the pruned text (greedy) and time it")
     compare_full: bool = flag(False, help="also answer from the whole document and time it")
     max_new_tokens: int = flag(48, min=1, help="longest answer in tokens (answers stop at the end of their first sentence)")
