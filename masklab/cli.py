@@ -42,7 +42,7 @@ STUDIES = {
     "evidence-prior": "masklab.studies.evidence_prior",
 }
 # commands of real LMs that are not studies: they take --device/--precision and resolve them themselves
-REAL_LM_COMMANDS = ("cite", "compress", "train-router")
+REAL_LM_COMMANDS = ("cite", "compress", "train-router", "serve")
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets", "arith-size": "masklab.studies.arith_size"}
@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     context_cli.add_parser(sub)
     context_cli.add_train_parser(sub)
+    from masklab.context import serve
+
+    serve.add_parser(sub)
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")

@@ -56,6 +56,24 @@ def read_text(source: str, encoding: str | None = None, max_bytes: int = MAX_CON
     return text
 
 
+def check_context(text: str, what: str = "context", max_bytes: int = MAX_CONTEXT_BYTES) -> str:
+    """A context given as text (not a file, e.g. in a ``masklab serve`` request), checked as
+    :func:`read_text` checks a file: at most ``max_bytes`` in UTF-8, no NUL characters, not
+    empty or only whitespace, no lone surrogates (which no UTF-8 text holds). Returns ``text``
+    unchanged."""
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise MasklabError(f"{what} is not valid Unicode text (a lone surrogate at character {e.start})") from None
+    if size > max_bytes:
+        raise MasklabError(f"{what} is {size:,} bytes, over the limit of {max_bytes:,}")
+    if "\x00" in text[:BINARY_SNIFF]:
+        raise MasklabError(f"{what} looks binary (it holds NUL characters); give text")
+    if not text.strip():
+        raise MasklabError(f"{what} is empty")
+    return text
+
+
 def check_question(question: str | None, what: str = "question") -> str:
     """``question`` stripped; an empty or whitespace-only one is refused."""
     q = (question or "").strip()

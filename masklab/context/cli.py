@@ -125,6 +125,15 @@ def main(args: argparse.Namespace) -> int:
         return compress(cfg, lm, text, question)
 
 
+def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[str, int, int]:
+    """``(query, window, overhead)``: the text asked after the context, the model's window in
+    tokens, and the tokens the query, the chat turns and the answer take of it (so the kept
+    context may be at most ``window - overhead`` tokens)."""
+    query = f"\nQuestion: {question}\nAnswer:"
+    window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
+    return query, window, len(lm.tokenizer(query)["input_ids"]) + ANSWER_ROOM + max_new_tokens
+
+
 def compress(cfg: CompressConfig, lm, text: str, question: str) -> int:
     """Prune ``text`` for ``question`` with ``lm`` loaded; print what ``cfg`` asks for."""
     from masklab.context.answer import generate_answer
@@ -133,9 +142,7 @@ def compress(cfg: CompressConfig, lm, text: str, question: str) -> int:
 
     router = load_router(cfg.router, lm, **({"path": cfg.router_file} if cfg.router_file else {}))
     doc = segment(text, lm.tokenizer, cfg.unit_tokens)
-    query = f"\nQuestion: {question}\nAnswer:"
-    window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
-    overhead = len(lm.tokenizer(query)["input_ids"]) + ANSWER_ROOM + cfg.max_new_tokens
+    query, window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
     lengths = doc.lengths(lm.tokenizer)
     total = sum(lengths)
     out: dict = {"model": lm.name, "question": question, "router": cfg.router, "keep": cfg.keep,
