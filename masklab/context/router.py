@@ -73,6 +73,7 @@ class Router:
     name = ""
     needs_model = False
     fill = True
+    keeps_units = True  # False: it rewrites the text or prunes the model's cache (no units to select)
 
     def __init__(self, lm=None) -> None:
         if self.needs_model and lm is None:
