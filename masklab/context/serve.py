@@ -66,12 +66,13 @@ def add_parser(sub) -> None:
 # --------------------------------------------------------------------------- requests
 @dataclass
 class CompressRequest:
-    """One checked ``POST /v1/compress`` body (``keep`` and ``target_tokens``: at most one set)."""
+    """One checked ``POST /v1/compress`` body (``target_tokens``, when set, wins over ``keep``,
+    as in :func:`~masklab.context.passages.compress_passages`)."""
 
     contexts: list[str]
     question: str
     router: str
-    keep: float | None
+    keep: float
     target_tokens: int | None
     answer: bool
     max_new_tokens: int
@@ -95,6 +96,7 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     wrong: not JSON, not an object, an unknown field, a wrong type, an empty question or
     context, a context over ``--max-context-bytes``, a keep outside (0, 1], an unknown
     router or a KV-cache press (it prunes the cache, not the text)."""
+    from masklab.context.passages import check_target
     from masklab.context.routers import ROUTERS
     from masklab.context.routers.presses import press_names
     from masklab.context.select import check_keep
@@ -145,15 +147,10 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
         raise MasklabError(f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
                            "returns pruned text, so name a router that prunes the text")
     keep = _number(body, "keep", float, "a number in (0, 1]")
-    target = _number(body, "target_tokens", int, "a whole number of tokens >= 1")
-    if keep is not None and target is not None:
-        raise MasklabError("give keep or target_tokens, not both")
-    if keep is not None:
-        check_keep(keep)
-    if target is not None and target < 1:
-        raise MasklabError(f"target_tokens must be >= 1, got {target}")
-    if keep is None and target is None:
-        keep = cfg.keep
+    keep = cfg.keep if keep is None else check_keep(keep)
+    target = body.get("target_tokens")
+    if target is not None:
+        check_target(target)
     answer = body.get("answer", False)
     if not isinstance(answer, bool):
         raise MasklabError("answer must be true or false")
@@ -204,32 +201,52 @@ class Service:
 
 
 def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict:
-    """The fields of ``masklab compress --json`` for one request: the context's units pruned
-    to ``req.keep`` of its tokens (or to ``req.target_tokens``), capped to fit the model's
-    window with the question and the answer, and the answer from the pruned text when asked.
-    Several passages are read as one document, a paragraph each."""
+    """What ``masklab compress --json`` prints for one request, for one context or several
+    passages: the passages pruned within one budget (``req.keep`` of their tokens or
+    ``req.target_tokens``; :func:`~masklab.context.passages.compress_passages`), capped to
+    fit the model's window with the question and the answer, and the answer from the pruned
+    text when asked. ``units``, ``kept``, ``scores`` and ``unit_tokens`` run over every
+    passage's units in order; ``passages`` has each passage's counts. A router that keeps no
+    units (``longllmlingua``) prunes one context as ``masklab compress`` does."""
     from masklab.context.answer import generate_answer
     from masklab.context.cli import answer_budget
     from masklab.context.document import segment
+    from masklab.context.passages import compress_passages
 
-    doc = segment("\n\n".join(req.contexts), lm.tokenizer, cfg.unit_tokens)
     query, window, overhead = answer_budget(lm, req.question, req.max_new_tokens)
-    total = sum(doc.lengths(lm.tokenizer))
-    keep = req.keep if req.keep is not None else min(1.0, req.target_tokens / max(1, total))
     limit = window - overhead
-    capped = keep * total > limit
-    pruned = router.choose(doc, req.question, keep, fill=cfg.fill, limit=limit if capped else None)
-    notes = []
-    if capped:
-        notes.append(f"the document is {total} tokens: the kept units were capped at {limit} tokens to fit "
-                     f"{lm.name}'s {window}-token window with the question and answer")
+    if getattr(router, "keeps_units", True):
+        pruned = compress_passages(req.contexts, req.question, router, keep=req.keep, target_tokens=req.target_tokens,
+                                   unit_tokens=cfg.unit_tokens, fill=cfg.fill, limit=limit)
+        total = pruned.origin_tokens
+        starts = [0]
+        for doc in pruned.docs:
+            starts.append(starts[-1] + len(doc.units))
+        out = {"model": lm.name, "question": req.question, "context_tokens": total, "model_window": window,
+               **pruned.to_json(), "units": [u for doc in pruned.docs for u in doc.units],
+               "kept": [start + i for start, k in zip(starts, pruned.kept) for i in k],
+               "scores": [x for xs in pruned.scores for x in xs], "unit_tokens": [n for ns in pruned.lengths for n in ns]}
+        wanted = req.target_tokens if req.target_tokens is not None else pruned.keep * total
+    else:
+        if len(req.contexts) > 1:
+            raise MasklabError(f"the {req.router} router keeps no units (it rewrites the text), so it cannot spend one "
+                               "budget across passages: send one context")
+        doc = segment(req.contexts[0], lm.tokenizer, cfg.unit_tokens)
+        total = sum(doc.lengths(lm.tokenizer))
+        keep = req.keep if req.target_tokens is None else min(1.0, req.target_tokens / max(1, total))
+        pruned = router.choose(doc, req.question, keep, fill=cfg.fill, limit=limit if keep * total > limit else None)
+        kept_tokens = round(pruned.kept_fraction * total)
+        out = {"model": lm.name, "question": req.question, "keep": keep, "target_tokens": req.target_tokens,
+               "context_tokens": total, "model_window": window, "origin_tokens": total,
+               "compressed_tokens": kept_tokens, "ratio": total / max(1, kept_tokens), **pruned.to_json()}
+        wanted = keep * total
+    if wanted > limit:
+        out["notes"].append(f"the context is {total} tokens: the kept units were capped at {limit} tokens to fit "
+                            f"{lm.name}'s {window}-token window with the question and answer")
     if getattr(router, "last_windows", 1) > 1:
-        notes.append(f"the router read the document in {router.last_windows} windows")
-    pruned.notes = notes
-    out = {"model": lm.name, "question": req.question, "router": req.router, "keep": keep,
-           "context_tokens": total, "model_window": window, **pruned.to_json()}
+        out["notes"].append(f"the router read the context in {router.last_windows} windows")
     if req.answer:
-        r = generate_answer(lm, [pruned.text], query, req.max_new_tokens, stop_at_sentence=True)
+        r = generate_answer(lm, [out["pruned_text"]], query, req.max_new_tokens, stop_at_sentence=True)
         out.update({"answer": r["generated"].strip(), "answer_seconds": r["seconds"]})
     return out
 
