@@ -147,7 +147,7 @@ def list_routers() -> None:
     for name in ROUTERS:
         factory = ROUTERS[name]
         cls = getattr(factory, "func", factory)
-        what = "reads the model" if cls.needs_model else "reads no model (counts tokens with its tokenizer)"
+        what = "reads the model" if cls.needs_model else "reads no model (only its tokenizer, to count tokens)"
         if name in presses:
             what += "; a KV-cache press: needs --answer, keeps no text"
         elif name == "longllmlingua":
