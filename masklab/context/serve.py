@@ -208,13 +208,14 @@ def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict
     text when asked. ``units``, ``kept``, ``scores`` and ``unit_tokens`` run over every
     passage's units in order; ``passages`` has each passage's counts. A router that keeps no
     units (``longllmlingua``) prunes one context as ``masklab compress`` does."""
-    from masklab.context.answer import generate_answer
+    from masklab.context.answer import first_answer, generate_answer
     from masklab.context.cli import answer_budget
     from masklab.context.document import segment
     from masklab.context.passages import compress_passages
 
     query, window, overhead = answer_budget(lm, req.question, req.max_new_tokens)
-    limit = window - overhead
+    several = len(req.contexts) > 1
+    limit = window - overhead - (len(req.contexts) if several else 0)  # as the CLI: the blank lines between passages
     if getattr(router, "keeps_units", True):
         pruned = compress_passages(req.contexts, req.question, router, keep=req.keep, target_tokens=req.target_tokens,
                                    unit_tokens=cfg.unit_tokens, fill=cfg.fill, limit=limit)
@@ -228,7 +229,7 @@ def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict
                "scores": [x for xs in pruned.scores for x in xs], "unit_tokens": [n for ns in pruned.lengths for n in ns]}
         wanted = req.target_tokens if req.target_tokens is not None else pruned.keep * total
     else:
-        if len(req.contexts) > 1:
+        if several:
             raise MasklabError(f"the {req.router} router keeps no units (it rewrites the text), so it cannot spend one "
                                "budget across passages: send one context")
         doc = segment(req.contexts[0], lm.tokenizer, cfg.unit_tokens)
@@ -246,8 +247,8 @@ def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict
     if getattr(router, "last_windows", 1) > 1:
         out["notes"].append(f"the router read the context in {router.last_windows} windows")
     if req.answer:
-        r = generate_answer(lm, [out["pruned_text"]], query, req.max_new_tokens, stop_at_sentence=True)
-        out.update({"answer": r["generated"].strip(), "answer_seconds": r["seconds"]})
+        r = generate_answer(lm, [out["pruned_text"]], query, req.max_new_tokens, stop_at_sentence=True, stop_at_line=True)
+        out.update({"answer": first_answer(r["generated"]), "answer_seconds": r["seconds"]})
     return out
 
 
