@@ -19,6 +19,7 @@ import importlib
 import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 from masklab import device as devices
@@ -42,7 +43,7 @@ STUDIES = {
     "evidence-prior": "masklab.studies.evidence_prior",
 }
 # commands of real LMs that are not studies: they take --device/--precision and resolve them themselves
-REAL_LM_COMMANDS = ("cite", "compress", "train-router", "realdocs")
+REAL_LM_COMMANDS = ("cite", "compress", "train-router", "serve", "realdocs")
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}
 SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets", "arith-size": "masklab.studies.arith_size"}
@@ -83,9 +84,36 @@ def device_flags(ap: argparse.ArgumentParser) -> None:
                     help="fp32, or autocast to bf16 / fp16 (fp16 training uses a loss scaler on CUDA) (default fp32)")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors (a bad number, a missing value, an unknown choice) as one
+    ``masklab: error: ...`` line naming the command's ``--help``, exit 2, like every other
+    bad input (subcommands' parsers are of this class too)."""
+
+    def error(self, message: str):
+        self.exit(2, f"masklab: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="masklab", description="Structure in transformer attention: mask priors and causal evidence routing.")
+    ap = Parser(prog="masklab", description="Structure in transformer attention: mask priors and causal evidence "
+                "routing. The commands for your own documents and models come first (compress, train-router, "
+                "models, cite); the research studies, reproduce, sweep and report follow.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from masklab.context import cli as context_cli
+
+    context_cli.add_parser(sub)
+    context_cli.add_train_parser(sub)
+    from masklab.context import serve
+
+    serve.add_parser(sub)
+    mp = sub.add_parser("models", help="list the pretrained models masklab can load and whether they are installed")
+    mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
+    device_flags(mp)  # for --load
+    from masklab.pretrained import cli as pretrained_cli
+
+    pretrained_cli.add_cite_parser(sub)
+    from masklab.context import realdocs_eval
+
+    realdocs_eval.add_parser(sub)
     for name, module in STUDIES.items():
         mod = importlib.import_module(module)
         p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
@@ -95,19 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("reproduce", help="run the study that reproduces a paper table, on its defaults")
     rep.add_argument("name", choices=sorted(STUDIES))
     _common(rep, "")
-    mp = sub.add_parser("models", help="list the pretrained models masklab can load and whether they are installed")
-    mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
-    device_flags(mp)  # for --load
-    from masklab.pretrained import cli as pretrained_cli
-
-    pretrained_cli.add_cite_parser(sub)
-    from masklab.context import cli as context_cli
-
-    context_cli.add_parser(sub)
-    context_cli.add_train_parser(sub)
-    from masklab.context import realdocs_eval
-
-    realdocs_eval.add_parser(sub)
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")
@@ -168,21 +183,25 @@ def _unalias(argv: list[str]) -> list[str]:
 
 def writable_dir(out: Path) -> None:
     """Fail with one clear message, before any run starts, when ``--out`` cannot be created
-    or written. Nothing is created here: the runner creates ``--out`` when the first run
-    starts, so a command refused by validation leaves no empty directory behind."""
-    if out.exists():
-        if not out.is_dir():
-            raise MasklabError(f"cannot create the output directory {out}: Not a directory")
-        if not os.access(out, os.W_OK):
-            raise MasklabError(f"the output directory {out} is not writable")
-        return
-    parent = out.absolute().parent
+    or written. Nothing is left behind here: the runner creates ``--out`` when the first run
+    starts, so a command refused by validation leaves no empty directory behind.
+
+    Permission bits are not enough (root passes ``os.access`` on ``/proc`` or a read-only
+    mount): a folder is really made, and removed, in ``--out`` or its nearest existing parent."""
+    if out.exists() and not out.is_dir():
+        raise MasklabError(f"cannot create the output directory {out}: Not a directory")
+    parent = out.absolute()
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
         raise MasklabError(f"cannot create the output directory {out}: Not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise MasklabError(f"cannot create the output directory {out}: Permission denied")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".masklab-probe-", dir=parent))
+    except OSError as e:
+        if parent == out.absolute():
+            raise MasklabError(f"the output directory {out} is not writable ({e.strerror or e})") from None
+        raise MasklabError(f"cannot create the output directory {out}: {parent} takes no new folders "
+                           f"({e.strerror or e})") from None
 
 
 def validate(mod, cfg, args: argparse.Namespace) -> None:
@@ -225,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = "masklab " + shlex.join(argv)
     argv = _unalias(argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # imports every study (a second or two)
+    except KeyboardInterrupt:
+        print("masklab: interrupted", file=sys.stderr)
+        return 130
     try:
         if hasattr(args, "device") and args.command not in ("models", *REAL_LM_COMMANDS):
             # the runs' device and precision, before torchrun's process group (nccl on CUDA);

@@ -9,6 +9,7 @@ user sees on stderr. Cases that need a real model's window are marked slow.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -31,7 +32,10 @@ def refused(argv: list[str], capsys, match: str, out: Path | None = None) -> str
     """``masklab ARGV`` exits 2 with exactly one ``masklab: error:`` line containing ``match``
     and nothing else on stderr; ``out`` (its --out) is not created."""
     t0 = time.perf_counter()
-    rc = cli.main(argv)
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:  # argparse's own errors (a bad number, an unknown command) exit from parse_args
+        rc = e.code
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if x.strip()]
     assert rc == 2, err
@@ -277,3 +281,165 @@ def test_what_the_user_sees_is_one_line(files, tmp_path):
         p = subprocess.run([sys.executable, "-m", "masklab", *argv], capture_output=True, text=True, env=env, timeout=120)
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("masklab: error: "), p.stderr
     assert not (tmp_path / "x").exists()
+
+
+# --------------------------------------------------------------------------- a newcomer's list (compress, help, Ctrl-C)
+@pytest.fixture
+def passages(tmp_path):
+    d = tmp_path / "passages"
+    d.mkdir()
+    (d / "a.txt").write_text("Alice moved to Berlin. The sky was grey.\n")
+    (d / "b.txt").write_text("Bob lives in Paris. He likes trains.\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    (tmp_path / "bad.json").write_text('["Bob lives in Paris.", ]')
+    (tmp_path / "numbers.json").write_text('["Bob lives in Paris.", 3]')
+    return d
+
+
+def compress(files: Path, *extra: str) -> list[str]:
+    # a model that does not exist: each refusal below must come before any model is looked up
+    return ["compress", "--context", str(files / "ok.txt"), "--question", "Where does Bob live?", "--model", "no-such",
+            *extra]
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--keep", "abc"], "argument --keep: invalid float value: 'abc' (see `masklab compress --help`)"),
+    (["--target-tokens", "many"], "argument --target-tokens: invalid int value: 'many'"),
+    (["--target-tokens", "0"], "--target-tokens must be >= 1, got 0"),
+    (["--router", "oracle-gold"], "oracle-gold keeps the gold units of a generated task"),
+    (["--router", "nope"], "unknown router 'nope'"),
+])
+def test_compress_options_are_one_line(files, capsys, extra, match):
+    refused(compress(files, *extra), capsys, match)
+
+
+@pytest.mark.parametrize("context,extra,match", [
+    (["{d}/a.txt", "{d}/b.txt"], ["--router", "longllmlingua"], "cannot spend one budget across several passages"),
+    (["{d}"], ["--router", "snapkv", "--answer"], "snapkv prunes the model cache and keeps no units"),
+    (["{d}"], ["--html", "page.html"], "--html shows one document"),
+    (["{t}/empty"], [], "holds no text files"),
+    (["{t}/bad.json"], [], "starts with [ but is not a valid JSON list"),
+    (["{t}/numbers.json"], [], "passage 1 is a JSON int, not a string"),
+    (["-", "-"], [], "standard input (-) can be read once"),
+])
+def test_several_passages_refused_before_the_model_loads(passages, tmp_path, capsys, context, extra, match):
+    ctx = [c.format(d=passages, t=tmp_path) for c in context]
+    refused(["compress", "--context", *ctx, "--question", "Who?", "--model", "no-such", *extra], capsys, match)
+
+
+def test_several_passages_are_read_in_order(passages, tmp_path, monkeypatch):
+    import io
+
+    from masklab.inputs import read_passages
+
+    a, b = (passages / "a.txt").read_text(), (passages / "b.txt").read_text()
+    assert read_passages([str(passages / "a.txt")]) == ([a], False)  # one file: one document, as before
+    assert read_passages([str(passages / "b.txt"), str(passages / "a.txt")]) == ([b, a], True)
+    (passages / ".hidden").write_text("not read")
+    (passages / "z.bin").write_bytes(b"\x00\x01binary")
+    assert read_passages([str(passages)]) == ([a, b], True)  # a folder: its text files sorted by name
+    (tmp_path / "list.json").write_text(json.dumps(["one passage", "two passages"]))
+    assert read_passages([str(tmp_path / "list.json")]) == (["one passage", "two passages"], True)
+    (tmp_path / "doc.json").write_text('{"a": "json document"}')  # not a list: one document, as before
+    assert read_passages([str(tmp_path / "doc.json")]) == (['{"a": "json document"}'], False)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b' ["from stdin", "second"]')))
+    assert read_passages(["-"]) == (["from stdin", "second"], True)
+    with pytest.raises(MasklabError, match="together, over the limit of 50"):
+        read_passages([str(passages / "a.txt"), str(passages / "b.txt")], max_bytes=50)
+
+
+@pytest.mark.parametrize("encoding,bom,given", [
+    ("utf-16", b"", None), ("utf-32", b"", None),  # Python's utf-16/utf-32 write a BOM
+    ("utf-16-le", b"\xff\xfe", None), ("utf-16-be", b"\xfe\xff", None),
+    ("utf-16-le", b"", "utf-16-le"), ("utf-16", b"", "utf-16"),
+])
+def test_utf16_and_utf32_text_is_read_not_refused_as_binary(tmp_path, encoding, bom, given):
+    from masklab.inputs import read_text
+
+    text = "Caf\u00e9 au lait. Bob lives in Paris \u2014 near the station.\n"
+    path = tmp_path / "wide.txt"
+    path.write_bytes(bom + text.encode(encoding))
+    assert read_text(str(path), given) == text
+
+
+def test_utf16_without_a_bom_says_how_to_read_it(tmp_path, capsys):
+    path = tmp_path / "wide.txt"
+    path.write_bytes("Bob lives in Paris.".encode("utf-16-le"))
+    refused(["compress", "--context", str(path), "--question", "Who?", "--model", "no-such"], capsys,
+            "pass --encoding utf-16-le")
+
+
+@pytest.mark.parametrize("generated,shown", [
+    (" Daniel Reyes.\nQuestion: Who approved it?\nAnswer: Daniel", "Daniel Reyes."),
+    (" Daniel Reyes\nQuestion: Who approved it?", "Daniel Reyes"),
+    (" Daniel Reyes Question: Who approved it?", "Daniel Reyes"),
+    (" Daniel Reyes, the president. He signed it.", "Daniel Reyes, the president."),
+    (" It cost 3.5 million euros", "It cost 3.5 million euros"),
+    ("\n\nQuestion: Who approved the budget?\n", ""),
+    (" Answer: Vila Nova.", "Vila Nova."),
+    ("", ""),
+])
+def test_answers_are_their_first_line_or_sentence_and_never_a_new_question(generated, shown):
+    from masklab.context.answer import first_answer
+
+    assert first_answer(generated) == shown
+
+
+def test_oversized_counts_have_a_declared_bound(tmp_path, capsys):
+    out = tmp_path / "lc"
+    refused(["longctx", "--examples", "10000000000000", "--out", str(out)], capsys, "--examples must be in [1, 10000]", out)
+    refused(["longctx", "--train-examples", "10000000000000", "--out", str(out)], capsys, "--train-examples must be", out)
+
+
+def test_any_bad_number_is_one_line_not_the_usage(tmp_path, capsys):
+    out = tmp_path / "g"
+    refused(["gotu", "--steps", "x", "--out", str(out)], capsys, "argument --steps: invalid int value: 'x' (see `masklab gotu --help`)", out)
+    refused(["gotu", "--jobs", "two", "--out", str(out)], capsys, "argument --jobs: invalid int value: 'two'", out)
+    refused(["nope"], capsys, "argument COMMAND: invalid choice: 'nope'")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_out_that_root_may_write_by_its_mode_but_cannot_create_is_one_line(capsys):
+    # root passes os.access on /proc, but nothing can be created there (the regression)
+    refused(["gotu", "--task", "2parity", "--method", "mask", "--quick", "--out", "/proc/x/y"], capsys,
+            "cannot create the output directory /proc/x/y: /proc takes no new folders")
+
+
+def test_an_out_that_exists_and_is_writable_is_left_as_it_was(tmp_path):
+    cli.writable_dir(tmp_path)
+    cli.writable_dir(tmp_path / "new" / "deeper")
+    assert list(tmp_path.iterdir()) == []  # the probe folder is removed, --out is not created
+
+
+def test_help_lists_the_commands_for_your_documents_first(capsys):
+    import argparse
+
+    ap = cli.build_parser()
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    listed = [a.dest for a in sub._choices_actions]  # the order --help lists them in
+    assert listed[:4] == ["compress", "train-router", "models", "cite"], listed
+    assert listed.index("gotu") > 3 and "your own documents" in " ".join(ap.format_help().split())
+
+
+def test_list_routers_says_what_each_router_reads_and_needs(capsys):
+    assert cli.main(["compress", "--list-routers"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "reads no model" in lines["bm25"] and "reads no model" in lines["lexical"]
+    assert "reads the model" in lines["evidence"] and "--answer" not in lines["evidence"]
+    assert "reads the model" in lines["snapkv"] and "needs --answer" in lines["snapkv"] and "needs --answer" in lines["finch"]
+    assert "generated tasks only" in lines["oracle-gold"] and "one document only" in lines["longllmlingua"]
+
+
+def test_ctrl_c_while_the_command_imports_is_one_line_and_130(monkeypatch, capsys):
+    import masklab.__main__ as entry
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)  # Ctrl-C while the studies import
+    assert cli.main(["compress", "--list-routers"]) == 130
+    assert capsys.readouterr().err == "masklab: interrupted\n"
+    monkeypatch.setattr(cli, "main", interrupted)  # anywhere else the entry point runs
+    assert entry.run() == 130
+    assert capsys.readouterr().err == "masklab: interrupted\n"

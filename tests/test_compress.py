@@ -197,3 +197,55 @@ def test_answer_from_the_pruned_text_is_right(tmp_path, capsys, model):
                        "In which village did my sister lose her passport?", "--keep", "0.25", "--answer", "--json")
     res = json.loads(out)
     assert code == 0 and "Vila Nova" in res["answer"], res["answer"]
+
+
+@needs_smol
+def test_several_passages_one_budget_json_and_text(tmp_path, capsys):
+    d = tmp_path / "passages"
+    d.mkdir()
+    (d / "1-report.txt").write_text(REPORT)
+    (d / "2-travel.txt").write_text(TRAVEL)
+    code, out, _ = run(capsys, "--context", str(d), "--question", "Who approved the budget?", "--target-tokens", "40", "--json")
+    res = json.loads(out)
+    assert code == 0 and res["compressed_tokens"] <= 40 and res["ratio"] == res["origin_tokens"] / res["compressed_tokens"]
+    assert [p["index"] for p in res["passages"]] == [0, 1] and res["passages"][0]["rank"] == 0
+    assert ANSWERING in res["pruned_text"] and sum(p["kept_tokens"] for p in res["passages"]) == res["compressed_tokens"]
+    code, out, _ = run(capsys, "--context", str(d / "2-travel.txt"), str(d / "1-report.txt"), "--question",
+                       "Who approved the budget, and who works as a baker?", "--keep", "0.2")
+    text, summary = out.split("\n---\n")
+    assert code == 0 and text.index("baker") < text.index("Daniel Reyes") and "\n\n" in text  # passages in order
+    assert "of 2 passages" in summary
+
+
+@needs_smol
+def test_a_budget_below_the_top_unit_says_so_and_an_empty_answer_is_named(tmp_path, capsys, monkeypatch):
+    from masklab.context import answer
+
+    path = tmp_path / "tiny.txt"
+    path.write_text("The budget was approved by Daniel Reyes. It rained.")
+    monkeypatch.setattr(answer, "generate_answer", lambda *a, **k: {"generated": "\nQuestion: Who?\n", "seconds": 0.1})
+    code, out, _ = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--keep", "0.25", "--answer")
+    assert code == 0 and "note: --keep 0.25 kept " in out and "the top unit is always kept" in out
+    assert out.rstrip().endswith("(empty answer)")
+
+
+@needs_smol
+def test_the_pruned_answer_is_printed_before_the_whole_document_is_answered(tmp_path, capsys, monkeypatch):
+    from masklab.context import answer, cli as context_cli
+
+    calls = []
+    real = answer.generate_answer
+
+    def recorded(*args, **kwargs):
+        calls.append(capsys.readouterr())  # what the user had seen when this answer started
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(answer, "generate_answer", recorded)
+    monkeypatch.setattr(context_cli, "LONG_DOCUMENT_TOKENS", 10)
+    path = tmp_path / "ctx.txt"
+    path.write_text(REPORT)
+    code, out, err = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--answer",
+                         "--compare-full", "--max-new-tokens", "4")
+    assert code == 0 and len(calls) == 2
+    assert "answer (bm25 at keep 0.25" in calls[1].out and "answer (full document" in out
+    assert calls[1].err.startswith("answering from the whole document (") and "tokens)..." in calls[1].err

@@ -6,6 +6,8 @@
     pruned.text, pruned.kept, pruned.scores, pruned.kept_fraction, pruned.seconds
 
 * :mod:`~masklab.context.document`: :class:`Document` (units, gold, spans) and :func:`segment`;
+* :mod:`~masklab.context.passages`: :func:`compress_passages`, several passages pruned within
+  one budget (``keep`` or ``target_tokens``) into a :class:`PrunedPassages`;
 * :mod:`~masklab.context.select`: :func:`select`, the one rule that keeps units within a budget;
 * :mod:`~masklab.context.router`: :class:`Router` (override ``score``), :data:`ROUTERS`,
   :func:`load_router`, :class:`Pruned`;
@@ -17,8 +19,10 @@
 """
 
 from masklab.context.document import Document, segment
+from masklab.context.passages import PrunedPassages, compress_passages
 from masklab.context.router import ROUTERS, Pruned, Router
 from masklab.context.routers import load_router
 from masklab.context.select import select
 
-__all__ = ["Document", "segment", "select", "Router", "ROUTERS", "Pruned", "load_router"]
+__all__ = ["Document", "segment", "select", "Router", "ROUTERS", "Pruned", "load_router", "compress_passages",
+           "PrunedPassages"]

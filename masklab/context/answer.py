@@ -14,6 +14,8 @@ from masklab import device as devices
 from masklab.pretrained.lm import encode
 
 SENTENCE_END = re.compile(r"(?<!\d)[.!?](?:\s|$)|\n\s*\S.*\n")
+LINE_END = re.compile(r"\S.*\n")  # a first line with text, ended
+NEXT_TURN = re.compile(r"\b(?:Question|Context)\s*:", re.I)  # the model starting the next turn of the prompt
 
 
 def peak_rss_mb() -> float:
@@ -23,10 +25,12 @@ def peak_rss_mb() -> float:
 
 
 @torch.no_grad()
-def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, stop_at_sentence: bool = False) -> dict:
+def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, stop_at_sentence: bool = False,
+                    stop_at_line: bool = False) -> dict:
     """Greedy continuation of ``" ".join(units) + query`` in ``lm``'s prompt format.
 
-    ``stop_at_sentence`` stops after the first sentence end (or line) of the answer.
+    ``stop_at_sentence`` stops after the first sentence end (or second line) of the answer,
+    ``stop_at_line`` after its first line (:func:`first_answer` then cuts what a user sees).
     Returns ``{"generated", "seconds" (tokenise + prefill + decode), "prefill_seconds"
     (tokenise + prefill), "tokens" (prompt), "new_tokens"}``. On CUDA the prefill's clock is
     read after the GPU has finished it (:func:`masklab.device.synchronize`)."""
@@ -44,12 +48,25 @@ def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, 
         new.append(nxt)
         if nxt in eos or len(new) == max_new_tokens:
             break
-        if stop_at_sentence and SENTENCE_END.search(lm.tokenizer.decode(new, skip_special_tokens=True).lstrip()):
-            break
+        if stop_at_sentence or stop_at_line:
+            so_far = lm.tokenizer.decode(new, skip_special_tokens=True).lstrip()
+            if (stop_at_sentence and SENTENCE_END.search(so_far)) or (stop_at_line and LINE_END.search(so_far)):
+                break
         out = lm.model(input_ids=torch.tensor([[nxt]], device=dev), past_key_values=out.past_key_values, use_cache=True)
     text = lm.tokenizer.decode(new, skip_special_tokens=True)
     return {"generated": text, "seconds": time.perf_counter() - t0, "prefill_seconds": t1 - t0,
             "tokens": int(enc.ids.numel()), "new_tokens": len(new)}
+
+
+def first_answer(text: str) -> str:
+    """What a user is shown of a generated answer: its first line, up to its first sentence
+    end, without a next ``Question:`` (or ``Context:``) the model went on to write and
+    without a leading ``Answer:``; ``""`` when nothing is left."""
+    t = re.sub(r"^\s*Answer\s*:", "", text.strip(), flags=re.I).strip()
+    t = t.split("\n", 1)[0]
+    t = NEXT_TURN.split(t, 1)[0]
+    m = re.search(r"(?<!\d)[.!?](?=\s|$)", t)
+    return (t[:m.end()] if m else t).strip()
 
 
 def kv_cache_mb(lm, tokens: float) -> float:

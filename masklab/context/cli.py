@@ -1,32 +1,41 @@
-"""``masklab compress``: prune a user's document for a question before a model reads it.
+"""``masklab compress``: prune a user's document (or several passages) for a question before a model reads it.
 
     masklab compress --context report.txt --question "Who approved the budget?" --answer
+    masklab compress --context a.txt b.txt notes/ --question "..." --target-tokens 500
 
-Every option is declared once on :class:`CompressConfig`; the document and the question are
-checked (:mod:`masklab.inputs`) before the model loads.
+Every option is declared once on :class:`CompressConfig` (``--context``, which takes several
+values, is added by :func:`add_parser`); the documents and the question are checked
+(:mod:`masklab.inputs`) before the model loads. Several passages go through
+:func:`masklab.context.passages.compress_passages`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from masklab.context.document import UNIT_TOKENS
 from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
-from masklab.inputs import MAX_CONTEXT_BYTES, check_question, read_text
+from masklab.inputs import MAX_CONTEXT_BYTES, check_question, read_passages
 
 ANSWER_ROOM = 16  # tokens kept free for the chat turns around the question
+LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole document says so on stderr first
 
 
 @dataclass
 class CompressConfig:
-    context: str = flag("", metavar="FILE", help="the document: a UTF-8 text file, or - for standard input")
+    context: list[str] = dataclasses.field(default_factory=list)  # --context (add_parser): files, folders, JSON, -
     question: str = flag("", help="the question the kept text must answer")
     model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory")
-    keep: float = flag(0.25, above=0, max=1, help="kept fraction of the document's tokens")
+    keep: float = flag(0.25, above=0, max=1, help="kept fraction of the context's tokens (--target-tokens, when "
+                       "given, is the budget instead)")
+    target_tokens: int | None = flag(None, min=1, metavar="N", help="keep at most N tokens of context (counted with "
+                                     "the model's tokenizer) instead of a fraction; wins over --keep")
     router: str = flag("bm25", help="lexical, bm25, evidence, attention, or a kvpress press (snapkv, ...: only "
                        "with --answer); `masklab compress --list-routers` lists them")
     router_file: str | None = flag(None, metavar="PATH", help="evidence/attention: a router file made by `masklab "
@@ -51,8 +60,13 @@ class CompressConfig:
 def add_parser(sub) -> None:
     p = sub.add_parser("compress", help="prune a document to what a question needs before a model reads it",
                        description=__doc__.splitlines()[0])
+    p.add_argument("--context", nargs="+", metavar="FILE", default=None,
+                   help="the document: a text file (UTF-8 unless --encoding), or - for standard input; or several "
+                        "passages pruned within one budget: several files, a folder (its text files, sorted by name), "
+                        "or a JSON list of strings (a .json file, or on standard input when it starts with [)")
     add_flags(p, CompressConfig)
-    p.add_argument("--list-routers", action="store_true", help="list the routers and exit")
+    p.add_argument("--list-routers", action="store_true",
+                   help="list the routers, whether each reads the model and which need --answer, and exit")
     p.set_defaults(handler=main)
 
 
@@ -83,10 +97,13 @@ def check(cfg: CompressConfig) -> None:
     from masklab.context.routers import ROUTERS
 
     if not cfg.context:
-        raise MasklabError("--context is required (a text file, or - for standard input)")
+        raise MasklabError("--context is required (a text file, several, a folder, a JSON list, or - for standard input)")
     check_question(cfg.question)
     check_ranges(cfg)
     ROUTERS[cfg.router]  # noqa: B018  (unknown router: one clear error)
+    if cfg.router == "oracle-gold":
+        raise MasklabError("oracle-gold keeps the gold units of a generated task (an evaluation reference); "
+                           "your document has none: use bm25, lexical, evidence or attention")
     if cfg.router_file and cfg.router not in ("evidence", "attention"):
         raise MasklabError("--router-file is for the trained routers (--router evidence or attention)")
     if cfg.router in press_names() and not cfg.answer:
@@ -98,99 +115,221 @@ def check(cfg: CompressConfig) -> None:
                            f"{'prunes the cache' if cfg.router in press_names() else 'rewrites the text'})")
 
 
+def check_passages(cfg: CompressConfig) -> None:
+    """What several passages cannot do (checked once they are read, before the model loads)."""
+    if not keeps_units(cfg.router):
+        raise MasklabError(f"{cfg.router} {'prunes the model cache' if cfg.router in press_names() else 'rewrites the text'} "
+                           "and keeps no units, so it cannot spend one budget across several passages: "
+                           "give one --context file, or a router that keeps units (bm25, lexical, evidence, attention)")
+    if cfg.html:
+        raise MasklabError("--html shows one document: give one --context file")
+
+
 def press_names() -> list[str]:
     from masklab.context.routers.presses import press_names as names
 
     return names()
 
 
+def keeps_units(name: str) -> bool:
+    """Whether router ``name`` keeps units of the text (not a press, not a rewriter)."""
+    from masklab.context.routers import ROUTERS
+
+    factory = ROUTERS[name]
+    return getattr(getattr(factory, "func", factory), "keeps_units", True)
+
+
+def list_routers() -> None:
+    """One line per router: whether it reads the model, and what else it needs."""
+    from masklab.context.routers import ROUTERS
+
+    presses = press_names()
+    for name in ROUTERS:
+        factory = ROUTERS[name]
+        cls = getattr(factory, "func", factory)
+        what = "reads the model" if cls.needs_model else "reads no model (only its tokenizer, to count tokens)"
+        if name in presses:
+            what += "; a KV-cache press: needs --answer, keeps no text"
+        elif name == "longllmlingua":
+            what += "; rewrites the text (one document only)"
+        elif name == "oracle-gold":
+            what += "; generated tasks only (needs their gold units), not your documents"
+        print(f"{name:<26}{what}")
+
+
 def main(args: argparse.Namespace) -> int:
     from masklab import device as devices
-    from masklab.context.routers import ROUTERS
     from masklab.pretrained.models import check_models, check_prompt_format, load
 
     if args.list_routers:
-        for name in ROUTERS:
-            print(name)
+        list_routers()
         return 0
-    cfg = config_from_args(args, CompressConfig())
+    cfg = dataclasses.replace(config_from_args(args, CompressConfig()), context=args.context or [])
     check(cfg)
     check_prompt_format(cfg.prompt_format)
     dev = devices.resolve(args.device)  # one clear error for --device cuda without a GPU, before reading
-    text = read_text(cfg.context, cfg.encoding, cfg.max_context_bytes)
+    texts, several = read_passages(cfg.context, cfg.encoding, cfg.max_context_bytes)
+    if several:
+        check_passages(cfg)
     check_models([cfg.model])
     question = check_question(cfg.question)
     lm = load(cfg.model, threads=cfg.threads, prompt_format=cfg.prompt_format, device=dev)
     with devices.autocast(dev, args.precision):
-        return compress(cfg, lm, text, question)
+        return compress(cfg, lm, texts if several else texts[0], question)
 
 
-def compress(cfg: CompressConfig, lm, text: str, question: str) -> int:
-    """Prune ``text`` for ``question`` with ``lm`` loaded; print what ``cfg`` asks for."""
-    from masklab.context.answer import generate_answer
+def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[str, int, int]:
+    """``(query, window, overhead)``: the text asked after the context, the model's window in
+    tokens, and the tokens the query, the chat turns and the answer take of it (so the kept
+    context may be at most ``window - overhead`` tokens)."""
+    query = f"\nQuestion: {question}\nAnswer:"
+    window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
+    return query, window, len(lm.tokenizer(query)["input_ids"]) + ANSWER_ROOM + max_new_tokens
+
+
+def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> int:
+    """Prune ``text`` (one document, or a list of passages) for ``question`` with ``lm``
+    loaded; print what ``cfg`` asks for. In text mode the pruned text and its answer are
+    printed before the whole document is answered (``--compare-full``)."""
     from masklab.context.document import segment
     from masklab.context.routers import load_router
 
     router = load_router(cfg.router, lm, **({"path": cfg.router_file} if cfg.router_file else {}))
+    query, window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
+    if isinstance(text, list):
+        return compress_passages_cli(cfg, lm, router, text, question, query, window, overhead)
     doc = segment(text, lm.tokenizer, cfg.unit_tokens)
-    query = f"\nQuestion: {question}\nAnswer:"
-    window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
-    overhead = len(lm.tokenizer(query)["input_ids"]) + ANSWER_ROOM + cfg.max_new_tokens
     lengths = doc.lengths(lm.tokenizer)
     total = sum(lengths)
     out: dict = {"model": lm.name, "question": question, "router": cfg.router, "keep": cfg.keep,
-                 "context_tokens": total, "model_window": window}
-    notes = []
+                 "target_tokens": cfg.target_tokens, "context_tokens": total, "model_window": window}
+    notes: list[str] = []
     if cfg.compare_full and total + overhead > window:
         raise MasklabError(f"the whole document is {total} tokens and {lm.name} reads {window} at once: "
                            "--compare-full cannot answer from it (drop --compare-full)")
+    budget = cfg.target_tokens if cfg.target_tokens is not None else cfg.keep * total
+    keep = cfg.keep if cfg.target_tokens is None else min(1.0, cfg.target_tokens / total)
     if cfg.router in press_names():
         if total + overhead > window:
             raise MasklabError(f"the document is {total} tokens; a KV-cache press prefills all of it, past "
                                f"{lm.name}'s {window}-token window: use a router that prunes the text")
-        ans, secs = router.answer(doc.source, f"\nQuestion: {question}", "Answer:", cfg.keep, cfg.max_new_tokens)
-        out.update({"units": doc.units, "kept": None, "pruned_text": None, "kept_fraction": cfg.keep,
-                    "router_seconds": None, "answer": ans.strip(), "answer_seconds": secs, "notes": notes})
+        ans, secs = router.answer(doc.source, f"\nQuestion: {question}", "Answer:", keep, cfg.max_new_tokens)
+        out.update({"units": doc.units, "kept": None, "pruned_text": None, "kept_fraction": keep,
+                    "router_seconds": None, "answer": first_answer(ans), "answer_seconds": secs, "notes": notes})
     else:
         limit = window - overhead
-        pruned = router.choose(doc, question, cfg.keep, fill=cfg.fill,
-                               limit=limit if cfg.keep * total > limit else None)
-        if cfg.keep * total > limit:
+        cap = limit if budget > limit else None
+        if cfg.target_tokens is not None and keeps_units(cfg.router):
+            pruned = router.choose(doc, question, 1.0, fill=cfg.fill, limit=min(cfg.target_tokens, limit))
+        else:
+            pruned = router.choose(doc, question, keep, fill=cfg.fill, limit=cap)
+        if cap is not None:
             notes.append(f"the document is {total} tokens: the kept units were capped at {limit} tokens to fit "
                          f"{lm.name}'s {window}-token window with the question and answer")
         if getattr(router, "last_windows", 1) > 1:
             notes.append(f"the router read the document in {router.last_windows} windows")
+        if pruned.compressed is None and len(pruned.kept) == 1 and pruned.kept_tokens > budget:
+            notes.append(f"{budget_text(cfg)} kept {pruned.kept_fraction:.0%} of the tokens: the top unit alone is "
+                         f"{pruned.kept_tokens} tokens, over the budget of {budget:.0f}, and the top unit is "
+                         "always kept")
         pruned.notes = notes
         out.update(pruned.to_json())
+        if not cfg.json:
+            what = f"kept {len(out['kept'])} of {len(doc.units)} units," if out["kept"] is not None else "rewritten to"
+            print_pruned(out["pruned_text"], f"{what} {out['kept_fraction']:.0%} of {total} tokens (router "
+                         f"{cfg.router}, {out['router_seconds']:.3f} s)", notes)
         if cfg.answer:
-            r = generate_answer(lm, [pruned.text], query, cfg.max_new_tokens, stop_at_sentence=True)
-            out.update({"answer": r["generated"].strip(), "answer_seconds": r["seconds"]})
+            answer_into(out, "answer", "answer_seconds", lm, pruned.text, query, cfg)
+    return finish(cfg, lm, out, doc.source, total, query, notes, pruned=None if cfg.router in press_names() else pruned)
+
+
+def compress_passages_cli(cfg: CompressConfig, lm, router, passages: list[str], question: str, query: str,
+                          window: int, overhead: int) -> int:
+    """``masklab compress`` on several passages: one budget over all of them."""
+    from masklab.context.passages import compress_passages
+
+    limit = window - overhead - len(passages)  # the blank lines between the kept passages
+    out = compress_passages(passages, question, router, keep=cfg.keep, target_tokens=cfg.target_tokens,
+                            unit_tokens=cfg.unit_tokens, fill=cfg.fill, limit=limit)
+    total = out.origin_tokens
+    if cfg.compare_full and total + overhead + len(passages) > window:
+        raise MasklabError(f"the passages are {total} tokens together and {lm.name} reads {window} at once: "
+                           "--compare-full cannot answer from all of them (drop --compare-full)")
+    budget = cfg.target_tokens if cfg.target_tokens is not None else cfg.keep * total
+    notes = out.notes
+    if budget > limit:
+        notes.insert(0, f"the passages are {total} tokens: the kept units were capped at {limit} tokens to fit "
+                        f"{lm.name}'s {window}-token window with the question and answer")
+    if getattr(router, "last_windows", 1) > 1:
+        notes.append(f"the router read the passages in {router.last_windows} windows")
+    res: dict = {"model": lm.name, "question": question, "model_window": window, **out.to_json()}
+    if not cfg.json:
+        kept = sum(len(k) for k in out.kept)
+        print_pruned(out.text, f"kept {kept} of {sum(len(d.units) for d in out.docs)} units in "
+                     f"{sum(1 for k in out.kept if k)} of {len(passages)} passages, {out.compressed_tokens:,} of "
+                     f"{total:,} tokens ({out.ratio:.1f}x; router {cfg.router}, {out.seconds:.3f} s)", notes)
+    if cfg.answer:
+        answer_into(res, "answer", "answer_seconds", lm, out.text, query, cfg)
+    return finish(cfg, lm, res, "\n\n".join(passages), total, query, notes, pruned=None)
+
+
+def print_pruned(text: str, summary: str, notes: list[str]) -> None:
+    print(text)
+    print("---")
+    print(summary)
+    for n in notes:
+        print(f"note: {n}")
+    sys.stdout.flush()
+
+
+def budget_text(cfg: CompressConfig) -> str:
+    return f"--target-tokens {cfg.target_tokens}" if cfg.target_tokens is not None else f"--keep {cfg.keep}"
+
+
+def answer_into(out: dict, key: str, seconds_key: str, lm, context: str, query: str, cfg: CompressConfig) -> None:
+    """Answer from ``context`` into ``out[key]`` (its first line or sentence) and its seconds."""
+    from masklab.context.answer import generate_answer
+
+    r = generate_answer(lm, [context], query, cfg.max_new_tokens, stop_at_sentence=True, stop_at_line=True)
+    out.update({key: first_answer(r["generated"]), seconds_key: r["seconds"]})
+    if not cfg.json and key == "answer":
+        print_answer(f"answer ({cfg.router} at {budget_text(cfg)[2:]}, {out[seconds_key]:.2f} s)", out[key])
+
+
+def first_answer(text: str) -> str:
+    from masklab.context.answer import first_answer as first
+
+    return first(text)
+
+
+def print_answer(label: str, answer: str) -> None:
+    print(f"{label}: {answer or '(empty answer)'}", flush=True)
+
+
+def finish(cfg: CompressConfig, lm, out: dict, source: str, total: int, query: str, notes: list[str], pruned) -> int:
+    """The answer from the whole document (``--compare-full``), the page and the rest of the
+    output (in text mode the pruned text, its notes and its answer are already printed)."""
+    if not cfg.json and "answer" in out and out.get("pruned_text") is None:  # a press: answered, no text kept
+        for n in notes:
+            print(f"note: {n}")
+        print_answer(f"answer ({cfg.router} at {budget_text(cfg)[2:]}, {out['answer_seconds']:.2f} s)", out["answer"])
     if cfg.compare_full:
-        r = generate_answer(lm, [doc.source], query, cfg.max_new_tokens, stop_at_sentence=True)
-        out.update({"full_answer": r["generated"].strip(), "full_seconds": r["seconds"]})
+        if total >= LONG_DOCUMENT_TOKENS:
+            print(f"answering from the whole document ({total:,} tokens)...", file=sys.stderr, flush=True)
+        answer_into(out, "full_answer", "full_seconds", lm, source, query, cfg)
+        if not cfg.json:
+            print_answer(f"answer (full document, {out['full_seconds']:.2f} s)", out["full_answer"])
     if cfg.html:
         from masklab.context.html import page
 
         extra = {label: out[k] for k, label in (("answer", "answer from the kept text"),
                                                 ("full_answer", "answer from the whole document")) if k in out}
         try:
-            Path(cfg.html).write_text(page(pruned, question, extra), encoding="utf-8")
+            Path(cfg.html).write_text(page(pruned, out["question"], extra), encoding="utf-8")
         except OSError as e:
             raise MasklabError(f"cannot write the page {cfg.html}: {e.strerror or e}") from None
+        if not cfg.json:
+            print(f"page: {cfg.html}")
     if cfg.json:
         print(json.dumps(out, indent=1))
-        return 0
-    if out["pruned_text"] is not None:
-        print(out["pruned_text"])
-        print("---")
-        what = f"kept {len(out['kept'])} of {len(doc.units)} units," if out["kept"] is not None else "rewritten to"
-        print(f"{what} {out['kept_fraction']:.0%} of {total} tokens (router {cfg.router}, {out['router_seconds']:.3f} s)")
-    for n in notes:
-        print(f"note: {n}")
-    if "answer" in out:
-        print(f"answer ({cfg.router} at keep {cfg.keep}, {out['answer_seconds']:.2f} s): {out['answer']}")
-    if "full_answer" in out:
-        print(f"answer (full document, {out['full_seconds']:.2f} s): {out['full_answer']}")
-    if cfg.html:
-        print(f"page: {cfg.html}")
     return 0

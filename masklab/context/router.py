@@ -53,15 +53,22 @@ class Pruned:
         return self.compressed if self.compressed is not None else self.doc.text_of(self.kept)
 
     @property
+    def kept_tokens(self) -> int:
+        return self.compressed_tokens if self.compressed is not None else sum(self.lengths[i] for i in self.kept)
+
+    @property
     def kept_fraction(self) -> float:
-        kept = self.compressed_tokens if self.compressed is not None else sum(self.lengths[i] for i in self.kept)
-        return kept / max(1, sum(self.lengths))
+        return self.kept_tokens / max(1, sum(self.lengths))
 
     def to_json(self) -> dict:
+        """Everything above; ``origin_tokens`` / ``compressed_tokens`` (the document's tokens and
+        the kept ones) and their ``ratio`` as :class:`~masklab.context.passages.PrunedPassages` has them."""
         units = self.compressed is None
         return {"router": self.router, "units": self.doc.units, "kept": self.kept if units else None,
                 "scores": self.scores if units else None,
                 "unit_tokens": self.lengths, "pruned_text": self.text, "kept_fraction": self.kept_fraction,
+                "origin_tokens": sum(self.lengths), "compressed_tokens": self.kept_tokens,
+                "ratio": sum(self.lengths) / max(1, self.kept_tokens),
                 "router_seconds": self.seconds, "notes": self.notes}
 
 
@@ -73,6 +80,7 @@ class Router:
     name = ""
     needs_model = False
     fill = True
+    keeps_units = True  # False: it rewrites the text or prunes the model's cache (no units to select)
 
     def __init__(self, lm=None) -> None:
         if self.needs_model and lm is None:

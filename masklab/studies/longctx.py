@@ -52,6 +52,7 @@ NAME = "longctx"
 # is read after torch.cuda.synchronize (every other clock follows a result read back on the CPU) and
 # the run also records the GPU's peak memory (gpu_peak_mb)
 DEVICES = ("cpu", "cuda")
+MAX_EXAMPLES = 10_000  # per task and length: each is a long document read by a real LM (days of CPU past this)
 TABLE_METRICS = ["acc", "seconds", "prefill_s", "kept", "gold_kept", "router_share", "kv_mb", "peak_mb", "ev_passes",
                  "train_passes"]
 
@@ -64,8 +65,9 @@ class Config:
                               help=f"context lengths in model tokens ({MIN_TOKENS}..{MAX_TOKENS})")
     keeps: list[float] = flag(factory=lambda: [0.25, 0.5], name="--keep", parse=float_list, above=0, max=1,
                               help="kept fraction(s) of the context for the routers")
-    examples: int = flag(10, min=1, help="examples per task and length")
-    evidence: int = flag(0, min=0, help="examples per task and length that also get group-testing evidence sets")
+    examples: int = flag(10, min=1, max=MAX_EXAMPLES, help="examples per task and length")
+    evidence: int = flag(0, min=0, max=MAX_EXAMPLES, help="examples per task and length that also get group-testing "
+                         "evidence sets")
     chunk_tokens: int | None = flag(None, min=1, help="evidence chunks: consecutive sentences of at most this many tokens "
                                     "(default: one chunk per sentence)", default_text="sentences")
     routers: list[str] = flag(factory=lambda: ["lexical", "evidence", "attention"], parse=list_or_none,
@@ -79,7 +81,7 @@ class Config:
                               help="kvpress presses at the same kept fraction (snapkv, tova, knorm, streaming, "
                               "expected-attention, and the question-aware snapkv-question and finch; adakv-<press> "
                               "wraps one in AdaKV; 'none' for none)")
-    train_examples: int = flag(8, min=1, help="router training examples per task (seeds disjoint from the test examples)")
+    train_examples: int = flag(8, min=1, max=MAX_EXAMPLES, help="router training examples per task (seeds disjoint from the test examples)")
     router_layers: int = flag(2, min=1, help="the routers read the LM's first this many layers over question + context")
     router_fill: bool = flag(False, help="the trained routers fill the kept fraction with their next-best sentences "
                              "even where they score them as not evidence (default: stop at the decision boundary, "

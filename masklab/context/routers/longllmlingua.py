@@ -82,6 +82,7 @@ class LongLLMLingua(Router):
     """LongLLMLingua (module docstring)."""
 
     needs_model = True
+    keeps_units = False
 
     def __init__(self, lm=None) -> None:
         super().__init__(lm)

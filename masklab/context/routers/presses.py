@@ -130,6 +130,7 @@ class PressRouter(Router):
     """A kvpress press by name: answers through :class:`KVPressRunner`, prunes no text."""
 
     needs_model = True
+    keeps_units = False
 
     def __init__(self, lm=None, press: str = "") -> None:
         self.name = press

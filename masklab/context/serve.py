@@ -1,0 +1,388 @@
+"""``masklab serve``: ``masklab compress`` as an HTTP JSON service (FastAPI + uvicorn).
+
+    masklab serve --model smollm2-135m --router bm25 --port 8000
+    curl -s localhost:8000/v1/compress -d '{"context": "...", "question": "Who approved the budget?"}'
+
+The model (and each router, once, the first time a request names it) is loaded once, so a
+request costs what pruning costs, not a process start and a model load. ``POST
+/v1/compress`` takes ``{context: str | [str], question, router?, keep?, target_tokens?,
+answer?, max_new_tokens?}`` and returns the fields ``masklab compress --json`` prints (with
+the answer when ``answer`` is true); ``GET /healthz`` says the service is up. Every request
+is checked in the event loop before it waits for the model (:func:`parse_request`, with
+:mod:`masklab.inputs`' checks and messages): bad input is a 4xx ``{"error": "..."}`` at once.
+The model and the routers are used by one worker thread only, so concurrent requests queue
+for it in arrival order; a request not answered within ``--request-seconds`` (queue wait
+included) gets a 503, and one still waiting in the queue then is dropped unrun.
+"""
+
+import argparse
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from masklab.context.document import UNIT_TOKENS
+from masklab.errors import MasklabError
+from masklab.flags import add_flags, check_ranges, config_from_args, flag
+from masklab.inputs import MAX_CONTEXT_BYTES, check_context, check_question
+
+MAX_NEW_TOKENS = 512  # the longest answer a request may ask for (a bound on one request's decode time)
+FIELDS = ("context", "question", "router", "keep", "target_tokens", "answer", "max_new_tokens")
+
+
+@dataclass
+class ServeConfig:
+    host: str = flag("127.0.0.1", help="address to listen on (0.0.0.0: every interface; the service has no "
+                     "authentication, so expose it only behind one)")
+    port: int = flag(8000, min=1, max=65535, help="TCP port to listen on")
+    model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory: loaded "
+                      "once at start; it counts tokens, answers, and is read by the trained routers")
+    router: str = flag("bm25", help="the router of requests that name none, loaded at start (others load once, "
+                       "the first time a request names them); `masklab compress --list-routers` lists them")
+    keep: float = flag(0.25, above=0, max=1, help="kept fraction of requests that give neither keep nor target_tokens")
+    fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
+                      "scores them as not evidence (--no-fill: stop at its decision boundary)")
+    unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens (as masklab compress --unit-tokens)")
+    max_new_tokens: int = flag(48, min=1, max=MAX_NEW_TOKENS, help="longest answer in tokens of requests that "
+                               "give no max_new_tokens")
+    max_request_bytes: int = flag(4_000_000, min=1, help="refuse request bodies larger than this (413)")
+    max_context_bytes: int = flag(MAX_CONTEXT_BYTES, min=1, help="refuse contexts larger than this in UTF-8, all "
+                                  "passages together (as masklab compress --max-context-bytes)")
+    request_seconds: float = flag(60.0, above=0, help="answer 503 to a request not done within this many seconds "
+                                  "of its arrival (waiting in the queue included)")
+    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="the model's own",
+                                     help="raw completion or the model's chat turns (for answers)")
+    threads: int = flag(1, min=1, help="torch threads of the one worker that runs the model")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve masklab compress over HTTP (JSON), the model loaded once",
+                       description=__doc__.splitlines()[0])
+    add_flags(p, ServeConfig)
+    p.set_defaults(handler=main)
+
+
+# --------------------------------------------------------------------------- requests
+@dataclass
+class CompressRequest:
+    """One checked ``POST /v1/compress`` body (``target_tokens``, when set, wins over ``keep``,
+    as in :func:`~masklab.context.passages.compress_passages`)."""
+
+    contexts: list[str]
+    question: str
+    router: str
+    keep: float
+    target_tokens: int | None
+    answer: bool
+    max_new_tokens: int
+
+
+def _no_constant(name: str):
+    raise MasklabError(f"the request body is not valid JSON ({name} is not a JSON number)")
+
+
+def _number(body: dict, key: str, kind: type, what: str):
+    x = body.get(key)
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float) if kind is float else int):
+        raise MasklabError(f"{key} must be {what}, got {json.dumps(x)[:40]}")
+    return kind(x)
+
+
+def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
+    """The request body ``raw`` checked, with one :class:`MasklabError` for the first thing
+    wrong: not JSON, not an object, an unknown field, a wrong type, an empty question or
+    context, a context over ``--max-context-bytes``, a keep outside (0, 1], an unknown
+    router or a KV-cache press (it prunes the cache, not the text)."""
+    from masklab.context.passages import check_target
+    from masklab.context.routers import ROUTERS
+    from masklab.context.routers.presses import press_names
+    from masklab.context.select import check_keep
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MasklabError(f"the request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        body = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise MasklabError(f"the request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(body, dict):
+        raise MasklabError("the request body must be a JSON object with context and question")
+    unknown = [k for k in body if k not in FIELDS]
+    if unknown:
+        raise MasklabError(f"unknown field {unknown[0]!r}; the fields are {', '.join(FIELDS)}")
+    ctx = body.get("context")
+    if ctx is None:
+        raise MasklabError("context is required (a string, or a list of strings: the passages)")
+    if isinstance(ctx, str):
+        contexts = [ctx]
+    elif isinstance(ctx, list) and ctx and all(isinstance(c, str) for c in ctx):
+        contexts = ctx
+    else:
+        raise MasklabError("context must be a string or a non-empty list of strings")
+    if len(contexts) == 1:
+        check_context(contexts[0], "the context", cfg.max_context_bytes)
+    else:
+        for i, c in enumerate(contexts):
+            check_context(c, f"passage {i} of the context", cfg.max_context_bytes)
+        size = sum(len(c.encode("utf-8")) for c in contexts)
+        if size > cfg.max_context_bytes:
+            raise MasklabError(f"the context is {size:,} bytes, over the limit of {cfg.max_context_bytes:,}")
+    question = body.get("question")
+    if question is not None and not isinstance(question, str):
+        raise MasklabError("question must be a string")
+    question = check_question(question)
+    try:
+        question.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise MasklabError(f"the question is not valid Unicode text (a lone surrogate at character {e.start})") from None
+    router = body.get("router", cfg.router)
+    if not isinstance(router, str):
+        raise MasklabError("router must be a string (a router name)")
+    ROUTERS[router]  # noqa: B018  (unknown router: one clear error)
+    if router in press_names():
+        raise MasklabError(f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
+                           "returns pruned text, so name a router that prunes the text")
+    keep = _number(body, "keep", float, "a number in (0, 1]")
+    keep = cfg.keep if keep is None else check_keep(keep)
+    target = body.get("target_tokens")
+    if target is not None:
+        check_target(target)
+    answer = body.get("answer", False)
+    if not isinstance(answer, bool):
+        raise MasklabError("answer must be true or false")
+    new = _number(body, "max_new_tokens", int, "a whole number")
+    new = cfg.max_new_tokens if new is None else new
+    if not 1 <= new <= MAX_NEW_TOKENS:
+        raise MasklabError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {new}")
+    return CompressRequest(contexts, question, router, keep, target, answer, new)
+
+
+# --------------------------------------------------------------------------- the model's worker
+class Service:
+    """The loaded model ``lm`` and its routers, used by one worker thread only (:meth:`submit`):
+    concurrent requests wait in its queue, so the model is never run by two threads at once."""
+
+    def __init__(self, lm, cfg: ServeConfig, device=None, precision: str = "fp32") -> None:
+        self.lm, self.cfg, self.device, self.precision = lm, cfg, device, precision
+        self.routers: dict = {}
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masklab-model")
+        self.started = time.time()
+        self.served = 0
+
+    def router(self, name: str):
+        """Router ``name``, loaded the first time it is asked for (worker thread only)."""
+        if name not in self.routers:
+            from masklab.context.routers import load_router
+
+            self.routers[name] = load_router(name, self.lm)
+        return self.routers[name]
+
+    def submit(self, fn, *args):
+        """Run ``fn(*args)`` on the worker thread; an asyncio future of its result."""
+        return asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def compress(self, req: CompressRequest, deadline: float) -> dict:
+        """What ``masklab compress --json`` prints for ``req`` (worker thread)."""
+        from masklab import device as devices
+
+        if time.monotonic() > deadline:  # timed out while queued: its caller has already been answered
+            raise TimeoutError
+        with devices.autocast(self.device, self.precision):
+            out = compress_request(self.lm, self.router(req.router), req, self.cfg)
+        self.served += 1
+        return out
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict:
+    """What ``masklab compress --json`` prints for one request, for one context or several
+    passages: the passages pruned within one budget (``req.keep`` of their tokens or
+    ``req.target_tokens``; :func:`~masklab.context.passages.compress_passages`), capped to
+    fit the model's window with the question and the answer, and the answer from the pruned
+    text when asked. ``units``, ``kept``, ``scores`` and ``unit_tokens`` run over every
+    passage's units in order; ``passages`` has each passage's counts. A router that keeps no
+    units (``longllmlingua``) prunes one context as ``masklab compress`` does."""
+    from masklab.context.answer import first_answer, generate_answer
+    from masklab.context.cli import answer_budget
+    from masklab.context.document import segment
+    from masklab.context.passages import compress_passages
+
+    query, window, overhead = answer_budget(lm, req.question, req.max_new_tokens)
+    several = len(req.contexts) > 1
+    limit = window - overhead - (len(req.contexts) if several else 0)  # as the CLI: the blank lines between passages
+    if getattr(router, "keeps_units", True):
+        pruned = compress_passages(req.contexts, req.question, router, keep=req.keep, target_tokens=req.target_tokens,
+                                   unit_tokens=cfg.unit_tokens, fill=cfg.fill, limit=limit)
+        total = pruned.origin_tokens
+        starts = [0]
+        for doc in pruned.docs:
+            starts.append(starts[-1] + len(doc.units))
+        out = {"model": lm.name, "question": req.question, "context_tokens": total, "model_window": window,
+               **pruned.to_json(), "units": [u for doc in pruned.docs for u in doc.units],
+               "kept": [start + i for start, k in zip(starts, pruned.kept) for i in k],
+               "scores": [x for xs in pruned.scores for x in xs], "unit_tokens": [n for ns in pruned.lengths for n in ns]}
+        wanted = req.target_tokens if req.target_tokens is not None else pruned.keep * total
+    else:
+        if several:
+            raise MasklabError(f"the {req.router} router keeps no units (it rewrites the text), so it cannot spend one "
+                               "budget across passages: send one context")
+        doc = segment(req.contexts[0], lm.tokenizer, cfg.unit_tokens)
+        total = sum(doc.lengths(lm.tokenizer))
+        keep = req.keep if req.target_tokens is None else min(1.0, req.target_tokens / max(1, total))
+        pruned = router.choose(doc, req.question, keep, fill=cfg.fill, limit=limit if keep * total > limit else None)
+        kept_tokens = round(pruned.kept_fraction * total)
+        out = {"model": lm.name, "question": req.question, "keep": keep, "target_tokens": req.target_tokens,
+               "context_tokens": total, "model_window": window, "origin_tokens": total,
+               "compressed_tokens": kept_tokens, "ratio": total / max(1, kept_tokens), **pruned.to_json()}
+        wanted = keep * total
+    if wanted > limit:
+        out["notes"].append(f"the context is {total} tokens: the kept units were capped at {limit} tokens to fit "
+                            f"{lm.name}'s {window}-token window with the question and answer")
+    if getattr(router, "last_windows", 1) > 1:
+        out["notes"].append(f"the router read the context in {router.last_windows} windows")
+    if req.answer:
+        r = generate_answer(lm, [out["pruned_text"]], query, req.max_new_tokens, stop_at_sentence=True, stop_at_line=True)
+        out.update({"answer": first_answer(r["generated"]), "answer_seconds": r["seconds"]})
+    return out
+
+
+# --------------------------------------------------------------------------- HTTP
+class _TooLarge(Exception):
+    pass
+
+
+async def read_body(request, limit: int) -> bytes:
+    """The request's body, or :class:`_TooLarge` past ``limit`` bytes (by its Content-Length
+    or while it streams in: a chunked body is counted too). An oversized body is read to its
+    end (and dropped) so the client, still sending, reads the 413 rather than a reset."""
+    declared = request.headers.get("content-length")
+    too_large = declared is not None and declared.isdigit() and int(declared) > limit
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            too_large = True
+        if not too_large:
+            chunks.append(chunk)
+    if too_large:
+        raise _TooLarge
+    return b"".join(chunks)
+
+
+def create_app(service: Service):
+    """The FastAPI app of ``service``: ``POST /v1/compress``, ``GET /healthz``; every error a
+    JSON ``{"error": "..."}``."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    cfg = service.cfg
+    app = FastAPI(title="masklab", description="Prune a context to what a question needs.", docs_url=None,
+                  redoc_url=None, openapi_url=None)
+
+    def error(status: int, message: str, **headers) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc):  # unknown path (404), wrong method (405)
+        return error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def server_error(request, exc):  # a bug, not bad input: logged by uvicorn, one JSON line to the client
+        return error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "model": service.lm.name, "router": cfg.router, "routers_loaded": sorted(service.routers),
+                "served": service.served, "uptime_seconds": round(time.time() - service.started, 3)}
+
+    @app.post("/v1/compress")
+    async def compress(request: Request):  # (annotations evaluated here: FastAPI reads the type)
+        deadline = time.monotonic() + cfg.request_seconds
+        try:
+            body = await read_body(request, cfg.max_request_bytes)
+        except _TooLarge:
+            return error(413, f"the request body is over the limit of {cfg.max_request_bytes:,} bytes "
+                              "(the server's --max-request-bytes)")
+        try:
+            req = parse_request(body, cfg)
+        except MasklabError as e:
+            return error(400, str(e))
+        job = service.submit(service.compress, req, deadline)
+        try:
+            out = await asyncio.wait_for(job, timeout=max(0.0, deadline - time.monotonic()))
+        except (TimeoutError, asyncio.TimeoutError):
+            return error(503, f"the request did not finish within {cfg.request_seconds:g} s of its arrival "
+                              "(the server's --request-seconds; queue wait included): retry later", **{"Retry-After": "1"})
+        except MasklabError as e:  # input only the model can judge (e.g. a document with no units)
+            return error(400, str(e))
+        return JSONResponse(out)
+
+    return app
+
+
+def bind(host: str, port: int):
+    """A listening TCP socket on ``host:port``, or one clear error (port in use, bad address)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise MasklabError(f"--host {host}: not an address of this machine ({e.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise MasklabError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    return sock
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from masklab import device as devices
+    from masklab.pretrained.models import check_models, check_prompt_format, load
+
+    cfg = config_from_args(args, ServeConfig())
+    check_ranges(cfg)
+    check_prompt_format(cfg.prompt_format)
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise MasklabError("masklab serve needs FastAPI and uvicorn: pip install 'masklab[serve]'") from None
+    from masklab.context.routers import ROUTERS
+    from masklab.context.routers.presses import press_names
+
+    ROUTERS[cfg.router]  # noqa: B018
+    if cfg.router in press_names():
+        raise MasklabError(f"--router {cfg.router} is a KV-cache press: the service returns pruned text, so give a "
+                           "router that prunes the text")
+    dev = devices.resolve(args.device)
+    check_models([cfg.model])
+    sock = bind(cfg.host, cfg.port)  # a port in use is one error before the model loads
+    try:
+        lm = load(cfg.model, threads=cfg.threads, prompt_format=cfg.prompt_format, device=dev)
+        service = Service(lm, cfg, dev, args.precision)
+        try:
+            service.pool.submit(torch.set_num_threads, cfg.threads).result()
+            service.pool.submit(service.router, cfg.router).result()  # a router that cannot load fails here
+            print(f"masklab serve: {lm.name} and router {cfg.router} loaded in {lm.load_seconds:.1f} s; listening on "
+                  f"http://{cfg.host}:{cfg.port} (POST /v1/compress, GET /healthz)", flush=True)
+            server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=False))
+            server.run(sockets=[sock])
+        finally:
+            service.close()
+    finally:
+        sock.close()
+    return 0

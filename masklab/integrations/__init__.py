@@ -1,0 +1,62 @@
+"""masklab's routers inside other frameworks' retrieval pipelines (optional extras):
+
+* :mod:`masklab.integrations.langchain`: :class:`MasklabCompressor`, a LangChain
+  ``BaseDocumentCompressor`` (extra ``langchain``: ``langchain-core``);
+* :mod:`masklab.integrations.llamaindex`: :class:`MasklabPostprocessor`, a LlamaIndex
+  ``BaseNodePostprocessor`` (extra ``llamaindex``: ``llama-index-core``).
+
+Both prune the retrieved passages for the query within one budget with
+:func:`masklab.context.passages.compress_passages` (:class:`Pruner`): each passage keeps its
+best units, in reading order, and a passage that keeps none is dropped.
+"""
+
+from __future__ import annotations
+
+from masklab.context.document import UNIT_TOKENS
+from masklab.context.passages import DEFAULT_KEEP, PrunedPassages, check_target, compress_passages
+from masklab.context.select import check_keep
+from masklab.errors import MasklabError
+
+
+class Pruner:
+    """Router ``router`` (a name, see ``masklab compress --list-routers``) for ``model`` (a
+    registered model name, a model directory, a loaded model, or None: words are counted and
+    only routers that read no model work), loaded the first time it prunes; one budget of
+    ``keep`` of all the passages' tokens or ``target_tokens`` tokens (which wins when both are
+    given; neither: keep 0.25)."""
+
+    def __init__(self, router: str = "bm25", model=None, keep: float | None = None, target_tokens: int | None = None,
+                 unit_tokens: int = UNIT_TOKENS) -> None:
+        from masklab.context.routers import ROUTERS
+
+        ROUTERS[router]  # noqa: B018  (unknown router: one clear error now, not at the first query)
+        self.name, self.model = router, model
+        self.keep = check_keep(DEFAULT_KEEP if keep is None else keep)
+        self.target_tokens = None if target_tokens is None else check_target(target_tokens)
+        if isinstance(unit_tokens, bool) or not isinstance(unit_tokens, int) or unit_tokens < 1:
+            raise MasklabError(f"unit_tokens must be a whole number >= 1, got {unit_tokens!r}")
+        self.unit_tokens = unit_tokens
+        self._router = None
+
+    @property
+    def router(self):
+        if self._router is None:
+            from masklab.context.routers import load_router
+
+            self._router = load_router(self.name, self.model)
+        return self._router
+
+    def prune(self, texts: list[str], query: str) -> PrunedPassages:
+        return compress_passages(list(texts), query, self.router, keep=self.keep, target_tokens=self.target_tokens,
+                                 unit_tokens=self.unit_tokens)
+
+    def kept(self, texts: list[str], query: str) -> list[tuple[int, str, dict]]:
+        """``(index, kept text, counts)`` of each passage that keeps anything, in the given
+        order; passages of only whitespace are left out of the pruning and dropped."""
+        live = [i for i, t in enumerate(texts) if t.strip()]
+        if not live:
+            return []
+        out = self.prune([texts[i] for i in live], query).to_json()
+        return [(live[p["index"]], p["text"], {"rank": p["rank"], "tokens": p["tokens"], "kept_tokens": p["kept_tokens"],
+                                                "router": out["router"]})
+                for p in out["passages"] if p["kept_units"]]

@@ -1,0 +1,52 @@
+"""A LangChain document compressor that prunes retrieved documents with a masklab router.
+
+    from langchain_core.documents import Document
+    from masklab.integrations.langchain import MasklabCompressor
+
+    compressor = MasklabCompressor(router="bm25", keep=0.3)     # or router="evidence", model="smollm2-135m"
+    docs = compressor.compress_documents([Document(page_content=...), ...], "Who approved the budget?")
+
+With ``langchain``'s ``ContextualCompressionRetriever(base_compressor=compressor,
+base_retriever=...)`` it prunes what a retriever returns. Each document keeps its best
+units for the query within one budget over all of them (:class:`masklab.integrations.Pruner`),
+in reading order, with its metadata and ``metadata["masklab"]`` (``rank`` of the document by
+its best unit, ``tokens``, ``kept_tokens``, ``router``); a document that keeps nothing is
+dropped; the others stay in the order given. Needs the ``langchain`` extra (``langchain-core``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from masklab.context.document import UNIT_TOKENS
+from masklab.errors import MasklabError
+from masklab.integrations import Pruner
+
+try:
+    from langchain_core.documents import BaseDocumentCompressor, Document
+except ImportError:  # pragma: no cover (the extra is missing)
+    raise MasklabError("masklab.integrations.langchain needs langchain-core: pip install 'masklab[langchain]'") from None
+from pydantic import ConfigDict, PrivateAttr
+
+
+class MasklabCompressor(BaseDocumentCompressor):
+    """Prune retrieved documents for the query with masklab router ``router`` (for ``model``
+    when it reads one), keeping ``keep`` of all their tokens or ``target_tokens`` tokens."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    router: str = "bm25"
+    model: Any = None
+    keep: float | None = None
+    target_tokens: int | None = None
+    unit_tokens: int = UNIT_TOKENS
+    _pruner: Pruner = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        self._pruner = Pruner(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens)
+
+    def compress_documents(self, documents: Sequence[Document], query: str, callbacks=None) -> Sequence[Document]:
+        kept = self._pruner.kept([d.page_content for d in documents], query)
+        return [Document(page_content=text, metadata={**documents[i].metadata, "masklab": info}, id=documents[i].id)
+                for i, text, info in kept]

@@ -1,0 +1,63 @@
+"""A LlamaIndex node postprocessor that prunes retrieved nodes with a masklab router.
+
+    from llama_index.core.schema import NodeWithScore, TextNode
+    from masklab.integrations.llamaindex import MasklabPostprocessor
+
+    post = MasklabPostprocessor(router="bm25", keep=0.3)         # or router="evidence", model="smollm2-135m"
+    nodes = post.postprocess_nodes([NodeWithScore(node=TextNode(text=...), score=0.8), ...],
+                                   query_str="Who approved the budget?")
+
+As ``index.as_query_engine(node_postprocessors=[post])`` it prunes what the retriever
+returns before the LLM reads it. Each node keeps its best units for the query within one
+budget over all of them (:class:`masklab.integrations.Pruner`), in reading order: a copy of
+the node with the kept text, its score and metadata, and ``metadata["masklab"]`` (``rank``
+by its best unit, ``tokens``, ``kept_tokens``, ``router``); a node that keeps nothing is
+dropped; the others stay in the order given. Needs the ``llamaindex`` extra
+(``llama-index-core``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from masklab.context.document import UNIT_TOKENS
+from masklab.errors import MasklabError
+from masklab.integrations import Pruner
+
+try:
+    from llama_index.core.bridge.pydantic import PrivateAttr
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+    from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+except ImportError:  # pragma: no cover (the extra is missing)
+    raise MasklabError("masklab.integrations.llamaindex needs llama-index-core: pip install 'masklab[llamaindex]'") from None
+
+
+class MasklabPostprocessor(BaseNodePostprocessor):
+    """Prune retrieved nodes for the query with masklab router ``router`` (for ``model`` when
+    it reads one), keeping ``keep`` of all their tokens or ``target_tokens`` tokens."""
+
+    router: str = "bm25"
+    model: Any = None
+    keep: float | None = None
+    target_tokens: int | None = None
+    unit_tokens: int = UNIT_TOKENS
+    _pruner: Pruner = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        self._pruner = Pruner(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "MasklabPostprocessor"
+
+    def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        if query_bundle is None:
+            raise MasklabError("MasklabPostprocessor prunes for a query: pass query_str= or query_bundle=")
+        texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
+        out = []
+        for i, text, info in self._pruner.kept(texts, query_bundle.query_str):
+            node = nodes[i].node.model_copy(deep=True)
+            node.set_content(text)
+            node.metadata = {**node.metadata, "masklab": info}
+            out.append(NodeWithScore(node=node, score=nodes[i].score))
+        return out

@@ -1,0 +1,212 @@
+"""``masklab serve`` over real HTTP on 127.0.0.1: a tiny random Llama (a saved model folder,
+as ``--model /path/to/folder`` loads it) and the bm25 router, the server in a thread of this
+process, requests from httpx. The service returns what ``masklab compress --json`` prints,
+prunes several passages within one budget, answers every bad request with a 4xx JSON error
+and runs the model on one thread however many clients send at once."""
+
+import json
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("transformers")
+httpx = pytest.importorskip("httpx")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+import uvicorn  # noqa: E402
+from test_architectures import COMMON, tokenizer  # noqa: E402  (the tiny character-level tokenizer)
+from test_compress import ANSWERING, REPORT, TRAVEL  # noqa: E402
+
+from masklab.cli import main  # noqa: E402
+from masklab.context import serve  # noqa: E402
+from masklab.pretrained.models import load  # noqa: E402
+
+QUESTION = "Who approved the budget?"
+UNIT_CHARS = 400  # the tiny tokenizer's tokens are characters: a unit of up to 400 keeps sentences whole
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).save_pretrained(path)
+    tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    """``(base_url, service)``: the app on a free port, served by uvicorn in a thread."""
+    cfg = serve.ServeConfig(model=str(folder), max_request_bytes=20_000, max_context_bytes=10_000,
+                            unit_tokens=UNIT_CHARS)
+    service = serve.Service(load(str(folder), threads=1), cfg)
+    sock = serve.bind("127.0.0.1", 0)
+    srv = uvicorn.Server(uvicorn.Config(serve.create_app(service), log_level="warning", access_log=False))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    yield url, service
+    srv.should_exit = True
+    thread.join(10)
+    service.close()
+    sock.close()
+
+
+def post(url, body, **kw):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{url}/v1/compress", content=data, timeout=60, **kw)
+
+
+def test_healthz(server):
+    url, _ = server
+    r = httpx.get(f"{url}/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["router"] == "bm25"
+
+
+def test_compress_returns_what_the_cli_prints(server, folder, tmp_path, capsys):
+    url, _ = server
+    r = post(url, {"context": REPORT, "question": QUESTION, "keep": 0.2})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    path = tmp_path / "report.txt"
+    path.write_text(REPORT)
+    assert main(["compress", "--context", str(path), "--question", QUESTION, "--keep", "0.2", "--json",
+                 "--model", str(folder), "--device", "cpu", "--unit-tokens", str(UNIT_CHARS)]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert set(cli) - {"router_seconds"} <= set(got)
+    for key in ("units", "kept", "scores", "unit_tokens", "pruned_text", "kept_fraction", "context_tokens",
+                "model_window", "notes", "question", "router", "keep"):
+        assert got[key] == pytest.approx(cli[key]) if isinstance(cli[key], float) else got[key] == cli[key], key
+    assert ANSWERING in got["pruned_text"] and got["compressed_tokens"] <= 0.2 * got["origin_tokens"]
+
+
+def test_several_passages_share_one_budget(server):
+    url, _ = server
+    passages = [TRAVEL, REPORT, "The weather was mild all week. Nobody mentioned any budget at all."]
+    r = post(url, {"context": passages, "question": QUESTION, "target_tokens": 250})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert [p["index"] for p in got["passages"]] == [0, 1, 2]
+    assert got["passages"][1]["rank"] == 0 and ANSWERING in got["passages"][1]["text"]
+    assert got["target_tokens"] == 250 and got["compressed_tokens"] <= 250
+    assert len(got["units"]) == sum(p["units"] for p in got["passages"]) == len(got["scores"])
+    assert [got["units"][i] for i in got["kept"]] and all(got["units"][i] in got["pruned_text"] for i in got["kept"])
+
+
+def test_answer_is_generated_when_asked(server):
+    url, _ = server
+    r = post(url, {"context": REPORT, "question": QUESTION, "answer": True, "max_new_tokens": 3})
+    assert r.status_code == 200 and isinstance(r.json()["answer"], str) and r.json()["answer_seconds"] > 0
+    assert "answer" not in post(url, {"context": REPORT, "question": QUESTION}).json()
+
+
+@pytest.mark.parametrize("body,status,match", [
+    ("not json", 400, "not valid JSON"),
+    (b"\xff\xfe{}", 400, "not valid UTF-8"),
+    ('{"context": "a b", "question": "q", "keep": NaN}', 400, "NaN is not a JSON number"),
+    ([REPORT], 400, "must be a JSON object"),
+    ({"question": QUESTION}, 400, "context is required"),
+    ({"context": REPORT, "question": "  "}, 400, "the question is empty"),
+    ({"context": REPORT}, 400, "the question is empty"),
+    ({"context": " \n", "question": QUESTION}, 400, "the context is empty"),
+    ({"context": ["ok", ""], "question": QUESTION}, 400, "passage 1 of the context is empty"),
+    ({"context": [], "question": QUESTION}, 400, "non-empty list of strings"),
+    ({"context": ["a", 3], "question": QUESTION}, 400, "non-empty list of strings"),
+    ({"context": 5, "question": QUESTION}, 400, "non-empty list of strings"),
+    ({"context": "a\x00b", "question": QUESTION}, 400, "looks binary"),
+    ('{"context": "a \\ud800 b", "question": "q"}', 400, "lone surrogate"),
+    ({"context": "x" * 10_001, "question": QUESTION}, 400, "over the limit of 10,000"),
+    ({"context": ["x" * 6000, "y" * 6000], "question": QUESTION}, 400, "over the limit of 10,000"),
+    ({"context": REPORT, "question": 7}, 400, "question must be a string"),
+    ({"context": REPORT, "question": QUESTION, "keep": 0}, 400, r"keep must be a fraction in \(0, 1\]"),
+    ({"context": REPORT, "question": QUESTION, "keep": 1.5}, 400, r"keep must be a fraction in \(0, 1\]"),
+    ({"context": REPORT, "question": QUESTION, "keep": "0.5"}, 400, "keep must be a number"),
+    ({"context": REPORT, "question": QUESTION, "keep": True}, 400, "keep must be a number"),
+    ({"context": REPORT, "question": QUESTION, "target_tokens": 0}, 400, "target_tokens must be at least 1"),
+    ({"context": REPORT, "question": QUESTION, "target_tokens": 2.5}, 400, "whole number of tokens"),
+    ({"context": REPORT, "question": QUESTION, "router": "nope"}, 400, "unknown router 'nope'; choose from"),
+    ({"context": REPORT, "question": QUESTION, "router": ["bm25"]}, 400, "router must be a string"),
+    ({"context": REPORT, "question": QUESTION, "router": "snapkv"}, 400, "KV-cache press"),
+    ({"context": REPORT, "question": QUESTION, "router": "evidence"}, 400, "no evidence router ships for model"),
+    ({"context": REPORT, "question": QUESTION, "answer": "yes"}, 400, "answer must be true or false"),
+    ({"context": REPORT, "question": QUESTION, "max_new_tokens": 0}, 400, r"max_new_tokens must be in \[1, 512\]"),
+    ({"context": REPORT, "question": QUESTION, "max_new_tokens": 10**9}, 400, r"max_new_tokens must be in \[1, 512\]"),
+    ({"context": REPORT, "question": QUESTION, "budget": 3}, 400, "unknown field 'budget'"),
+    ("x" * 20_001, 413, "over the limit of 20,000 bytes"),
+])
+def test_bad_requests_are_4xx_json_errors(server, body, status, match):
+    url, _ = server
+    r = post(url, body)
+    assert r.status_code == status and r.headers["content-type"] == "application/json", r.text
+    assert set(r.json()) == {"error"} and re.search(match, r.json()["error"]), r.json()
+
+
+def test_oversized_chunked_body_wrong_path_and_method(server):
+    url, _ = server
+    r = httpx.post(f"{url}/v1/compress", content=(b"x" * 1000 for _ in range(50)), timeout=60)  # no Content-Length
+    assert r.status_code == 413 and "over the limit" in r.json()["error"]
+    assert httpx.get(f"{url}/v1/compress").status_code == 405 and "error" in httpx.get(f"{url}/v1/compress").json()
+    assert httpx.get(f"{url}/nope").status_code == 404 and "error" in httpx.get(f"{url}/nope").json()
+
+
+def test_concurrent_requests_are_all_answered_one_at_a_time_on_the_model(server, monkeypatch):
+    url, _ = server
+    running, threads, overlaps = [0], set(), []
+    lock = threading.Lock()
+    real = serve.compress_request
+
+    def watched(*args):
+        with lock:
+            running[0] += 1
+            overlaps.append(running[0])
+            threads.add(threading.get_ident())
+        try:
+            time.sleep(0.01)
+            return real(*args)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(serve, "compress_request", watched)
+    questions = [f"Who approved the budget, case {i}?" if i % 4 else "" for i in range(24)]
+    with ThreadPoolExecutor(12) as pool:
+        responses = list(pool.map(lambda q: post(url, {"context": REPORT, "question": q, "keep": 0.3}), questions))
+    for q, r in zip(questions, responses):
+        if q:
+            assert r.status_code == 200 and r.json()["question"] == q and ANSWERING in r.json()["pruned_text"]
+        else:
+            assert r.status_code == 400 and "question is empty" in r.json()["error"]
+    assert len(overlaps) == 18 and max(overlaps) == 1 and len(threads) == 1
+
+
+def test_a_request_past_its_time_limit_is_503_and_not_run(server, monkeypatch):
+    url, service = server
+    monkeypatch.setattr(service.cfg, "request_seconds", 1e-6)
+    served = service.served
+    r = post(url, {"context": REPORT, "question": QUESTION})
+    assert r.status_code == 503 and "--request-seconds" in r.json()["error"]
+    monkeypatch.undo()
+    assert post(url, {"context": REPORT, "question": QUESTION}).status_code == 200  # the queue is not stuck
+    assert service.served == served + 1
+
+
+def test_port_in_use_is_one_error_before_the_model_loads(folder, capsys):
+    sock = serve.bind("127.0.0.1", 0)
+    try:
+        code = main(["serve", "--port", str(sock.getsockname()[1]), "--model", str(folder), "--device", "cpu"])
+    finally:
+        sock.close()
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("masklab: error: cannot listen on 127.0.0.1:") and err.count("\n") == 1
+    code = main(["serve", "--router", "snapkv"])
+    assert code == 2 and "KV-cache press" in capsys.readouterr().err
