@@ -61,11 +61,6 @@ def graph_of(files: dict[str, bytes]) -> dict[str, set[str]]:
     return {mod: imported_by(parsed(src)[1], modules) - {mod} for mod, src in files.items()}
 
 
-def imported(tree: ast.AST, modules: set[str]) -> set[str]:
-    """The ``modules`` a parsed source imports, anywhere in it."""
-    return imported_by(import_targets(tree), modules)
-
-
 def import_targets(tree: ast.AST) -> tuple[tuple[str, str], ...]:
     """``(name, fallback)`` per imported name: the import names the module ``name`` if that
     is a module, else ``fallback`` (``from masklab import runner`` names a module, ``from
@@ -80,6 +75,7 @@ def import_targets(tree: ast.AST) -> tuple[tuple[str, str], ...]:
 
 
 def imported_by(targets: tuple[tuple[str, str], ...], modules: set[str]) -> set[str]:
+    """The ``modules`` that :func:`import_targets` name."""
     return {t for name, fallback in targets if (t := name if name in modules else fallback) in modules}
 
 
@@ -221,7 +217,10 @@ class History:
             meta, _, path = line.partition("\t")
             if path.endswith(".py") and meta.split()[1] == "blob":
                 files[path] = meta.split()[2]
-        self._read([b for b in files.values() if b not in self.blobs])
+        try:
+            self._read([b for b in files.values() if b not in self.blobs])
+        except (OSError, subprocess.SubprocessError):
+            return None
         return {module_name(self.root / Path(path).relative_to(self.prefix), self.root): self.blobs[blob] for path, blob in files.items()}
 
     def _read(self, blobs: list[str]) -> None:
