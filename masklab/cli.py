@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sw, "")
     rp = sub.add_parser("report", help="regenerate the tables and numbers in README.md and docs/ from the results files they name")
     rp.add_argument("--check", action="store_true", help="only compare: list the files whose generated blocks differ and exit 1 if any do")
-    rp.add_argument("--stale", action="store_true", help="only list the results files holding runs made by code other than this checkout's (exit 1 if any): run before a release, since any edit to a study's code makes its results stale")
+    rp.add_argument("--stale", action="store_true", help="only list the results files holding runs made by code other than this checkout's, comments, docstrings and formatting aside (stale), or by code that cannot be told (unknown), and why; exit 1 if any: run before a release")
     rp.add_argument("--root", default=".", metavar="DIR", help="the repository root holding README.md, docs/ and results/ (default .)")
     for name in REAL_LM_COMMANDS:  # the studies, reproduce and sweep have them from _common
         device_flags(sub.choices[name])
@@ -140,12 +140,13 @@ def report(args: argparse.Namespace) -> int:
     if not (root / "README.md").is_file():
         raise MasklabError(f"{root} holds no README.md: give the repository root with --root")
     if args.stale:
-        stale = doctables.stale_results(root)
-        for path, codes in stale:
-            print(f"stale: {path} ({', '.join(f'{n} runs by code {c}' for c, n in codes.items())})")
-        n = len(doctables.results_paths(root))
-        print(f"{n - len(stale)} of {n} results files were made by this checkout's code", file=sys.stderr)
-        return 1 if stale else 0
+        listed = doctables.stale_results(root)
+        for path, state, whys in listed:
+            print(f"{state}: {path} ({'; '.join(f'{n} runs by {why}' if why.startswith('code ') else why for why, n in whys.items())})")
+        n, stale = len(doctables.results_paths(root)), sum(state == "stale" for _, state, _ in listed)
+        print(f"{n - len(listed)} of {n} results files were made by this checkout's code (comments, docstrings and formatting "
+              f"aside); {stale} stale, {len(listed) - stale} unknown", file=sys.stderr)
+        return 1 if listed else 0
     changed = doctables.update(root, check=args.check)
     for path in changed:
         print(f"{'differs' if args.check else 'rewrote'}: {path}")

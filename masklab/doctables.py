@@ -33,7 +33,7 @@ from typing import Any
 from masklab import revision
 from masklab.errors import MasklabError
 from masklab.files import atomic_write_text, read_json
-from masklab.report import fmt, paper_cell, stat_cell
+from masklab.report import fmt, fmt_p, is_p_value, paper_cell, stat_cell
 
 BLOCK = re.compile(r"<!-- (table|value) (.*?) -->(.*?)<!-- /\1 -->", re.S)
 OPTIONS = {
@@ -114,7 +114,7 @@ def table(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) 
 def cell(row: dict, metric: str, digits: int, ci: bool = False) -> str:
     """One table cell: mean ± std (or the value), and with ``ci`` the row's 95% interval
     ``[metric_lo, metric_hi]`` where it has one (``ci=yes`` on a table block)."""
-    text = stat_cell(row, metric, digits) if f"{metric}_mean" in row else fmt(row.get(metric), digits)
+    text = stat_cell(row, metric, digits) if f"{metric}_mean" in row else (fmt_p if is_p_value(metric) else fmt)(row.get(metric), digits)
     if ci and row.get(f"{metric}_lo") is not None:
         text += f" [{fmt(row[f'{metric}_lo'], 2)}, {fmt(row[f'{metric}_hi'], 2)}]"
     return text
@@ -130,7 +130,7 @@ def value(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) 
                 v = v[int(part)] if isinstance(v, list) else v[part]
             except (KeyError, IndexError, ValueError, TypeError):
                 raise MasklabError(f"{where}: {name} has no {opts['key']}") from None
-        return fmt(v, digits)
+        return (fmt_p if is_p_value(opts["key"].split(".")[-1]) else fmt)(v, digits)
     if "metric" not in opts:
         raise MasklabError(f"{where}: a value block needs key=PATH or metric=NAME")
     m = opts["metric"]
@@ -148,7 +148,7 @@ def value(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) 
         if a is None or not b:
             raise MasklabError(f"{where}: {m} of {opts.get('method')} over {opts['over']} is undefined in {name}")
         return fmt(a / b, digits)
-    return stat_cell(row, m, digits) if f"{m}_mean" in row else fmt(row.get(m), digits)
+    return stat_cell(row, m, digits) if f"{m}_mean" in row else (fmt_p if is_p_value(m) else fmt)(row.get(m), digits)
 
 
 def render(text: str, root: Path, where: str = "", cache: dict | None = None) -> str:
@@ -178,27 +178,48 @@ def render_prose(text: str, root: Path, where: str, first_line: int, cache: dict
     return out
 
 
-def stale_results(root: Path) -> list[tuple[Path, dict[str, int]]]:
-    """The results files under ``root/results`` that code other than this checkout's made:
-    every ``results.json`` and every other JSON file a README/docs block quotes.
-    ``(path, {code hash: runs})`` of each such file, the hashes listed being those no study,
-    pretrained or context module of this checkout has (:func:`masklab.revision.code_hash`);
-    a file without runs counts by its own ``code`` (its meta's for a router evaluation), and
-    one that records no code at all as ``{"none": 1}``. A run records the hash of its study
-    module's closure, so an edit to anything a study imports makes its committed results
-    stale until the reproduction is run again."""
-    prefixes = ("masklab.studies.", "masklab.pretrained.", "masklab.context.")
-    current = {revision.code_hash(m) for m in revision.import_graph() if m.startswith(prefixes)}
+RUN_MODULES = ("masklab.studies.", "masklab.pretrained.", "masklab.context.")
+
+
+def stale_results(root: Path) -> list[tuple[Path, str, dict[str, int]]]:
+    """The results files under ``root/results`` (every ``results.json`` and every other JSON
+    file a README/docs block quotes) not made by this checkout's code, comments, docstrings
+    and formatting aside: ``(path, "stale" | "unknown", {why: runs})`` for each, judged run
+    by run with :class:`masklab.revision.Staleness` (a file without runs by its own
+    ``code``, its meta's for a router evaluation). A file that records no code (a
+    ``wall.json``, a derivation) counts as the ``results.json`` beside it, when there is one."""
+    judge = revision.Staleness(RUN_MODULES)
+    verdicts: dict[Path, tuple[str, dict[str, int]]] = {}
+
+    def verdict(path: Path) -> tuple[str, dict[str, int]]:
+        if path not in verdicts:
+            data = read_json(path)
+            env_rev = (data.get("environment") or {}).get("git_rev")
+            if "runs" in data:
+                records = [(r.get("code"), r.get("code_ast"), r.get("git_rev") or env_rev) for r in data["runs"]]
+            else:
+                meta = data if isinstance(data.get("code"), str) or "code_ast" in data else (data.get("router") or {})
+                records = [(meta.get("code"), meta.get("code_ast"), meta.get("git_rev") or env_rev)]
+            beside = path.parent / "results.json"
+            if not any(code or ast_ for code, ast_, _ in records) and path.name != "results.json" and beside.is_file():
+                state, why = verdict(beside)
+                verdicts[path] = state, ({f"no code of its own; {beside.name} beside it is {state}": 1} if why else {})
+                return verdicts[path]
+            whys: Counter = Counter()
+            states = set()
+            for code, ast_, rev in records:
+                state, why = judge.verdict(code, ast_, rev, path)
+                if state != "current":
+                    states.add(state)
+                    whys[f"code {ast_ or code}: {why}" if (ast_ or code) else why] += 1
+            verdicts[path] = ("stale" if "stale" in states else "unknown" if states else "current"), dict(whys)
+        return verdicts[path]
+
     out = []
     for path in results_paths(root):
-        data = read_json(path)
-        if "runs" in data:
-            codes = Counter(str(run.get("code")) for run in data["runs"] if run.get("code") not in current)
-        else:
-            code = data.get("code") if isinstance(data.get("code"), str) else (data.get("router") or {}).get("code")
-            codes = Counter() if code in current else Counter({str(code) if code else "none": 1})
-        if codes:
-            out.append((path, dict(codes)))
+        state, whys = verdict(path)
+        if state != "current":
+            out.append((path, state, whys))
     return out
 
 

@@ -30,6 +30,19 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def is_p_value(name: str) -> bool:
+    """A metric or key named ``p`` or ``p_...`` (``p_full``, ``p_top_vs_bm25``) holds a p-value."""
+    return name == "p" or name.startswith("p_")
+
+
+def fmt_p(value: Any, digits: int = 3) -> str:
+    """A p-value: as :func:`fmt`, but one that rounds to zero prints ``< 0.001`` (for 3 digits),
+    not ``0.000``: a test never shows p = 0."""
+    if isinstance(value, (int, float)) and 0 <= value < 0.5 * 10 ** -digits:
+        return f"< {10 ** -digits:.{digits}f}"
+    return fmt(value, digits)
+
+
 def paper_cell(paper: list[dict], task: str, method: str) -> str:
     """The paper's numbers for one (task, method), e.g. ``full_acc 0.75``."""
     cells = [f"{p['metric']} {fmt(p['value'])}" for p in paper if p.get("task") == task and p.get("method") == method]
@@ -63,8 +76,9 @@ def markdown_table(summary: list[dict], paper: list[dict] | None, metrics: list[
 
 def code_note(results: dict) -> str:
     """A warning when the runs of ``results`` were made by more than one code hash
-    (:mod:`masklab.revision`), else ``""``."""
-    counts = results.get("code") or {}
+    (:mod:`masklab.revision`; by ``code_ast`` where the results count it, so a comment edit
+    between runs is no warning), else ``""``."""
+    counts = results.get("code_ast") or results.get("code") or {}
     if len(counts) <= 1:
         return ""
     parts = ", ".join(f"{n} by {code}" for code, n in counts.items())

@@ -6,7 +6,8 @@ for studies of real LMs) and a *run function*
 named by its import path (``"masklab.studies.gotu:run_one"``). :func:`run_study`:
 
 * skips runs whose result file already exists with the same spec, was made by the same
-  code (resume; :mod:`masklab.revision`) and on the same kind of device in the same
+  code (resume: the same ``code_ast``, or ``code`` for a record without one;
+  :mod:`masklab.revision`) and on the same kind of device in the same
   precision (:mod:`masklab.device`; a record without ``device`` was made on the CPU in
   fp32); any other run is run again, from scratch, unless :data:`KEEP_OLD_RUNS` (the CLI's
   ``--keep-old-runs``) keeps it;
@@ -43,7 +44,7 @@ from masklab import device as devices
 from masklab import distributed, executors, revision
 from masklab.errors import MasklabError  # noqa: F401 (re-export)
 from masklab.files import atomic_write_text, read_json, write_json
-from masklab.runs import RunSpec, fn_code, resolve  # noqa: F401 (re-exported: studies build their runs from the runner's API)
+from masklab.runs import RunSpec, fn_code, fn_code_ast, resolve  # noqa: F401 (re-exported: studies build their runs from the runner's API)
 
 # Keep finished runs made by other code (another code hash) instead of running them again.
 # Set by the CLI's --keep-old-runs for one command; results.md then says the table mixes code.
@@ -174,21 +175,23 @@ def add_stats(row: dict[str, Any], name: str, values: list) -> None:
     row[f"{name}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
 
 
-def claim_checkpoint(ckpt_dir: Path, code: str) -> None:
+def claim_checkpoint(ckpt_dir: Path, code: str, also: str | None = None) -> None:
     """A run about to start continues from its checkpoint only if the same code wrote it:
-    a ``ckpt_dir`` stamped with other code (or with none) is emptied first."""
+    a ``ckpt_dir`` stamped with other code than ``code`` or ``also`` (a checkpoint stamped
+    with the older ``code`` hash), or with none, is emptied first; then it is stamped ``code``."""
     stamp = ckpt_dir / "code.txt"
-    if ckpt_dir.exists() and (not stamp.exists() or stamp.read_text().strip() != code):
+    if ckpt_dir.exists() and (not stamp.exists() or stamp.read_text().strip() not in {code, also}):
         shutil.rmtree(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(stamp, code + "\n")
 
 
-def code_counts(runs: list[dict]) -> dict[str, int]:
-    """How many runs each code hash made (``"unknown"`` for records older than hashes)."""
+def code_counts(runs: list[dict], key: str = "code") -> dict[str, int]:
+    """How many runs each code hash (``key``: ``code`` or ``code_ast``) made (``"unknown"``
+    for records older than that hash)."""
     counts: dict[str, int] = {}
     for r in runs:
-        counts[r.get("code") or "unknown"] = counts.get(r.get("code") or "unknown", 0) + 1
+        counts[r.get(key) or "unknown"] = counts.get(r.get(key) or "unknown", 0) + 1
     return counts
 
 
@@ -239,7 +242,7 @@ def run_study(
     keys = [s.key for s in specs]
     if len(set(keys)) != len(keys):
         raise MasklabError("two runs of this study share a task/model/method/seed key")
-    code = fn_code(fn_path)
+    code, code_ast = fn_code(fn_path), fn_code_ast(fn_path)
     done: dict[str, dict] = {}
     todo: list[RunSpec] = []
     for s in specs:
@@ -247,13 +250,15 @@ def run_study(
         if path.exists():
             rec = read_json(path)
             same_place = rec.get("device", "cpu") == where["device"] and rec.get("precision", "fp32") == where["precision"]
-            if rec.get("spec") == s.as_dict() and (KEEP_OLD_RUNS or (rec.get("code") == code and same_place)):
+            # by code_ast (comments, docstrings, formatting aside); a record older than it by code
+            same_code = rec["code_ast"] == code_ast if "code_ast" in rec else rec.get("code") == code
+            if rec.get("spec") == s.as_dict() and (KEEP_OLD_RUNS or (same_code and same_place)):
                 done[s.key] = rec
                 continue
         todo.append(s)
     if main:
         for s in todo:
-            claim_checkpoint(out / "ckpt" / s.key, code)
+            claim_checkpoint(out / "ckpt" / s.key, code_ast, also=code)
     distributed.barrier()  # every rank has decided what to resume before anyone writes
     if executor is None:
         executor = executors.current(jobs, write=main) if distributed.world_size() == 1 else executors.LocalExecutor(1, write=main)
@@ -279,6 +284,7 @@ def run_study(
         "paper": paper or [],
         "environment": env,
         "code": code_counts(runs),
+        "code_ast": code_counts(runs, "code_ast"),
     }
     if main:
         write_json(out / "results.json", results)

@@ -57,7 +57,8 @@ def resolve(path: str) -> Callable:
 
 def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int, device: str | None = None, precision: str | None = None) -> dict:
     """Run one spec and return its result record (what lands in ``runs/<key>.json``), with
-    the code that made it (``code``, ``git_rev``: :mod:`masklab.revision`) and where it
+    the code that made it (``code``, ``code_ast``, ``git_rev``: :mod:`masklab.revision`;
+    the hashes are taken before the run starts, once per process) and where it
     computed (``device``, ``device_name``, ``precision``: :func:`masklab.device.describe`).
 
     torch and the BLAS under numpy use ``threads`` threads, so a run's numbers do not depend
@@ -65,6 +66,7 @@ def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int, device: str 
     ``device`` / ``precision`` (default: :func:`masklab.device.current` /
     :func:`masklab.device.precision`) are set for the run's duration; the run function reads
     them from :mod:`masklab.device`, so the spec (and the run's key) does not name them."""
+    code, code_ast = fn_code(fn_path), fn_code_ast(fn_path)  # before the run: the code it runs, not the code at its end
     torch.set_num_threads(threads)
     dev = devices.current() if device is None else device
     prec = devices.precision() if precision is None else precision
@@ -84,7 +86,8 @@ def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int, device: str 
         "curves": out.get("curves", {}),
         "extra": out.get("extra", {}),
         "spec": spec,
-        "code": fn_code(fn_path),
+        "code": code,
+        "code_ast": code_ast,
         "git_rev": revision.git_rev(),
         **devices.describe(where, prec),
     }
@@ -95,3 +98,9 @@ def fn_code(fn_path: str) -> str:
     """:func:`masklab.revision.code_hash` of the module of ``"masklab.module:function"``
     (once per process: about a second to read the package's source)."""
     return revision.code_hash(fn_path.partition(":")[0])
+
+
+@lru_cache(maxsize=None)
+def fn_code_ast(fn_path: str) -> str:
+    """:func:`masklab.revision.code_ast` of the module of ``"masklab.module:function"`` (once per process)."""
+    return revision.code_ast(fn_path.partition(":")[0])

@@ -94,15 +94,46 @@ def test_bad_blocks_are_one_clear_error_naming_the_place(tmp_path, block, messag
 
 
 def test_results_made_by_other_code_are_listed_as_stale(tmp_path, capsys):
-    from masklab.revision import code_hash
+    from masklab.revision import code_ast
 
-    current = {"runs": [{"code": code_hash("masklab.studies.gotu")}] * 2}
+    today = code_ast("masklab.studies.gotu")
+    current = {"runs": [{"code": "0123456789ab", "code_ast": today}] * 2}  # the byte hash differs, the code does not
     write_json(tmp_path / "results" / "gotu" / "results.json", current)
-    write_json(tmp_path / "results" / "old" / "sub" / "results.json", {"runs": [current["runs"][0], {"code": "0123456789ab"}]})
-    (tmp_path / "README.md").write_text("no blocks\n")
-    assert doctables.stale_results(tmp_path) == [(tmp_path / "results" / "old" / "sub" / "results.json", {"0123456789ab": 1})]
+    write_json(tmp_path / "results" / "gotu" / "wall.json", {"invocations": []})  # no code: as its results.json
+    write_json(tmp_path / "results" / "old" / "sub" / "results.json", {"runs": [current["runs"][0], {"code_ast": "ba9876543210"}]})
+    write_json(tmp_path / "results" / "old" / "sub" / "wall.json", {"invocations": []})
+    (tmp_path / "README.md").write_text("".join(f"<!-- value results/{f} key=invocations --><!-- /value -->\n" for f in ("gotu/wall.json", "old/sub/wall.json"))
+                                        + "<!-- value results/old/notes.json key=a --><!-- /value -->\n")
+    write_json(tmp_path / "results" / "old" / "notes.json", {"a": 1})  # quoted, no code, no results.json beside
+    old = tmp_path / "results" / "old"
+    assert doctables.stale_results(tmp_path) == [
+        (old / "notes.json", "unknown", {"records no code": 1}),
+        (old / "sub" / "results.json", "stale", {"code ba9876543210: code_ast ba9876543210 is no module's today": 1}),
+        (old / "sub" / "wall.json", "stale", {"no code of its own; results.json beside it is stale": 1}),
+    ]
     assert main(["report", "--stale", "--root", str(tmp_path)]) == 1
     out = capsys.readouterr()
-    assert "old/sub/results.json (1 runs by code 0123456789ab)" in out.out and "1 of 2 results files" in out.err
-    (tmp_path / "results" / "old" / "sub" / "results.json").unlink()
+    assert "stale: " + str(old / "sub" / "results.json") + " (1 runs by code ba9876543210" in out.out
+    assert "2 of 5 results files" in out.err and "2 stale, 1 unknown" in out.err
+    (old / "sub" / "results.json").unlink()
+    (old / "sub" / "wall.json").unlink()
+    (tmp_path / "README.md").write_text("no blocks\n")
     assert main(["report", "--stale", "--root", str(tmp_path)]) == 0
+
+
+def test_a_p_value_that_rounds_to_zero_prints_as_a_bound(tmp_path):
+    write_json(tmp_path / "results" / "p" / "results.json", {
+        "summary": [{"task": "t", "method": "a", "n": 30, "acc": 0.9, "p_full": 0.00002}, {"task": "t", "method": "b", "n": 30, "acc": 0.0004, "p_full": 0.012}],
+        "tests": {"p_top": 0.0000001, "share": 0.0001}})
+    doc = ("<!-- value results/p/results.json metric=p_full method=a -->x<!-- /value --> "
+           "<!-- value results/p/results.json metric=p_full method=b -->x<!-- /value --> "
+           "<!-- value results/p/results.json key=tests.p_top digits=4 -->x<!-- /value --> "
+           "<!-- value results/p/results.json key=tests.share -->x<!-- /value --> "
+           "<!-- value results/p/results.json metric=acc method=b -->x<!-- /value -->\n"
+           "<!-- table results/p/results.json metrics=acc,p_full -->\n<!-- /table -->\n")
+    (tmp_path / "README.md").write_text(doc)
+    doctables.update(tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    values = [m.group(3) for m in doctables.BLOCK.finditer(text) if m.group(1) == "value"]
+    assert values == ["< 0.001", "0.012", "< 0.0001", "0.000", "0.000"]  # only p-values get the bound
+    assert "| a | 30 | 0.900 | < 0.001 |" in text and "| b | 30 | 0.000 | 0.012 |" in text

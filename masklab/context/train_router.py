@@ -151,10 +151,18 @@ def labels_digest(rows: list[dict]) -> str:
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:12]
 
 
-def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path) -> tuple[dict, dict]:
-    """Fit both routers on the labelled rows and save them as ``OUT/<model>``."""
+def code_stamp() -> dict:
+    """The code training runs (:mod:`masklab.revision`), taken when training starts."""
+    from masklab.revision import code_ast, code_hash, git_rev
+
+    return {"code": code_hash("masklab.context.train_router"), "code_ast": code_ast("masklab.context.train_router"),
+            "git_rev": git_rev()}
+
+
+def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = None) -> tuple[dict, dict]:
+    """Fit both routers on the labelled rows and save them as ``OUT/<model>``; the meta
+    records ``stamp`` (:func:`code_stamp` taken when training started; now if None)."""
     from masklab.context.trained import LABELS, features, fit_routers, load_routers, save_routers
-    from masklab.revision import code_hash
     from masklab.tasks.families import make_example
 
     feats, labels = [], {k: [] for k in LABELS}
@@ -178,7 +186,7 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path) -> tuple[dict, dict]:
                            "passes_per_labelled": sum(r["passes"] for r in rows) / len(labelled),
                            "seconds_per_labelled": sum(r["seconds"] for r in rows) / len(labelled)},
             "evidence_matches_gold": sum(sorted(r["evidence"]) == sorted(r["gold"]) for r in labelled) / len(labelled),
-            "code": code_hash("masklab.context.train_router"), "search": "group-testing",
+            **(stamp or code_stamp()), "search": "group-testing",
             "device": devices.describe(lm.model.device, cfg.precision)}
     save_routers(out / lm.name, routers, meta)
     return load_routers(out / lm.name)
@@ -318,6 +326,7 @@ def run(cfg: TrainConfig) -> int:
     from masklab.pretrained.models import check_models, load
 
     check(cfg)
+    stamp = code_stamp()  # before labelling, which takes hours: the code that runs, not the code at the end
     dev = devices.resolve(cfg.device)  # one clear error for cuda without a GPU, before anything is written
     devices.check_precision(cfg.precision)
     check_models([cfg.model])
@@ -333,7 +342,7 @@ def run(cfg: TrainConfig) -> int:
         routers, meta = load_routers(out / lm.name) if (out / f"{lm.name}.safetensors").exists() else (None, {})
         if cfg.quick or (meta.get("features"), meta.get("layers"), meta.get("data", {}).get("labels"),
                          meta.get("data", {}).get("length")) != (cfg.features, cfg.layers, labels_digest(rows), cfg.length):
-            routers, meta = fit(lm, cfg, rows, out)  # refit when the data or the recipe changed
+            routers, meta = fit(lm, cfg, rows, out, stamp)  # refit when the data or the recipe changed
         cost = meta["label_cost"]
         print(f"routers: {out / lm.name}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "
               f"examples labelled; {cost['passes_per_labelled']:.1f} passes and {cost['seconds_per_labelled']:.1f} s per "
