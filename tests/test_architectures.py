@@ -1,16 +1,16 @@
 """Every architecture of masklab.pretrained.arch, as a user's model folder.
 
-Each test builds a tiny random model of one listed architecture (2 layers, width 32, grouped
-KV heads; a sliding window of 4 tokens on the layers the architecture slides), saves it with
-a tiny character-level tokenizer to a temporary folder, and loads it through the folder path
-with :func:`masklab.pretrained.models.load`, as ``--model /path/to/folder`` does.
+Each test loads a tiny random model of one listed architecture (2 layers, width 32, grouped
+KV heads; a sliding window of 4 tokens on the layers the architecture slides), saved with a
+tiny character-level tokenizer to a temporary folder (tests/conftest.py builds one per kind
+per session), through the folder path with :func:`masklab.pretrained.models.load`, as
+``--model /path/to/folder`` does.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import string
 
 import pytest
 import torch
@@ -18,9 +18,7 @@ import torch
 pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import transformers  # noqa: E402
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # noqa: E402
-
+from conftest import CHAR_VOCAB as VOCAB, KINDS, SLIDES, SPECIALS, save_tiny_folder as save_folder  # noqa: E402
 from masklab.bias import RelativePrior  # noqa: E402
 from masklab.errors import MasklabError  # noqa: E402
 from masklab.hf import attach_priors, detach_priors, hide, priors_of  # noqa: E402
@@ -29,77 +27,16 @@ from masklab.pretrained.arch import (ARCHITECTURES, arch_of, attention_modules, 
 from masklab.pretrained.models import check_models, load  # noqa: E402
 
 torch.set_num_threads(1)
-SPECIALS = ["<pad>", "</s>", "<s>", "<unk>", "<|im_start|>", "<|im_end|>"]
-CHARS = sorted(set(string.ascii_letters + string.digits + " .,;:?!'\n-"))
-VOCAB = len(SPECIALS) + len(CHARS)
-WINDOW = 4
 # a ChatML template with a default system turn, as Qwen2.5's has
 CHATML = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nBe brief.<|im_end|>\n{% endif %}"
           "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, eos_token_id=1, bos_token_id=2)
-SLIDE_FIRST = ["sliding_attention", "full_attention"]
 
-
-def config(kind: str):
-    """A tiny config of architecture ``kind`` (sliding window on the layers it slides)."""
-    if kind == "llama":
-        return transformers.LlamaConfig(**COMMON)
-    if kind == "qwen2":  # layers from max_window_layers on slide
-        return transformers.Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
-    if kind == "qwen3":
-        return transformers.Qwen3Config(**COMMON, head_dim=8, use_sliding_window=True, sliding_window=WINDOW,
-                                        max_window_layers=1)
-    if kind == "mistral":
-        return transformers.MistralConfig(**COMMON, sliding_window=WINDOW)
-    if kind == "gemma2":  # soft-capping strong enough to change the tiny model's outputs
-        return transformers.Gemma2Config(**COMMON, head_dim=8, sliding_window=WINDOW, layer_types=SLIDE_FIRST,
-                                         query_pre_attn_scalar=8, attn_logit_softcapping=0.05)
-    if kind == "gemma3_text":
-        return transformers.Gemma3TextConfig(**COMMON, head_dim=8, sliding_window=WINDOW, layer_types=SLIDE_FIRST)
-    if kind == "phi3":
-        return transformers.Phi3Config(**COMMON, sliding_window=WINDOW)
-    if kind == "olmo2":
-        return transformers.Olmo2Config(**COMMON)
-    raise AssertionError(kind)
-
-
-KINDS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "olmo2"]
-SLIDES = {"llama": [], "qwen2": [1], "qwen3": [1], "mistral": [0, 1], "gemma2": [0], "gemma3_text": [0],
-          "phi3": [0, 1], "olmo2": []}
-
-
-def tokenizer(chat_template: str | None = None, chat_tokens: bool = True):
-    """A character-level tokenizer (BOS added; offsets; decodes back to the text); with
-    ChatML's turn tokens in its vocabulary unless ``chat_tokens`` is False."""
-    from transformers import PreTrainedTokenizerFast
-
-    specials = SPECIALS if chat_tokens else SPECIALS[:4] + ["<x1>", "<x2>"]
-    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + CHARS)}, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  unk_token="<unk>", additional_special_tokens=specials[4:])
-    tok.chat_template = chat_template
-    return tok
-
-
-def save_folder(path, kind: str, chat_template: str | None = None, chat_tokens: bool = True, seed: int = 0):
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config(kind))
-    model.save_pretrained(path)
-    tokenizer(chat_template, chat_tokens).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """kind -> a saved model folder (built once per module)."""
-    root = tmp_path_factory.mktemp("models")
-    return {k: save_folder(root / k, k) for k in KINDS}
+@pytest.fixture
+def folders(tiny_folders):
+    """kind -> a saved model folder (conftest.py builds them once per session)."""
+    return tiny_folders
 
 
 def rel(layer: int, heads: int) -> RelativePrior:
@@ -159,16 +96,21 @@ def test_folder_loads_and_the_table_finds_its_parts(kind, folders):
 @pytest.mark.parametrize("kind", KINDS)
 def test_all_allowed_prior_leaves_logits_unchanged_and_detach_restores_them(kind, folders):
     m = load(str(folders[kind])).model
+    impl = m.config._attn_implementation
     x = ids()
     with torch.no_grad():
         ref = m(x).logits
         attach_priors(m, rel)
         assert m.config._attn_implementation == "masklab"
+        names = [n for n, _ in m.named_parameters() if "prior" in n]
+        assert len(names) == 2 and all("self_attn.prior" in n for n in names)
         torch.testing.assert_close(m(x).logits, ref, atol=1e-5, rtol=1e-5)
         scramble(m)
         assert (m(x).logits - ref).abs().max() > 1e-2  # a non-trivial prior changes the model
         detach_priors(m)
         assert not priors_of(m) and torch.equal(m(x).logits, ref)
+    assert m.config._attn_implementation == impl and not any("prior" in n for n, _ in m.named_parameters())
+    assert not m.model.layers[0].self_attn._forward_pre_hooks and not m._forward_pre_hooks
 
 
 def test_gemma2_soft_capping_is_applied_like_eager_attention(folders):
@@ -226,17 +168,29 @@ def test_generate_with_cache_equals_stepwise_forwards_with_a_prior(kind, folders
 @pytest.mark.parametrize("kind", KINDS)
 def test_hide_equals_the_2d_attention_mask(kind, folders):
     m = load(str(folders[kind])).model
+    impl = m.config._attn_implementation
     x = ids()
     am = torch.ones_like(x)
     am[:, 3:6] = 0
     am[1, 8] = 0
+    keep = am.bool()
     with torch.no_grad():
         ref = m(x, attention_mask=am).logits
         plain = m(x).logits
-        with hide(m, keep=am.bool()):
+        with hide(m, keep=keep):
             got = m(x).logits
+        assert m.config._attn_implementation == impl  # restored on exit
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
         assert (got - plain).abs().max() > 1e-3
+        with hide(m, spans=[(3, 6)]):
+            spans = m(x[:1]).logits
+        torch.testing.assert_close(spans, m(x[:1], attention_mask=am[:1]).logits, atol=1e-5, rtol=1e-5)
+        # all heads listed == heads=None; one layer only differs from all layers
+        with hide(m, keep=keep, heads=[0, 1, 2, 3]):
+            torch.testing.assert_close(m(x).logits, ref, atol=1e-5, rtol=1e-5)
+        with hide(m, keep=keep, layers=[1]):
+            one = m(x).logits
+        assert (one - ref).abs().max() > 1e-3 and (one - plain).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -17,6 +17,7 @@ import logging
 import pytest
 import torch
 
+from conftest import needs_gpu
 from masklab import attention as attention_module
 from masklab.attention import Attention, flex_attention_bias, set_attention_impl
 
@@ -28,7 +29,6 @@ PRIORS = ["shared", "per-head", "hard", "distance", "frozen"]
 BIASES = ["none", "causal", "causal+padding"]
 
 needs_flex = pytest.mark.skipif(attention_module._FLEX is None, reason="this torch has no FlexAttention")
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
 
 
 def twins(prior_kind: str, dim: int, heads: int, T: int, dtype: torch.dtype, impl: str, device: str = "cpu"):

