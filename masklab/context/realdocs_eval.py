@@ -56,6 +56,8 @@ class RealDocsConfig:
                               "(`masklab compress --list-routers`)")
     keep: list[float] = flag(factory=lambda: [0.1, 0.25], parse=float_list, above=0, max=1,
                              help="kept fractions of the document's tokens")
+    questions: int = flag(0, min=0, help="measure only this many questions (0: every one), taken in turn from each "
+                          "document of the split so every document is in (for slow routers such as longllmlingua)")
     answers: bool = flag(False, help="also answer from the kept text and from the whole document (slow)")
     max_new_tokens: int = flag(24, min=1, help="longest answer in tokens (answers stop at their first sentence)")
     out: str = flag("runs/realdocs", metavar="DIR", help="output directory")
@@ -277,6 +279,15 @@ def weights_digest(lm, names: list[str]) -> str:
     return (shipped_digest(lm.name) or "none") if trained else "none"
 
 
+def in_turn(questions: list) -> list:
+    """The questions reordered as the first of each document, then the second of each, ..."""
+    by_doc: dict[str, list] = {}
+    for q in questions:
+        by_doc.setdefault(q.doc, []).append(q)
+    depth = max(len(v) for v in by_doc.values())
+    return [v[i] for i in range(depth) for v in by_doc.values() if i < len(v)]
+
+
 def run(cfg: RealDocsConfig) -> int:
     from masklab.context.routers import ROUTERS as REGISTRY
     from masklab.context.routers import load_router
@@ -293,6 +304,8 @@ def run(cfg: RealDocsConfig) -> int:
     dev = devices.resolve(cfg.device)
     check_models([cfg.model])
     questions = realdocs.load(cfg.split)
+    if cfg.questions:
+        questions = in_turn(questions)[:cfg.questions]
     out = Path(cfg.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
