@@ -46,6 +46,8 @@ class CompressConfig:
     html: str | None = flag(None, metavar="FILE", help="also write a page showing the document with the kept "
                             "units highlighted and every unit's score")
     threads: int = flag(1, min=1, help="torch threads")
+    progress: bool = flag(True, help="a progress bar on standard error while a trained router reads a long document "
+                          "window by window")
 
 
 def add_parser(sub) -> None:
@@ -131,7 +133,8 @@ def compress(cfg: CompressConfig, lm, text: str, question: str) -> int:
     from masklab.context.document import segment
     from masklab.context.routers import load_router
 
-    router = load_router(cfg.router, lm, **({"path": cfg.router_file} if cfg.router_file else {}))
+    trained = {"progress": cfg.progress, **({"path": cfg.router_file} if cfg.router_file else {})}
+    router = load_router(cfg.router, lm, **(trained if cfg.router in ("evidence", "attention") else {}))
     doc = segment(text, lm.tokenizer, cfg.unit_tokens)
     query = f"\nQuestion: {question}\nAnswer:"
     window = int(getattr(lm.model.config, "max_position_embeddings", 2048))

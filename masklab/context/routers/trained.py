@@ -3,7 +3,8 @@
 Each model's pair ships in ``masklab/context/weights/<model>.safetensors`` (+ ``.json``
 meta: the command that trained it, its data, code hash and label cost);
 ``masklab train-router --model M`` rebuilds it. A document longer than one router pass
-(the model's window, at most :data:`WINDOW_TOKENS`) is scored window by window.
+(the model's window, at most :data:`WINDOW_TOKENS`) is scored window by window, one pass of
+the first layers per window (with ``progress``, a bar on standard error counts the windows).
 """
 
 from __future__ import annotations
@@ -35,14 +36,17 @@ def shipped_digest(model: str) -> str | None:
 
 class TrainedRouter(Router):
     """A :class:`~masklab.context.trained.LinearRouter` over the LM's first layers; ``path``:
-    a router file (no suffix) made by ``masklab train-router`` (default: the shipped one)."""
+    a router file (no suffix) made by ``masklab train-router`` (default: the shipped one).
+    ``progress``: a bar on standard error while a document of several windows is scored."""
 
     needs_model = True
     fill = True
     kind = ""
 
-    def __init__(self, lm=None, path: str | Path | None = None, routers: dict | None = None, meta: dict | None = None) -> None:
+    def __init__(self, lm=None, path: str | Path | None = None, routers: dict | None = None, meta: dict | None = None,
+                 progress: bool = False) -> None:
         super().__init__(lm)
+        self.progress = progress
         if routers is None:
             where = Path(path) if path is not None else shipped(lm.name)
             if path is None and not where.with_suffix(".json").is_file():
@@ -74,11 +78,20 @@ class TrainedRouter(Router):
 
     def score(self, doc, question):
         wins = self.windows(doc.lengths(self.tokenizer), question)
-        parts = [self.router.score(features(self.lm, doc.units[w.start:w.stop], question, self.layers,
-                                            **({"kind": self.feature_set} if self.feature_set else {})))
-                 for w in wins]
+        kind = {"kind": self.feature_set} if self.feature_set else {}
+        parts = [self.router.score(features(self.lm, doc.units[w.start:w.stop], question, self.layers, **kind))
+                 for w in self._bar(wins)]
         self.last_windows = len(wins)
         return torch.cat(parts)
+
+    def _bar(self, wins: list[range]):
+        if not self.progress or len(wins) < 2:  # one window: one pass, nothing to count
+            return wins
+        import sys
+
+        from tqdm import tqdm
+
+        return tqdm(wins, desc=f"{self.kind} router", unit="window", file=sys.stderr)
 
 
 @ROUTERS.register("evidence")
