@@ -30,7 +30,11 @@ class CompressConfig:
     router: str = flag("bm25", help="lexical, bm25, evidence, attention, or a kvpress press (snapkv, ...: only "
                        "with --answer); `masklab compress --list-routers` lists them")
     router_file: str | None = flag(None, metavar="PATH", help="evidence/attention: a router file made by `masklab "
-                                   "train-router` (OUT/MODEL, without suffix) instead of the one masklab ships")
+                                   "train-router` (the OUT/NAME.safetensors it prints) instead of the one masklab ships")
+    router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router, else smollm2-135m's",
+                                    help="evidence/attention: the packaged model (or model directory with a "
+                                    "--router-file) whose first layers and router rank the units; --model still "
+                                    "answers and counts the budget's tokens")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
                       "scores them as not evidence (--no-fill: stop at its decision boundary)")
     unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: longer sentences and text without sentence "
@@ -91,6 +95,8 @@ def check(cfg: CompressConfig) -> None:
     ROUTERS[cfg.router]  # noqa: B018  (unknown router: one clear error)
     if cfg.router_file and cfg.router not in ("evidence", "attention"):
         raise MasklabError("--router-file is for the trained routers (--router evidence or attention)")
+    if cfg.router_model and cfg.router not in ("evidence", "attention"):
+        raise MasklabError("--router-model is for the trained routers (--router evidence or attention)")
     if cfg.router in press_names() and not cfg.answer:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")
     if cfg.html and not Path(cfg.html).expanduser().resolve().parent.is_dir():
@@ -120,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
     check_prompt_format(cfg.prompt_format)
     dev = devices.resolve(args.device)  # one clear error for --device cuda without a GPU, before reading
     text = read_text(cfg.context, cfg.encoding, cfg.max_context_bytes)
-    check_models([cfg.model])
+    check_models([cfg.model] + ([cfg.router_model] if cfg.router_model else []))
     question = check_question(cfg.question)
     lm = load(cfg.model, threads=cfg.threads, prompt_format=cfg.prompt_format, device=dev)
     with devices.autocast(dev, args.precision):
@@ -133,7 +139,8 @@ def compress(cfg: CompressConfig, lm, text: str, question: str) -> int:
     from masklab.context.document import segment
     from masklab.context.routers import load_router
 
-    trained = {"progress": cfg.progress, **({"path": cfg.router_file} if cfg.router_file else {})}
+    trained = {"progress": cfg.progress, "router_model": cfg.router_model,
+               **({"path": cfg.router_file} if cfg.router_file else {})}
     router = load_router(cfg.router, lm, **(trained if cfg.router in ("evidence", "attention") else {}))
     doc = segment(text, lm.tokenizer, cfg.unit_tokens)
     query = f"\nQuestion: {question}\nAnswer:"
@@ -143,7 +150,7 @@ def compress(cfg: CompressConfig, lm, text: str, question: str) -> int:
     total = sum(lengths)
     out: dict = {"model": lm.name, "question": question, "router": cfg.router, "keep": cfg.keep,
                  "context_tokens": total, "model_window": window}
-    notes = []
+    notes = list(router.notes)  # which model ranked, a router fitted on few examples
     if cfg.compare_full and total + overhead > window:
         raise MasklabError(f"the whole document is {total} tokens and {lm.name} reads {window} at once: "
                            "--compare-full cannot answer from it (drop --compare-full)")
