@@ -60,16 +60,18 @@ FUSIONS = ("z", "rrf", "rerank")
 
 
 class Fused(Router):
-    """BM25 plus a trained router (module docstring); ``path``: a trained router file."""
+    """BM25 plus a trained router (module docstring); ``path``: a trained router file;
+    ``trained``: the trained router's other options (``progress``, ``router_model``)."""
 
     needs_model = True
     fill = True
     trained_cls: type = EvidenceRouter
 
-    def __init__(self, lm=None, path=None, how: str = HOW, weight: float = WEIGHT) -> None:
+    def __init__(self, lm=None, path=None, how: str = HOW, weight: float = WEIGHT, **trained) -> None:
         super().__init__(lm)
         self.bm25 = BM25(lm)
-        self.trained = self.trained_cls(lm, path=path)
+        self.trained = self.trained_cls(lm, path=path, **trained)  # progress=, router_model=
+        self.notes = self.trained.notes
         self.how, self.weight = how, weight
 
     def score(self, doc, question):
