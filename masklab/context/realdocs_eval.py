@@ -357,7 +357,9 @@ def run(cfg: RealDocsConfig) -> int:
     reads = len(_jsonl(out / "reads.jsonl"))
     res = {"command": cfg.command, "model": lm.name, "router_model": stamp["router_model"], "split": cfg.split,
            "benchmark": stamp["benchmark"],
-           "weights": stamp["weights"], "code": sorted({r["stamp"]["code"] for r in rows}), "config": asdict(cfg), "test_reads": reads,
+           "weights": stamp["weights"], "code": sorted({r["stamp"]["code"] for r in rows}),
+           "questions": {"n": len(rows), "documents": len({r["doc"] for r in rows}),
+                         **{k: sum(r["kind"] == k for r in rows) for k in realdocs.KINDS}}, "config": asdict(cfg), "test_reads": reads,
            "device": devices.describe(lm.model.device, cfg.precision),
            "seconds": {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0},
            "summary": summarise(rows, cfg.routers, cfg.keep), "rows": rows}
