@@ -37,7 +37,7 @@ def main() -> int:
         best = choose(grid)
         for g in grid:
             name = g["how"] if g["how"] in ("bm25", trained) else f"{g['how']} {g['weight']:g}"
-            summary.append({"task": f"val, bm25 with {trained}", "method": name, "n": sum(len(r) for r in runs.values()),
+            summary.append({"task": f"val-bm25-{trained}", "method": name, "n": sum(len(r) for r in runs.values()),
                             "chosen": g is best, **{k: v for k, v in g.items() if k not in ("how", "weight")},
                             "how": g["how"], "weight": g["weight"]})
     out = {"command": "python scripts/choose_fusion.py", "rule": choose.__doc__.split("\n\n")[0].replace("\n", " "),

@@ -163,7 +163,8 @@ def list_routers() -> None:
             what += "; rewrites the text (one document only)"
         elif name == "oracle-gold":
             what += "; generated tasks only (needs their gold units), not your documents"
-        print(f"{name:<26}{what}")
+        use = getattr(cls, "use", "")
+        print(f"{name:<26}{what}" + (f"\n{'':<26}for: {use}" if use else ""))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -81,6 +81,7 @@ class Router:
     needs_model = False
     fill = True
     keeps_units = True  # False: it rewrites the text or prunes the model's cache (no units to select)
+    use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
 
     def __init__(self, lm=None) -> None:
         if self.needs_model and lm is None:

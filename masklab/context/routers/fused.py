@@ -84,11 +84,16 @@ class Fused(Router):
 class BM25Evidence(Fused):
     """BM25 proposes, the evidence router re-ranks (module docstring)."""
 
+    use = ("real documents where facts are restated or need two sentences (docs/context.md: above bm25 as "
+           "measured, not decided); costs one pass of the model's first layers")
+
     trained_cls = EvidenceRouter
 
 
 @ROUTERS.register("bm25+attention")
 class BM25Attention(Fused):
     """The control: BM25 with the attention-label router, combined the same way."""
+
+    use = "a research control: bm25+evidence with the attention-label router"
 
     trained_cls = AttentionRouter
