@@ -6,12 +6,25 @@ additive bias terms: learnable mask priors (:class:`MaskPrior`, ``logsigmoid(M)`
 causal and keep/padding masks (:func:`causal_bias`, :func:`key_bias`).
 """
 
-from masklab.attention import MLP, Attention, Block
-from masklab.bias import ALiBi, MaskPrior, RecencyPrior, RelativePrior, causal_bias, key_bias
-from masklab.qk_init import QK_INITS
-from masklab.errors import MasklabError
-from masklab.runner import Checkpoint, RunSpec, run_study
-from masklab.structures import DESIGNS, allowed_mass, design_structure
+import importlib
+
+# Names resolve on first use (PEP 562), so `import masklab` (and so `masklab --help`, or a
+# Ctrl-C at start-up) does not wait for torch.
+_WHERE = {
+    "MLP": "attention", "Attention": "attention", "Block": "attention",
+    "ALiBi": "bias", "MaskPrior": "bias", "RecencyPrior": "bias", "RelativePrior": "bias",
+    "causal_bias": "bias", "key_bias": "bias",
+    "QK_INITS": "qk_init", "MasklabError": "errors",
+    "Checkpoint": "runner", "RunSpec": "runner", "run_study": "runner",
+    "DESIGNS": "structures", "allowed_mass": "structures", "design_structure": "structures",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"masklab.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'masklab' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 __all__ = [

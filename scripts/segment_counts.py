@@ -1,15 +1,16 @@
 """Units of ``segment`` on real documents, before and after a change: a Markdown table.
 
-    PYTHONPATH=. python scripts/segment_counts.py [--before main]
+    python scripts/segment_counts.py --before f6c0646 --json results/segment-counts/results.json
 
-For each document every Debian/Python machine has (the Apache-2.0, GPL-3 and MPL-2.0
-texts in /usr/share/common-licenses, the base-files and man-db FAQs, ``man xargs`` and
-``man gzip`` rendered at 80 columns, zstd's README and Python's pydoc topics "try" and
-"import"), it counts the units ``masklab.context.document.segment`` makes (no tokenizer:
+For each document of the real-document benchmark (``masklab/data/realdocs/docs``: licences,
+FAQs, release notes, changelogs, man pages, Python's docs and READMEs, copied from files every
+Debian/Python machine has), it counts the units ``masklab.context.document.segment`` makes (no tokenizer:
 words and punctuation marks are the tokens) and the *labels* among them: units of at most
 3 tokens that are only a number, a list or FAQ marker, or a heading (:func:`is_label`),
 with the ``segment`` of git revision ``--before`` (its masklab/context/document.py) and
-with this checkout's. A document that is missing here is left out.
+with this checkout's. ``--json`` also writes the counts (one summary row per document and
+way, ``task`` = document, ``method`` = before/after, and the totals as task ``all``), which
+docs/context.md quotes.
 """
 
 from __future__ import annotations
@@ -44,45 +45,11 @@ def is_label(unit: str) -> bool:
     return bool(_MARKERS_ONLY.fullmatch(unit)) or not _SENTENCE.fullmatch(unit)
 
 
-def _man(page: str) -> str | None:
-    try:
-        man = subprocess.run(["man", page], capture_output=True, text=True, env={**os.environ, "MANWIDTH": "80"}, check=True)
-        return subprocess.run(["col", "-bx"], input=man.stdout, capture_output=True, text=True, check=True).stdout or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def _file(path: str) -> str | None:
-    p = Path(path)
-    if not p.is_file():
-        return None
-    data = p.read_bytes()
-    return (gzip.decompress(data) if p.suffix == ".gz" else data).decode("utf-8")
-
-
-def _pydoc(topic: str) -> str | None:
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:
-        return None
-    return topics.get(topic)
-
-
 def documents() -> dict[str, str]:
-    """Name -> text of each document present on this machine."""
-    found = {
-        "Apache-2.0": _file("/usr/share/common-licenses/Apache-2.0"),
-        "GPL-3": _file("/usr/share/common-licenses/GPL-3"),
-        "MPL-2.0": _file("/usr/share/common-licenses/MPL-2.0"),
-        "base-files FAQ": _file("/usr/share/doc/base-files/FAQ"),
-        "man-db FAQ": _file("/usr/share/doc/man-db/FAQ"),
-        "man xargs": _man("xargs"),
-        "man gzip": _man("gzip"),
-        "zstd README": _file("/usr/share/doc/zstd/README.md.gz"),
-        "pydoc try": _pydoc("try"),
-        "pydoc import": _pydoc("import"),
-    }
-    return {k: v for k, v in found.items() if v and v.strip()}
+    """Name -> text of each document of the real-document benchmark."""
+    from masklab.tasks.realdocs import ROOT as BENCH
+
+    return {p.stem: p.read_text(encoding="utf-8") for p in sorted((BENCH / "docs").glob("*.txt"))}
 
 
 def segment_at(rev: str):
@@ -104,19 +71,42 @@ def segment_at(rev: str):
     return mod.segment
 
 
-def table(before, docs: dict[str, str]) -> str:
-    rows = ["| document | units before | labels before | units after | labels after |", "|---|---:|---:|---:|---:|"]
+def counts(before, docs: dict[str, str]) -> list[dict]:
+    """Summary rows: units and labels per document, before and after, and their totals."""
+    rows = []
     for name, text in docs.items():
-        old, new = before(text).units, segment(text).units
-        rows.append(f"| {name} | {len(old)} | {sum(map(is_label, old))} | {len(new)} | {sum(map(is_label, new))} |")
-    return "\n".join(rows)
+        for way, seg in (("before", before), ("after", segment)):
+            units = seg(text).units
+            rows.append({"task": name, "method": way, "units": len(units), "labels": sum(map(is_label, units))})
+    for way in ("before", "after"):
+        mine = [r for r in rows if r["method"] == way]
+        rows.append({"task": "all", "method": way, "units": sum(r["units"] for r in mine),
+                     "labels": sum(r["labels"] for r in mine)})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| document | units before | labels before | units after | labels after |", "|---|---:|---:|---:|---:|"]
+    by = {(r["task"], r["method"]): r for r in rows}
+    for name in dict.fromkeys(r["task"] for r in rows):
+        b, a = by[(name, "before")], by[(name, "after")]
+        out.append(f"| {name} | {b['units']} | {b['labels']} | {a['units']} | {a['labels']} |")
+    return "\n".join(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default="main", help="git revision whose segment gives the 'before' columns (default: main)")
+    ap.add_argument("--json", metavar="FILE", help="also write the counts as a results file")
     a = ap.parse_args()
-    print(table(segment_at(a.before), documents()))
+    rows = counts(segment_at(a.before), documents())
+    print(table(rows))
+    if a.json:
+        import json
+
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        cmd = f"python scripts/segment_counts.py --before {a.before} --json {a.json}"
+        Path(a.json).write_text(json.dumps({"command": cmd, "before": a.before, "summary": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

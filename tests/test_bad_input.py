@@ -412,11 +412,13 @@ def test_help_lists_the_commands_for_your_documents_first(capsys):
 
 def test_list_routers_says_what_each_router_reads_and_needs(capsys):
     assert cli.main(["compress", "--list-routers"]) == 0
-    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines()}
     assert "reads no model" in lines["bm25"] and "reads no model" in lines["lexical"]
     assert "reads the model" in lines["evidence"] and "--answer" not in lines["evidence"]
     assert "reads the model" in lines["snapkv"] and "needs --answer" in lines["snapkv"] and "needs --answer" in lines["finch"]
     assert "generated tasks only" in lines["oracle-gold"] and "one document only" in lines["longllmlingua"]
+    assert "for: the default, for any document" in out and "for: real documents where facts are restated" in out
 
 
 def test_ctrl_c_while_the_command_imports_is_one_line_and_130(monkeypatch, capsys):

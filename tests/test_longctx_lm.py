@@ -97,6 +97,10 @@ def test_study_rejects_bad_input(tmp_path):
         run(Config(routers=["evidence", "nope"]), tmp_path)
     with pytest.raises(MasklabError, match="unknown press"):
         run(Config(compare=["snapkv", "h2o"]), tmp_path)
+    with pytest.raises(MasklabError, match="--router-model ranks with a shipped router"):
+        run(Config(router_model="smollm2-135m"), tmp_path)  # routers trained here
+    with pytest.raises(MasklabError, match="unknown model"):
+        run(Config(router_model="nope", router_source="shipped"), tmp_path)
 
 
 def test_a_run_is_named_by_the_routers_it_uses(monkeypatch, tmp_path):
@@ -119,6 +123,15 @@ def test_a_run_is_named_by_the_routers_it_uses(monkeypatch, tmp_path):
     assert here["stale@512"]["task_set"] == ["multikey", "stale"] and "shipped_router" not in here["stale@512"]
     words = {s.task: s.params for s in specs_for(Config(**{**shipped.__dict__, "routers": ["lexical"]}))}
     assert not {"task_set", "shipped_router"} & set(words["stale@512"])
+    # --router-model: the ranking model's weights name the run; without it the settings are as before it existed
+    (tmp_path / "gemma3-270m.safetensors").write_bytes(b"gemma weights")
+    gemma = Config(**{**shipped.__dict__, "models": ["gemma3-270m"]})
+    own = {s.task: s.params for s in specs_for(gemma)}["stale@512"]
+    ranked = {s.task: s.params for s in specs_for(Config(**{**gemma.__dict__, "router_model": "smollm2-135m"}))}["stale@512"]
+    assert "router_model" not in own and ranked["router_model"] == "smollm2-135m"
+    assert own["shipped_router"] != ranked["shipped_router"] == again["stale@512"]["shipped_router"]
+    folder = {s.task: s.params for s in specs_for(Config(**{**shipped.__dict__, "models": [str(tmp_path)]}))}
+    assert folder["stale@512"]["shipped_router"] == again["stale@512"]["shipped_router"]  # no router of its own: SmolLM2's
 
 
 @pytest.mark.slow

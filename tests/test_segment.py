@@ -307,3 +307,15 @@ def test_apache_license_from_the_system():
     i = doc.units.index(unit_with(doc, "6. Trademarks."))
     assert doc.units[i + 1].startswith("7. Disclaimer of Warranty.")
     assert doc.text_of([i, i + 1]) == text[doc.spans[i][0]:doc.spans[i + 1][1]]  # neighbours keep their source text
+
+
+def test_a_short_lower_case_tail_cut_after_a_quotation_ends_its_sentence():
+    item = ("- Bug fixes. In particular: a speed improvement when the --enable-assert\n"
+            "  or --enable-assert=full configure option is used with GCC; mpfr_get_str\n"
+            "  now sets the NaN flag on NaN input and the inexact flag when the conversion\n"
+            "  is inexact. For a full list, see https://www.mpfr.org/mpfr-3.1.6/#fixed\n"
+            "  and the same section for any previous 3.1.x version (follow the links\n"
+            '  in the "Changes..." sections).\n')
+    units = segment(item + "- Microsoft Windows: Added support for thread-safe DLL (shared library).\n").units
+    assert not any(u.strip() == "sections)." for u in units)
+    assert any(u.endswith('"Changes..." sections).') for u in units)

@@ -23,6 +23,7 @@ from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.inputs import MAX_CONTEXT_BYTES, check_question, read_passages
 
+TRAINED = ("evidence", "attention", "bm25+evidence", "bm25+attention")  # routers that read a trained router file
 ANSWER_ROOM = 16  # tokens kept free for the chat turns around the question
 LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole document says so on stderr first
 
@@ -39,7 +40,11 @@ class CompressConfig:
     router: str = flag("bm25", help="lexical, bm25, evidence, attention, or a kvpress press (snapkv, ...: only "
                        "with --answer); `masklab compress --list-routers` lists them")
     router_file: str | None = flag(None, metavar="PATH", help="evidence/attention: a router file made by `masklab "
-                                   "train-router` (OUT/MODEL, without suffix) instead of the one masklab ships")
+                                   "train-router` (the OUT/NAME.safetensors it prints) instead of the one masklab ships")
+    router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router, else smollm2-135m's",
+                                    help="evidence/attention: the packaged model (or model directory with a "
+                                    "--router-file) whose first layers and router rank the units; --model still "
+                                    "answers and counts the budget's tokens")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
                       "scores them as not evidence (--no-fill: stop at its decision boundary)")
     unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: list items, tables and code stay whole up to "
@@ -55,6 +60,8 @@ class CompressConfig:
     html: str | None = flag(None, metavar="FILE", help="also write a page showing the document with the kept "
                             "units highlighted and every unit's score")
     threads: int = flag(1, min=1, help="torch threads")
+    progress: bool = flag(True, help="a progress bar on standard error while a trained router reads a long document "
+                          "window by window")
 
 
 def add_parser(sub) -> None:
@@ -104,8 +111,10 @@ def check(cfg: CompressConfig) -> None:
     if cfg.router == "oracle-gold":
         raise MasklabError("oracle-gold keeps the gold units of a generated task (an evaluation reference); "
                            "your document has none: use bm25, lexical, evidence or attention")
-    if cfg.router_file and cfg.router not in ("evidence", "attention"):
-        raise MasklabError("--router-file is for the trained routers (--router evidence or attention)")
+    if cfg.router_file and cfg.router not in TRAINED:
+        raise MasklabError(f"--router-file is for the trained routers (--router {', '.join(TRAINED)})")
+    if cfg.router_model and cfg.router not in TRAINED:
+        raise MasklabError(f"--router-model is for the trained routers (--router {', '.join(TRAINED)})")
     if cfg.router in press_names() and not cfg.answer:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")
     if cfg.html and not Path(cfg.html).expanduser().resolve().parent.is_dir():
@@ -154,7 +163,8 @@ def list_routers() -> None:
             what += "; rewrites the text (one document only)"
         elif name == "oracle-gold":
             what += "; generated tasks only (needs their gold units), not your documents"
-        print(f"{name:<26}{what}")
+        use = getattr(cls, "use", "")
+        print(f"{name:<26}{what}" + (f"\n{'':<26}for: {use}" if use else ""))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -171,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
     texts, several = read_passages(cfg.context, cfg.encoding, cfg.max_context_bytes)
     if several:
         check_passages(cfg)
-    check_models([cfg.model])
+    check_models([cfg.model] + ([cfg.router_model] if cfg.router_model else []))
     question = check_question(cfg.question)
     lm = load(cfg.model, threads=cfg.threads, prompt_format=cfg.prompt_format, device=dev)
     with devices.autocast(dev, args.precision):
@@ -194,7 +204,9 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
     from masklab.context.document import segment
     from masklab.context.routers import load_router
 
-    router = load_router(cfg.router, lm, **({"path": cfg.router_file} if cfg.router_file else {}))
+    trained = {"progress": cfg.progress, "router_model": cfg.router_model,
+               **({"path": cfg.router_file} if cfg.router_file else {})}
+    router = load_router(cfg.router, lm, **(trained if cfg.router in TRAINED else {}))
     query, window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
     if isinstance(text, list):
         return compress_passages_cli(cfg, lm, router, text, question, query, window, overhead)
@@ -203,7 +215,7 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
     total = sum(lengths)
     out: dict = {"model": lm.name, "question": question, "router": cfg.router, "keep": cfg.keep,
                  "target_tokens": cfg.target_tokens, "context_tokens": total, "model_window": window}
-    notes: list[str] = []
+    notes = list(router.notes)  # which model ranked, a router fitted on few examples
     if cfg.compare_full and total + overhead > window:
         raise MasklabError(f"the whole document is {total} tokens and {lm.name} reads {window} at once: "
                            "--compare-full cannot answer from it (drop --compare-full)")

@@ -221,7 +221,8 @@ def _paragraphs(text: str) -> list[tuple[int, int]]:
 def _sentences(text: str, a: int, b: int, tokenizer, unit_tokens: int) -> list[tuple[int, int]]:
     """Prose ``text[a:b]`` as Bling Fire sentences that cover it, a sentence that is only
     markers ("2.", "Q.") joined to the next one (with a short title after a number, "2. Grant
-    of Copyright License.", to the one after it), punctuation alone to the previous one, and
+    of Copyright License.", to the one after it), punctuation alone or a lower-case tail of
+    at most 3 tokens (cut off after a quotation) to the previous one, and
     any piece longer than ``unit_tokens`` cut by :func:`_split_long`."""
     import blingfire
 
@@ -235,8 +236,8 @@ def _sentences(text: str, a: int, b: int, tokenizer, unit_tokens: int) -> list[t
         if carry is not None:
             x, carry = carry, None
         s = text[x:y]
-        if out and not re.search(r"\w", s):
-            out[-1][1] = y  # "]" or "..." alone: the end of the sentence before
+        if out and (not re.search(r"\w", s) or (re.match(r"\s*[a-z]", s) and len(word_offsets(s)) <= 3)):
+            out[-1][1] = y  # "]", "..." or a short lower-case tail ("sections).") ends the sentence before
             continue
         last = i == len(pieces) - 1
         m = _NUMBERED.fullmatch(s.strip())

@@ -50,12 +50,17 @@ def float_list(text: str) -> list[float]:
 class RealDocsConfig:
     model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory: it "
                       "answers, counts tokens and (for trained routers) routes")
+    router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router",
+                                    help="the packaged model whose first layers and router rank the units for the "
+                                    "trained routers (--model still answers and counts the tokens)")
     split: str = flag("val", choices=["val", "test"], help="val (choose methods) or test (report; every run is "
                       "logged in OUT/reads.jsonl)")
     routers: list[str] = flag(factory=lambda: list(ROUTERS[:6]), parse=str_list, help="comma-separated routers "
                               "(`masklab compress --list-routers`)")
     keep: list[float] = flag(factory=lambda: [0.1, 0.25], parse=float_list, above=0, max=1,
                              help="kept fractions of the document's tokens")
+    questions: int = flag(0, min=0, help="measure only this many questions (0: every one), taken in turn from each "
+                          "document of the split so every document is in (for slow routers such as longllmlingua)")
     answers: bool = flag(False, help="also answer from the kept text and from the whole document (slow)")
     max_new_tokens: int = flag(24, min=1, help="longest answer in tokens (answers stop at their first sentence)")
     out: str = flag("runs/realdocs", metavar="DIR", help="output directory")
@@ -269,12 +274,28 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def weights_digest(lm, names: list[str]) -> str:
-    """What names the routers' weights: the shipped trained routers' digest (or none)."""
+def weights_digest(name: str, routers: list[str]) -> str:
+    """What names the routers' weights: the digest of the trained routers shipped for model
+    ``name`` (or none)."""
+    from masklab.context.cli import TRAINED
     from masklab.context.routers.trained import shipped_digest
 
-    trained = any(n in ("evidence", "attention") or "+" in n for n in names)
-    return (shipped_digest(lm.name) or "none") if trained else "none"
+    return (shipped_digest(name) or "none") if set(routers) & set(TRAINED) else "none"
+
+
+def _stamp_of(row: dict) -> dict:
+    """A row's stamp (rows made before ``--router-model`` were ranked by their own model)."""
+    st = row.get("stamp", {})
+    return {"router_model": st.get("model"), **st}
+
+
+def in_turn(questions: list) -> list:
+    """The questions reordered as the first of each document, then the second of each, ..."""
+    by_doc: dict[str, list] = {}
+    for q in questions:
+        by_doc.setdefault(q.doc, []).append(q)
+    depth = max(len(v) for v in by_doc.values())
+    return [v[i] for i in range(depth) for v in by_doc.values() if i < len(v)]
 
 
 def run(cfg: RealDocsConfig) -> int:
@@ -291,27 +312,33 @@ def run(cfg: RealDocsConfig) -> int:
     for name in cfg.routers:
         REGISTRY[name]  # an unknown name: one clear error before the model loads
     dev = devices.resolve(cfg.device)
-    check_models([cfg.model])
+    check_models([cfg.model] + ([cfg.router_model] if cfg.router_model else []))
     questions = realdocs.load(cfg.split)
+    if cfg.questions:
+        questions = in_turn(questions)[:cfg.questions]
     out = Path(cfg.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
     lm = load(cfg.model, threads=cfg.threads, device=dev)
-    routers = {n: load_router(n, lm) for n in cfg.routers}
-    stamp = {"benchmark": realdocs.digest(), "model": lm.name, "weights": weights_digest(lm, cfg.routers),
+    from masklab.context.cli import TRAINED
+
+    reader = {"router_model": cfg.router_model} if cfg.router_model else {}
+    routers = {n: load_router(n, lm, **(reader if n in TRAINED else {})) for n in cfg.routers}
+    stamp = {"benchmark": realdocs.digest(), "model": lm.name, "router_model": cfg.router_model or lm.name,
+             "weights": weights_digest(cfg.router_model or lm.name, cfg.routers),
              "answers": cfg.answers, "keep": cfg.keep, "max_new_tokens": cfg.max_new_tokens}
     code = code_hash("masklab.context.realdocs_eval")  # recorded per row; resume keys on the stamp
     path = out / f"rows_{cfg.split}.jsonl"
     done = {r["id"]: r for r in _jsonl(path)
-            if {k: r.get("stamp", {}).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)}
-    if cfg.split == "test":
+            if {k: _stamp_of(r).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)}
+    todo = [q for q in questions if q.id not in done]
+    if cfg.split == "test" and todo:  # a new measurement on the test split, not a re-summary
         with open(out / "reads.jsonl", "a") as f:
             f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": lm.name, "routers": cfg.routers,
                                 "weights": stamp["weights"], "benchmark": stamp["benchmark"],
-                                "answers": cfg.answers}) + "\n")
-    todo = [q for q in questions if q.id not in done]
+                                "answers": cfg.answers, "questions": len(todo)}) + "\n")
     docs: dict = {}
     it = todo
     if cfg.progress and todo:
@@ -328,8 +355,11 @@ def run(cfg: RealDocsConfig) -> int:
             done[q.id] = row
     rows = [done[q.id] for q in questions]
     reads = len(_jsonl(out / "reads.jsonl"))
-    res = {"command": cfg.command, "model": lm.name, "split": cfg.split, "benchmark": stamp["benchmark"],
-           "weights": stamp["weights"], "code": sorted({r["stamp"]["code"] for r in rows}), "config": asdict(cfg), "test_reads": reads,
+    res = {"command": cfg.command, "model": lm.name, "router_model": stamp["router_model"], "split": cfg.split,
+           "benchmark": stamp["benchmark"],
+           "weights": stamp["weights"], "code": sorted({r["stamp"]["code"] for r in rows}),
+           "questions": {"n": len(rows), "documents": len({r["doc"] for r in rows}),
+                         **{k: sum(r["kind"] == k for r in rows) for k in realdocs.KINDS}}, "config": asdict(cfg), "test_reads": reads,
            "device": devices.describe(lm.model.device, cfg.precision),
            "seconds": {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0},
            "summary": summarise(rows, cfg.routers, cfg.keep), "rows": rows}

@@ -81,11 +81,13 @@ class Router:
     needs_model = False
     fill = True
     keeps_units = True  # False: it rewrites the text or prunes the model's cache (no units to select)
+    use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
 
     def __init__(self, lm=None) -> None:
         if self.needs_model and lm is None:
             raise MasklabError(f"the {self.name} router reads a language model: give one (--model / model=...)")
         self.lm = lm
+        self.notes: list[str] = []  # what a user should know about this router's choices (Pruned.notes)
 
     @property
     def tokenizer(self):
@@ -109,7 +111,8 @@ class Router:
                                f"for {len(doc.units)} units; expected ({len(doc.units)},)")
         kept = select(scores, lengths, keep, fill=self.fill if fill is None else fill, limit=limit)
         seconds = time.perf_counter() - t0
-        return Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name)
+        return Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name,
+                      list(self.notes))
 
     def prune(self, text: str | Document, question: str, keep: float = 0.25, fill: bool | None = None,
               unit_tokens: int = UNIT_TOKENS, limit: int | None = None) -> Pruned:

@@ -10,8 +10,13 @@
    with more ``--examples`` labels only the new ones, and an example whose text changed
    (its digest, :attr:`~masklab.tasks.families.FamilyExample.digest`) is labelled again;
    the routers are refitted whenever the labels differ from those they were fitted on.
+   The first example labelled prices the rest (:func:`cost_estimate`, on standard error).
 2. **Fit**: the evidence and the attention router (same features, data and model class)
-   into ``OUT/<model>.safetensors`` + ``.json`` (the command, data, code hash, label cost).
+   into ``OUT/<name>.safetensors`` + ``.json`` (the command, data, code hash, label cost;
+   ``<name>``: :func:`masklab.context.trained.router_stem`, a model folder's own name). Fewer
+   than :data:`MIN_LABELLED` rightly answered examples is one error (label more, or rank
+   with a packaged router: ``--router-model``); fewer than ``FEW_LABELLED`` fits, with a
+   ``warning`` in the JSON that the router repeats as a note wherever it is loaded.
 3. **Held-out evaluation** (``--eval``): on the ``--eval-split`` families (``val`` to choose
    features, ``test`` to report), at each ``--eval-lengths``, ``--eval-examples`` per task
    kind: whether each router keeps every answering unit at ``--keep`` (``gold_kept``), and
@@ -44,6 +49,7 @@ from masklab.files import atomic_write_text
 from masklab.flags import flag, int_list, str_list
 
 EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
+MIN_LABELLED = 20  # fewer rightly answered training examples: no router is fitted (--quick: 2)
 
 
 @dataclass
@@ -133,15 +139,35 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
               "generator changed): labelling them again", file=sys.stderr)
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in fresh))
     done = {key(r) for r in fresh}
+    todo = sum(k not in done for k in want)
     for k, ex in _bar(list(want.items()), cfg.progress, f"labels {lm.name}"):
         if k in done:
             continue
         lab = make_labels(lm, ex, ex.query, accept=ex.correct, max_new_tokens=cfg.max_new_tokens)
+        if todo:  # the first example labelled here prices the rest
+            print(cost_estimate(todo, lab), file=sys.stderr, flush=True)
+            todo = 0
         _append(path, {"kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
                        "wording": ex.wording, "example": ex.digest, "gold": ex.gold, "answer": lab["answer"],
                        "correct": lab["correct"], "evidence": lab["evidence"], "attention": lab["attention"],
                        "passes": lab["passes"], "seconds": lab["seconds"], "tokens": ex.n_tokens})
     return [r for r in _jsonl(path) if key(r) in want]
+
+
+def cost_estimate(examples: int, first: dict) -> str:
+    """One line: ``examples`` x passes per example x seconds per pass, from the ``first``
+    example's labels (:func:`masklab.context.trained.make_labels`); a first example answered
+    wrongly (one pass) is priced at the shipped router's passes per labelled example."""
+    from masklab.context.routers.trained import DEFAULT_ROUTER_MODEL, shipped
+    from masklab.files import read_json
+
+    per_pass = first["seconds"] / max(1, first["passes"])
+    passes = first["passes"]
+    if not first["correct"]:
+        passes = read_json(shipped(DEFAULT_ROUTER_MODEL).with_suffix(".json"))["label_cost"]["passes_per_labelled"]
+    total = examples * passes * per_pass
+    return (f"labelling cost estimate: {examples} examples x {passes:.0f} passes x {per_pass:.2f} s per pass = "
+            f"about {total / 60:.0f} min (measured on the first example; a wrongly answered one costs one pass)")
 
 
 def labels_digest(rows: list[dict]) -> str:
@@ -160,23 +186,27 @@ def code_stamp() -> dict:
 
 
 def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = None) -> tuple[dict, dict]:
-    """Fit both routers on the labelled rows and save them as ``OUT/<model>``; the meta
-    records ``stamp`` (:func:`code_stamp` taken when training started; now if None)."""
-    from masklab.context.trained import LABELS, features, fit_routers, load_routers, save_routers
+    """Fit both routers on the labelled rows and save them as ``OUT/<name>``
+    (:func:`~masklab.context.trained.router_stem`); the meta records ``stamp``
+    (:func:`code_stamp` taken when training started; now if None)."""
+    from masklab.context.routers.trained import DEFAULT_ROUTER_MODEL, FEW_LABELLED
+    from masklab.context.trained import LABELS, features, fit_routers, load_routers, router_stem, save_routers
     from masklab.tasks.families import make_example
 
+    labelled = [r for r in rows if r["correct"]]
+    least = 2 if cfg.quick else MIN_LABELLED
+    if len(labelled) < least:
+        raise MasklabError(f"{lm.name} answered {len(labelled)} of {len(rows)} training examples rightly; a router needs "
+                           f"at least {least}: label more (--examples, now {cfg.examples} per kind), use a stronger "
+                           f"model, or rank with a packaged model's router (masklab compress --router-model "
+                           f"{DEFAULT_ROUTER_MODEL})")
     feats, labels = [], {k: [] for k in LABELS}
-    for r in rows:
-        if not r["correct"]:
-            continue
+    for r in labelled:
         ex = make_example(r["filler"], r["template"], r["wording"], r["kind"], cfg.length, r["seed"], lm.tokenizer)
         feats.append(features(lm, ex.units, ex.question, cfg.layers, kind=cfg.features))
         for k in LABELS:
             labels[k].append(r[k])
-    if len(feats) < 2:
-        raise MasklabError(f"{lm.name} answered {len(feats)} of {len(rows)} training examples rightly: too few to train a router")
     routers = fit_routers(feats, labels, seed=cfg.seed)
-    labelled = [r for r in rows if r["correct"]]
     meta = {"model": lm.name, "features": cfg.features, "layers": cfg.layers, "command": cfg.command,
             "data": {"families": "train split of masklab.tasks.families", "length": cfg.length, "examples": len(rows),
                      "labels": labels_digest(rows),
@@ -188,8 +218,11 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = 
             "evidence_matches_gold": sum(sorted(r["evidence"]) == sorted(r["gold"]) for r in labelled) / len(labelled),
             **(stamp or code_stamp()), "search": "group-testing",
             "device": devices.describe(lm.model.device, cfg.precision)}
-    save_routers(out / lm.name, routers, meta)
-    return load_routers(out / lm.name)
+    if len(labelled) < FEW_LABELLED:
+        meta["warning"] = (f"fitted on only {len(labelled)} labelled examples (fewer than {FEW_LABELLED}): "
+                           "its ranking may be poor")
+    save_routers(out / router_stem(lm.name), routers, meta)
+    return load_routers(out / router_stem(lm.name))
 
 
 def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict:
@@ -197,7 +230,7 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     from masklab.context.answer import generate_answer
     from masklab.context.routers import ROUTERS
     from masklab.context.select import select
-    from masklab.context.trained import features
+    from masklab.context.trained import features, router_stem
     from masklab.files import write_json
     from masklab.tasks.families import SPLITS, split_examples
 
@@ -207,7 +240,7 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     kinds = cfg.eval_kinds or SPLITS[cfg.eval_split]["kind"]
     tag = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
     path = out / f"eval_rows_{tag}.jsonl"
-    weights = hashlib.sha256((out / f"{lm.name}.safetensors").read_bytes()).hexdigest()[:12]
+    weights = hashlib.sha256((out / f"{router_stem(lm.name)}.safetensors").read_bytes()).hexdigest()[:12]
     done = {(r["length"], r["kind"], r["seed"], r.get("example")) for r in _jsonl(path)
             if r.get("router") == weights}  # rows of these routers and this text only
     todo = [(n, ex) for n in cfg.eval_lengths
@@ -322,7 +355,7 @@ def markdown(res: dict) -> str:
 
 
 def run(cfg: TrainConfig) -> int:
-    from masklab.context.trained import load_routers
+    from masklab.context.trained import load_routers, router_stem
     from masklab.pretrained.models import check_models, load
 
     check(cfg)
@@ -339,14 +372,18 @@ def run(cfg: TrainConfig) -> int:
     t0 = time.perf_counter()
     with devices.autocast(dev, cfg.precision):
         rows = label(lm, cfg, out)
-        routers, meta = load_routers(out / lm.name) if (out / f"{lm.name}.safetensors").exists() else (None, {})
+        stem = out / router_stem(lm.name)
+        routers, meta = load_routers(stem) if stem.with_suffix(".safetensors").exists() else (None, {})
         if cfg.quick or (meta.get("features"), meta.get("layers"), meta.get("data", {}).get("labels"),
                          meta.get("data", {}).get("length")) != (cfg.features, cfg.layers, labels_digest(rows), cfg.length):
             routers, meta = fit(lm, cfg, rows, out, stamp)  # refit when the data or the recipe changed
         cost = meta["label_cost"]
-        print(f"routers: {out / lm.name}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "
+        print(f"routers: {stem}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "
               f"examples labelled; {cost['passes_per_labelled']:.1f} passes and {cost['seconds_per_labelled']:.1f} s per "
               f"labelled example; {time.perf_counter() - t0:.0f} s)")
+        if meta.get("warning"):
+            print(f"warning: this router was {meta['warning']}; label more with --examples", file=sys.stderr)
+        print(f"use them: masklab compress --model {cfg.model} --router evidence --router-file {stem}.safetensors ...")
         if cfg.eval:
             print(markdown(evaluate(lm, cfg, routers, meta, out)))
     return 0

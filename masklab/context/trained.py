@@ -340,6 +340,23 @@ def load_routers(path: Path) -> tuple[dict[str, LinearRouter], dict]:
     return {k: LinearRouter(*(t[f"{k}.{f}"] for f in ("weight", "bias", "mean", "std"))) for k in meta["kinds"]}, meta
 
 
+def router_stem(model: str) -> str:
+    """The file name (no suffix) of ``model``'s routers in a ``train-router`` folder: the
+    registered name, or a folder's or file's own name (letters, digits, ``-`` and ``_``
+    kept, so no dot reads as a suffix)."""
+    import re
+
+    return re.sub(r"[^\w-]+", "_", Path(model).expanduser().name) or "model"
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two ``--model`` values name the same model (one path written two ways too)."""
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
 # --------------------------------------------------------------------------- training
 TRAIN_SEED_BASE = 1_000_000  # training examples: make_examples(seed=TRAIN_SEED_BASE + seed), disjoint from tests
 

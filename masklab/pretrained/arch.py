@@ -160,15 +160,73 @@ def sliding_window_layers(model_or_config) -> list[int]:
     return [i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention"]
 
 
+LONG_ATTN = "masklab-causal"  # the first-layers pass's attention function (:func:`causal_attention`)
+
+
+def causal_attention(module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
+                     scaling: float | None = None, sliding_window: int | None = None, **kwargs):
+    """transformers attention function for one unpadded sequence read from its start (no
+    cache, no padding): causal SDPA without a materialised mask, so PyTorch can use its
+    fused kernels; a sliding layer (``sliding_window`` W, a key ``j`` visible to query
+    ``i`` when ``i - W < j <= i``) attends block by block, each block of W queries against
+    its 2W - 1 keys, so a long input costs ``O(T W)`` there, not ``O(T^2)``.
+
+    query: ``(B, H, T, d)``; key, value: ``(B, Hkv, T, d)``. Returns ``((B, T, H, d), None)``.
+    Registered as :data:`LONG_ATTN` without a mask builder, so transformers hands it no mask;
+    :func:`first_layers` engages it only for models on ``sdpa`` attention."""
+    import torch
+
+    if attention_mask is not None:
+        raise MasklabError("the first-layers pass reads one unpadded sequence; it got an attention mask")
+    T = query.shape[-2]
+    if key.shape[-2] != T:
+        raise MasklabError("the first-layers pass reads a sequence from its start, without a cache")
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped KV heads
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if not sliding_window or T <= sliding_window:
+        out = sdpa(query, key, value, is_causal=True, scale=scaling)
+    else:
+        W, parts = int(sliding_window), []
+        for s in range(0, T, W):
+            e, k0 = min(s + W, T), max(0, s - W + 1)
+            i = torch.arange(s, e, device=query.device)[:, None]
+            j = torch.arange(k0, e, device=query.device)[None, :]
+            parts.append(sdpa(query[..., s:e, :], key[..., k0:e, :], value[..., k0:e, :],
+                              attn_mask=(j <= i) & (j > i - W), scale=scaling))
+        out = torch.cat(parts, dim=-2)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _fast_pass(model: nn.Module) -> bool:
+    """Whether :func:`first_layers` may switch ``model`` to :func:`causal_attention`: on
+    ``sdpa`` (eager stays for soft-capped logits, a prior's ``masklab`` function stays),
+    causal (no bidirectional Gemma 3)."""
+    cfg = model.config
+    return (cfg._attn_implementation == "sdpa" and not getattr(cfg, "attn_logit_softcapping", None)
+            and not getattr(cfg, "use_bidirectional_attention", False))
+
+
 @contextlib.contextmanager
 def first_layers(model: nn.Module, k: int) -> Iterator[nn.Module]:
     """While the block runs, the base model (:func:`base_model`) has only its first ``k``
     decoder layers (its final norm still applies): ``base(input_ids=ids).last_hidden_state``
-    is then ``final_norm(state after layer k)``, ``(B, T, D)``. Yields the base model."""
+    is then ``final_norm(state after layer k)``, ``(B, T, D)``. Yields the base model.
+
+    A model on ``sdpa`` attention runs :func:`causal_attention` meanwhile (the same
+    attention, without the ``(T, T)`` masks transformers would build: linear in a sliding
+    layer's window), so the block must read unpadded sequences from their start."""
     a, base = arch_of(model), base_model(model)
     layers, n = decoder_layers(model), base.config.num_hidden_layers
     if not 1 <= k <= n:
         raise MasklabError(f"the router reads 1..{n} layers of this model, got {k}")
+    fast = _fast_pass(model)
+    if fast:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(LONG_ATTN, causal_attention)
+        model.set_attn_implementation(LONG_ATTN)
     setattr(base, a.layers, layers[:k])
     base.config.num_hidden_layers = k
     try:
@@ -176,3 +234,5 @@ def first_layers(model: nn.Module, k: int) -> Iterator[nn.Module]:
     finally:
         setattr(base, a.layers, layers)
         base.config.num_hidden_layers = n
+        if fast:
+            model.set_attn_implementation("sdpa")

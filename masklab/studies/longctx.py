@@ -76,6 +76,9 @@ class Config:
     router_source: str = flag("train", choices=["train", "shipped"],
                               help="the evidence and attention routers: trained here on --train-examples of the "
                               "test tasks (train), or the ones masklab ships, trained on other families (shipped)")
+    router_model: str | None = flag(None, metavar="MODEL", default_text="each --model's own, else smollm2-135m's",
+                                    help="with --router-source shipped: the packaged model whose first layers and "
+                                    "router rank the sentences (--model still answers)")
     compare: list[str] = flag(factory=lambda: ["snapkv", "tova", "knorm", "streaming", "expected-attention"],
                               parse=list_or_none,
                               help="kvpress presses at the same kept fraction (snapkv, tova, knorm, streaming, "
@@ -154,7 +157,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     trained = [r for r in p["routers"] if r in ROUTER_METHODS]
     routers = {r: load_router(r, lm) for r in p["routers"] if r not in ROUTER_METHODS}
     if trained and p.get("router_source", "train") == "shipped":
-        routers.update({kind: load_router(kind, lm) for kind in trained})
+        routers.update({kind: load_router(kind, lm, router_model=p.get("router_model")) for kind in trained})
         rmeta = routers[trained[0]].meta
     elif trained:
         import sys
@@ -266,9 +269,11 @@ def specs_for(cfg: Config) -> list[RunSpec]:
     """One run per (model, task, length, seed). Its settings name the trained routers it uses:
     routers trained here depend on the whole task set (``task_set``); shipped ones on their
     weights (``shipped_router``, a digest), so a run resumes only with the same routers."""
-    from masklab.context.routers.trained import shipped_digest
+    from masklab.context.routers.trained import DEFAULT_ROUTER_MODEL, shipped_digest
 
     base = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds", "tasks", "lengths")}
+    if cfg.router_model is None:
+        del base["router_model"]  # the settings of runs made before --router-model existed stay the same
     trained = any(r in ROUTER_METHODS for r in cfg.routers)
 
     def routers(model: str) -> dict:
@@ -276,7 +281,8 @@ def specs_for(cfg: Config) -> list[RunSpec]:
             return {}
         if cfg.router_source == "train":
             return {"task_set": list(cfg.tasks)}
-        return {"shipped_router": shipped_digest(model)}
+        ranker = cfg.router_model or (model if shipped_digest(model) else DEFAULT_ROUTER_MODEL)
+        return {"shipped_router": shipped_digest(ranker)}
 
     return [RunSpec(f"{t}@{n}", "all", s, {**base, "task": t, "length": n, **routers(m)}, model=m)
             for m in cfg.models for t in cfg.tasks for n in cfg.lengths for s in cfg.seeds]
@@ -367,6 +373,11 @@ def validate(cfg: Config) -> None:
     bad = [r for r in cfg.routers if r not in TEXT_ROUTERS]
     if bad:
         raise MasklabError(f"unknown router(s) {', '.join(bad)}: use {', '.join(TEXT_ROUTERS)} (or none)")
+    if cfg.router_model is not None:
+        if cfg.router_source != "shipped" or not any(r in ROUTER_METHODS for r in cfg.routers):
+            raise MasklabError("--router-model ranks with a shipped router: add --router-source shipped and "
+                               "--routers evidence or attention")
+        check_models([cfg.router_model])
     bad = [c for c in cfg.compare if c not in press_names()]
     if bad:
         raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(press_names())} (or none)")

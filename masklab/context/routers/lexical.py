@@ -24,5 +24,7 @@ def question_overlap(units: list[str], question: str) -> list[float]:
 class Lexical(Router):
     """Units ranked by how many of the question's words they contain (ties: the earlier unit)."""
 
+    use = "a baseline: the share of the question's words in each unit"
+
     def score(self, doc, question):
         return torch.tensor(question_overlap(doc.units, question), dtype=torch.float32)

@@ -83,6 +83,7 @@ class LongLLMLingua(Router):
 
     needs_model = True
     keeps_units = False
+    use = "the question-aware peer, for comparison: it rewrites the text token by token (slow on a CPU)"
 
     def __init__(self, lm=None) -> None:
         super().__init__(lm)
