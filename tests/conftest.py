@@ -217,12 +217,13 @@ def char_tokenizer(chat_template: str | None = None, chat_tokens: bool = True):
     return tok
 
 
-def save_tiny_folder(path, kind: str, chat_template: str | None = None, chat_tokens: bool = True, seed: int = 0):
-    """A model folder of architecture ``kind`` (up to 256 positions) with the character-level tokenizer."""
+def save_tiny_folder(path, kind: str, chat_template: str | None = None, chat_tokens: bool = True, seed: int = 0,
+                     max_positions: int = 256):
+    """A model folder of architecture ``kind`` with the character-level tokenizer."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(kind, CHAR_VOCAB, max_positions=256))
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(kind, CHAR_VOCAB, max_positions))
     model.save_pretrained(path)
     char_tokenizer(chat_template, chat_tokens).save_pretrained(path)
     return path

@@ -2,7 +2,7 @@
 runs :func:`~masklab.pretrained.arch.causal_attention`): the same attention as transformers'
 own, without its ``(T, T)`` masks; the same router scores; a bar over several windows.
 
-Tiny random models of tests/test_architectures.py (a sliding window of 4 tokens on Gemma 3's
+Tiny random models of tests/conftest.py (a sliding window of 4 tokens on Gemma 3's
 first layer, character tokens), so inputs of a few hundred tokens are long for them."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from test_architectures import save_folder  # noqa: E402
-
+from conftest import save_tiny_folder as save_folder  # noqa: E402
 from masklab.context.document import Document  # noqa: E402
 from masklab.context.routers.trained import EvidenceRouter  # noqa: E402
 from masklab.context.trained import FEATURE_SETS, LinearRouter  # noqa: E402

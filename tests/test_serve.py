@@ -17,10 +17,8 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("transformers")
 httpx = pytest.importorskip("httpx")
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
 import uvicorn  # noqa: E402
-from test_architectures import COMMON, tokenizer  # noqa: E402  (the tiny character-level tokenizer)
+from conftest import save_tiny_folder  # noqa: E402  (the tiny character-level tokenizer)
 from test_compress import ANSWERING, REPORT, TRAVEL  # noqa: E402
 
 from masklab.cli import main  # noqa: E402
@@ -33,11 +31,7 @@ UNIT_CHARS = 400  # the tiny tokenizer's tokens are characters: a unit of up to 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).save_pretrained(path)
-    tokenizer().save_pretrained(path)
-    return path
+    return save_tiny_folder(tmp_path_factory.mktemp("tiny-llama"), "llama", max_positions=4096)
 
 
 @pytest.fixture(scope="module")
