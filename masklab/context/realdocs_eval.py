@@ -25,7 +25,6 @@ McNemar tests on kept / correct, paired sign-flip tests on reciprocal ranks, aga
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from masklab import device as devices
 from masklab.errors import MasklabError
+from masklab.files import append_jsonl, read_jsonl
 from masklab.flags import flag, str_list
 
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "longllmlingua")
@@ -69,17 +69,6 @@ class RealDocsConfig:
     command: str = field(default="", repr=False)
     device: str = "cpu"
     precision: str = "fp32"
-
-
-def _jsonl(path: Path) -> list[dict]:
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by a kill: dropped, redone
-                break
-    return rows
 
 
 def answering_units(doc, spans: list[tuple[int, int]]) -> list[list[int]]:
@@ -331,14 +320,14 @@ def run(cfg: RealDocsConfig) -> int:
              "answers": cfg.answers, "keep": cfg.keep, "max_new_tokens": cfg.max_new_tokens}
     code = code_hash("masklab.context.realdocs_eval")  # recorded per row; resume keys on the stamp
     path = out / f"rows_{cfg.split}.jsonl"
-    done = {r["id"]: r for r in _jsonl(path)
+    done = {r["id"]: r for r in read_jsonl(path)
             if {k: _stamp_of(r).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)}
     todo = [q for q in questions if q.id not in done]
     if cfg.split == "test" and todo:  # a new measurement on the test split, not a re-summary
-        with open(out / "reads.jsonl", "a") as f:
-            f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": lm.name, "routers": cfg.routers,
-                                "weights": stamp["weights"], "benchmark": stamp["benchmark"],
-                                "answers": cfg.answers, "questions": len(todo)}) + "\n")
+        append_jsonl(out / "reads.jsonl", {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": lm.name,
+                                           "routers": cfg.routers, "weights": stamp["weights"],
+                                           "benchmark": stamp["benchmark"], "answers": cfg.answers,
+                                           "questions": len(todo)})
     docs: dict = {}
     it = todo
     if cfg.progress and todo:
@@ -350,11 +339,10 @@ def run(cfg: RealDocsConfig) -> int:
         for q in it:
             row = evaluate_question(lm, q, routers, cfg.keep, cfg.answers, cfg.max_new_tokens, docs)
             row["stamp"] = {**stamp, "code": code}
-            with open(path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_jsonl(path, row)
             done[q.id] = row
     rows = [done[q.id] for q in questions]
-    reads = len(_jsonl(out / "reads.jsonl"))
+    reads = len(read_jsonl(out / "reads.jsonl"))
     res = {"command": cfg.command, "model": lm.name, "router_model": stamp["router_model"], "split": cfg.split,
            "benchmark": stamp["benchmark"],
            "weights": stamp["weights"], "code": sorted({r["stamp"]["code"] for r in rows}),
