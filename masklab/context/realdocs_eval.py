@@ -143,6 +143,8 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
             scores = router.score(doc, q.question)
             rec["router_seconds"] = time.perf_counter() - t0
         computed[name] = (scores, rec["router_seconds"])
+        if isinstance(router, Fused):
+            rec["fusion"] = [router.how, router.weight]
         rec["rank"] = rank_of(scores, gold)
         rec["rr"] = 1 / rec["rank"]
         if stale:
