@@ -94,6 +94,7 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
     """One row: every router on question ``q`` (module docstring)."""
     from masklab.context.answer import generate_answer
     from masklab.context.document import segment
+    from masklab.context.routers.fused import Fused, fuse
     from masklab.context.select import select
 
     if q.doc not in docs:
@@ -109,14 +110,13 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
         if text not in said:
             said[text] = generate_answer(lm, [text], query, max_new_tokens, stop_at_sentence=True)
         return said[text]
+
     row = {"id": q.id, "doc": q.doc, "kind": q.kind, "units": len(doc.units), "tokens": sum(lengths),
            "lengths": lengths, "gold": gold, "stale": stale}
     if answers:
         r = answer(q.text)
         row["full"] = {"answer": r["generated"], "correct": q.is_correct(r["generated"]), "seconds": r["seconds"],
                        "prefill_seconds": r["prefill_seconds"]}
-    from masklab.context.routers.fused import Fused, fuse
-
     computed: dict = {}  # name -> (scores, seconds): a fused router reuses its parts' scores
     for name, router in sorted(routers.items(), key=lambda kv: isinstance(kv[1], Fused)):
         rec: dict = {}
@@ -133,10 +133,10 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
                 rec[str(k)] = cell
             row[name] = rec
             continue
-        parts = (("bm25", router.trained.name) if isinstance(router, Fused) and router.trained.name in computed
-                 and "bm25" in computed and router.trained.meta == routers[router.trained.name].meta else None)
-        if parts:
-            (b, tb), (t, tt) = computed[parts[0]], computed[parts[1]]
+        part = getattr(router, "trained", None)
+        if (isinstance(router, Fused) and "bm25" in computed and part.name in computed
+                and part.meta == routers[part.name].meta):  # the same trained router: its scores reused
+            (b, tb), (t, tt) = computed["bm25"], computed[part.name]
             scores, rec["router_seconds"] = fuse(b, t, router.how, router.weight), tb + tt
         else:
             t0 = time.perf_counter()
