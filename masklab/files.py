@@ -37,3 +37,24 @@ def write_json(path: Path, obj: Any) -> None:
 
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON lines of ``path`` ([] when it does not exist), up to the first line cut by a
+    kill (dropped: its row is redone)."""
+    rows: list[dict] = []
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def append_jsonl(path: Path, row: dict) -> None:
+    """Append ``row`` as one JSON line, flushed (a resumable run's record of one finished item)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=json_default) + "\n")
+        f.flush()

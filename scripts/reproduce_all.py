@@ -55,6 +55,10 @@ REPRODUCTIONS = [
                                         "--keep", "0.25", "--examples", "15", "--seeds", "2", "--routers",
                                         "lexical,bm25,longllmlingua,evidence", "--router-source", "shipped",
                                         "--compare", "snapkv,snapkv-question,finch"]),
+    # Gemma answering, SmolLM2's router ranking (--router-model), on the tasks where Gemma's full context scores >= 0.5
+    ("longctx-gemma-via-smollm2", ["longctx", "--model", "gemma3-270m", "--tasks", "niah,multikey,stale", "--length", "1024",
+                                   "--keep", "0.25", "--examples", "30", "--evidence", "0", "--routers", "evidence,bm25",
+                                   "--router-source", "shipped", "--router-model", "smollm2-135m", "--compare", "none"]),
     # Gemma's shipped router since the hop feature (v4-hop) on the same 1024-token examples, against the full context
     ("longctx-gemma-hop", ["longctx", "--model", "gemma3-270m", "--tasks", "niah,multikey,vt,stale,multivalue", "--length",
                            "1024", "--keep", "0.25", "--examples", "30", "--routers", "evidence", "--router-source", "shipped",

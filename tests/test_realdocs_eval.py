@@ -99,3 +99,13 @@ def test_the_command_measures_word_routers_on_the_val_split(shared_loads, tmp_pa
     every = {(s["task"], s["method"]): s for s in res["summary"]}
     assert 0 < every[("all", "bm25")]["mrr"] <= 1 and "p_mrr_vs_bm25" in every[("all", "lexical")]
     assert "| all | bm25 |" in capsys.readouterr().out
+
+
+def test_a_subset_takes_questions_in_turn_from_every_document():
+    from masklab.context.realdocs_eval import in_turn
+    from masklab.tasks import realdocs
+
+    qs = realdocs.load("val")
+    first = in_turn(qs)[:7]
+    assert len({q.doc for q in first}) == 7 == len({q.doc for q in qs})
+    assert sorted(q.id for q in in_turn(qs)) == sorted(q.id for q in qs)

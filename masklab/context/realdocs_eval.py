@@ -25,7 +25,6 @@ McNemar tests on kept / correct, paired sign-flip tests on reciprocal ranks, aga
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from masklab import device as devices
 from masklab.errors import MasklabError
+from masklab.files import append_jsonl, read_jsonl
 from masklab.flags import flag, str_list
 
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "longllmlingua")
@@ -71,17 +71,6 @@ class RealDocsConfig:
     precision: str = "fp32"
 
 
-def _jsonl(path: Path) -> list[dict]:
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by a kill: dropped, redone
-                break
-    return rows
-
-
 def answering_units(doc, spans: list[tuple[int, int]]) -> list[list[int]]:
     """For each evidence span, the units of ``doc`` that overlap it."""
     return [[i for i, (a, b) in enumerate(doc.spans) if a < e and s < b] for s, e in spans]
@@ -105,6 +94,7 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
     """One row: every router on question ``q`` (module docstring)."""
     from masklab.context.answer import generate_answer
     from masklab.context.document import segment
+    from masklab.context.routers.fused import Fused, fuse
     from masklab.context.select import select
 
     if q.doc not in docs:
@@ -120,14 +110,13 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
         if text not in said:
             said[text] = generate_answer(lm, [text], query, max_new_tokens, stop_at_sentence=True)
         return said[text]
+
     row = {"id": q.id, "doc": q.doc, "kind": q.kind, "units": len(doc.units), "tokens": sum(lengths),
            "lengths": lengths, "gold": gold, "stale": stale}
     if answers:
         r = answer(q.text)
         row["full"] = {"answer": r["generated"], "correct": q.is_correct(r["generated"]), "seconds": r["seconds"],
                        "prefill_seconds": r["prefill_seconds"]}
-    from masklab.context.routers.fused import Fused, fuse
-
     computed: dict = {}  # name -> (scores, seconds): a fused router reuses its parts' scores
     for name, router in sorted(routers.items(), key=lambda kv: isinstance(kv[1], Fused)):
         rec: dict = {}
@@ -144,16 +133,18 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
                 rec[str(k)] = cell
             row[name] = rec
             continue
-        parts = (("bm25", router.trained.name) if isinstance(router, Fused) and router.trained.name in computed
-                 and "bm25" in computed and router.trained.meta == routers[router.trained.name].meta else None)
-        if parts:
-            (b, tb), (t, tt) = computed[parts[0]], computed[parts[1]]
+        part = getattr(router, "trained", None)
+        if (isinstance(router, Fused) and "bm25" in computed and part.name in computed
+                and part.meta == routers[part.name].meta):  # the same trained router: its scores reused
+            (b, tb), (t, tt) = computed["bm25"], computed[part.name]
             scores, rec["router_seconds"] = fuse(b, t, router.how, router.weight), tb + tt
         else:
             t0 = time.perf_counter()
             scores = router.score(doc, q.question)
             rec["router_seconds"] = time.perf_counter() - t0
         computed[name] = (scores, rec["router_seconds"])
+        if isinstance(router, Fused):
+            rec["fusion"] = [router.how, router.weight]
         rec["rank"] = rank_of(scores, gold)
         rec["rr"] = 1 / rec["rank"]
         if stale:
@@ -331,14 +322,14 @@ def run(cfg: RealDocsConfig) -> int:
              "answers": cfg.answers, "keep": cfg.keep, "max_new_tokens": cfg.max_new_tokens}
     code = code_hash("masklab.context.realdocs_eval")  # recorded per row; resume keys on the stamp
     path = out / f"rows_{cfg.split}.jsonl"
-    done = {r["id"]: r for r in _jsonl(path)
+    done = {r["id"]: r for r in read_jsonl(path)
             if {k: _stamp_of(r).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)}
     todo = [q for q in questions if q.id not in done]
     if cfg.split == "test" and todo:  # a new measurement on the test split, not a re-summary
-        with open(out / "reads.jsonl", "a") as f:
-            f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": lm.name, "routers": cfg.routers,
-                                "weights": stamp["weights"], "benchmark": stamp["benchmark"],
-                                "answers": cfg.answers, "questions": len(todo)}) + "\n")
+        append_jsonl(out / "reads.jsonl", {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": lm.name,
+                                           "routers": cfg.routers, "weights": stamp["weights"],
+                                           "benchmark": stamp["benchmark"], "answers": cfg.answers,
+                                           "questions": len(todo)})
     docs: dict = {}
     it = todo
     if cfg.progress and todo:
@@ -350,11 +341,10 @@ def run(cfg: RealDocsConfig) -> int:
         for q in it:
             row = evaluate_question(lm, q, routers, cfg.keep, cfg.answers, cfg.max_new_tokens, docs)
             row["stamp"] = {**stamp, "code": code}
-            with open(path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_jsonl(path, row)
             done[q.id] = row
     rows = [done[q.id] for q in questions]
-    reads = len(_jsonl(out / "reads.jsonl"))
+    reads = len(read_jsonl(out / "reads.jsonl"))
     res = {"command": cfg.command, "model": lm.name, "router_model": stamp["router_model"], "split": cfg.split,
            "benchmark": stamp["benchmark"],
            "weights": stamp["weights"], "code": sorted({r["stamp"]["code"] for r in rows}),

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from masklab import device as devices
 from masklab.errors import MasklabError
-from masklab.files import atomic_write_text
+from masklab.files import append_jsonl, atomic_write_text, read_jsonl
 from masklab.flags import flag, int_list, str_list
 
 EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
@@ -91,24 +91,6 @@ def check(cfg: TrainConfig) -> None:
         raise MasklabError(f"unknown task kind {bad[0]!r}; choose from {', '.join(KINDS)}")
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill: dropped, redone
-            break
-    return rows
-
-
-def _append(path: Path, row: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-
-
 def _bar(items, progress: bool, desc: str):
     if not progress:
         return items
@@ -130,7 +112,7 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
         return r["kind"], r["seed"], r["template"], r["filler"]
 
     want = {key(vars(e)): e for e in examples}
-    labelled = _jsonl(path)
+    labelled = read_jsonl(path)
     if len(labelled) > len({key(r) for r in labelled}):
         raise MasklabError(f"{path} holds duplicate examples: remove it to label again")
     fresh = [r for r in labelled if key(r) not in want or r.get("example") == want[key(r)].digest]
@@ -147,11 +129,11 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
         if todo:  # the first example labelled here prices the rest
             print(cost_estimate(todo, lab), file=sys.stderr, flush=True)
             todo = 0
-        _append(path, {"kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
+        append_jsonl(path, {"kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
                        "wording": ex.wording, "example": ex.digest, "gold": ex.gold, "answer": lab["answer"],
                        "correct": lab["correct"], "evidence": lab["evidence"], "attention": lab["attention"],
                        "passes": lab["passes"], "seconds": lab["seconds"], "tokens": ex.n_tokens})
-    return [r for r in _jsonl(path) if key(r) in want]
+    return [r for r in read_jsonl(path) if key(r) in want]
 
 
 def cost_estimate(examples: int, first: dict) -> str:
@@ -241,7 +223,7 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     tag = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
     path = out / f"eval_rows_{tag}.jsonl"
     weights = hashlib.sha256((out / f"{router_stem(lm.name)}.safetensors").read_bytes()).hexdigest()[:12]
-    done = {(r["length"], r["kind"], r["seed"], r.get("example")) for r in _jsonl(path)
+    done = {(r["length"], r["kind"], r["seed"], r.get("example")) for r in read_jsonl(path)
             if r.get("router") == weights}  # rows of these routers and this text only
     todo = [(n, ex) for n in cfg.eval_lengths
             for ex in split_examples(cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer,
@@ -273,9 +255,9 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
                 rec.update({"correct": ex.correct(r["generated"]), "answer": r["generated"],
                             "seconds": seconds + r["seconds"]})
             row[name] = rec
-        _append(path, row)
+        append_jsonl(path, row)
     current = {(n, ex.kind, ex.seed, ex.digest) for n, ex in todo}
-    rows = [r for r in _jsonl(path)
+    rows = [r for r in read_jsonl(path)
             if r.get("router") == weights and (r["length"], r["kind"], r["seed"], r.get("example")) in current]
     res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
            "device": devices.describe(lm.model.device, cfg.precision), "summary": summarise(rows, cfg.eval_answers), "rows": rows}
