@@ -8,7 +8,7 @@ Packaged models: ``smol`` / ``smol_eager`` / ``gemma`` hand every test the one s
 of :func:`masklab.pretrained.models.load` (``load`` caches on disk, not in memory: each call
 reads the weights again). Each test gets the model in its loaded state (attention
 implementation, prompt format); after it, a test that left the model changed (priors or
-hooks attached, weights, modules or training mode changed) errors, and the copy is dropped
+hooks attached, weights, modules or training mode changed) fails, and the copy is dropped
 so the next test loads a fresh one. ``shared_loads`` makes ``load`` itself, as every command
 calls it (``main(["compress", ...])``), return those session copies: use it only for
 commands that do not train or wrap the model.
@@ -31,6 +31,7 @@ import torch
 from masklab.pretrained import models as _models
 
 _LOAD = _models.load  # the real loader (shared_loads replaces the module's attribute)
+
 
 def _have(*modules: str) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in modules)
@@ -79,8 +80,6 @@ class _Session:
     def get(self, name: str, attn: str = "sdpa"):
         if not _INSTALLED[name]:
             pytest.skip(f"{name} is not installed ({INSTALL})")
-        from masklab.pretrained.models import set_attention
-
         if name not in self.loaded:
             lm = _LOAD(name, threads=1)
             self.loaded[name] = (lm, _state(lm), lm.prompt_format)
@@ -88,16 +87,14 @@ class _Session:
         torch.set_num_threads(1)
         lm.prompt_format = fmt
         if lm.model.config._attn_implementation != attn:
-            set_attention(lm, attn)
+            _models.set_attention(lm, attn)
         return lm
 
     def check(self) -> None:
         """Fail the test that changed a shared model (and drop that model)."""
-        from masklab.pretrained.models import set_attention
-
         for name, (lm, state, fmt) in list(self.loaded.items()):
             if lm.model.config._attn_implementation != state[0]:  # switching attention is allowed
-                set_attention(lm, state[0])
+                _models.set_attention(lm, state[0])
             now = _state(lm)
             if now != state or lm.prompt_format != fmt:
                 del self.loaded[name]

@@ -3,7 +3,6 @@ summary's paired tests, and the command end to end on the val split with word ro
 
 import json
 
-import pytest
 import torch
 
 from conftest import needs_smol
