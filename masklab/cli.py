@@ -96,7 +96,7 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog="masklab", description="Structure in transformer attention: mask priors and causal evidence "
                 "routing. The commands for your own documents and models come first (compress, train-router, "
-                "models, cite); the research studies, reproduce, sweep and report follow.")
+                "serve, models, cite, realdocs); the research studies, reproduce, sweep and report follow.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from masklab.context import cli as context_cli
 

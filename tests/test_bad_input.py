@@ -406,8 +406,8 @@ def test_help_lists_the_commands_for_your_documents_first(capsys):
     ap = cli.build_parser()
     sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
     listed = [a.dest for a in sub._choices_actions]  # the order --help lists them in
-    assert listed[:4] == ["compress", "train-router", "models", "cite"], listed
-    assert listed.index("gotu") > 3 and "your own documents" in " ".join(ap.format_help().split())
+    assert listed[:6] == ["compress", "train-router", "serve", "models", "cite", "realdocs"], listed
+    assert listed.index("gotu") > 5 and "your own documents" in " ".join(ap.format_help().split())
 
 
 def test_list_routers_says_what_each_router_reads_and_needs(capsys):

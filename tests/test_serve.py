@@ -131,7 +131,6 @@ def test_answer_is_generated_when_asked(server):
     ({"context": REPORT, "question": QUESTION, "router": "nope"}, 400, "unknown router 'nope'; choose from"),
     ({"context": REPORT, "question": QUESTION, "router": ["bm25"]}, 400, "router must be a string"),
     ({"context": REPORT, "question": QUESTION, "router": "snapkv"}, 400, "KV-cache press"),
-    ({"context": REPORT, "question": QUESTION, "router": "evidence"}, 400, "no evidence router ships for model"),
     ({"context": REPORT, "question": QUESTION, "answer": "yes"}, 400, "answer must be true or false"),
     ({"context": REPORT, "question": QUESTION, "max_new_tokens": 0}, 400, r"max_new_tokens must be in \[1, 512\]"),
     ({"context": REPORT, "question": QUESTION, "max_new_tokens": 10**9}, 400, r"max_new_tokens must be in \[1, 512\]"),
