@@ -58,3 +58,15 @@ def append_jsonl(path: Path, row: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(row, default=json_default) + "\n")
         f.flush()
+
+
+def make_out_dir(path: str | Path) -> Path:
+    """Create the output folder ``path`` (and its parents); one clear error when it cannot be."""
+    from masklab.errors import MasklabError
+
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
+    return out

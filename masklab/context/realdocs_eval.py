@@ -24,15 +24,13 @@ McNemar tests on kept / correct, paired sign-flip tests on reciprocal ranks, aga
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from masklab import device as devices
 from masklab.errors import MasklabError
-from masklab.files import append_jsonl, read_jsonl
+from masklab.files import append_jsonl, make_out_dir, read_jsonl
 from masklab.flags import flag, str_list
 
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "longllmlingua")
@@ -290,13 +288,13 @@ def in_turn(questions: list) -> list:
 
 
 def run(cfg: RealDocsConfig) -> int:
+    from masklab.context.cli import TRAINED
     from masklab.context.routers import ROUTERS as REGISTRY
     from masklab.context.routers import load_router
     from masklab.files import write_json
     from masklab.flags import check_ranges
     from masklab.pretrained.models import check_models, load
     from masklab.revision import code_hash
-    from masklab.stats import wilson  # noqa: F401  (scipy present before any model loads)
     from masklab.tasks import realdocs
 
     check_ranges(cfg)
@@ -307,14 +305,8 @@ def run(cfg: RealDocsConfig) -> int:
     questions = realdocs.load(cfg.split)
     if cfg.questions:
         questions = in_turn(questions)[:cfg.questions]
-    out = Path(cfg.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
+    out = make_out_dir(cfg.out)
     lm = load(cfg.model, threads=cfg.threads, device=dev)
-    from masklab.context.cli import TRAINED
-
     reader = {"router_model": cfg.router_model} if cfg.router_model else {}
     routers = {n: load_router(n, lm, **(reader if n in TRAINED else {})) for n in cfg.routers}
     stamp = {"benchmark": realdocs.digest(), "model": lm.name, "router_model": cfg.router_model or lm.name,

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from masklab import device as devices
 from masklab.errors import MasklabError
-from masklab.files import append_jsonl, atomic_write_text, read_jsonl
+from masklab.files import append_jsonl, atomic_write_text, make_out_dir, read_jsonl
 from masklab.flags import flag, int_list, str_list
 
 EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
@@ -345,11 +345,7 @@ def run(cfg: TrainConfig) -> int:
     dev = devices.resolve(cfg.device)  # one clear error for cuda without a GPU, before anything is written
     devices.check_precision(cfg.precision)
     check_models([cfg.model])
-    out = Path(cfg.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise MasklabError(f"cannot create the output directory {out}: {e.strerror or e}") from None
+    out = make_out_dir(cfg.out)
     lm = load(cfg.model, threads=cfg.threads, device=dev)
     t0 = time.perf_counter()
     with devices.autocast(dev, cfg.precision):
