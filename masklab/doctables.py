@@ -197,6 +197,8 @@ def stale_results(root: Path) -> list[tuple[Path, str, dict[str, int]]]:
             env_rev = (data.get("environment") or {}).get("git_rev")
             if "runs" in data:
                 records = [(r.get("code"), r.get("code_ast"), r.get("git_rev") or env_rev) for r in data["runs"]]
+            elif any("stamp" in r for r in data.get("rows", [])):  # per-question rows (masklab realdocs)
+                records = [(r["stamp"].get("code"), r["stamp"].get("code_ast"), env_rev) for r in data["rows"]]
             else:
                 meta = data if isinstance(data.get("code"), str) or "code_ast" in data else (data.get("router") or {})
                 records = [(meta.get("code"), meta.get("code_ast"), meta.get("git_rev") or env_rev)]

@@ -137,3 +137,18 @@ def test_a_p_value_that_rounds_to_zero_prints_as_a_bound(tmp_path):
     values = [m.group(3) for m in doctables.BLOCK.finditer(text) if m.group(1) == "value"]
     assert values == ["< 0.001", "0.012", "< 0.0001", "0.000", "0.000"]  # only p-values get the bound
     assert "| a | 30 | 0.900 | < 0.001 |" in text and "| b | 30 | 0.000 | 0.012 |" in text
+
+
+def test_per_question_rows_name_the_code_that_made_them(tmp_path):
+    from masklab.revision import code_ast
+
+    today = code_ast("masklab.context.realdocs_eval")
+    rows = [{"id": "q1", "stamp": {"code": "0123456789ab", "code_ast": today}},
+            {"id": "q2", "stamp": {"code": "0123456789ab", "code_ast": "ba9876543210"}}]
+    write_json(tmp_path / "results" / "realdocs" / "results_test.json", {"rows": rows[:1]})
+    write_json(tmp_path / "results" / "realdocs-old" / "results_test.json", {"rows": rows})
+    (tmp_path / "README.md").write_text("".join(f"<!-- value results/{f}/results_test.json key=rows --><!-- /value -->\n"
+                                                for f in ("realdocs", "realdocs-old")))
+    assert doctables.stale_results(tmp_path) == [
+        (tmp_path / "results" / "realdocs-old" / "results_test.json", "stale",
+         {"code ba9876543210: code_ast ba9876543210 is no module's today": 1})]

@@ -294,7 +294,7 @@ def run(cfg: RealDocsConfig) -> int:
     from masklab.files import write_json
     from masklab.flags import check_ranges
     from masklab.pretrained.models import check_models, load
-    from masklab.revision import code_hash
+    from masklab.revision import code_ast, code_hash
     from masklab.tasks import realdocs
 
     check_ranges(cfg)
@@ -312,7 +312,8 @@ def run(cfg: RealDocsConfig) -> int:
     stamp = {"benchmark": realdocs.digest(), "model": lm.name, "router_model": cfg.router_model or lm.name,
              "weights": weights_digest(cfg.router_model or lm.name, cfg.routers),
              "answers": cfg.answers, "keep": cfg.keep, "max_new_tokens": cfg.max_new_tokens}
-    code = code_hash("masklab.context.realdocs_eval")  # recorded per row; resume keys on the stamp
+    code = {"code": code_hash("masklab.context.realdocs_eval"), "code_ast": code_ast("masklab.context.realdocs_eval")}
+    # recorded per row, taken at the start (`masklab report --stale` reads them); resume keys on the stamp
     path = out / f"rows_{cfg.split}.jsonl"
     done = {r["id"]: r for r in read_jsonl(path)
             if {k: _stamp_of(r).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)}
@@ -332,7 +333,7 @@ def run(cfg: RealDocsConfig) -> int:
     with devices.autocast(dev, cfg.precision):
         for q in it:
             row = evaluate_question(lm, q, routers, cfg.keep, cfg.answers, cfg.max_new_tokens, docs)
-            row["stamp"] = {**stamp, "code": code}
+            row["stamp"] = {**stamp, **code}
             append_jsonl(path, row)
             done[q.id] = row
     rows = [done[q.id] for q in questions]
