@@ -7,10 +7,11 @@ These routers add the trained router's within-document z-score to BM25's:
 
     score = z(bm25) + WEIGHT * z(trained)
 
-so where BM25 separates the answer clearly the trained router cannot undo it, and where
-BM25 ties (restated facts, words the question lacks) the trained router decides. How
-the two are combined (:data:`FUSIONS`) and ``WEIGHT`` were chosen on the validation
-documents of the real-document benchmark only (docs/context.md). ``bm25+attention`` is
+so a unit with no word of the question starts far below BM25's best and must be ranked
+high by the trained router to rise, while among units BM25 scores alike (restated facts,
+words the question lacks) the trained router decides. How the two are combined
+(:data:`FUSIONS`) and ``WEIGHT`` were chosen on the validation documents of the
+real-document benchmark only (docs/context.md). ``bm25+attention`` is
 the control: the same combination with the router trained on attention labels.
 """
 
