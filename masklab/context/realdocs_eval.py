@@ -412,7 +412,7 @@ def fusion_grid(runs: dict[str, list[dict]], trained: str = "evidence", keep: fl
 
 
 def choose(grid: list[dict]) -> dict:
-    """The rule fixed before the val results were read: the candidate fusion with the best
+    """The rule fixed before the val results it chooses on were read: the candidate fusion with the best
     pooled MRR among those whose pooled kept share is no lower than BM25's (ties: the
     earlier candidate, the smaller weight)."""
     bm25 = next(r for r in grid if r["how"] == "bm25")
