@@ -64,6 +64,11 @@ def _files(root: Path) -> list[Path]:
     return sorted([root / "split.json", *(root / "docs").glob("*.txt"), *(root / "questions").glob("*.jsonl")])
 
 
+def _hashes(root: Path) -> dict[str, str]:
+    """sha256 of every benchmark file, by its path in ``root``."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in _files(root)}
+
+
 def digest(root: Path = ROOT) -> str:
     """12 hex digits of sha256 over every benchmark file (names and bytes)."""
     h = hashlib.sha256()
@@ -123,7 +128,7 @@ def _read(root: Path) -> tuple[dict, list[RealQuestion]]:
 def check_frozen(root: Path = ROOT) -> None:
     """Refuse benchmark files that differ from ``frozen.json``."""
     frozen = json.loads((root / "frozen.json").read_text())
-    now = {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in _files(root)}
+    now = _hashes(root)
     if now != frozen["files"]:
         changed = sorted(k for k in set(now) | set(frozen["files"]) if now.get(k) != frozen["files"].get(k))
         raise MasklabError(f"the real-document benchmark differs from frozen.json in {', '.join(changed)}: "
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = {k: sum(q.kind == k for q in sq) for k in KINDS}
         print(f"{s}: {len(split[s])} documents, {len(sq)} questions {kinds}")
     if a.freeze:
-        files = {p.relative_to(a.root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in _files(a.root)}
+        files = _hashes(a.root)
         (a.root / "frozen.json").write_text(json.dumps({"digest": digest(a.root), "files": files}, indent=1) + "\n")
         print("frozen:", digest(a.root))
     return 0
