@@ -77,7 +77,7 @@ def compress(model: str, router: str, doc: Path) -> dict:
 def passes(lm, doc: Path, layers: int):
     """``{name: () -> None}``: one first-layers pass over the router's input, the fast way
     and transformers' masked way."""
-    from masklab.context.document import segment
+    from masklab.document import segment
     from masklab.context.trained import router_input
     from masklab.pretrained import arch
 

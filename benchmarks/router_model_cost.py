@@ -44,7 +44,7 @@ def main() -> int:
     import torch
 
     from masklab.context.answer import generate_answer
-    from masklab.context.document import Document, segment
+    from masklab.document import Document, segment
     from masklab.context.routers import load_router
     from masklab.pretrained.models import load
 

@@ -15,7 +15,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from masklab.context.routers.lexical import Lexical  # noqa: E402
-from masklab.context.select import select  # noqa: E402
+from masklab.selection import select  # noqa: E402
 from masklab.pretrained.models import cache_root  # noqa: E402
 from masklab.tasks.longctx import TASKS, make_examples  # noqa: E402
 

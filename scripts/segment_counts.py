@@ -4,10 +4,10 @@
 
 For each document of the real-document benchmark (``masklab/data/realdocs/docs``: licences,
 FAQs, release notes, changelogs, man pages, Python's docs and READMEs, copied from files every
-Debian/Python machine has), it counts the units ``masklab.context.document.segment`` makes (no tokenizer:
+Debian/Python machine has), it counts the units ``masklab.document.segment`` makes (no tokenizer:
 words and punctuation marks are the tokens) and the *labels* among them: units of at most
 3 tokens that are only a number, a list or FAQ marker, or a heading (:func:`is_label`),
-with the ``segment`` of git revision ``--before`` (its masklab/context/document.py) and
+with the ``segment`` of git revision ``--before`` (its masklab/document.py) and
 with this checkout's. ``--json`` also writes the counts (one summary row per document and
 way, ``task`` = document, ``method`` = before/after, and the totals as task ``all``), which
 docs/context.md quotes.
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from masklab.context.document import segment, word_offsets  # noqa: E402
+from masklab.document import segment, word_offsets  # noqa: E402
 
 _MARKER = r"(?:[-*+•·#=~_|>]+|\(?\d{1,3}(?:\.\d{1,3})*[.):]?|\(\w{1,4}\)|[A-Za-z][.):])"
 _MARKERS_ONLY = re.compile(rf"{_MARKER}(?:\s+{_MARKER})*")
@@ -53,12 +53,15 @@ def documents() -> dict[str, str]:
 
 
 def segment_at(rev: str):
-    """The ``segment`` function of ``masklab/context/document.py`` at git revision ``rev``."""
-    try:
-        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:masklab/context/document.py"],
-                             capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit(f"segment_counts: cannot read masklab/context/document.py at {rev!r}: {e}")
+    """The ``segment`` function of ``masklab/document.py`` at git revision ``rev`` (before it moved
+    there, ``masklab/context/document.py``)."""
+    for path in ("masklab/document.py", "masklab/context/document.py"):
+        r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
+        if r.returncode == 0:
+            src = r.stdout
+            break
+    else:
+        raise SystemExit(f"segment_counts: cannot read masklab/document.py at {rev!r}: {r.stderr.strip()}")
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(src)
     try:

@@ -197,14 +197,14 @@ def test_19_hide_spans_past_the_sequence():
 # cases 20-21: evidence_router_press is now masklab.context's Router.choose (the lead's package)
 @pytest.mark.parametrize("keep", [0, -0.5, 1.5])
 def test_20_keep_outside_0_1_is_refused(keep):
-    from masklab.context.select import check_keep
+    from masklab.selection import check_keep
 
     with pytest.raises(MasklabError, match=r"keep must be a fraction in \(0, 1\]"):
         check_keep(keep)
 
 
 def test_21_no_sentences_is_refused():
-    from masklab.context.document import Document
+    from masklab.document import Document
     from masklab.context.routers import load_router
 
     router = load_router("lexical")

@@ -5,7 +5,7 @@ extras; skipped where absent), with the bm25 router on documents written by hand
 import pytest
 from test_compress import ANSWERING, REPORT, TRAVEL
 
-from masklab.context.document import count_tokens
+from masklab.document import count_tokens
 from masklab.errors import MasklabError
 
 QUESTION = "Who approved the budget?"

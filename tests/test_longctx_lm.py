@@ -7,7 +7,7 @@ import torch
 
 from masklab.context.routers.lexical import Lexical
 from masklab.context.routers.oracle import OracleGold
-from masklab.context.select import select
+from masklab.selection import select
 from masklab.tasks.longctx import make_example
 
 

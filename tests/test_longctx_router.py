@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from masklab.context.routers.lexical import question_overlap
-from masklab.context.select import select
+from masklab.selection import select
 from masklab.context.trained import bm25_scores, fit_routers, hop, load_routers, save_routers, superseded
 from masklab.tasks.longctx import make_examples
 

@@ -6,7 +6,7 @@ import json
 import torch
 
 from conftest import needs_smol
-from masklab.context.document import Document
+from masklab.document import Document
 from masklab.context.realdocs_eval import (answering_units, choose, fusion_grid, rank_of, sign_flip_p,
                                            summarise)
 from masklab.context.router import Router

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 from conftest import save_tiny_folder as save_folder  # noqa: E402
-from masklab.context.document import Document  # noqa: E402
+from masklab.document import Document  # noqa: E402
 from masklab.context.routers.trained import EvidenceRouter  # noqa: E402
 from masklab.context.trained import FEATURE_SETS, LinearRouter  # noqa: E402
 from masklab.errors import MasklabError  # noqa: E402

@@ -5,10 +5,10 @@
     pruned = router.prune(text, "Who approved the budget?", keep=0.25)
     pruned.text, pruned.kept, pruned.scores, pruned.kept_fraction, pruned.seconds
 
-* :mod:`~masklab.context.document`: :class:`Document` (units, gold, spans) and :func:`segment`;
+* :mod:`~masklab.document`: :class:`Document` (units, gold, spans) and :func:`segment`;
 * :mod:`~masklab.context.passages`: :func:`compress_passages`, several passages pruned within
   one budget (``keep`` or ``target_tokens``) into a :class:`PrunedPassages`;
-* :mod:`~masklab.context.select`: :func:`select`, the one rule that keeps units within a budget;
+* :mod:`~masklab.selection`: :func:`select`, the one rule that keeps units within a budget;
 * :mod:`~masklab.context.router`: :class:`Router` (override ``score``), :data:`ROUTERS`,
   :func:`load_router`, :class:`Pruned`;
 * :mod:`~masklab.context.routers`: one file per router (``lexical``, ``bm25``, ``oracle-gold``,
@@ -18,11 +18,11 @@
 * :mod:`~masklab.context.answer`: answer from a pruned context, timed.
 """
 
-from masklab.context.document import Document, segment
+from masklab.document import Document, segment
 from masklab.context.passages import PrunedPassages, compress_passages
 from masklab.context.router import ROUTERS, Pruned, Router
 from masklab.context.routers import load_router
-from masklab.context.select import select
+from masklab.selection import select
 
 __all__ = ["Document", "segment", "select", "Router", "ROUTERS", "Pruned", "load_router", "compress_passages",
            "PrunedPassages"]

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from masklab.context.document import UNIT_TOKENS
+from masklab.document import UNIT_TOKENS
 from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.inputs import MAX_CONTEXT_BYTES, check_question, read_passages
@@ -201,7 +201,7 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
     """Prune ``text`` (one document, or a list of passages) for ``question`` with ``lm``
     loaded; print what ``cfg`` asks for. In text mode the pruned text and its answer are
     printed before the whole document is answered (``--compare-full``)."""
-    from masklab.context.document import segment
+    from masklab.document import segment
     from masklab.context.routers import load_router
 
     trained = {"progress": cfg.progress, "router_model": cfg.router_model,

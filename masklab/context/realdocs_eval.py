@@ -1,7 +1,7 @@
 """``masklab realdocs``: the routers on the frozen real-document benchmark.
 
 For each question of ``--split`` (:mod:`masklab.tasks.realdocs`; ``val`` to choose, ``test``
-to report) the document is cut into units (:func:`~masklab.context.document.segment`, the
+to report) the document is cut into units (:func:`~masklab.document.segment`, the
 answering model's tokenizer) and each router scores them once. The *answering units* are
 the units that overlap an evidence string; per router and question:
 
@@ -91,9 +91,9 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
                       docs: dict) -> dict:
     """One row: every router on question ``q`` (module docstring)."""
     from masklab.context.answer import generate_answer
-    from masklab.context.document import segment
+    from masklab.document import segment
     from masklab.context.routers.fused import Fused, fuse
-    from masklab.context.select import select
+    from masklab.selection import select
 
     if q.doc not in docs:
         docs[q.doc] = segment(q.text, lm.tokenizer)
@@ -385,7 +385,7 @@ def fusion_grid(runs: dict[str, list[dict]], trained: str = "evidence", keep: fl
     import torch
 
     from masklab.context.routers.fused import fuse
-    from masklab.context.select import select
+    from masklab.selection import select
 
     def measure(rows, how, w):
         rr, kept = [], []

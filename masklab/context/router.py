@@ -1,6 +1,6 @@
 """The router base class, its registry and :func:`load_router`.
 
-A router scores the units of a document for a question; :func:`~masklab.context.select.select`
+A router scores the units of a document for a question; :func:`~masklab.selection.select`
 keeps the best within a token budget. A new router is one small registered class with one
 method to override (as a kvpress press overrides ``score``)::
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from masklab.context.document import UNIT_TOKENS, Document, segment
-from masklab.context.select import check_keep, select
+from masklab.document import UNIT_TOKENS, Document, segment
+from masklab.selection import check_keep, select
 from masklab.errors import MasklabError
 from masklab.registry import Registry
 
@@ -116,7 +116,7 @@ class Router:
 
     def prune(self, text: str | Document, question: str, keep: float = 0.25, fill: bool | None = None,
               unit_tokens: int = UNIT_TOKENS, limit: int | None = None) -> Pruned:
-        """``text`` (cut by :func:`~masklab.context.document.segment`) or a :class:`Document`,
+        """``text`` (cut by :func:`~masklab.document.segment`) or a :class:`Document`,
         pruned to ``keep`` of its tokens for ``question``."""
         from masklab.inputs import check_question
 

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from masklab.context.document import UNIT_TOKENS
+from masklab.document import UNIT_TOKENS
 from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.inputs import MAX_CONTEXT_BYTES, check_context, check_question
@@ -99,7 +99,7 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     from masklab.context.passages import check_target
     from masklab.context.routers import ROUTERS
     from masklab.context.routers.presses import press_names
-    from masklab.context.select import check_keep
+    from masklab.selection import check_keep
 
     try:
         text = raw.decode("utf-8")
@@ -210,7 +210,7 @@ def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict
     units (``longllmlingua``) prunes one context as ``masklab compress`` does."""
     from masklab.context.answer import first_answer, generate_answer
     from masklab.context.cli import answer_budget
-    from masklab.context.document import segment
+    from masklab.document import segment
     from masklab.context.passages import compress_passages
 
     query, window, overhead = answer_budget(lm, req.question, req.max_new_tokens)

@@ -211,7 +211,7 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     """Held-out evaluation (module docstring); returns the results written to ``eval.json``."""
     from masklab.context.answer import generate_answer
     from masklab.context.routers import ROUTERS
-    from masklab.context.select import select
+    from masklab.selection import select
     from masklab.context.trained import features, router_stem
     from masklab.files import write_json
     from masklab.tasks.families import SPLITS, split_examples

@@ -48,7 +48,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from masklab.context.document import Document
+from masklab.document import Document
 from masklab.errors import MasklabError
 from masklab.pretrained.arch import first_layers
 
@@ -149,7 +149,7 @@ def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, k
 
 def bm25_scores(units: list[str], question: str) -> Tensor:
     """``(N,)`` BM25 of ``question`` against each unit (the ``bm25`` router's score)."""
-    from masklab.context.document import Document
+    from masklab.document import Document
     from masklab.context.routers.bm25 import BM25
 
     return BM25().score(Document(units=units), question)

@@ -12,9 +12,9 @@ best units, in reading order, and a passage that keeps none is dropped.
 
 from __future__ import annotations
 
-from masklab.context.document import UNIT_TOKENS
+from masklab.document import UNIT_TOKENS
 from masklab.context.passages import DEFAULT_KEEP, PrunedPassages, check_target, compress_passages
-from masklab.context.select import check_keep
+from masklab.selection import check_keep
 from masklab.errors import MasklabError
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from masklab.context.document import UNIT_TOKENS
+from masklab.document import UNIT_TOKENS
 from masklab.errors import MasklabError
 from masklab.integrations import Pruner
 

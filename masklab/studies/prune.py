@@ -115,9 +115,9 @@ def generate_on(lm, sentences: list[str], query: str, max_new_tokens: int) -> st
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
-    from masklab.context.document import Document
+    from masklab.document import Document
     from masklab.context.routers.presses import KVPressRunner
-    from masklab.context.select import select
+    from masklab.selection import select
     from masklab.context.trained import attention_per_unit, features, fit_routers, make_labels
     from masklab.pretrained.lm import encode, split_answer_prefix
 

@@ -1,6 +1,6 @@
 """Haystack tasks in *families*, so a router can be trained on some and measured on others.
 
-An example is a :class:`~masklab.context.document.Document` of real prose filler with task
+An example is a :class:`~masklab.document.Document` of real prose filler with task
 sentences placed at seeded random positions, a question and its answer. Families differ in
 what a router could overfit to:
 
@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from masklab.context.document import Document, count_tokens
+from masklab.document import Document, count_tokens
 from masklab.errors import MasklabError
 from masklab.tasks.longctx import fill
 

@@ -45,7 +45,7 @@ import random
 import re
 from dataclasses import asdict, dataclass, field
 
-from masklab.context.document import Document, count_tokens, token_offsets
+from masklab.document import Document, count_tokens, token_offsets
 from masklab.errors import MasklabError
 from masklab.tasks.stale_prompts import answer_head, distractor_pool
 
@@ -76,7 +76,7 @@ NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "
 
 @dataclass(kw_only=True)
 class LongExample(Document):
-    """One example: a :class:`~masklab.context.document.Document` whose ``units`` are the
+    """One example: a :class:`~masklab.document.Document` whose ``units`` are the
     context's sentences (``context = " ".join(units)``); the model reads ``context + query``.
 
     ``gold``: indices of the gold evidence sentences; ``gold_spans``: their character spans
