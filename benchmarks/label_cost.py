@@ -43,7 +43,7 @@ def measure(model: str, per_kind: int, length: int) -> dict:
         row = {"kind": ex.kind, "example": ex.digest}
         for name, reuse in order:
             t0, c0 = time.perf_counter(), time.process_time()
-            lab = make_labels(lm, ex, ex.query, accept=ex.correct, reuse_prefix=reuse)
+            lab = make_labels(lm, ex, ex.query, accept=ex.is_correct, reuse_prefix=reuse)
             row[name] = {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                          "passes": lab["passes"], "correct": lab["correct"], "evidence": lab["evidence"],
                          "attention": lab["attention"]}

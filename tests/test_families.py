@@ -34,9 +34,9 @@ def test_gold_units_hold_the_answer(kind, template):
     others = " ".join(u for i, u in enumerate(ex.units) if i not in ex.gold)
     if kind == "update":  # the stale values are stated too, but not in the gold unit
         assert sum(a in others for a in ex.answers) == 0
-    assert ex.correct(" " + " and ".join(ex.answers) + ".") and not ex.correct(" nothing.")
+    assert ex.is_correct(" " + " and ".join(ex.answers) + ".") and not ex.is_correct(" nothing.")
     if kind == "multi":
-        assert not ex.correct(ex.answers[0])  # every value is needed
+        assert not ex.is_correct(ex.answers[0])  # every value is needed
 
 
 def test_split_examples_interleave_kinds_and_are_seeded():

@@ -16,16 +16,16 @@ pytestmark = needs_kvpress
 
 @pytest.fixture
 def kv(smol):
-    from masklab.context.routers.presses import KVPressRunner
+    from masklab.context.presses import KVPressRunner
 
     return KVPressRunner(smol)
 
 
 def ask(kv, ex, press):
-    from masklab.pretrained.lm import split_answer_prefix
+    from masklab.query import Query
 
-    question, prefix = split_answer_prefix(ex.query)
-    return kv.answer(ex.context, question, prefix, press, 1.0, max_new_tokens=10)[0]
+    q = Query.parse(ex.query)
+    return kv.answer(ex.context, q.question_line, q.answer_line, press, 1.0, max_new_tokens=10)[0]
 
 
 class Fixed(Router):

@@ -68,8 +68,9 @@ def _simple_prompt():
 
     sents = ["Omar lives in Lisbon.", "Lists implement all of the common and mutable sequence operations.",
              "Later, Omar moved to Oslo."]
-    return StalePrompt(sents, "\nQuestion: In which city does Omar live now?\nAnswer: Omar lives in", "Omar", "city",
-                       ["Lisbon", "Oslo"], 2, [(14, 20)], [(len(" ".join(sents)) - 5, len(" ".join(sents)) - 1)], 1, 1)
+    return StalePrompt(units=sents, gold=[2], query="\nQuestion: In which city does Omar live now?\nAnswer: Omar lives in",
+                       entity="Omar", attribute="city", values=["Lisbon", "Oslo"], stale_spans=[(14, 20)],
+                       current_spans=[(len(" ".join(sents)) - 5, len(" ".join(sents)) - 1)], n_updates=1, distance=1)
 
 
 @needs_gguf
@@ -104,7 +105,7 @@ def test_peers_on_the_same_prompt(smol):
     if not (_have("kvpress") and _have("context_cite")):
         pytest.skip("kvpress/context-cite not installed: pip install -e '.[pretrained]'")
     from masklab.pretrained.lm import encode, generate
-    from masklab.context.routers.presses import KVPressRunner
+    from masklab.context.presses import KVPressRunner
     from masklab.pretrained.peers import contextcite_scores
 
     p = _simple_prompt()

@@ -26,7 +26,7 @@ def test_prompts_vary_and_spans_point_at_values():
     for p in ps:
         assert len(p.stale_spans) == p.n_updates and len(p.current_spans) == 1
         assert [p.prompt[a:b] for a, b in p.stale_spans + p.current_spans] == p.values
-        assert p.current in p.sentences[p.gold] and len(set(p.values)) == len(p.values)
+        assert p.current in p.sentences[p.gold[0]] and len(set(p.values)) == len(p.values)
         assert p.query.startswith("\nQuestion:") and p.prompt.endswith(p.query)
         assert len(set(p.sentences)) == len(p.sentences)  # no distractor twice
 
@@ -72,7 +72,7 @@ def test_squad_loader_reads_official_format(tmp_path):
     exs = load_squad(_squad(tmp_path, data))
     assert [e.id for e in exs] == ["q1", "q2"] and exs[0].answers == ["2 million"]
     items = [to_item(e) for e in exs]
-    assert [it.gold for it in items] == [1, 2]
+    assert [it.gold for it in items] == [[1], [2]]
     assert items[0].classify(" 2 million.\nQuestion") == "current"
     assert items[1].classify(" the Seine") == "current" and items[1].classify(" Loire") == "other"
     assert normalize("The  Seine!") == "seine"

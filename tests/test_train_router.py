@@ -32,19 +32,22 @@ def test_every_packaged_model_ships_both_routers_with_their_metadata():
 def test_summary_has_wilson_intervals_and_paired_tests():
     from masklab.context.train_router import summarise
 
-    def rec(kept, top):
-        return {"gold_kept": kept, "gold_top": top, "kept": 0.2, "router_seconds": 0.01}
+    def rec(kept, top):  # kept: every gold unit kept, or half of them
+        return {"gold_kept": 1.0 if kept else 0.5, "gold_top": float(top), "kept": 0.2, "router_s": 0.01}
 
-    rows = [{"length": 1024, "kind": "update", "seed": i, "evidence": rec(True, True), "attention": rec(i < 5, False),
-             "lexical": rec(i < 20, i < 3), "bm25": rec(i < 20, False)} for i in range(30)]
-    rows += [{**r, "length": 2048, "evidence": rec(r["seed"] < 15, False)} for r in rows]
+    def record(length, seed, **rows):
+        return {"length": length, "kind": "update", "seed": seed, "rows": rows}
+
+    rows = [record(1024, i, evidence=rec(True, True), attention=rec(i < 5, False), lexical=rec(i < 20, i < 3),
+                   bm25=rec(i < 20, False)) for i in range(30)]
+    rows += [record(2048, r["seed"], **{**r["rows"], "evidence": rec(r["seed"] < 15, False)}) for r in rows]
     summary = summarise(rows, answers=False)
     s = {r["method"]: r for r in summary if r["task"] == "update@1024"}
-    assert s["evidence"]["gold_kept"] == 1.0 and s["evidence"]["gold_kept_lo"] > 0.85
+    assert s["evidence"]["all_gold_kept"] == 1.0 and s["evidence"]["all_gold_kept_lo"] > 0.85
     assert s["evidence"]["p_gold_vs_attention"] < 1e-5 and s["evidence"]["p_gold_vs_lexical"] < 0.01
-    assert s["attention"]["gold_kept_hi"] < 0.4 and s["evidence"]["p_top_vs_lexical"] < 1e-5
+    assert s["attention"]["all_gold_kept_hi"] < 0.4 and s["evidence"]["p_top_vs_lexical"] < 1e-5
     pooled = {r["method"]: r for r in summary if r["task"] == "all"}  # over both lengths: 45 / 60 kept, 30 / 60 top
-    assert pooled["evidence"]["n"] == 60 and pooled["evidence"]["gold_kept"] == 0.75
+    assert pooled["evidence"]["n"] == 60 and pooled["evidence"]["all_gold_kept"] == 0.75
     assert pooled["evidence"]["gold_top"] == 0.5 and pooled["evidence"]["gold_top_lo"] < 0.5 < pooled["evidence"]["gold_top_hi"]
     assert not [r for r in summarise(rows, answers=True) if r["task"] == "all"]
 
@@ -73,18 +76,20 @@ def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(shar
     assert main(argv) == 0
     relabelled = (tmp_path / "labels.jsonl").read_text().splitlines()
     assert relabelled[:-1] == again[1:] and json.loads(relabelled[-1])["example"] == first["example"]
-    # the held-out rows name the routers' weights: a row of other routers is measured again, not reused
+    # the held-out rows are named after the routers' weights: rows of other routers are never read
     ev = argv + ["--eval", "--eval-split", "val", "--eval-lengths", "256", "--eval-examples", "1", "--eval-kinds", "single"]
     assert main(ev) == 0
-    rows_path = tmp_path / "eval_rows_val.jsonl"
+    (rows_path,) = tmp_path.glob("eval_rows_val-*.jsonl")
     (row,) = [json.loads(line) for line in rows_path.read_text().splitlines()]
-    rows_path.write_text(json.dumps({**row, "router": "0ther0router"}) + "\n")
+    assert rows_path.name == f"eval_rows_val-{row['router']}.jsonl" and row["length"] == 256
+    assert set(row["rows"]) == {"evidence", "attention", "lexical", "bm25"}
+    assert all(0 <= r["gold_kept"] <= 1 and r["gold_top"] in (0.0, 1.0) for r in row["rows"].values())
+    rows_path.rename(tmp_path / "eval_rows_val-0ther0router.jsonl")
     assert main(ev) == 0
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
-    assert [r["router"] for r in rows] == ["0ther0router", row["router"]]
-    assert json.loads((tmp_path / "eval_val.json").read_text())["rows"] == [rows[1]]
-    # and so is a row of the same routers made from other text
-    rows_path.write_text(json.dumps({**row, "example": "0ther0text00"}) + "\n")
+    assert [json.loads(line)["key"] for line in rows_path.read_text().splitlines()] == [row["key"]]
+    # a row of the same routers made from other text is measured again, not reused
+    rows_path.write_text(json.dumps({**row, "key": row["key"].replace(row["example"], "0ther0text00"),
+                                     "example": "0ther0text00"}) + "\n")
     assert main(ev) == 0
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
     assert [r["example"] for r in rows] == ["0ther0text00", row["example"]]

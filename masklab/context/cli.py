@@ -101,13 +101,15 @@ def train_main(args: argparse.Namespace) -> int:
 
 def check(cfg: CompressConfig) -> None:
     """Every option, before anything is read or loaded."""
+    from masklab.context.presses import PRESSES
     from masklab.context.routers import ROUTERS
 
     if not cfg.context:
         raise MasklabError("--context is required (a text file, several, a folder, a JSON list, or - for standard input)")
     check_question(cfg.question)
     check_ranges(cfg)
-    ROUTERS[cfg.router]  # noqa: B018  (unknown router: one clear error)
+    if cfg.router not in PRESSES:
+        ROUTERS[cfg.router]  # noqa: B018  (unknown router: one clear error)
     if cfg.router == "oracle-gold":
         raise MasklabError("oracle-gold keeps the gold units of a generated task (an evaluation reference); "
                            "your document has none: use bm25, lexical, evidence or attention")
@@ -115,33 +117,29 @@ def check(cfg: CompressConfig) -> None:
         raise MasklabError(f"--router-file is for the trained routers (--router {', '.join(TRAINED)})")
     if cfg.router_model and cfg.router not in TRAINED:
         raise MasklabError(f"--router-model is for the trained routers (--router {', '.join(TRAINED)})")
-    if cfg.router in press_names() and not cfg.answer:
+    if cfg.router in PRESSES and not cfg.answer:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")
     if cfg.html and not Path(cfg.html).expanduser().resolve().parent.is_dir():
         raise MasklabError(f"cannot write the page {cfg.html}: its folder does not exist")
-    if cfg.html and (cfg.router in press_names() or cfg.router == "longllmlingua"):
+    if cfg.html and (cfg.router in PRESSES or cfg.router == "longllmlingua"):
         raise MasklabError(f"--html highlights the kept units; {cfg.router} keeps none (it "
-                           f"{'prunes the cache' if cfg.router in press_names() else 'rewrites the text'})")
+                           f"{'prunes the cache' if cfg.router in PRESSES else 'rewrites the text'})")
 
 
 def check_passages(cfg: CompressConfig) -> None:
     """What several passages cannot do (checked once they are read, before the model loads)."""
-    if not keeps_units(cfg.router):
-        raise MasklabError(f"{cfg.router} {'prunes the model cache' if cfg.router in press_names() else 'rewrites the text'} "
+    from masklab.context.presses import PRESSES
+
+    if cfg.router in PRESSES or not keeps_units(cfg.router):
+        raise MasklabError(f"{cfg.router} {'prunes the model cache' if cfg.router in PRESSES else 'rewrites the text'} "
                            "and keeps no units, so it cannot spend one budget across several passages: "
                            "give one --context file, or a router that keeps units (bm25, lexical, evidence, attention)")
     if cfg.html:
         raise MasklabError("--html shows one document: give one --context file")
 
 
-def press_names() -> list[str]:
-    from masklab.context.routers.presses import press_names as names
-
-    return names()
-
-
 def keeps_units(name: str) -> bool:
-    """Whether router ``name`` keeps units of the text (not a press, not a rewriter)."""
+    """Whether router ``name`` keeps units of the text (not a rewriter)."""
     from masklab.context.routers import ROUTERS
 
     factory = ROUTERS[name]
@@ -150,21 +148,21 @@ def keeps_units(name: str) -> bool:
 
 def list_routers() -> None:
     """One line per router: whether it reads the model, and what else it needs."""
+    from masklab.context.presses import PRESSES
     from masklab.context.routers import ROUTERS
 
-    presses = press_names()
     for name in ROUTERS:
         factory = ROUTERS[name]
         cls = getattr(factory, "func", factory)
         what = "reads the model" if cls.needs_model else "reads no model (only its tokenizer, to count tokens)"
-        if name in presses:
-            what += "; a KV-cache press: needs --answer, keeps no text"
-        elif name == "longllmlingua":
+        if name == "longllmlingua":
             what += "; rewrites the text (one document only)"
         elif name == "oracle-gold":
             what += "; generated tasks only (needs their gold units), not your documents"
         use = getattr(cls, "use", "")
         print(f"{name:<26}{what}" + (f"\n{'':<26}for: {use}" if use else ""))
+    for name in PRESSES:
+        print(f"{name:<26}reads the model; a KV-cache press: needs --answer, keeps no text")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -192,7 +190,9 @@ def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[str, int, int
     """``(query, window, overhead)``: the text asked after the context, the model's window in
     tokens, and the tokens the query, the chat turns and the answer take of it (so the kept
     context may be at most ``window - overhead`` tokens)."""
-    query = f"\nQuestion: {question}\nAnswer:"
+    from masklab.query import Query
+
+    query = Query(question).text
     window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
     return query, window, len(lm.tokenizer(query)["input_ids"]) + ANSWER_ROOM + max_new_tokens
 
@@ -201,58 +201,76 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
     """Prune ``text`` (one document, or a list of passages) for ``question`` with ``lm``
     loaded; print what ``cfg`` asks for. In text mode the pruned text and its answer are
     printed before the whole document is answered (``--compare-full``)."""
-    from masklab.document import segment
+    from masklab.context.presses import PRESSES
     from masklab.context.routers import load_router
+    from masklab.document import segment
 
+    query, window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
+    if cfg.router in PRESSES:
+        return compress_press(cfg, lm, PRESSES[cfg.router](lm), segment(text, lm.tokenizer, cfg.unit_tokens), question,
+                              query, window, overhead)
     trained = {"progress": cfg.progress, "router_model": cfg.router_model,
                **({"path": cfg.router_file} if cfg.router_file else {})}
     router = load_router(cfg.router, lm, **(trained if cfg.router in TRAINED else {}))
-    query, window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
     if isinstance(text, list):
         return compress_passages_cli(cfg, lm, router, text, question, query, window, overhead)
     doc = segment(text, lm.tokenizer, cfg.unit_tokens)
     lengths = doc.lengths(lm.tokenizer)
     total = sum(lengths)
-    out: dict = {"model": lm.name, "question": question, "router": cfg.router, "keep": cfg.keep,
-                 "target_tokens": cfg.target_tokens, "context_tokens": total, "model_window": window}
+    out = compress_header(cfg, lm, question, total, window)
     notes = list(router.notes)  # which model ranked, a router fitted on few examples
-    if cfg.compare_full and total + overhead > window:
-        raise MasklabError(f"the whole document is {total} tokens and {lm.name} reads {window} at once: "
-                           "--compare-full cannot answer from it (drop --compare-full)")
     budget = cfg.target_tokens if cfg.target_tokens is not None else cfg.keep * total
     keep = cfg.keep if cfg.target_tokens is None else min(1.0, cfg.target_tokens / total)
-    if cfg.router in press_names():
-        if total + overhead > window:
-            raise MasklabError(f"the document is {total} tokens; a KV-cache press prefills all of it, past "
-                               f"{lm.name}'s {window}-token window: use a router that prunes the text")
-        ans, secs = router.answer(doc.source, f"\nQuestion: {question}", "Answer:", keep, cfg.max_new_tokens)
-        out.update({"units": doc.units, "kept": None, "pruned_text": None, "kept_fraction": keep,
-                    "router_seconds": None, "answer": first_answer(ans), "answer_seconds": secs, "notes": notes})
+    limit = window - overhead
+    cap = limit if budget > limit else None
+    if cfg.target_tokens is not None and keeps_units(cfg.router):
+        pruned = router.choose(doc, question, 1.0, fill=cfg.fill, limit=min(cfg.target_tokens, limit))
     else:
-        limit = window - overhead
-        cap = limit if budget > limit else None
-        if cfg.target_tokens is not None and keeps_units(cfg.router):
-            pruned = router.choose(doc, question, 1.0, fill=cfg.fill, limit=min(cfg.target_tokens, limit))
-        else:
-            pruned = router.choose(doc, question, keep, fill=cfg.fill, limit=cap)
-        if cap is not None:
-            notes.append(f"the document is {total} tokens: the kept units were capped at {limit} tokens to fit "
-                         f"{lm.name}'s {window}-token window with the question and answer")
-        if getattr(router, "last_windows", 1) > 1:
-            notes.append(f"the router read the document in {router.last_windows} windows")
-        if pruned.compressed is None and len(pruned.kept) == 1 and pruned.kept_tokens > budget:
-            notes.append(f"{budget_text(cfg)} kept {pruned.kept_fraction:.0%} of the tokens: the top unit alone is "
-                         f"{pruned.kept_tokens} tokens, over the budget of {budget:.0f}, and the top unit is "
-                         "always kept")
-        pruned.notes = notes
-        out.update(pruned.to_json())
-        if not cfg.json:
-            what = f"kept {len(out['kept'])} of {len(doc.units)} units," if out["kept"] is not None else "rewritten to"
-            print_pruned(out["pruned_text"], f"{what} {out['kept_fraction']:.0%} of {total} tokens (router "
-                         f"{cfg.router}, {out['router_seconds']:.3f} s)", notes)
-        if cfg.answer:
-            answer_into(out, "answer", "answer_seconds", lm, pruned.text, query, cfg)
-    return finish(cfg, lm, out, doc.source, total, query, notes, pruned=None if cfg.router in press_names() else pruned)
+        pruned = router.choose(doc, question, keep, fill=cfg.fill, limit=cap)
+    if cap is not None:
+        notes.append(f"the document is {total} tokens: the kept units were capped at {limit} tokens to fit "
+                     f"{lm.name}'s {window}-token window with the question and answer")
+    if getattr(router, "last_windows", 1) > 1:
+        notes.append(f"the router read the document in {router.last_windows} windows")
+    if pruned.compressed is None and len(pruned.kept) == 1 and pruned.kept_tokens > budget:
+        notes.append(f"{budget_text(cfg)} kept {pruned.kept_fraction:.0%} of the tokens: the top unit alone is "
+                     f"{pruned.kept_tokens} tokens, over the budget of {budget:.0f}, and the top unit is "
+                     "always kept")
+    pruned.notes = notes
+    out.update(pruned.to_json())
+    if not cfg.json:
+        what = f"kept {len(out['kept'])} of {len(doc.units)} units," if out["kept"] is not None else "rewritten to"
+        print_pruned(out["pruned_text"], f"{what} {out['kept_fraction']:.0%} of {total} tokens (router "
+                     f"{cfg.router}, {out['router_seconds']:.3f} s)", notes)
+    if cfg.answer:
+        answer_into(out, "answer", "answer_seconds", lm, pruned.text, query, cfg)
+    return finish(cfg, lm, out, doc.source, total, query, notes, pruned=pruned)
+
+
+def compress_header(cfg: CompressConfig, lm, question: str, total: int, window: int) -> dict:
+    """The fields every single-document output starts with; refuses ``--compare-full`` past the window."""
+    if cfg.compare_full and total + answer_budget(lm, question, cfg.max_new_tokens)[2] > window:
+        raise MasklabError(f"the whole document is {total} tokens and {lm.name} reads {window} at once: "
+                           "--compare-full cannot answer from it (drop --compare-full)")
+    return {"model": lm.name, "question": question, "router": cfg.router, "keep": cfg.keep,
+            "target_tokens": cfg.target_tokens, "context_tokens": total, "model_window": window}
+
+
+def compress_press(cfg: CompressConfig, lm, press, doc, question: str, query: str, window: int, overhead: int) -> int:
+    """``masklab compress --router <press> --answer``: the press answers from the whole document
+    (it prefills all of it, dropping key/value pairs inside the model); no text is kept."""
+    from masklab.query import Query
+
+    total = sum(doc.lengths(lm.tokenizer))
+    out = compress_header(cfg, lm, question, total, window)
+    if total + overhead > window:
+        raise MasklabError(f"the document is {total} tokens; a KV-cache press prefills all of it, past "
+                           f"{lm.name}'s {window}-token window: use a router that prunes the text")
+    keep = cfg.keep if cfg.target_tokens is None else min(1.0, cfg.target_tokens / total)
+    ans, secs = press.answer(doc.source, Query(question), keep, cfg.max_new_tokens)
+    out.update({"units": doc.units, "kept": None, "pruned_text": None, "kept_fraction": keep,
+                "router_seconds": None, "answer": first_answer(ans), "answer_seconds": secs, "notes": []})
+    return finish(cfg, lm, out, doc.source, total, query, [], pruned=None)
 
 
 def compress_passages_cli(cfg: CompressConfig, lm, router, passages: list[str], question: str, query: str,

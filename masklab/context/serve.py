@@ -97,8 +97,8 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     context, a context over ``--max-context-bytes``, a keep outside (0, 1], an unknown
     router or a KV-cache press (it prunes the cache, not the text)."""
     from masklab.context.passages import check_target
+    from masklab.context.presses import PRESSES
     from masklab.context.routers import ROUTERS
-    from masklab.context.routers.presses import press_names
     from masklab.selection import check_keep
 
     try:
@@ -142,10 +142,10 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     router = body.get("router", cfg.router)
     if not isinstance(router, str):
         raise MasklabError("router must be a string (a router name)")
-    ROUTERS[router]  # noqa: B018  (unknown router: one clear error)
-    if router in press_names():
+    if router in PRESSES:
         raise MasklabError(f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
                            "returns pruned text, so name a router that prunes the text")
+    ROUTERS[router]  # noqa: B018  (unknown router: one clear error)
     keep = _number(body, "keep", float, "a number in (0, 1]")
     keep = cfg.keep if keep is None else check_keep(keep)
     target = body.get("target_tokens")
@@ -361,13 +361,13 @@ def main(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise MasklabError("masklab serve needs FastAPI and uvicorn: pip install 'masklab[serve]'") from None
+    from masklab.context.presses import PRESSES
     from masklab.context.routers import ROUTERS
-    from masklab.context.routers.presses import press_names
 
-    ROUTERS[cfg.router]  # noqa: B018
-    if cfg.router in press_names():
+    if cfg.router in PRESSES:
         raise MasklabError(f"--router {cfg.router} is a KV-cache press: the service returns pruned text, so give a "
                            "router that prunes the text")
+    ROUTERS[cfg.router]  # noqa: B018
     dev = devices.resolve(args.device)
     check_models([cfg.model])
     sock = bind(cfg.host, cfg.port)  # a port in use is one error before the model loads

@@ -19,13 +19,15 @@
    ``warning`` in the JSON that the router repeats as a note wherever it is loaded.
 3. **Held-out evaluation** (``--eval``): on the ``--eval-split`` families (``val`` to choose
    features, ``test`` to report), at each ``--eval-lengths``, ``--eval-examples`` per task
-   kind: whether each router keeps every answering unit at ``--keep`` (``gold_kept``), and
-   (``gold_top``: whether its top-ranked units are exactly the answering ones, as many as
-   there are: where word overlap cannot tell the latest statement or the asked key from
-   the others, this is what differs), and with ``--eval-answers`` the answer from the kept
-   text and from the full context. Rows per example in
-   ``OUT/eval_rows_SPLIT[-answers].jsonl`` (resumable; rows name the routers' weights and
-   the example's digest, so rows of other routers or of other text are never reused), the
+   kind: whether each router keeps every answering unit at ``--keep`` (``all_gold_kept``; the
+   rows hold ``gold_kept``, the share kept), and (``gold_top``: whether its top-ranked units
+   are exactly the answering ones, as many as there are: where word overlap cannot tell the
+   latest statement or the asked key from the others, this is what differs), and with
+   ``--eval-answers`` the answer from the kept text and from the full context, all measured
+   by :mod:`masklab.context.pipeline`. Rows per example in
+   ``OUT/eval_rows_SPLIT[-answers]-WEIGHTS.jsonl`` (resumable; named after the routers'
+   weights, and each row after its example's digest, so rows of other routers or of other
+   text are never reused), the
    table with Wilson 95% intervals and paired McNemar p-values in
    ``OUT/eval_SPLIT[-answers].json`` / ``.md``.
 
@@ -125,7 +127,7 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
     for k, ex in _bar(list(want.items()), cfg.progress, f"labels {lm.name}"):
         if k in done:
             continue
-        lab = make_labels(lm, ex, ex.query, accept=ex.correct, max_new_tokens=cfg.max_new_tokens)
+        lab = make_labels(lm, ex, ex.query, accept=ex.is_correct, max_new_tokens=cfg.max_new_tokens)
         if todo:  # the first example labelled here prices the rest
             print(cost_estimate(todo, lab), file=sys.stderr, flush=True)
             todo = 0
@@ -208,127 +210,113 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = 
 
 
 def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict:
-    """Held-out evaluation (module docstring); returns the results written to ``eval.json``."""
-    from masklab.context.answer import generate_answer
+    """Held-out evaluation (module docstring) through the one evaluation loop
+    (:func:`masklab.context.pipeline.evaluate`); returns the results written to ``eval.json``."""
+    from masklab.context import pipeline
     from masklab.context.routers import ROUTERS
-    from masklab.selection import select
-    from masklab.context.trained import features, router_stem
+    from masklab.context.trained import router_stem
     from masklab.files import write_json
     from masklab.tasks.families import SPLITS, split_examples
 
-    import torch
-
-    words = {name: ROUTERS[name](lm=lm) for name in EVAL_METHODS if name not in routers}
+    ranking = {name: ROUTERS[name](lm=lm, **({"routers": routers, "meta": meta} if name in routers else {}))
+               for name in EVAL_METHODS}
     kinds = cfg.eval_kinds or SPLITS[cfg.eval_split]["kind"]
     tag = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
-    path = out / f"eval_rows_{tag}.jsonl"
     weights = hashlib.sha256((out / f"{router_stem(lm.name)}.safetensors").read_bytes()).hexdigest()[:12]
-    done = {(r["length"], r["kind"], r["seed"], r.get("example")) for r in read_jsonl(path)
-            if r.get("router") == weights}  # rows of these routers and this text only
-    todo = [(n, ex) for n in cfg.eval_lengths
-            for ex in split_examples(cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer,
-                                     kinds=kinds)]
-    for n, ex in _bar(todo, cfg.progress, f"held-out {cfg.eval_split} {lm.name}"):
-        if (n, ex.kind, ex.seed, ex.digest) in done:
-            continue
-        row = {"length": n, "kind": ex.kind, "seed": ex.seed, "example": ex.digest, "template": ex.template,
-               "filler": ex.filler, "tokens": ex.n_tokens, "gold": ex.gold, "router": weights}
-        if cfg.eval_answers:
-            r = generate_answer(lm, ex.units, ex.query, cfg.max_new_tokens, stop_at_sentence=True)
-            row["full"] = {"correct": ex.correct(r["generated"]), "answer": r["generated"], "seconds": r["seconds"],
-                           "prefill_seconds": r["prefill_seconds"]}
-        lengths = ex.lengths(lm.tokenizer)
-        t0 = time.perf_counter()  # both trained routers read the same features: one pass, timed once
-        X = features(lm, ex.units, ex.question, meta.get("layers", 2), kind=meta["features"])
-        shared = time.perf_counter() - t0
-        for name in EVAL_METHODS:
-            t0 = time.perf_counter()
-            scores = routers[name].score(X) if name in routers else words[name].score(ex, ex.question)
-            kept = select(scores, lengths, cfg.keep)
-            seconds = (shared if name in routers else 0.0) + time.perf_counter() - t0
-            top = torch.argsort(scores, descending=True, stable=True)[:len(ex.gold)].tolist()
-            rec = {"gold_kept": all(g in kept for g in ex.gold), "gold_top": sorted(top) == sorted(ex.gold),
-                   "kept": sum(lengths[i] for i in kept) / sum(lengths), "router_seconds": seconds}
-            if cfg.eval_answers:
-                r = generate_answer(lm, [ex.units[i] for i in kept], ex.query, cfg.max_new_tokens,
-                                    stop_at_sentence=True)
-                rec.update({"correct": ex.correct(r["generated"]), "answer": r["generated"],
-                            "seconds": seconds + r["seconds"]})
-            row[name] = rec
-        append_jsonl(path, row)
-    current = {(n, ex.kind, ex.seed, ex.digest) for n, ex in todo}
-    rows = [r for r in read_jsonl(path)
-            if r.get("router") == weights and (r["length"], r["kind"], r["seed"], r.get("example")) in current]
-    res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta, "config": asdict(cfg),
-           "device": devices.describe(lm.model.device, cfg.precision), "summary": summarise(rows, cfg.eval_answers), "rows": rows}
+    cells = [(n, ex) for n in cfg.eval_lengths
+             for ex in split_examples(cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer,
+                                      kinds=kinds)]
+    length = [n for n, _ in cells]  # the asked length of example i (its own n_tokens is what it came to)
+
+    def methods(i: int, ex) -> list:
+        choose = {name: lambda ex, r=r: r.choose(ex, ex.question, cfg.keep, fill=True) for name, r in ranking.items()}
+        if not cfg.eval_answers:
+            return [(name, pipeline.ranked(c)) for name, c in choose.items()]
+        answer = {"stop_at_sentence": True, "new_tokens": cfg.max_new_tokens}
+        return [("full", pipeline.full(lm, **answer))] + [(n, pipeline.routed(lm, c, **answer)) for n, c in choose.items()]
+
+    def describe(i: int, ex, record: dict) -> None:
+        record.update({"length": length[i], "kind": ex.kind, "seed": ex.seed, "example": ex.digest,
+                       "template": ex.template, "filler": ex.filler, "tokens": ex.n_tokens, "gold": ex.gold,
+                       "router": weights})
+
+    # rows of these routers (their weights) and of this text (each example's digest) only
+    records = pipeline.evaluate([ex for _, ex in cells], methods, out / f"eval_rows_{tag}-{weights}.jsonl",
+                                key=lambda i, ex: f"{length[i]}/{ex.kind}/{ex.seed}/{ex.digest}", after=describe,
+                                progress=lambda todo: _bar(todo, cfg.progress, f"held-out {cfg.eval_split} {lm.name}"))
+    res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta,
+           "config": asdict(cfg), "device": devices.describe(lm.model.device, cfg.precision),
+           "summary": summarise(records, cfg.eval_answers), "rows": records}
     write_json(out / f"eval_{tag}.json", res)
     (out / f"eval_{tag}.md").write_text(markdown(res) + "\n")
     return res
 
 
-def _kept_rates(cell: list[dict], m: str) -> dict:
-    """``gold_kept`` and ``gold_top`` of method ``m`` over the rows ``cell``, with Wilson intervals."""
+def _kept_rates(rows: list[dict]) -> dict:
+    """``all_gold_kept`` (every gold unit kept) and ``gold_top`` over ``rows`` (one method's), with Wilson intervals."""
     from masklab.stats import wilson
 
     out = {}
-    for metric in ("gold_kept", "gold_top"):
-        k = sum(r[m][metric] for r in cell)
-        lo, hi = wilson(k, len(cell))
-        out.update({metric: k / len(cell), f"{metric}_lo": lo, f"{metric}_hi": hi})
+    for metric, hits in (("all_gold_kept", [r["gold_kept"] == 1.0 for r in rows]), ("gold_top", [r["gold_top"] for r in rows])):
+        k = sum(hits)
+        lo, hi = wilson(k, len(rows))
+        out.update({metric: k / len(rows), f"{metric}_lo": lo, f"{metric}_hi": hi})
     return out
 
 
-def summarise(rows: list[dict], answers: bool) -> list[dict]:
-    """One row per (length, kind, method): n, ``gold_kept`` and ``gold_top`` with their Wilson
-    intervals, kept fraction, router seconds; with answers ``acc`` (interval), McNemar p
-    against the full context, the speed-up over the full context (router included, with a
-    bootstrap interval) and ``router_share`` (router seconds over the full prefill's); for
-    the evidence router, McNemar p against each other method. Without answers, one more row
-    per method, task ``all``: ``gold_kept`` and ``gold_top`` over every example."""
+def summarise(records: list[dict], answers: bool) -> list[dict]:
+    """One row per (length, kind, method): n, ``all_gold_kept`` (the share of examples whose
+    every gold unit was kept) and ``gold_top`` with their Wilson intervals, kept fraction,
+    router seconds; with answers ``acc`` (interval), McNemar p against the full context, the
+    speed-up over the full context (router included, with a bootstrap interval) and
+    ``router_share`` (router seconds over the full prefill's); for the evidence router,
+    McNemar p against each other method. Without answers, one more row per method, task
+    ``all``: ``all_gold_kept`` and ``gold_top`` over every example."""
     from masklab.stats import bootstrap_ratio, mcnemar, wilson
 
     out = []
-    for n_tok in sorted({r["length"] for r in rows}):
-        for kind in sorted({r["kind"] for r in rows}):
-            cell = [r for r in rows if r["length"] == n_tok and r["kind"] == kind]
-            names = (["full"] if answers and "full" in cell[0] else []) + [m for m in EVAL_METHODS if m in cell[0]]
-            for m in names:
+    for n_tok in sorted({r["length"] for r in records}):
+        for kind in sorted({r["kind"] for r in records}):
+            cell = [r["rows"] for r in records if r["length"] == n_tok and r["kind"] == kind]
+            for m in (["full"] if "full" in cell[0] else []) + [m for m in EVAL_METHODS if m in cell[0]]:
+                rows = [c[m] for c in cell]
                 s = {"task": f"{kind}@{n_tok}", "method": m, "n": len(cell)}
                 if m != "full":
-                    s.update(_kept_rates(cell, m))
-                    s["kept"] = sum(r[m]["kept"] for r in cell) / len(cell)
-                    s["router_seconds"] = sum(r[m]["router_seconds"] for r in cell) / len(cell)
-                if answers and "correct" in cell[0][m]:
-                    k = sum(r[m]["correct"] for r in cell)
-                    lo, hi = wilson(k, len(cell))
-                    s.update({"acc": k / len(cell), "acc_lo": lo, "acc_hi": hi})
+                    s.update(_kept_rates(rows))
+                    s["kept"] = sum(r["kept"] for r in rows) / len(rows)
+                    s["router_seconds"] = sum(r["router_s"] for r in rows) / len(rows)
+                if "acc" in rows[0]:
+                    k = sum(r["acc"] for r in rows)
+                    lo, hi = wilson(int(k), len(rows))
+                    s.update({"acc": k / len(rows), "acc_lo": lo, "acc_hi": hi})
                     if m != "full":
-                        s["p_vs_full"] = mcnemar([r[m]["correct"] for r in cell], [r["full"]["correct"] for r in cell])
-                        full_s, own_s = [r["full"]["seconds"] for r in cell], [r[m]["seconds"] for r in cell]
+                        full = [c["full"] for c in cell]
+                        s["p_vs_full"] = mcnemar([r["acc"] == 1 for r in rows], [r["acc"] == 1 for r in full])
+                        full_s, own_s = [r["seconds"] for r in full], [r["seconds"] for r in rows]
                         s["speedup"] = sum(full_s) / sum(own_s)
                         s["speedup_lo"], s["speedup_hi"] = bootstrap_ratio(full_s, own_s)
-                        s["router_share"] = (sum(r[m]["router_seconds"] for r in cell)
-                                             / sum(r["full"]["prefill_seconds"] for r in cell))
+                        s["router_share"] = sum(r["router_s"] for r in rows) / sum(r["prefill_s"] for r in full)
                 if m == "evidence":
                     for other in ("attention", "lexical", "bm25"):
-                        s[f"p_gold_vs_{other}"] = mcnemar([r[m]["gold_kept"] for r in cell], [r[other]["gold_kept"] for r in cell])
-                        s[f"p_top_vs_{other}"] = mcnemar([r[m]["gold_top"] for r in cell], [r[other]["gold_top"] for r in cell])
-                        if answers and "correct" in cell[0][m]:
-                            s[f"p_acc_vs_{other}"] = mcnemar([r[m]["correct"] for r in cell], [r[other]["correct"] for r in cell])
+                        theirs = [c[other] for c in cell]
+                        s[f"p_gold_vs_{other}"] = mcnemar([r["gold_kept"] == 1 for r in rows], [r["gold_kept"] == 1 for r in theirs])
+                        s[f"p_top_vs_{other}"] = mcnemar([r["gold_top"] == 1 for r in rows], [r["gold_top"] == 1 for r in theirs])
+                        if "acc" in rows[0]:
+                            s[f"p_acc_vs_{other}"] = mcnemar([r["acc"] == 1 for r in rows], [r["acc"] == 1 for r in theirs])
                 out.append(s)
     if answers:
         return out
     for m in EVAL_METHODS:  # pooled over every kind and length: what features are chosen by
-        cell = [r for r in rows if m in r]
-        out.append({"task": "all", "method": m, "n": len(cell), **_kept_rates(cell, m)})
+        rows = [r["rows"][m] for r in records if m in r["rows"]]
+        out.append({"task": "all", "method": m, "n": len(rows), **_kept_rates(rows)})
     return out
 
 
 def markdown(res: dict) -> str:
     lines = [f"# Held-out routers: {res['model']} on the {res['split']} families, keep {res['keep']}", "",
-             "| task | method | n | gold_kept [95% CI] | gold_top [95% CI] | kept | acc [95% CI] |", "|---|---|---|---|---|---|---|"]
+             "| task | method | n | all_gold_kept [95% CI] | gold_top [95% CI] | kept | acc [95% CI] |", "|---|---|---|---|---|---|---|"]
     for s in res["summary"]:
-        g = f"{s['gold_kept']:.3f} [{s['gold_kept_lo']:.2f}, {s['gold_kept_hi']:.2f}]" if "gold_kept" in s else "-"
+        g = f"{s['all_gold_kept']:.3f} [{s['all_gold_kept_lo']:.2f}, {s['all_gold_kept_hi']:.2f}]" if "all_gold_kept" in s else "-"
         t = f"{s['gold_top']:.3f} [{s['gold_top_lo']:.2f}, {s['gold_top_hi']:.2f}]" if "gold_top" in s else "-"
         a = f"{s['acc']:.3f} [{s['acc_lo']:.2f}, {s['acc_hi']:.2f}]" if "acc" in s else "-"
         k = f"{s['kept']:.3f}" if "kept" in s else "-" if s["task"] == "all" else "1.000"

@@ -9,7 +9,7 @@
   raw or chat turns): a template that only passes the text through (plus BOS) is set
   while ContextCite runs.
 
-kvpress's presses run through :mod:`masklab.context.routers.presses` (the router name table).
+kvpress's presses run through :mod:`masklab.context.presses` (:data:`~masklab.context.presses.PRESSES`).
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         for m, r in found.items():
             ev = r["evidence"]
             top1 = int(np.argmax(r["scores"])) if r["scores"] is not None else (ev[0] if len(ev) == 1 else -1)
-            row = {"gold_hit": float(ex.gold in ev), "top1_hit": float(top1 == ex.gold), "set_size": float(len(ev)),
-                   "exact": float(ev == [ex.gold]), "forward_passes": float(r["forward_passes"]), "seconds": r["seconds"]}
+            row = {"gold_hit": float(ex.gold[0] in ev), "top1_hit": float(top1 == ex.gold[0]), "set_size": float(len(ev)),
+                   "exact": float(ev == ex.gold), "forward_passes": float(r["forward_passes"]), "seconds": r["seconds"]}
             if cc_top is not None and m != "contextcite":
                 row["agree_contextcite"] = float(cc_top in ev)
             rows[m].append(row)

@@ -125,25 +125,20 @@ def method_name(router: str) -> str:
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
-    """All methods on one (model, task, length, seed), interleaved: example ``i`` runs the
-    methods in the list rotated by ``i``, so machine noise hits them alike. Each finished
-    example is appended to ``ckpt_dir/examples-<settings hash>.jsonl``; a killed run
-    continues after the last one with the same numbers."""
+    """All methods on one (model, task, length, seed) through the one evaluation loop
+    (:func:`masklab.context.pipeline.evaluate`: interleaved per example, each finished example
+    appended to ``ckpt_dir/examples-<settings hash>.jsonl``, so a killed run continues after
+    the last one with the same numbers)."""
     import hashlib
     import json
 
     import torch
 
     from masklab import device as devices
-    from masklab.context.answer import generate_answer, kv_cache_mb, peak_rss_mb
-    from masklab.context.router import ROUTERS
-    from masklab.context.routers import load_router
-    from masklab.context.routers.presses import PressRouter
-    from masklab.context.trained import chunk_units, train_or_load
-    from masklab.pretrained.evidence import cite
-    from masklab.pretrained.lm import split_answer_prefix
+    from masklab.context import pipeline
+    from masklab.context.answer import peak_rss_mb
     from masklab.pretrained.models import load
-    from masklab.tasks.longctx import make_examples, score
+    from masklab.tasks.longctx import make_examples
 
     p = spec["params"]
     dev = devices.current()
@@ -152,117 +147,99 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     lm = load(spec["model"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"), device=dev)
     task_kw = {"hops": p["hops"], "updates": p["updates"], "distractors": p["distractors"], "count": p["count"]}
     examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer, **task_kw)
-    new_tokens = p["max_new_tokens"] * (p["count"] if p["task"] == "multivalue" else 1)  # an answer lists count values
-    rmeta = None
+    routers, rmeta = make_routers(lm, spec, task_kw, Path(ckpt_dir).parent / "routers")
+    settings = hashlib.sha256(json.dumps({k: v for k, v in p.items() if k != "examples"}, sort_keys=True).encode())
+    records = pipeline.evaluate(examples, methods(lm, p, spec["seed"], routers), 
+                                Path(ckpt_dir) / f"examples-{settings.hexdigest()[:12]}.jsonl",
+                                after=lambda i, ex, rec: add_evidence(lm, p, i, ex, rec))
+    metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples), **pipeline.means(records)}
+    if dev.type == "cuda":  # the GPU's own peak (peak_mb is the process's resident memory)
+        metrics["gpu_peak_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
+    if rmeta is not None:  # a router trained here, or a shipped one (whose file says what its labels cost)
+        passes = rmeta.get("ev_passes", rmeta.get("label_cost", {}).get("passes"))
+        labelled = rmeta.get("labelled", rmeta.get("data", {}).get("labelled"))
+        for method in [m for m in records[0]["rows"] if m.split("@")[0] in ROUTER_METHODS.values()]:
+            metrics[f"train_passes|{method}"], metrics[f"train_labelled|{method}"] = passes, labelled
+    answers = [{"answer": ex.answer, "n_tokens": ex.n_tokens, "prefill_s": r["rows"]["full"]["prefill_s"],
+                **r["answers"], **({"evidence": r["evidence"]} if "evidence" in r else {})}
+               for ex, r in zip(examples, records)]
+    per_example = [{k: v for k, v in r["rows"].items() if k != "evidence"} for r in records]
+    return {"metrics": metrics, "curves": {}, "extra": {"answers": answers, "router": rmeta, "examples": per_example}}
+
+
+def make_routers(lm, spec: dict, task_kw: dict, cache: Path) -> tuple[dict, dict | None]:
+    """``({router name: Router}, meta of the trained routers or None)``: the text routers of
+    ``--routers``, the trained ones fitted here (cached in ``cache``) or shipped."""
+    import sys
+
+    from masklab.context.router import ROUTERS
+    from masklab.context.routers import load_router
+    from masklab.context.trained import train_or_load
+
+    p = spec["params"]
     trained = [r for r in p["routers"] if r in ROUTER_METHODS]
     routers = {r: load_router(r, lm) for r in p["routers"] if r not in ROUTER_METHODS}
     if trained and p.get("router_source", "train") == "shipped":
         routers.update({kind: load_router(kind, lm, router_model=p.get("router_model")) for kind in trained})
-        rmeta = routers[trained[0]].meta
-    elif trained:
-        import sys
+        return routers, routers[trained[0]].meta
+    if not trained:
+        return routers, None
+    fitted, meta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"], cache,
+                                 seed=spec["seed"], task_kw=task_kw, max_new_tokens=p["max_new_tokens"],
+                                 chunk_tokens=p["chunk_tokens"], layers=p["router_layers"],
+                                 log=lambda m: print(m, file=sys.stderr))
+    routers.update({kind: ROUTERS[kind](lm=lm, routers=fitted, meta=meta) for kind in trained})
+    return routers, meta
 
-        fitted, rmeta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"],
-                                      Path(ckpt_dir).parent / "routers", seed=spec["seed"], task_kw=task_kw,
-                                      max_new_tokens=p["max_new_tokens"], chunk_tokens=p["chunk_tokens"],
-                                      layers=p["router_layers"], log=lambda m: print(m, file=sys.stderr))
-        routers.update({kind: ROUTERS[kind](lm=lm, routers=fitted, meta=rmeta) for kind in trained})
-    presses = {press: PressRouter(lm, press=press) for press in p["compare"]}
+
+def methods(lm, p: dict, seed: int, routers: dict):
+    """``methods(i, example)`` for :func:`masklab.context.pipeline.evaluate`: the full context,
+    then per kept fraction the oracle, the routers and the presses (module docstring)."""
+    from masklab.context import pipeline
+    from masklab.context.presses import PRESSES
+    from masklab.context.router import ROUTERS
+
+    new_tokens = p["max_new_tokens"] * (p["count"] if p["task"] == "multivalue" else 1)  # an answer lists count values
     oracle = ROUTERS["oracle-gold"](lm=lm)
-    # finished examples of *these* settings (a changed setting other than --examples starts afresh)
-    settings = hashlib.sha256(json.dumps({k: v for k, v in p.items() if k != "examples"}, sort_keys=True).encode())
-    done_path = Path(ckpt_dir) / f"examples-{settings.hexdigest()[:12]}.jsonl"
-    done = [json.loads(line) for line in done_path.read_text().splitlines()] if done_path.exists() else []
-    rows: dict[str, list[dict]] = {}
-    answers = []
-    for d in done:
-        for name, row in d["rows"].items():
-            rows.setdefault(name, []).append(row)
-        answers.append(d["rec"])
-    for i, ex in enumerate(examples):
-        if i < len(done):
-            continue
-        lengths = ex.lengths(lm.tokenizer)
-        n_ctx = sum(lengths)
-        rec: dict = {"answer": ex.answer, "n_tokens": ex.n_tokens}
-        ex_rows: dict[str, dict] = {}
+    presses = {name: PRESSES[name](lm) for name in p["compare"]}
 
-        def pruned(choice) -> tuple[dict, str]:
-            r = generate_answer(lm, [choice.text], ex.query, max_new_tokens=new_tokens)
-            if choice.compressed is not None:  # a compressor that rewrote the text: gold kept if it is there verbatim
-                gold_kept = sum(ex.units[g] in choice.text for g in ex.gold) / len(ex.gold)
-            else:
-                gold_kept = sum(g in choice.kept for g in ex.gold) / len(ex.gold)
-            return {"acc": float(score(r["generated"], ex)), "seconds": choice.seconds + r["seconds"],
-                    "prefill_s": r["prefill_seconds"], "kept": choice.kept_fraction, "gold_kept": gold_kept,
-                    "router_s": choice.seconds, "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
-
-        def full() -> tuple[dict, str]:
-            r = generate_answer(lm, ex.units, ex.query, max_new_tokens=new_tokens)
-            rec["prefill_s"] = r["prefill_seconds"]
-            return {"acc": float(score(r["generated"], ex)), "seconds": r["seconds"], "kept": 1.0,
-                    "prefill_s": r["prefill_seconds"], "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
-
-        methods = [("full", full)]
-        oracle.seed = spec["seed"] * 1000 + i
+    def table(i: int, ex) -> list:
+        oracle.seed = seed * 1000 + i
+        out = [("full", pipeline.full(lm, new_tokens))]
         for k in p["keeps"]:
-            methods.append((f"oracle-gold@{k}", lambda k=k: pruned(oracle.choose(ex, ex.question, k))))
+            out.append((f"oracle-gold@{k}", pipeline.routed(lm, lambda ex, k=k: oracle.choose(ex, ex.question, k),
+                                                            new_tokens)))
             for name, router in routers.items():
                 fill = p.get("router_fill", False) if name in ROUTER_METHODS else True
-                methods.append((f"{method_name(name)}@{k}",
-                                lambda k=k, router=router, fill=fill: pruned(router.choose(ex, ex.question, k, fill=fill))))
-            for press in p["compare"]:
-                def pressed(k=k, press=press):
-                    question, prefix = split_answer_prefix(ex.query)
-                    text, secs = presses[press].answer(ex.context, question, prefix, k, max_new_tokens=new_tokens)
-                    # the cache after prefill: kept context pairs (AdaKV masks, keeps all) + the rest of the prompt
-                    ctx = n_ctx if press.startswith("adakv-") else round(k * n_ctx)
-                    rest = len(lm.tokenizer(ex.query)["input_ids"]) + new_tokens
-                    return {"acc": float(score(text, ex)), "seconds": secs, "kept": k,
-                            "kv_mb": kv_cache_mb(lm, ctx + rest)}, text
-                methods.append((f"{press}@{k}", pressed))
-        shift = i % len(methods)
-        for name, fn in methods[shift:] + methods[:shift]:
-            row, text = fn()
-            ex_rows[name] = row
-            rec[name] = text
-        for row in ex_rows.values():  # a router's share of this example's full prefill
-            if "router_s" in row:
-                row["router_share"] = row["router_s"] / rec["prefill_s"]
-        if i < p["evidence"]:
-            chunks = chunk_units(lengths, p["chunk_tokens"])
-            try:
-                ev = cite(lm, [" ".join(ex.units[j] for j in c) for c in chunks], ex.query, max_new_tokens=new_tokens)
-            except MasklabError:  # an empty answer has no evidence
-                ev = None
-            if ev is not None:
-                items = sorted(j for c in ev["evidence"] for j in chunks[c])
-                ex_rows["evidence"] = {"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
-                                       "ev_size": len(ev["evidence"]),
-                                       "ev_gold_recall": sum(g in items for g in ex.gold) / len(ex.gold)}
-                rec["evidence"] = {"items": items, "gold": ex.gold, "answer": ev["answer"],
-                                   "n_sentences": len(ex.units), "n_chunks": len(chunks)}
-        with open(done_path, "a") as f:
-            f.write(json.dumps({"rows": ex_rows, "rec": rec}) + "\n")
-        for name, row in ex_rows.items():
-            rows.setdefault(name, []).append(row)
-        answers.append(rec)
-    metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples)}
-    if dev.type == "cuda":  # the GPU's own peak (peak_mb is the process's resident memory)
-        metrics["gpu_peak_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
-    for method, rs in rows.items():
-        for m in rs[0]:
-            metrics[f"{m}|{method}"] = sum(r[m] for r in rs) / len(rs)
-    if rmeta is not None:  # a router trained here, or a shipped one (whose file says what its labels cost)
-        passes = rmeta.get("ev_passes", rmeta.get("label_cost", {}).get("passes"))
-        labelled = rmeta.get("labelled", rmeta.get("data", {}).get("labelled"))
-        for k in p["keeps"]:
-            for kind in trained:
-                metrics[f"train_passes|{ROUTER_METHODS[kind]}@{k}"] = passes
-                metrics[f"train_labelled|{ROUTER_METHODS[kind]}@{k}"] = labelled
-    per_example = [{name: rs[e] for name, rs in rows.items() if e < len(rs) and name != "evidence"}
-                   for e in range(len(examples))]
-    return {"metrics": metrics, "curves": {}, "extra": {"answers": answers, "router": rmeta, "examples": per_example}}
+                choose = lambda ex, k=k, router=router, fill=fill: router.choose(ex, ex.question, k, fill=fill)  # noqa: E731
+                out.append((f"{method_name(name)}@{k}", pipeline.routed(lm, choose, new_tokens)))
+            out += [(f"{name}@{k}", pipeline.pressed(lm, press, k, new_tokens)) for name, press in presses.items()]
+        return out
+
+    return table
+
+
+def add_evidence(lm, p: dict, i: int, ex, record: dict) -> None:
+    """With ``--evidence N``, the first N examples' group-testing evidence sets (over sentences,
+    or ``--chunk-tokens`` chunks) on the model's own full-context answer: a row ``evidence``
+    and the sets in ``record["evidence"]``."""
+    from masklab.context.trained import chunk_units
+    from masklab.pretrained.evidence import cite
+
+    if i >= p["evidence"]:
+        return
+    new_tokens = p["max_new_tokens"] * (p["count"] if p["task"] == "multivalue" else 1)
+    chunks = chunk_units(ex.lengths(lm.tokenizer), p["chunk_tokens"])
+    try:
+        ev = cite(lm, [" ".join(ex.units[j] for j in c) for c in chunks], ex.query, max_new_tokens=new_tokens)
+    except MasklabError:  # an empty answer has no evidence
+        return
+    items = sorted(j for c in ev["evidence"] for j in chunks[c])
+    record["rows"]["evidence"] = {"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
+                                  "ev_size": len(ev["evidence"]),
+                                  "ev_gold_recall": sum(g in items for g in ex.gold) / len(ex.gold)}
+    record["evidence"] = {"items": items, "gold": ex.gold, "answer": ev["answer"], "n_sentences": len(ex.units),
+                          "n_chunks": len(chunks)}
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
@@ -358,7 +335,7 @@ cost (group testing on the model's own answers; a pass reads from its first hidd
 
 def validate(cfg: Config) -> None:
     """Everything the flag ranges do not say, before any model loads."""
-    from masklab.context.routers.presses import press_names
+    from masklab.context.presses import PRESSES
     from masklab.flags import check_ranges
     from masklab.pretrained.models import check_models, check_prompt_format
 
@@ -378,9 +355,9 @@ def validate(cfg: Config) -> None:
             raise MasklabError("--router-model ranks with a shipped router: add --router-source shipped and "
                                "--routers evidence or attention")
         check_models([cfg.router_model])
-    bad = [c for c in cfg.compare if c not in press_names()]
+    bad = [c for c in cfg.compare if c not in PRESSES]
     if bad:
-        raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(press_names())} (or none)")
+        raise MasklabError(f"unknown press(es) {', '.join(bad)}: use {', '.join(PRESSES)} (or none)")
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab longctx") -> dict:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from masklab.query import Query
 from masklab.report import environment_line, markdown_table
 from masklab.errors import MasklabError
 from masklab.flags import flag, str_list
@@ -52,7 +53,7 @@ NAME = "prune"
 DEVICES = ("cpu", "cuda")
 RUN_METHOD = "all"  # one run per model trains the routers and evaluates every method and budget on the same prompts
 SENTENCE_METHODS = ("router-evidence", "router-attention", "attention-keep", "random")
-TABLE_METRICS = ["accuracy", "gold_kept", "kept", "seconds"]
+TABLE_METRICS = ["accuracy", "gold_kept", "kept", "cache_kept", "seconds"]
 PAPER = [
     {"task": "stale", "method": "attention-keep", "metric": "accuracy",
      "value": "fails (keeps the stale fact; synthetic teacher, top 10%)"},
@@ -108,112 +109,122 @@ def make_examples(p: dict, n: int, seed: int) -> list:
     return items[:n]
 
 
-def generate_on(lm, sentences: list[str], query: str, max_new_tokens: int) -> str:
-    from masklab.pretrained.lm import encode, generate
-
-    return generate(lm, encode(lm, sentences, query).ids, max_new_tokens)[1]
-
-
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
-    from masklab.document import Document
-    from masklab.context.routers.presses import KVPressRunner
-    from masklab.selection import select
-    from masklab.context.trained import attention_per_unit, features, fit_routers, make_labels
-    from masklab.pretrained.lm import encode, split_answer_prefix
+    """Train the two routers on the LM's own labels, then answer every test prompt with every
+    method and budget through the one evaluation loop (:func:`masklab.context.pipeline.evaluate`;
+    resumable from ``ckpt_dir/test-<settings hash>.jsonl``)."""
+    import hashlib
+    import json
+
+    from masklab.context import pipeline
 
     p = spec["params"]
     lm = load_model(spec, attn="sdpa")
-    rng = random.Random(spec["seed"])
-    n_train = p["train_prompts"]
-    pool = make_examples(p, n_train + p["test_prompts"], 1000 + spec["seed"])
-    train, test = pool[:n_train], pool[n_train:]
+    pool = make_examples(p, p["train_prompts"] + p["test_prompts"], 1000 + spec["seed"])
+    train, test = pool[:p["train_prompts"]], pool[p["train_prompts"]:]
     if not test:
         raise MasklabError("no test examples: lower --train-prompts or give more data")
+    routers, metrics = train_routers(lm, p, train, spec["seed"])
+    settings = hashlib.sha256(json.dumps(p, sort_keys=True).encode()).hexdigest()[:12]
+    records = pipeline.evaluate(test, methods(lm, p, routers, random.Random(spec["seed"])),
+                                Path(ckpt_dir) / f"test-{settings}.jsonl", after=finish_rows)
+    rows = [(f"{name}|{b}" if "|" not in name else name, row) for r in records for name, row in r["rows"].items()
+            for b in (p["budgets"] if "|" not in name else [None])]  # full and kvpress-full: one row for every budget
+    metrics["empty_rate"] = sum(row["empty"] for _, row in rows) / max(len(rows), 1)
+    for key in dict.fromkeys(k for k, _ in rows):
+        cell = [row for k, row in rows if k == key]
+        scored = [row for row in cell if not row["empty"]]  # empty answers are counted apart, not scored
+        metrics[f"empty|{key}"] = (len(cell) - len(scored)) / len(cell)
+        metrics[f"accuracy|{key}"] = sum(row["acc"] for row in scored) / len(scored) if scored else float("nan")
+        for m in ("seconds", "kept", "cache_kept", "gold_kept"):
+            if m in cell[0]:
+                metrics[f"{m}|{key}"] = sum(row[m] for row in cell) / len(cell)
+    metrics["n_test"] = len(test)
+    return {"metrics": metrics, "curves": {}, "extra": {}}
 
-    def question(ex) -> str:
-        return split_answer_prefix(ex.query)[0].strip()
 
-    # ---- train the two routers on the LM's own labels (correct answers only)
+def train_routers(lm, p: dict, train: list, seed: int) -> tuple[dict, dict]:
+    """``({method: LinearRouter}, metrics)``: the evidence and attention routers fitted on the
+    training prompts the LM answers rightly (leave-one-out labels, the fallback rule in the
+    module docstring), and what their labels cost."""
+    from masklab.context.trained import features, fit_routers, make_labels
+
     t0 = time.perf_counter()
     X, labels, label_passes, n_fallback = [], {"evidence": [], "attention": []}, 0, 0
     for ex in train:
-        doc = Document(units=ex.sentences)
-        lab = make_labels(lm, doc, ex.query, accept=lambda a, ex=ex: ex.classify(a) == "current", search="loo",
-                          max_new_tokens=p["max_new_tokens"])
+        lab = make_labels(lm, ex, ex.query, accept=ex.is_correct, search="loo", max_new_tokens=p["max_new_tokens"])
         label_passes += lab["passes"]
         if lab["evidence"] is None:
             continue
         n_fallback += not lab["evidence"]  # no single deletion changed the answer: the last sentence is labelled
-        X.append(features(lm, ex.sentences, question(ex)))
-        labels["evidence"].append(lab["evidence"] or [len(ex.sentences) - 1])
+        X.append(features(lm, ex.units, ex.question))
+        labels["evidence"].append(lab["evidence"] or [len(ex.units) - 1])
         labels["attention"].append(lab["attention"])
     used = len(X)
     if used < 2:
-        raise MasklabError(f"{spec['model']} answered fewer than 2 training prompts correctly; no router can be trained")
-    fitted = fit_routers(X, labels, seed=spec["seed"])
-    routers = {"router-evidence": fitted["evidence"], "router-attention": fitted["attention"]}
-    train_seconds = time.perf_counter() - t0
+        raise MasklabError(f"{lm.name} answered fewer than 2 training prompts correctly; no router can be trained")
+    fitted = fit_routers(X, labels, seed=seed)
+    return {"router-evidence": fitted["evidence"], "router-attention": fitted["attention"]}, {
+        "train_used": used, "label_passes_per_prompt": label_passes / max(len(train), 1), "n_fallback": n_fallback,
+        "fallback_rate": n_fallback / used, "train_seconds": time.perf_counter() - t0}
 
-    # ---- test
+
+def methods(lm, p: dict, routers: dict, rng: random.Random):
+    """``methods(i, example)`` for :func:`masklab.context.pipeline.evaluate`: ``full`` and
+    ``kvpress-full`` once, then per budget ``b`` the sentence methods ``<method>|<b>`` (each
+    keeps its best-scored sentences: the routers' scores from one feature pass, the LM's own
+    attention from one dense pass, random scores) and the presses ``<press>|<b>``."""
+    from masklab.context import pipeline
+    from masklab.context.presses import PRESSES, KVPressRunner
+    from masklab.context.router import Pruned
+    from masklab.context.trained import attention_per_unit, features
+    from masklab.pretrained.lm import encode
+    from masklab.selection import select
+
     kv = KVPressRunner(lm) if p["compare"] else None
-    acc: dict[str, list] = {}
+    presses = {name: PRESSES[name](lm) for name in p["compare"]}
+    new = p["max_new_tokens"]
 
-    def record(method: str, budget: float, cls: str, seconds: float, kept: float, gold_kept: float | None):
-        key = f"{method}|{budget}"
-        acc.setdefault(key, []).append((cls == "current", seconds, kept, gold_kept, cls == "empty"))
+    def kvpress_full(ex) -> tuple[dict, str]:
+        q = Query.parse(ex.query)
+        text, secs = kv.answer(ex.context, q.question_line, q.answer_line, None, 1.0, new)
+        return {"acc": float(ex.is_correct(text)), "seconds": secs, "kept": 1.0, "cache_tokens": kv.last_cache_tokens}, text
 
-    for ex in test:
-        n = len(ex.sentences)
-        doc = Document(units=ex.sentences)
-        lengths = doc.lengths(lm.tokenizer)
+    def table(i: int, ex) -> list:
+        lengths = ex.lengths(lm.tokenizer)
         t = time.perf_counter()
-        feats = features(lm, ex.sentences, question(ex))
+        feats = features(lm, ex.units, ex.question)
         feat_s = time.perf_counter() - t
         t = time.perf_counter()
-        enc = encode(lm, ex.sentences, ex.query)
-        att = attention_per_unit(lm, enc.ids, enc.item_of_token, n)
+        enc = encode(lm, ex.units, ex.query)
+        att = attention_per_unit(lm, enc.ids, enc.item_of_token, len(ex.units))
         att_s = time.perf_counter() - t
         scores = {"router-evidence": (routers["router-evidence"].score(feats), feat_s),
                   "router-attention": (routers["router-attention"].score(feats), feat_s),
                   "attention-keep": (att, att_s),
-                  "random": (torch.tensor([rng.random() for _ in range(n)]), 0.0)}
-        q, prefix = ex.query.rsplit("\n", 1)
-        if "full" in p["methods"]:
-            t = time.perf_counter()
-            cls = ex.classify(generate_on(lm, ex.sentences, ex.query, p["max_new_tokens"]))
-            for b in p["budgets"]:
-                record("full", b, cls, time.perf_counter() - t, 1.0, 1.0)
-        if p["compare"]:  # the presses' control: kvpress's pipeline without a press, on the same prompt
-            text, full_s = kv.answer(ex.context, q, prefix, None, 1.0, p["max_new_tokens"])
-            full_cls, full_cache = ex.classify(text), kv.last_cache_tokens
+                  "random": (torch.tensor([rng.random() for _ in range(len(ex.units))]), 0.0)}
+        out = [("full", pipeline.full(lm, new))] if "full" in p["methods"] else []
+        out += [("kvpress-full", kvpress_full)] if p["compare"] else []
         for b in p["budgets"]:
             for m in [m for m in p["methods"] if m in scores]:
-                s, extra_s = scores[m]
-                keep = select(s, lengths, b)
-                t = time.perf_counter()
-                cls = ex.classify(generate_on(lm, [ex.sentences[i] for i in keep], ex.query, p["max_new_tokens"]))
-                record(m, b, cls, time.perf_counter() - t + extra_s, sum(lengths[i] for i in keep) / sum(lengths),
-                       float(ex.gold in keep))
-            if p["compare"]:
-                record("kvpress-full", b, full_cls, full_s, 1.0, None)
-            for press in p["compare"]:
-                text, secs = kv.answer(ex.context, q, prefix, press, b, p["max_new_tokens"])
-                record(press, b, ex.classify(text), secs, kv.last_cache_tokens / full_cache, None)
+                s, secs = scores[m]
+                kept = Pruned(ex, select(s, lengths, b), s.tolist(), lengths, secs, m)
+                out.append((f"{m}|{b}", pipeline.routed(lm, lambda ex, kept=kept: kept, new)))
+            out += [(f"{name}|{b}", pipeline.pressed(lm, press, b, new)) for name, press in presses.items()]
+        return out
 
-    metrics: dict = {"empty_rate": sum(r[4] for rows in acc.values() for r in rows) / max(sum(len(rows) for rows in acc.values()), 1),
-                     "train_used": used, "label_passes_per_prompt": label_passes / max(len(train), 1),
-                     "n_fallback": n_fallback, "fallback_rate": n_fallback / used,
-                     "train_seconds": train_seconds, "n_test": len(test)}
-    for key, rows in acc.items():
-        scored = [r for r in rows if not r[4]]  # empty answers are counted apart, not scored
-        metrics[f"empty|{key}"] = (len(rows) - len(scored)) / len(rows)
-        metrics[f"accuracy|{key}"] = sum(r[0] for r in scored) / len(scored) if scored else float("nan")
-        metrics[f"seconds|{key}"] = sum(r[1] for r in rows) / len(rows)
-        metrics[f"kept|{key}"] = sum(r[2] for r in rows) / len(rows)
-        g = [r[3] for r in rows if r[3] is not None]
-        if g:
-            metrics[f"gold_kept|{key}"] = sum(g) / len(g)
-    return {"metrics": metrics, "curves": {}, "extra": {}}
+    return table
+
+
+def finish_rows(i: int, ex, record: dict) -> None:
+    """``empty``: the answer was empty (counted apart: ``accuracy`` is over the others); a
+    press's ``cache_kept``: the context positions it left in the cache over those
+    ``kvpress-full`` left (measured, on the same prompt)."""
+    rows = record["rows"]
+    for name, row in rows.items():
+        row["empty"] = ex.classify(record["answers"][name]) == "empty"
+        if "cache_tokens" in row and name != "kvpress-full":
+            row["cache_kept"] = row["cache_tokens"] / rows["kvpress-full"]["cache_tokens"]
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
@@ -242,8 +253,9 @@ def pivot(results: dict) -> list[dict]:
 NOTES = """\
 `accuracy`: exact match of the LM's answer with the current value, on test prompts, after
 pruning; `kept`: fraction of context tokens kept (sentence methods keep whole sentences up
-to the budget, so they keep at most the budget; for presses, the KV cache length after the
-press over that of `kvpress-full`, measured); `kvpress-full`: kvpress's pipeline without a
+to the budget, so they keep at most the budget; presses: the fraction they are set to
+keep); `cache_kept` (presses): the KV cache length after the press over that of
+`kvpress-full`, measured; `kvpress-full`: kvpress's pipeline without a
 press on the same prompts, the control of every press row; `gold_kept`: the sentence
 holding the current value survived; `seconds`: per answer including the method's scoring
 pass. The paper's numbers are for a synthetic teacher; here
@@ -252,7 +264,7 @@ the teacher is a small pretrained LM and the claims are tested, not assumed.
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab prune") -> dict:
-    from masklab.context.routers.presses import PRESSES as PRESS_NAMES
+    from masklab.context.presses import PRESSES as PRESS_NAMES
 
     if cfg.task not in ("stale", "squad"):
         raise MasklabError(f"unknown task {cfg.task!r}: use stale or squad (with --squad FILE)")

@@ -219,7 +219,7 @@ class FamilyExample(Document):
         text = json.dumps([self.units, self.gold, self.question, self.answers, self.prefix])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
-    def correct(self, generated: str) -> bool:
+    def is_correct(self, generated: str) -> bool:
         """Every answer value's first word appears in the first line of ``generated``."""
         line = generated.strip().split("\n")[0].lower()
         words = set(re.findall(r"[a-z0-9]+", line))

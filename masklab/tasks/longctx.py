@@ -104,6 +104,10 @@ class LongExample(Document):
         """The question without the answer prefix: ``"Question: What is ...?"``."""
         return self.query.rsplit("\nAnswer:", 1)[0].strip()
 
+    def is_correct(self, answer: str) -> bool:
+        """Whether a generated ``answer`` is right (:func:`score`)."""
+        return score(answer, self)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

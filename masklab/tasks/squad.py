@@ -15,6 +15,8 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
+from masklab.document import Document
+from masklab.query import Query
 from masklab.errors import MasklabError
 from masklab.tasks.stale_prompts import split_sentences
 
@@ -63,24 +65,27 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
-@dataclass
-class SquadItem:
-    """A SQuAD question as a sentence-level context (same fields the studies use for stale prompts)."""
+@dataclass(kw_only=True)
+class SquadItem(Document):
+    """A SQuAD question as a :class:`~masklab.document.Document` of the context's sentences,
+    ``gold`` the one holding the first answer (read as the studies read stale prompts)."""
 
-    sentences: list[str]
     query: str
-    gold: int
     answers: list[str]
     id: str
-
-    @property
-    def context(self) -> str:
-        return " ".join(self.sentences)
 
     def classify(self, generated: str) -> str:
         first = generated.strip().split("\n", 1)[0]
         g = normalize(first)
         return "current" if any(normalize(a) and g.startswith(normalize(a)) for a in self.answers) else "other"
+
+    @property
+    def question(self) -> str:
+        """What a router reads: ``"Question: ..."`` (the query without its answer line)."""
+        return Query.parse(self.query).question_line.strip()
+
+    def is_correct(self, generated: str) -> bool:
+        return self.classify(generated) == "current"
 
 
 def to_item(ex: SquadExample) -> SquadItem:
@@ -90,4 +95,5 @@ def to_item(ex: SquadExample) -> SquadItem:
         at = ex.context.find(s[:20], pos)
         if at >= 0 and at <= ex.answer_start:
             gold, pos = i, at
-    return SquadItem(sentences, f"\nQuestion: {ex.question.strip()}\nAnswer:", gold, ex.answers, ex.id)
+    return SquadItem(units=sentences, gold=[gold], query=f"\nQuestion: {ex.question.strip()}\nAnswer:",
+                     answers=ex.answers, id=ex.id)

@@ -21,6 +21,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
+from masklab.document import Document
+from masklab.query import Query
+
 NAMES = ["Maria", "Omar", "Priya", "Lena", "Tomas", "Aiko", "Daniel", "Fatima", "Jonas", "Chen",
          "Sofia", "Kwame", "Elena", "Mateo", "Nadia", "Victor", "Hana", "Lucas", "Amara", "Ivan"]
 
@@ -91,27 +94,21 @@ def distractor_pool() -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-@dataclass
-class StalePrompt:
-    """One prompt. ``sentences`` are the context items (the evidence-search unit);
-    ``prompt = " ".join(sentences) + query``; value spans are character offsets into
-    ``prompt``; ``gold`` is the index of the sentence with the current value."""
+@dataclass(kw_only=True)
+class StalePrompt(Document):
+    """One prompt: a :class:`~masklab.document.Document` whose ``units`` are its sentences
+    (the evidence-search unit) and whose ``gold`` is ``[the sentence with the current
+    value]``; ``prompt = context + query``; value spans are character offsets into ``prompt``."""
 
-    sentences: list[str]
     query: str
     entity: str
     attribute: str
     values: list[str]  # values in the order stated; the last is current
-    gold: int
     stale_spans: list[tuple[int, int]]  # every mention of an earlier value
     current_spans: list[tuple[int, int]]
     n_updates: int
     distance: int  # distractor sentences between the last stale mention and the current one
     meta: dict = field(default_factory=dict)
-
-    @property
-    def context(self) -> str:
-        return " ".join(self.sentences)
 
     @property
     def prompt(self) -> str:
@@ -126,6 +123,15 @@ class StalePrompt:
 
     def classify(self, generated: str) -> str:
         return score_answer(generated, self)
+
+    @property
+    def question(self) -> str:
+        """What a router reads: ``"Question: ..."`` (the query without its answer line)."""
+        return Query.parse(self.query).question_line.strip()
+
+    def is_correct(self, generated: str) -> bool:
+        """Whether ``generated`` names the current value (:meth:`classify` is ``"current"``)."""
+        return self.classify(generated) == "current"
 
 
 def make_prompt(rng: random.Random, *, updates: tuple[int, int] = (1, 3), filler: tuple[int, int] = (0, 6),
@@ -149,8 +155,9 @@ def make_prompt(rng: random.Random, *, updates: tuple[int, int] = (1, 3), filler
         sentences.append(fs)
     sentences += [next(fill) for _ in range(gaps[-1])]
     query = f"\nQuestion: {attr.question.format(e=entity)}\nAnswer: {attr.answer_prefix.format(e=entity)}"
-    p = StalePrompt(sentences, query, entity, attr.name, values, fact_index[-1], [], [], n_up,
-                    fact_index[-1] - fact_index[-2] - 1, {"gaps": gaps, "fact_index": fact_index})
+    p = StalePrompt(units=sentences, gold=[fact_index[-1]], query=query, entity=entity, attribute=attr.name,
+                    values=values, stale_spans=[], current_spans=[], n_updates=n_up,
+                    distance=fact_index[-1] - fact_index[-2] - 1, meta={"gaps": gaps, "fact_index": fact_index})
     # character spans of every value mention inside its fact sentence
     starts, pos = [], 0
     for s in sentences:

@@ -1,9 +1,10 @@
-"""kvpress's presses behind the router name table (this file is the one place that lists them).
+"""kvpress's presses: :class:`Press`, their own type beside :class:`~masklab.context.router.Router`.
 
 A press drops ``1 - keep`` of the context's key/value pairs inside the model at prefill,
 through kvpress's own ``kv-press-text-generation`` pipeline (:class:`KVPressRunner`); it
-keeps no units of the text, so it answers (``masklab compress --answer``,
-``masklab longctx``) but does not prune text. ``adakv-<press>`` wraps a scorer press in
+keeps no units of the text, so it answers (``masklab compress --router <press> --answer``,
+``masklab longctx --compare``) but does not prune text. :data:`PRESSES` names them all
+(this file is the one place that lists them). ``adakv-<press>`` wraps a scorer press in
 kvpress's AdaKV (head-wise budgets: it masks the dropped pairs instead of removing them).
 
 Question-agnostic presses see only the context at prefill (kvpress's pipeline feeds the
@@ -23,9 +24,10 @@ from __future__ import annotations
 import time
 from functools import partial
 
-from masklab.context.router import ROUTERS, Router
 from masklab.errors import MasklabError
 from masklab.pretrained.models import PRETRAINED_EXTRA, _require
+from masklab.query import Query
+from masklab.registry import Registry
 
 SNAPKV_WINDOW = 8
 
@@ -37,7 +39,7 @@ def _kvpress():
     return kvpress
 
 
-PRESSES = {  # name -> press at compression ratio r
+KVPRESS = {  # name -> kvpress press at compression ratio r
     "snapkv": lambda r: _kvpress().SnapKVPress(compression_ratio=r, window_size=SNAPKV_WINDOW),
     "knorm": lambda r: _kvpress().KnormPress(compression_ratio=r),
     "tova": lambda r: _kvpress().TOVAPress(compression_ratio=r),
@@ -54,7 +56,7 @@ ADAKV_PREFIX = "adakv-"
 def press_names() -> list[str]:
     """Every press: the plain ones and their AdaKV wrappings (not StreamingLLM, whose fixed
     sink + window scores leave AdaKV nothing to adapt)."""
-    return list(PRESSES) + [ADAKV_PREFIX + p for p in PRESSES if p not in ("streaming", *QUESTION_AWARE)]
+    return list(KVPRESS) + [ADAKV_PREFIX + p for p in KVPRESS if p not in ("streaming", *QUESTION_AWARE)]
 
 
 def make_press(name: str, keep: float):
@@ -64,8 +66,8 @@ def make_press(name: str, keep: float):
         raise MasklabError(f"unknown press {name!r}; choose from {', '.join(press_names())}")
     ratio = max(0.0, min(0.99, 1.0 - keep))
     if name.startswith(ADAKV_PREFIX):
-        return _kvpress().AdaKVPress(PRESSES[name[len(ADAKV_PREFIX):]](ratio))
-    return PRESSES[name](ratio)
+        return _kvpress().AdaKVPress(KVPRESS[name[len(ADAKV_PREFIX):]](ratio))
+    return KVPRESS[name](ratio)
 
 
 class KVPressRunner:
@@ -126,27 +128,33 @@ class KVPressRunner:
         return token
 
 
-class PressRouter(Router):
-    """A kvpress press by name: answers through :class:`KVPressRunner`, prunes no text."""
+PRESSES: Registry = Registry("press")
 
-    needs_model = True
-    keeps_units = False
 
-    def __init__(self, lm=None, press: str = "") -> None:
-        self.name = press
-        super().__init__(lm)
+class Press:
+    """A kvpress press by name, for the loaded model ``lm``: :meth:`answer` answers through
+    :class:`KVPressRunner`; it prunes no text. ``masks``: it keeps every pair in the cache and
+    masks the dropped ones (AdaKV), so the cache is not smaller."""
+
+    def __init__(self, lm, name: str) -> None:
+        self.name = name
+        if lm is None:
+            raise MasklabError(f"the {self.name} press runs inside a language model: give one (--model / model=...)")
+        self.lm = lm
+        self.masks = self.name.startswith(ADAKV_PREFIX)
         self._runner: KVPressRunner | None = None
 
-    def score(self, doc, question):
-        raise MasklabError(f"{self.name} is a KV-cache press: it drops key/value pairs inside the model during "
-                           "prefill and keeps no units of the text; use it to answer (--answer)")
+    @property
+    def last_cache_tokens(self) -> int | None:
+        """Context positions left in the KV cache after the last answer's prefill."""
+        return None if self._runner is None else self._runner.last_cache_tokens
 
-    def answer(self, context: str, question: str, answer_prefix: str, keep: float, max_new_tokens: int = 6):
-        """``(text, seconds)`` of the answer with the press at ``keep``."""
+    def answer(self, context: str, query: Query, keep: float, max_new_tokens: int = 6) -> tuple[str, float]:
+        """``(text, seconds)``: the greedy answer to ``query`` after ``context`` with the press at ``keep``."""
         if self._runner is None:
             self._runner = KVPressRunner(self.lm)
-        return self._runner.answer(context, question, answer_prefix, self.name, keep, max_new_tokens)
+        return self._runner.answer(context, query.question_line, query.answer_line, self.name, keep, max_new_tokens)
 
 
 for _name in press_names():
-    ROUTERS.register(_name)(partial(PressRouter, press=_name))
+    PRESSES.register(_name)(partial(Press, name=_name))
