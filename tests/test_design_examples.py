@@ -148,7 +148,7 @@ def test_architecture_example_makes_a_new_model_type_work():
     its logits unchanged and its sliding layers are known."""
     transformers = pytest.importorskip("transformers")
     from masklab.bias import RelativePrior
-    from masklab.hf import attach_priors
+    from masklab.pretrained.hf import attach_priors
     from masklab.pretrained.arch import ARCHITECTURES, sliding_window_layers
 
     torch.manual_seed(0)

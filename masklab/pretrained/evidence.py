@@ -7,7 +7,7 @@ answer token (argmax) and that the answer's log-probability dropped by less than
 ``tolerance`` nats. Sentences are hidden by masking their tokens' keys (default; one
 batched forward pass for all variants of a call), by hiding their keys only in chosen
 layers / heads (``hide="layers"`` with ``layers`` / ``heads``, through
-:func:`masklab.hf.hide`; all layers and heads equals ``"mask"``), or by deleting their text.
+:func:`masklab.pretrained.hf.hide`; all layers and heads equals ``"mask"``), or by deleting their text.
 
 :func:`cite` runs one of the evidence searches (``loo``, ``greedy-minimal``,
 ``group-testing``) or ContextCite on one context and reports forward passes and seconds.
