@@ -24,11 +24,12 @@ import time
 import torch
 from torch import Tensor
 
+from masklab.document import regex_sentences
 from masklab.evidence.search import SEARCHES
 from masklab.pretrained.lm import Encoded, answer_scores, answer_tokens, context_cache, encode, generate
 from masklab.pretrained.models import LoadedModel
 from masklab.errors import MasklabError
-from masklab.tasks.stale_prompts import answer_head, split_sentences
+from masklab.tasks.stale_prompts import answer_head
 
 HIDES = ("mask", "layers", "delete")
 
@@ -129,7 +130,7 @@ def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "g
     Returns ``{"sentences", "answer", "answer_logprob", "method", "evidence" (indices),
     "scores" (per-sentence, or None), "forward_passes", "seconds"}``.
     """
-    sentences = split_sentences(context) if isinstance(context, str) else list(context)
+    sentences = regex_sentences(context) if isinstance(context, str) else list(context)
     if not sentences:
         raise MasklabError("the context has no sentences")
     if not query.startswith("\n"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from masklab.errors import MasklabError
-from masklab.tasks.stale_prompts import split_sentences
+from masklab.document import regex_sentences
 
 
 @dataclass
@@ -84,7 +84,7 @@ class SquadItem:
 
 
 def to_item(ex: SquadExample) -> SquadItem:
-    sentences = split_sentences(ex.context)
+    sentences = regex_sentences(ex.context)
     gold, pos = 0, 0
     for i, s in enumerate(sentences):
         at = ex.context.find(s[:20], pos)
