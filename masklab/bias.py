@@ -4,7 +4,7 @@ All structure in masklab is a bias added to attention logits (see :mod:`masklab.
 
 * :class:`MaskPrior` - the learnable soft prior ``logsigmoid(M)`` (<= 0, can only suppress);
 * :class:`RelativePrior` - a learnable per-head ``logsigmoid`` bias over relative distance
-  (defined for any length; what :mod:`masklab.hf` attaches to pretrained models);
+  (defined for any length; what :mod:`masklab.pretrained.hf` attaches to pretrained models);
 * :class:`RecencyPrior` - one learnable slope per head over ``log(1 + distance)``
   (monotone in distance, so it cannot single out particular distances);
 * :func:`causal_bias` - ``-inf`` above the diagonal;

@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from conftest import CHAR_VOCAB as VOCAB, KINDS, SLIDES, SPECIALS, save_tiny_folder as save_folder  # noqa: E402
 from masklab.bias import RelativePrior  # noqa: E402
 from masklab.errors import MasklabError  # noqa: E402
-from masklab.hf import attach_priors, detach_priors, hide, priors_of  # noqa: E402
+from masklab.pretrained.hf import attach_priors, detach_priors, hide, priors_of  # noqa: E402
 from masklab.pretrained.arch import (ARCHITECTURES, arch_of, attention_modules, base_model,  # noqa: E402
                                      decoder_layers, final_norm, first_layers, kv_heads, sliding_window_layers)
 from masklab.pretrained.models import check_models, load  # noqa: E402

@@ -100,7 +100,7 @@ def test_7_cite_threads_0(files, capsys):
 @needs_hf
 def test_8_prior_factory_with_the_wrong_head_count():
     from masklab.bias import RelativePrior
-    from masklab.hf import attach_priors, priors_of
+    from masklab.pretrained.hf import attach_priors, priors_of
 
     model = tiny_model("llama")
     with pytest.raises(MasklabError, match=r"gives shape \(5, 2, 2\) .* expected \(4 or 1, 2, 2\): the model has 4 attention heads"):
@@ -169,7 +169,7 @@ def test_17_evidence_prior_fraction_out_of_range(tmp_path, capsys):
 
 @needs_hf
 def test_18_prior_bias_of_the_wrong_shape_is_refused_not_broadcast():
-    from masklab.hf import attach_priors
+    from masklab.pretrained.hf import attach_priors
 
     class Flat(torch.nn.Module):  # right head count, wrong query axis
         def forward(self, Tq, Tk, offset):
@@ -183,7 +183,7 @@ def test_18_prior_bias_of_the_wrong_shape_is_refused_not_broadcast():
 
 @needs_hf
 def test_19_hide_spans_past_the_sequence():
-    from masklab.hf import hide
+    from masklab.pretrained.hf import hide
 
     model = tiny_model("llama")
     ids = torch.randint(3, 60, (1, 8))

@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from conftest import _Session, _state, tiny_model  # noqa: E402
 from masklab.bias import RelativePrior  # noqa: E402
-from masklab.hf import attach_priors  # noqa: E402
+from masklab.pretrained.hf import attach_priors  # noqa: E402
 from masklab.pretrained.models import LoadedModel  # noqa: E402
 
 

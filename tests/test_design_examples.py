@@ -113,7 +113,7 @@ def test_search_example_finds_all_or_nothing():
 
 
 def test_router_example_scores_by_position():
-    from masklab.routing.routers import ROUTERS, build_router
+    from masklab.routing.routers import TOKEN_ROUTERS, build_router
 
     run_example("router")
     try:
@@ -125,7 +125,7 @@ def test_router_example_scores_by_position():
         other = router(torch.randint(0, 10, (2, 4, 2)), torch.randint(0, 10, (2, 2)), valid)
         assert torch.equal(scores, other)  # content does not matter, only position
     finally:
-        del ROUTERS["position"]
+        del TOKEN_ROUTERS["position"]
 
 
 def test_selector_example_keeps_the_oldest():
@@ -148,7 +148,7 @@ def test_architecture_example_makes_a_new_model_type_work():
     its logits unchanged and its sliding layers are known."""
     transformers = pytest.importorskip("transformers")
     from masklab.bias import RelativePrior
-    from masklab.hf import attach_priors
+    from masklab.pretrained.hf import attach_priors
     from masklab.pretrained.arch import ARCHITECTURES, sliding_window_layers
 
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""masklab.hf: priors and per-layer/head hiding on Hugging Face models (tiny random Llama and
+"""masklab.pretrained.hf: priors and per-layer/head hiding on Hugging Face models (tiny random Llama and
 Gemma 3 configs; the real SmolLM2 when its package is installed)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, GPT2Config  # noqa: E402
 
 from conftest import tiny_model  # noqa: E402
 from masklab.bias import MaskPrior, RelativePrior, relative_buckets  # noqa: E402
-from masklab.hf import (attach_priors, detach_priors, hide, load_priors, masklab_attention,  # noqa: E402
+from masklab.pretrained.hf import (attach_priors, detach_priors, hide, load_priors, masklab_attention,  # noqa: E402
                         priors_of, save_priors)
 from masklab.runner import MasklabError  # noqa: E402
 

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from masklab.document import regex_sentences
 from masklab.runner import MasklabError
 from masklab.tasks.squad import load_squad, normalize, to_item
 from masklab.tasks.stale_prompts import (
@@ -14,7 +15,6 @@ from masklab.tasks.stale_prompts import (
     make_prompt,
     make_prompts,
     score_answer,
-    split_sentences,
 )
 
 
@@ -51,9 +51,9 @@ def test_scoring_exact_match():
     assert score_answer(f" {cur}ville", p) == "other"
 
 
-def test_split_sentences():
+def test_regex_sentences():
     text = "Alice lives in Rome. Later, she moved to Oslo! Did she?\n\nNew paragraph here e.g. this"
-    assert split_sentences(text) == ["Alice lives in Rome.", "Later, she moved to Oslo!", "Did she?", "New paragraph here e.g. this"]
+    assert regex_sentences(text) == ["Alice lives in Rome.", "Later, she moved to Oslo!", "Did she?", "New paragraph here e.g. this"]
 
 
 def _squad(tmp_path, data):

@@ -35,12 +35,12 @@ def test_every_registry_is_a_registry():
     from masklab.evidence.attention_targets import AGGREGATES, SELECTIONS
     from masklab.evidence.search import SEARCHES
     from masklab.qk_init import QK_INITS
-    from masklab.routing.routers import ROUTERS
+    from masklab.routing.routers import TOKEN_ROUTERS
     from masklab.routing.sparse import SELECTORS
     from masklab.structures import DESIGNS
     from masklab.tasks.evidence_gyms import GYMS
 
-    for reg in (AGGREGATES, SELECTIONS, SEARCHES, QK_INITS, ROUTERS, SELECTORS, DESIGNS, GYMS):
+    for reg in (AGGREGATES, SELECTIONS, SEARCHES, QK_INITS, TOKEN_ROUTERS, SELECTORS, DESIGNS, GYMS):
         assert isinstance(reg, Registry) and len(reg) > 0
         with pytest.raises(MasklabError, match=f"unknown {reg.kind} 'nope'; choose from {list(reg)[0]}"):
             reg["nope"]

@@ -9,7 +9,7 @@ import torch
 from masklab.cli import build_parser, main
 from masklab.evidence.interventions import answer_logits
 from masklab.evidence.teacher import TeacherConfig, build_teacher
-from masklab.routing import ROUTERS, build_router, keep_mask, parse_budget, router_loss, sparse_answer, train_router, transformer_flops
+from masklab.routing import TOKEN_ROUTERS, build_router, keep_mask, parse_budget, router_loss, sparse_answer, train_router, transformer_flops
 from masklab.routing.sparse import SELECTORS, budget_k, teacher_answer
 from masklab.routing.train import fit_recall
 from masklab.runner import MasklabError
@@ -22,7 +22,7 @@ def batch_of(task="multihop", n=(5, 9), size=6, seed=0, vocab=64):
     return make_gym(task, vocab, 2).sample(size, n, np.random.default_rng(seed))
 
 
-@pytest.mark.parametrize("name", sorted(ROUTERS))
+@pytest.mark.parametrize("name", sorted(TOKEN_ROUTERS))
 def test_routers_score_every_item_and_mask_padding(name):
     b = batch_of()
     router = build_router(name, 64, dim=16, depth=2, heads=2)

@@ -169,7 +169,7 @@ def test_bad_method_is_one_clear_error(capsys):
 @needs_peft
 def test_recency_priors_save_and_load(tmp_path):
     from masklab.bias import RecencyPrior
-    from masklab.hf import attach_priors, detach_priors, load_priors, priors_of, save_priors
+    from masklab.pretrained.hf import attach_priors, detach_priors, load_priors, priors_of, save_priors
 
     model = tiny_llama()
     attach_priors(model, lambda layer, heads: RecencyPrior(heads))

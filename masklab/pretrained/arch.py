@@ -1,7 +1,7 @@
 """The one table of Hugging Face decoder architectures masklab runs on.
 
 One :class:`Architecture` entry per ``config.model_type`` says what masklab needs to know
-about a ``transformers`` causal LM, so that :mod:`masklab.hf` (priors, hiding), the
+about a ``transformers`` causal LM, so that :mod:`masklab.pretrained.hf` (priors, hiding), the
 routers' first-layers pass and the context press never hard-code a model's attribute
 paths. Adding an architecture is one more ``Architecture(...)`` line in
 :data:`ARCHITECTURES` below, or from outside this module::
@@ -79,7 +79,7 @@ ARCHITECTURES: Registry[Architecture] = Registry("architecture", items={a.model_
     Architecture("mistral", "Mistral", sliding="all", chat="mistral",
                  needed="every layer slides when config.sliding_window is set"),
     Architecture("gemma2", "Gemma 2", sliding="layer_types", chat="gemma",
-                 needed="attention logit soft-capping (masklab.hf applies it; load() picks eager over sdpa, "
+                 needed="attention logit soft-capping (masklab.pretrained.hf applies it; load() picks eager over sdpa, "
                         "which would drop it); alternating sliding layers"),
     Architecture("gemma3_text", "Gemma 3 (text)", sliding="layer_types", positions="rope-local-global", chat="gemma",
                  needed="sliding layers with their own RoPE table; query scaling by query_pre_attn_scalar"),

@@ -7,12 +7,12 @@ import json
 import sys
 from dataclasses import dataclass
 
+from masklab.document import CHUNK_WORDS, chunked_sentences
 from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.inputs import MAX_CONTEXT_BYTES
 
 CITE_METHODS = ("loo", "greedy-minimal", "group-testing", "contextcite")
-CHUNK_WORDS = 40  # a stretch without sentence punctuation longer than twice this is cut into chunks of this many words
 
 
 @dataclass
@@ -47,19 +47,9 @@ def note(text: str) -> None:
 
 
 def sentences_of(text: str) -> list[str]:
-    """The evidence items of a context: its sentences; a stretch of more than
-    ``2 * CHUNK_WORDS`` words without sentence punctuation is cut into chunks of
-    ``CHUNK_WORDS`` words, with a notice (later: the shared segmenter of masklab.context)."""
-    from masklab.tasks.stale_prompts import split_sentences
-
-    out, cut = [], 0
-    for s in split_sentences(text):
-        words = s.split()
-        if len(words) > 2 * CHUNK_WORDS:
-            out += [" ".join(words[i:i + CHUNK_WORDS]) for i in range(0, len(words), CHUNK_WORDS)]
-            cut += 1
-        else:
-            out.append(s)
+    """The evidence items of a context (:func:`masklab.document.chunked_sentences`), with a
+    notice when some are chunks rather than sentences or there is only one."""
+    out, cut = chunked_sentences(text)
     if cut:
         note(f"{cut} stretch(es) of the context had no sentence punctuation for over {2 * CHUNK_WORDS} words; "
              f"they were cut into chunks of {CHUNK_WORDS} words, so some evidence items are chunks, not sentences")

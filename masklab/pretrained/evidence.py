@@ -7,7 +7,7 @@ answer token (argmax) and that the answer's log-probability dropped by less than
 ``tolerance`` nats. Sentences are hidden by masking their tokens' keys (default; one
 batched forward pass for all variants of a call), by hiding their keys only in chosen
 layers / heads (``hide="layers"`` with ``layers`` / ``heads``, through
-:func:`masklab.hf.hide`; all layers and heads equals ``"mask"``), or by deleting their text.
+:func:`masklab.pretrained.hf.hide`; all layers and heads equals ``"mask"``), or by deleting their text.
 
 :func:`cite` runs one of the evidence searches (``loo``, ``greedy-minimal``,
 ``group-testing``) or ContextCite on one context and reports forward passes and seconds.
@@ -24,11 +24,12 @@ import time
 import torch
 from torch import Tensor
 
+from masklab.document import regex_sentences
 from masklab.evidence.search import SEARCHES
 from masklab.pretrained.lm import Encoded, answer_scores, answer_tokens, context_cache, encode, generate
 from masklab.pretrained.models import LoadedModel
 from masklab.errors import MasklabError
-from masklab.tasks.stale_prompts import answer_head, split_sentences
+from masklab.tasks.stale_prompts import answer_head
 
 HIDES = ("mask", "layers", "delete")
 
@@ -129,7 +130,7 @@ def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "g
     Returns ``{"sentences", "answer", "answer_logprob", "method", "evidence" (indices),
     "scores" (per-sentence, or None), "forward_passes", "seconds"}``.
     """
-    sentences = split_sentences(context) if isinstance(context, str) else list(context)
+    sentences = regex_sentences(context) if isinstance(context, str) else list(context)
     if not sentences:
         raise MasklabError("the context has no sentences")
     if not query.startswith("\n"):

@@ -257,7 +257,7 @@ def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Ten
     """Teacher-force ``answer (A,)`` after ``ids (T,)`` under key masks ``keep_tokens (V, T)``.
 
     ``via="mask"`` hides keys through the 2-D ``attention_mask`` (every layer and head);
-    ``via="hide"`` through :func:`masklab.hf.hide`, only in ``layers`` / ``heads`` (None = all).
+    ``via="hide"`` through :func:`masklab.pretrained.hf.hide`, only in ``layers`` / ``heads`` (None = all).
     ``prefix``: :func:`context_cache` of ``ids`` (``via="mask"`` only). A token before a
     batch's first hidden one reads exactly what it reads with nothing hidden, so its keys and
     values are taken from there and the model reads only the rest: the same scores, fewer
@@ -284,7 +284,7 @@ def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Ten
                               position_ids=pos[:, start:], past_key_values=cached(prefix, start, V), use_cache=True,
                               logits_to_keep=A + 1).logits[:, :A].float()
         elif via == "hide":
-            from masklab.hf import hide
+            from masklab.pretrained.hf import hide
 
             with hide(lm.model, keep=mask.bool(), layers=layers, heads=heads):
                 logits = lm.model(input_ids=full[None].expand(V, -1), position_ids=pos,

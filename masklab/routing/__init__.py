@@ -1,18 +1,18 @@
 """Routers that pick which context items a teacher reads, their training, sparse inference.
 
-Library entry points: :class:`Router` and :data:`ROUTERS` (``transformer``, ``independent``),
+Library entry points: :class:`TokenRouter` and :data:`TOKEN_ROUTERS` (``transformer``, ``independent``),
 :func:`train_router` (on causal evidence, attention or gold targets) and
 :func:`sparse_answer` (route, keep a budget of items, let the teacher answer from them).
 """
 
-from masklab.routing.routers import ROUTERS, Router, build_router, transformer_flops
+from masklab.routing.routers import TOKEN_ROUTERS, TokenRouter, build_router, transformer_flops
 from masklab.routing.sparse import SELECTORS, keep_mask, parse_budget, sparse_answer, teacher_answer
 from masklab.routing.train import router_loss, train_router
 
 __all__ = [
-    "ROUTERS",
+    "TOKEN_ROUTERS",
     "SELECTORS",
-    "Router",
+    "TokenRouter",
     "build_router",
     "keep_mask",
     "parse_budget",

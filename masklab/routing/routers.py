@@ -1,8 +1,11 @@
 """Routers: cheap models that score every context item, so a teacher can read only the best.
 
+These are token routers (:class:`TokenRouter`, :data:`TOKEN_ROUTERS`), inside the toy
+models; the document-unit routers of ``masklab compress`` are :class:`masklab.context.router.Router`.
+
 A router reads the same inputs as an :class:`~masklab.models.reader.EvidenceReader`
 (``items (B, N, 2)``, ``query (B, 2)``, ``valid (B, N)``, ``positions (B, N)``) and returns one
-score (a logit) per item, ``(B, N)``, with ``-inf`` on padding. Registry :data:`ROUTERS`:
+score (a logit) per item, ``(B, N)``, with ``-inf`` on padding. Registry :data:`TOKEN_ROUTERS`:
 
 * ``transformer`` - a small transformer over one token per item plus the query token, on
   the shared attention core. Items attend to each other, so it can follow chains (an item is
@@ -16,7 +19,7 @@ at N and at 4N items, so routers trained at N can be evaluated at 4N (length
 generalisation) and can still tell the latest assignment from an earlier one (``stale``).
 
 :func:`transformer_flops` counts multiply-adds x 2 of a transformer forward pass by
-formula; each router's :meth:`Router.flops` uses it.
+formula; each router's :meth:`TokenRouter.flops` uses it.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from masklab.attention import Block
 from masklab.bias import key_bias
 from masklab.registry import Registry
 
-ROUTERS: Registry[type["Router"]] = Registry("router")
-register = ROUTERS.register
+TOKEN_ROUTERS: Registry[type["TokenRouter"]] = Registry("token router")
+register = TOKEN_ROUTERS.register
 
 
 def transformer_flops(tokens: int, dim: int, depth: int, mlp_ratio: int = 4) -> int:
@@ -46,7 +49,7 @@ def relative_position(positions: Tensor, valid: Tensor) -> Tensor:
     return (positions.float() / n)[..., None]
 
 
-class Router(nn.Module):
+class TokenRouter(nn.Module):
     """Base class: one method to override, :meth:`score`."""
 
     name = "base"
@@ -80,7 +83,7 @@ class Router(nn.Module):
 
 
 @register("transformer")
-class TransformerRouter(Router):
+class TransformerRouter(TokenRouter):
     """Items and query as tokens through ``depth`` blocks of the shared attention core.
 
     ``length_scale``: multiply every query by ``log(n + 1)`` (``n + 1`` visible tokens), so an
@@ -110,7 +113,7 @@ class TransformerRouter(Router):
 
 
 @register("independent")
-class IndependentRouter(Router):
+class IndependentRouter(TokenRouter):
     """``MLP([item fields; query fields; relative position])`` per item, ``depth`` hidden layers
     (``heads`` and ``length_scale`` do not apply: there is no attention)."""
 
@@ -131,5 +134,5 @@ class IndependentRouter(Router):
         return 2 * n_items * (4 * d * 2 * d + (self.depth - 1) * (2 * d) ** 2 + 2 * d)
 
 
-def build_router(name: str, vocab: int, dim: int = 32, depth: int = 3, heads: int = 4, length_scale: bool = True) -> Router:
-    return ROUTERS[name](vocab, dim, depth, heads, length_scale)
+def build_router(name: str, vocab: int, dim: int = 32, depth: int = 3, heads: int = 4, length_scale: bool = True) -> TokenRouter:
+    return TOKEN_ROUTERS[name](vocab, dim, depth, heads, length_scale)

@@ -33,7 +33,7 @@ from masklab.errors import MasklabError
 from masklab.evidence.attention_targets import aggregate_fn, attention_maps, top_k
 from masklab.evidence.interventions import MODES, answer_logits
 from masklab.registry import Registry
-from masklab.routing.routers import Router, transformer_flops
+from masklab.routing.routers import TokenRouter, transformer_flops
 from masklab.tasks.evidence_gyms import EvidenceBatch
 
 Budget = int | float | str
@@ -92,7 +92,7 @@ def keep_mask(scores: Tensor, valid: Tensor, budget: Budget | None = None, thres
 
 
 @torch.no_grad()
-def router_scores(router: Router, batch: EvidenceBatch) -> Tensor:
+def router_scores(router: TokenRouter, batch: EvidenceBatch) -> Tensor:
     """``(B, N)`` scores of every item on the CPU (``-inf`` on padding); the router runs on its
     own device."""
     inputs = devices.to((batch.items, batch.query, batch.valid, batch.positions), devices.of(router))
@@ -111,7 +111,7 @@ def teacher_answer(teacher, batch: EvidenceBatch, keep: Tensor, mode: str = "del
 @torch.no_grad()
 def sparse_answer(
     teacher,
-    router: Router,
+    router: TokenRouter,
     batch: EvidenceBatch,
     budget: Budget | None = 0.1,
     threshold: float | None = None,

@@ -29,7 +29,7 @@ from torch import Tensor
 from masklab import device as devices
 from masklab.evidence.attention_targets import top_k
 from masklab.evidence.targets import target_masks
-from masklab.routing.routers import Router
+from masklab.routing.routers import TokenRouter
 from masklab.runner import Checkpoint, MasklabError, warmup_cosine
 from masklab.tasks.evidence_gyms import EvidenceBatch, Gym
 
@@ -49,7 +49,7 @@ def router_loss(scores: Tensor, target: Tensor, valid: Tensor, loss: str = "bce"
 
 
 def train_router(
-    router: Router,
+    router: TokenRouter,
     examples: Gym | EvidenceBatch,
     targets: str | Tensor = "loo",
     teacher=None,

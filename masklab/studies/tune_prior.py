@@ -1,7 +1,7 @@
 """Tune attention priors alone on a frozen pretrained LM to fix stale answers (vs LoRA).
 
 Every attention layer gets a :class:`~masklab.bias.RelativePrior` (per head, per relative
-distance bucket) through :func:`masklab.hf.attach_priors`; the model itself is frozen. The
+distance bucket) through :func:`masklab.pretrained.hf.attach_priors`; the model itself is frozen. The
 priors are trained with teacher forcing on the *current* value of generated stale-fact
 prompts (:mod:`masklab.tasks.stale_prompts`, in the model's prompt format) and evaluated
 by greedy decoding on held-out prompts (see :data:`NOTES` for what is disjoint).
@@ -147,7 +147,7 @@ def prior_factory(method: str, cfg: Config):
 
 
 def prior_parameter_count(model: torch.nn.Module, cfg: Config) -> int:
-    from masklab.hf import attention_layers
+    from masklab.pretrained.hf import attention_layers
 
     return len(attention_layers(model)) * int(model.config.num_attention_heads) * (cfg.exact + cfg.log_buckets)
 
@@ -157,7 +157,7 @@ def add_lora(model: torch.nn.Module, cfg: Config, seed: int = 0) -> tuple[torch.
     from ``seed``; returns the PEFT model and the layers that got adapters."""
     from peft import LoraConfig, get_peft_model
 
-    from masklab.hf import attention_layers
+    from masklab.pretrained.hf import attention_layers
 
     attn = attention_layers(model)
     mods = [getattr(attn[0], t, None) for t in cfg.lora_targets]
@@ -206,7 +206,7 @@ def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[
     if method == "base":
         return model, info
     if method in ("prior", "recency"):
-        from masklab.hf import attach_priors
+        from masklab.pretrained.hf import attach_priors
 
         attach_priors(model, prior_factory(method, cfg))
         lr = cfg.lr
@@ -316,7 +316,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
                            ckpt_dir=ckpt_dir)
     train_s = time.perf_counter() - t_train
     if method in ("prior", "recency"):
-        from masklab.hf import save_priors
+        from masklab.pretrained.hf import save_priors
 
         save_priors(lm.model, Path(ckpt_dir) / "priors.safetensors")
     metrics, recs = evaluate(lm, test, cfg.max_new_tokens, ckpt=Path(ckpt_dir) / f"eval-{method}.json")

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from masklab.document import Document, count_tokens
+from masklab.document import Document, bling_fire_sentences, count_tokens
 from masklab.errors import MasklabError
 from masklab.tasks.longctx import fill
 
@@ -143,11 +143,8 @@ def _value(template: str, rng: random.Random) -> str:
 def _plain_sentences(text: str) -> list[str]:
     """Plain prose sentences: 40-160 characters, capitalised, ending in a full stop, with
     no digits, markup or code characters."""
-    import blingfire
-
     out = set()
-    for s in blingfire.text_to_sentences(text).split("\n"):
-        s = " ".join(s.split())
+    for s in bling_fire_sentences(text):
         if (40 <= len(s) <= 160 and s[0].isupper() and s.endswith(".") and "e.g." not in s and "i.e." not in s
                 and not re.search(r"[`*:=\[\]{}()<>|\\\"#_;/@$%^~+]|--|\d", s) and s.count(".") == 1):
             out.add(s)

@@ -18,7 +18,7 @@ from pathlib import Path
 from masklab.document import Document
 from masklab.query import Query
 from masklab.errors import MasklabError
-from masklab.tasks.stale_prompts import split_sentences
+from masklab.document import regex_sentences
 
 
 @dataclass
@@ -89,7 +89,7 @@ class SquadItem(Document):
 
 
 def to_item(ex: SquadExample) -> SquadItem:
-    sentences = split_sentences(ex.context)
+    sentences = regex_sentences(ex.context)
     gold, pos = 0, 0
     for i, s in enumerate(sentences):
         at = ex.context.find(s[:20], pos)

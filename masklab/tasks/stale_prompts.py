@@ -21,7 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
-from masklab.document import Document
+from masklab.document import Document, pieces_at_stops
 from masklab.query import Query
 
 NAMES = ["Maria", "Omar", "Priya", "Lena", "Tomas", "Aiko", "Daniel", "Fatima", "Jonas", "Chen",
@@ -85,8 +85,7 @@ def distractor_pool() -> tuple[str, ...]:
 
     text = " ".join(topics[k] for k in sorted(topics))
     out = set()
-    for s in re.split(r"(?<=[.!?])\s+", text):
-        s = " ".join(s.split())
+    for s in pieces_at_stops(text):
         if (40 <= len(s) <= 160 and s[0].isupper() and s.endswith(".") and "e.g." not in s and "i.e." not in s and "--" not in s
                 and not re.search(r"[`*:=\[\]{}()<>|\\\"#_;]", s) and not re.search(r"\d", s)
                 and not re.match(r"[A-Z]\w* [A-Z]", s)):  # drops headings run into a sentence
@@ -192,16 +191,3 @@ def score_answer(generated: str, prompt: StalePrompt) -> str:
     if head in {v.lower() for v in prompt.values[:-1]}:
         return "stale"
     return "other"
-
-
-_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split prose into sentences at ``.``/``!``/``?`` followed by space and a capital
-    (no downloads, no models); blank lines also split."""
-    out = []
-    for block in re.split(r"\n\s*\n", text):
-        block = " ".join(block.split())
-        out += [s for s in _SPLIT.split(block) if s]
-    return out
