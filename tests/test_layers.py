@@ -24,9 +24,6 @@ LAYERS = {
     "studies": ["studies"],
     "CLI": ["cli", "pretrained.cli", "context.cli", "__main__"],
 }
-# imports that break the table until the lead's rewrite of context/cli.py moves what they
-# import (TRAINED, answer_budget) below the CLI; delete an entry once its import is gone
-WAITING = {("masklab.context.realdocs_eval", "masklab.context.cli"), ("masklab.context.serve", "masklab.context.cli")}
 
 
 def layer_of(module: str) -> int | None:
@@ -44,7 +41,6 @@ def test_every_module_has_a_layer():
 def test_modules_import_only_from_their_layer_or_above():
     graph, names = import_graph(), list(LAYERS)
     edges = {(m, d) for m, deps in graph.items() for d in deps}
-    upward = sorted(f"{m} ({names[layer_of(m)]}) imports {d} ({names[layer_of(d)]})" for m, d in edges - WAITING
+    upward = sorted(f"{m} ({names[layer_of(m)]}) imports {d} ({names[layer_of(d)]})" for m, d in edges
                     if m != "masklab" and layer_of(d) > layer_of(m))
     assert upward == []
-    assert WAITING <= edges, "an import in WAITING is gone: delete its entry"

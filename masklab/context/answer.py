@@ -16,6 +16,7 @@ from masklab.pretrained.lm import encode
 SENTENCE_END = re.compile(r"(?<!\d)[.!?](?:\s|$)|\n\s*\S.*\n")
 LINE_END = re.compile(r"\S.*\n")  # a first line with text, ended
 NEXT_TURN = re.compile(r"\b(?:Question|Context)\s*:", re.I)  # the model starting the next turn of the prompt
+ANSWER_ROOM = 16  # tokens kept free for the chat turns around the question
 
 
 def peak_rss_mb() -> float:
@@ -80,3 +81,14 @@ def kv_cache_mb(lm, tokens: float) -> float:
     kv_heads = kv_heads_of(lm.model)
     size = next(lm.model.parameters()).element_size()
     return c.num_hidden_layers * 2 * kv_heads * head_dim * tokens * size / 2**20
+
+
+def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[str, int, int]:
+    """``(query, window, overhead)``: the text asked after the context, the model's window in
+    tokens, and the tokens the query, the chat turns and the answer take of it (so the kept
+    context may be at most ``window - overhead`` tokens)."""
+    from masklab.query import Query
+
+    query = Query(question).text
+    window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
+    return query, window, len(lm.tokenizer(query)["input_ids"]) + ANSWER_ROOM + max_new_tokens

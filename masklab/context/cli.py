@@ -23,8 +23,6 @@ from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.inputs import MAX_CONTEXT_BYTES, check_question, read_passages
 
-TRAINED = ("evidence", "attention", "bm25+evidence", "bm25+attention")  # routers that read a trained router file
-ANSWER_ROOM = 16  # tokens kept free for the chat turns around the question
 LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole document says so on stderr first
 
 
@@ -102,7 +100,7 @@ def train_main(args: argparse.Namespace) -> int:
 def check(cfg: CompressConfig) -> None:
     """Every option, before anything is read or loaded."""
     from masklab.context.presses import PRESSES
-    from masklab.context.routers import ROUTERS
+    from masklab.context.routers import ROUTERS, TRAINED
 
     if not cfg.context:
         raise MasklabError("--context is required (a text file, several, a folder, a JSON list, or - for standard input)")
@@ -186,23 +184,13 @@ def main(args: argparse.Namespace) -> int:
         return compress(cfg, lm, texts if several else texts[0], question)
 
 
-def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[str, int, int]:
-    """``(query, window, overhead)``: the text asked after the context, the model's window in
-    tokens, and the tokens the query, the chat turns and the answer take of it (so the kept
-    context may be at most ``window - overhead`` tokens)."""
-    from masklab.query import Query
-
-    query = Query(question).text
-    window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
-    return query, window, len(lm.tokenizer(query)["input_ids"]) + ANSWER_ROOM + max_new_tokens
-
-
 def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> int:
     """Prune ``text`` (one document, or a list of passages) for ``question`` with ``lm``
     loaded; print what ``cfg`` asks for. In text mode the pruned text and its answer are
     printed before the whole document is answered (``--compare-full``)."""
+    from masklab.context.answer import answer_budget
     from masklab.context.presses import PRESSES
-    from masklab.context.routers import load_router
+    from masklab.context.routers import TRAINED, load_router
     from masklab.document import segment
 
     query, window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
@@ -249,6 +237,8 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
 
 def compress_header(cfg: CompressConfig, lm, question: str, total: int, window: int) -> dict:
     """The fields every single-document output starts with; refuses ``--compare-full`` past the window."""
+    from masklab.context.answer import answer_budget
+
     if cfg.compare_full and total + answer_budget(lm, question, cfg.max_new_tokens)[2] > window:
         raise MasklabError(f"the whole document is {total} tokens and {lm.name} reads {window} at once: "
                            "--compare-full cannot answer from it (drop --compare-full)")

@@ -266,7 +266,7 @@ def markdown(res: dict) -> str:
 def weights_digest(name: str, routers: list[str]) -> str:
     """What names the routers' weights: the digest of the trained routers shipped for model
     ``name`` (or none)."""
-    from masklab.context.cli import TRAINED
+    from masklab.context.routers import TRAINED
     from masklab.context.routers.trained import shipped_digest
 
     return (shipped_digest(name) or "none") if set(routers) & set(TRAINED) else "none"
@@ -288,7 +288,7 @@ def in_turn(questions: list) -> list:
 
 
 def run(cfg: RealDocsConfig) -> int:
-    from masklab.context.cli import TRAINED
+    from masklab.context.routers import TRAINED
     from masklab.context.routers import ROUTERS as REGISTRY
     from masklab.context.routers import load_router
     from masklab.files import write_json

@@ -209,7 +209,7 @@ def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict
     passage's units in order; ``passages`` has each passage's counts. A router that keeps no
     units (``longllmlingua``) prunes one context as ``masklab compress`` does."""
     from masklab.context.answer import first_answer, generate_answer
-    from masklab.context.cli import answer_budget
+    from masklab.context.answer import answer_budget
     from masklab.document import segment
     from masklab.context.passages import compress_passages
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from masklab.context.router import ROUTERS, Router
 from masklab.context.routers import bm25, fused, lexical, longllmlingua, oracle, trained  # noqa: F401
 
+TRAINED = ("evidence", "attention", "bm25+evidence", "bm25+attention")  # routers that read a trained router file
+
 
 def load_router(name: str, model=None, **kwargs) -> Router:
     """The router ``name`` (``lexical``, ``bm25``, ``oracle-gold``, ``evidence``,
