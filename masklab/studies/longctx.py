@@ -36,6 +36,8 @@ not included), and for ``full`` with evidence:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -129,9 +131,6 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     (:func:`masklab.context.pipeline.evaluate`: interleaved per example, each finished example
     appended to ``ckpt_dir/examples-<settings hash>.jsonl``, so a killed run continues after
     the last one with the same numbers)."""
-    import hashlib
-    import json
-
     import torch
 
     from masklab import device as devices
@@ -149,22 +148,29 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer, **task_kw)
     routers, rmeta = make_routers(lm, spec, task_kw, Path(ckpt_dir).parent / "routers")
     settings = hashlib.sha256(json.dumps({k: v for k, v in p.items() if k != "examples"}, sort_keys=True).encode())
-    records = pipeline.evaluate(examples, methods(lm, p, spec["seed"], routers), 
+    records = pipeline.evaluate(examples, methods(lm, p, spec["seed"], routers),
                                 Path(ckpt_dir) / f"examples-{settings.hexdigest()[:12]}.jsonl",
                                 after=lambda i, ex, rec: add_evidence(lm, p, i, ex, rec))
     metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples), **pipeline.means(records)}
     if dev.type == "cuda":  # the GPU's own peak (peak_mb is the process's resident memory)
         metrics["gpu_peak_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
-    if rmeta is not None:  # a router trained here, or a shipped one (whose file says what its labels cost)
-        passes = rmeta.get("ev_passes", rmeta.get("label_cost", {}).get("passes"))
-        labelled = rmeta.get("labelled", rmeta.get("data", {}).get("labelled"))
-        for method in [m for m in records[0]["rows"] if m.split("@")[0] in ROUTER_METHODS.values()]:
-            metrics[f"train_passes|{method}"], metrics[f"train_labelled|{method}"] = passes, labelled
+    metrics.update(label_cost(rmeta, records[0]["rows"]))
     answers = [{"answer": ex.answer, "n_tokens": ex.n_tokens, "prefill_s": r["rows"]["full"]["prefill_s"],
                 **r["answers"], **({"evidence": r["evidence"]} if "evidence" in r else {})}
                for ex, r in zip(examples, records)]
     per_example = [{k: v for k, v in r["rows"].items() if k != "evidence"} for r in records]
     return {"metrics": metrics, "curves": {}, "extra": {"answers": answers, "router": rmeta, "examples": per_example}}
+
+
+def label_cost(rmeta: dict | None, methods) -> dict:
+    """``train_passes`` / ``train_labelled`` of each trained router's method: what the labels
+    of a router trained here, or of a shipped one (its file says), cost."""
+    if rmeta is None:
+        return {}
+    passes = rmeta.get("ev_passes", rmeta.get("label_cost", {}).get("passes"))
+    labelled = rmeta.get("labelled", rmeta.get("data", {}).get("labelled"))
+    trained = [m for m in methods if m.split("@")[0] in ROUTER_METHODS.values()]
+    return {k: v for m in trained for k, v in ((f"train_passes|{m}", passes), (f"train_labelled|{m}", labelled))}
 
 
 def make_routers(lm, spec: dict, task_kw: dict, cache: Path) -> tuple[dict, dict | None]:
