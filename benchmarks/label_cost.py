@@ -16,7 +16,6 @@ generation and gets no labels, as in training), with a paired bootstrap 95% inte
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path

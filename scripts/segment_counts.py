@@ -16,7 +16,6 @@ docs/context.md quotes.
 from __future__ import annotations
 
 import argparse
-import gzip
 import importlib.util
 import os
 import re

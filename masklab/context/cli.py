@@ -186,111 +186,70 @@ def main(args: argparse.Namespace) -> int:
 
 def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> int:
     """Prune ``text`` (one document, or a list of passages) for ``question`` with ``lm``
-    loaded; print what ``cfg`` asks for. In text mode the pruned text and its answer are
-    printed before the whole document is answered (``--compare-full``)."""
+    loaded (:mod:`masklab.context.compress`); print what ``cfg`` asks for. In text mode the
+    pruned text and its answer are printed before the whole document is answered
+    (``--compare-full``)."""
     from masklab.context.answer import answer_budget
+    from masklab.context.compress import prune_document, prune_passages
     from masklab.context.presses import PRESSES
     from masklab.context.routers import TRAINED, load_router
     from masklab.document import segment
 
-    query, window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
-    if cfg.router in PRESSES:
-        return compress_press(cfg, lm, PRESSES[cfg.router](lm), segment(text, lm.tokenizer, cfg.unit_tokens), question,
-                              query, window, overhead)
+    _, window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
+    budget = {"keep": cfg.keep, "target_tokens": cfg.target_tokens, "unit_tokens": cfg.unit_tokens, "fill": cfg.fill,
+              "max_new_tokens": cfg.max_new_tokens}
+
+    def check_full(total: int, what: str, whole: str = "it") -> None:
+        if cfg.compare_full and total + overhead > window:
+            raise MasklabError(f"{what} and {lm.name} reads {window} at once: --compare-full cannot answer from "
+                               f"{whole} (drop --compare-full)")
+
+    doc = None if isinstance(text, list) else segment(text, lm.tokenizer, cfg.unit_tokens)
+    if doc is not None:
+        total = sum(doc.lengths(lm.tokenizer))
+        check_full(total, f"the whole document is {total} tokens")
+        if cfg.router in PRESSES:
+            return compress_press(cfg, lm, PRESSES[cfg.router](lm), doc, question, window, overhead)
     trained = {"progress": cfg.progress, "router_model": cfg.router_model,
                **({"path": cfg.router_file} if cfg.router_file else {})}
     router = load_router(cfg.router, lm, **(trained if cfg.router in TRAINED else {}))
-    if isinstance(text, list):
-        return compress_passages_cli(cfg, lm, router, text, question, query, window, overhead)
-    doc = segment(text, lm.tokenizer, cfg.unit_tokens)
-    lengths = doc.lengths(lm.tokenizer)
-    total = sum(lengths)
-    out = compress_header(cfg, lm, question, total, window)
-    notes = list(router.notes)  # which model ranked, a router fitted on few examples
-    budget = cfg.target_tokens if cfg.target_tokens is not None else cfg.keep * total
-    keep = cfg.keep if cfg.target_tokens is None else min(1.0, cfg.target_tokens / total)
-    limit = window - overhead
-    cap = limit if budget > limit else None
-    if cfg.target_tokens is not None and keeps_units(cfg.router):
-        pruned = router.choose(doc, question, 1.0, fill=cfg.fill, limit=min(cfg.target_tokens, limit))
+    if doc is None:
+        pruned, out = prune_passages(lm, router, text, question, **budget)
+        total = pruned.origin_tokens
+        check_full(total + len(text), f"the passages are {total} tokens together", "all of them")
+        summary = (f"kept {len(out['kept'])} of {len(out['units'])} units in {sum(1 for k in pruned.kept if k)} of "
+                   f"{len(text)} passages, {pruned.compressed_tokens:,} of {total:,} tokens ({pruned.ratio:.1f}x; "
+                   f"router {cfg.router}, {pruned.seconds:.3f} s)")
     else:
-        pruned = router.choose(doc, question, keep, fill=cfg.fill, limit=cap)
-    if cap is not None:
-        notes.append(f"the document is {total} tokens: the kept units were capped at {limit} tokens to fit "
-                     f"{lm.name}'s {window}-token window with the question and answer")
-    if getattr(router, "last_windows", 1) > 1:
-        notes.append(f"the router read the document in {router.last_windows} windows")
-    if pruned.compressed is None and len(pruned.kept) == 1 and pruned.kept_tokens > budget:
-        notes.append(f"{budget_text(cfg)} kept {pruned.kept_fraction:.0%} of the tokens: the top unit alone is "
-                     f"{pruned.kept_tokens} tokens, over the budget of {budget:.0f}, and the top unit is "
-                     "always kept")
-    pruned.notes = notes
-    out.update(pruned.to_json())
-    if not cfg.json:
+        pruned, out = prune_document(lm, router, doc, question, **budget)
         what = f"kept {len(out['kept'])} of {len(doc.units)} units," if out["kept"] is not None else "rewritten to"
-        print_pruned(out["pruned_text"], f"{what} {out['kept_fraction']:.0%} of {total} tokens (router "
-                     f"{cfg.router}, {out['router_seconds']:.3f} s)", notes)
+        summary = (f"{what} {out['kept_fraction']:.0%} of {total} tokens (router {cfg.router}, "
+                   f"{out['router_seconds']:.3f} s)")
+    if not cfg.json:
+        print_pruned(out["pruned_text"], summary, out["notes"])
     if cfg.answer:
-        answer_into(out, "answer", "answer_seconds", lm, pruned.text, query, cfg)
-    return finish(cfg, lm, out, doc.source, total, query, notes, pruned=pruned)
+        answer_into(out, "answer", "answer_seconds", lm, out["pruned_text"], question, cfg)
+    source = "\n\n".join(text) if doc is None else doc.source
+    return finish(cfg, lm, out, source, total, question, out["notes"], pruned=None if doc is None else pruned)
 
 
-def compress_header(cfg: CompressConfig, lm, question: str, total: int, window: int) -> dict:
-    """The fields every single-document output starts with; refuses ``--compare-full`` past the window."""
-    from masklab.context.answer import answer_budget
-
-    if cfg.compare_full and total + answer_budget(lm, question, cfg.max_new_tokens)[2] > window:
-        raise MasklabError(f"the whole document is {total} tokens and {lm.name} reads {window} at once: "
-                           "--compare-full cannot answer from it (drop --compare-full)")
-    return {"model": lm.name, "question": question, "router": cfg.router, "keep": cfg.keep,
-            "target_tokens": cfg.target_tokens, "context_tokens": total, "model_window": window}
-
-
-def compress_press(cfg: CompressConfig, lm, press, doc, question: str, query: str, window: int, overhead: int) -> int:
+def compress_press(cfg: CompressConfig, lm, press, doc, question: str, window: int, overhead: int) -> int:
     """``masklab compress --router <press> --answer``: the press answers from the whole document
     (it prefills all of it, dropping key/value pairs inside the model); no text is kept."""
+    from masklab.context.answer import first_answer
     from masklab.query import Query
 
     total = sum(doc.lengths(lm.tokenizer))
-    out = compress_header(cfg, lm, question, total, window)
     if total + overhead > window:
         raise MasklabError(f"the document is {total} tokens; a KV-cache press prefills all of it, past "
                            f"{lm.name}'s {window}-token window: use a router that prunes the text")
     keep = cfg.keep if cfg.target_tokens is None else min(1.0, cfg.target_tokens / total)
     ans, secs = press.answer(doc.source, Query(question), keep, cfg.max_new_tokens)
-    out.update({"units": doc.units, "kept": None, "pruned_text": None, "kept_fraction": keep,
-                "router_seconds": None, "answer": first_answer(ans), "answer_seconds": secs, "notes": []})
-    return finish(cfg, lm, out, doc.source, total, query, [], pruned=None)
-
-
-def compress_passages_cli(cfg: CompressConfig, lm, router, passages: list[str], question: str, query: str,
-                          window: int, overhead: int) -> int:
-    """``masklab compress`` on several passages: one budget over all of them."""
-    from masklab.context.passages import compress_passages
-
-    limit = window - overhead - len(passages)  # the blank lines between the kept passages
-    out = compress_passages(passages, question, router, keep=cfg.keep, target_tokens=cfg.target_tokens,
-                            unit_tokens=cfg.unit_tokens, fill=cfg.fill, limit=limit)
-    total = out.origin_tokens
-    if cfg.compare_full and total + overhead + len(passages) > window:
-        raise MasklabError(f"the passages are {total} tokens together and {lm.name} reads {window} at once: "
-                           "--compare-full cannot answer from all of them (drop --compare-full)")
-    budget = cfg.target_tokens if cfg.target_tokens is not None else cfg.keep * total
-    notes = out.notes
-    if budget > limit:
-        notes.insert(0, f"the passages are {total} tokens: the kept units were capped at {limit} tokens to fit "
-                        f"{lm.name}'s {window}-token window with the question and answer")
-    if getattr(router, "last_windows", 1) > 1:
-        notes.append(f"the router read the passages in {router.last_windows} windows")
-    res: dict = {"model": lm.name, "question": question, "model_window": window, **out.to_json()}
-    if not cfg.json:
-        kept = sum(len(k) for k in out.kept)
-        print_pruned(out.text, f"kept {kept} of {sum(len(d.units) for d in out.docs)} units in "
-                     f"{sum(1 for k in out.kept if k)} of {len(passages)} passages, {out.compressed_tokens:,} of "
-                     f"{total:,} tokens ({out.ratio:.1f}x; router {cfg.router}, {out.seconds:.3f} s)", notes)
-    if cfg.answer:
-        answer_into(res, "answer", "answer_seconds", lm, out.text, query, cfg)
-    return finish(cfg, lm, res, "\n\n".join(passages), total, query, notes, pruned=None)
+    out = {"model": lm.name, "question": question, "router": cfg.router, "keep": cfg.keep,
+           "target_tokens": cfg.target_tokens, "context_tokens": total, "model_window": window, "units": doc.units,
+           "kept": None, "pruned_text": None, "kept_fraction": keep, "router_seconds": None, "answer": first_answer(ans),
+           "answer_seconds": secs, "notes": []}
+    return finish(cfg, lm, out, doc.source, total, question, [], pruned=None)
 
 
 def print_pruned(text: str, summary: str, notes: list[str]) -> None:
@@ -306,27 +265,20 @@ def budget_text(cfg: CompressConfig) -> str:
     return f"--target-tokens {cfg.target_tokens}" if cfg.target_tokens is not None else f"--keep {cfg.keep}"
 
 
-def answer_into(out: dict, key: str, seconds_key: str, lm, context: str, query: str, cfg: CompressConfig) -> None:
-    """Answer from ``context`` into ``out[key]`` (its first line or sentence) and its seconds."""
-    from masklab.context.answer import generate_answer
+def answer_into(out: dict, key: str, seconds_key: str, lm, context: str, question: str, cfg: CompressConfig) -> None:
+    """Answer ``question`` from ``context`` into ``out[key]`` (its first line or sentence) and its seconds."""
+    from masklab.context.compress import answer
 
-    r = generate_answer(lm, [context], query, cfg.max_new_tokens, stop_at_sentence=True, stop_at_line=True)
-    out.update({key: first_answer(r["generated"]), seconds_key: r["seconds"]})
+    out[key], out[seconds_key] = answer(lm, context, question, cfg.max_new_tokens)
     if not cfg.json and key == "answer":
         print_answer(f"answer ({cfg.router} at {budget_text(cfg)[2:]}, {out[seconds_key]:.2f} s)", out[key])
-
-
-def first_answer(text: str) -> str:
-    from masklab.context.answer import first_answer as first
-
-    return first(text)
 
 
 def print_answer(label: str, answer: str) -> None:
     print(f"{label}: {answer or '(empty answer)'}", flush=True)
 
 
-def finish(cfg: CompressConfig, lm, out: dict, source: str, total: int, query: str, notes: list[str], pruned) -> int:
+def finish(cfg: CompressConfig, lm, out: dict, source: str, total: int, question: str, notes: list[str], pruned) -> int:
     """The answer from the whole document (``--compare-full``), the page and the rest of the
     output (in text mode the pruned text, its notes and its answer are already printed)."""
     if not cfg.json and "answer" in out and out.get("pruned_text") is None:  # a press: answered, no text kept
@@ -336,7 +288,7 @@ def finish(cfg: CompressConfig, lm, out: dict, source: str, total: int, query: s
     if cfg.compare_full:
         if total >= LONG_DOCUMENT_TOKENS:
             print(f"answering from the whole document ({total:,} tokens)...", file=sys.stderr, flush=True)
-        answer_into(out, "full_answer", "full_seconds", lm, source, query, cfg)
+        answer_into(out, "full_answer", "full_seconds", lm, source, question, cfg)
         if not cfg.json:
             print_answer(f"answer (full document, {out['full_seconds']:.2f} s)", out["full_answer"])
     if cfg.html:

@@ -201,54 +201,22 @@ class Service:
 
 
 def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict:
-    """What ``masklab compress --json`` prints for one request, for one context or several
-    passages: the passages pruned within one budget (``req.keep`` of their tokens or
-    ``req.target_tokens``; :func:`~masklab.context.passages.compress_passages`), capped to
-    fit the model's window with the question and the answer, and the answer from the pruned
-    text when asked. ``units``, ``kept``, ``scores`` and ``unit_tokens`` run over every
-    passage's units in order; ``passages`` has each passage's counts. A router that keeps no
-    units (``longllmlingua``) prunes one context as ``masklab compress`` does."""
-    from masklab.context.answer import first_answer, generate_answer
-    from masklab.context.answer import answer_budget
-    from masklab.document import segment
-    from masklab.context.passages import compress_passages
+    """What ``masklab compress --json`` prints for one request (:mod:`masklab.context.compress`):
+    one context pruned as one document, several as passages within one budget, and the answer
+    from the pruned text when asked."""
+    from masklab.context.compress import answer, prune_document, prune_passages
 
-    query, window, overhead = answer_budget(lm, req.question, req.max_new_tokens)
-    several = len(req.contexts) > 1
-    limit = window - overhead - (len(req.contexts) if several else 0)  # as the CLI: the blank lines between passages
-    if getattr(router, "keeps_units", True):
-        pruned = compress_passages(req.contexts, req.question, router, keep=req.keep, target_tokens=req.target_tokens,
-                                   unit_tokens=cfg.unit_tokens, fill=cfg.fill, limit=limit)
-        total = pruned.origin_tokens
-        starts = [0]
-        for doc in pruned.docs:
-            starts.append(starts[-1] + len(doc.units))
-        out = {"model": lm.name, "question": req.question, "context_tokens": total, "model_window": window,
-               **pruned.to_json(), "units": [u for doc in pruned.docs for u in doc.units],
-               "kept": [start + i for start, k in zip(starts, pruned.kept) for i in k],
-               "scores": [x for xs in pruned.scores for x in xs], "unit_tokens": [n for ns in pruned.lengths for n in ns]}
-        wanted = req.target_tokens if req.target_tokens is not None else pruned.keep * total
+    budget = {"keep": req.keep, "target_tokens": req.target_tokens, "unit_tokens": cfg.unit_tokens, "fill": cfg.fill,
+              "max_new_tokens": req.max_new_tokens}
+    if len(req.contexts) == 1:
+        _, out = prune_document(lm, router, req.contexts[0], req.question, **budget)
+    elif not getattr(router, "keeps_units", True):
+        raise MasklabError(f"the {req.router} router keeps no units (it rewrites the text), so it cannot spend one "
+                           "budget across passages: send one context")
     else:
-        if several:
-            raise MasklabError(f"the {req.router} router keeps no units (it rewrites the text), so it cannot spend one "
-                               "budget across passages: send one context")
-        doc = segment(req.contexts[0], lm.tokenizer, cfg.unit_tokens)
-        total = sum(doc.lengths(lm.tokenizer))
-        keep = req.keep if req.target_tokens is None else min(1.0, req.target_tokens / max(1, total))
-        pruned = router.choose(doc, req.question, keep, fill=cfg.fill, limit=limit if keep * total > limit else None)
-        kept_tokens = round(pruned.kept_fraction * total)
-        out = {"model": lm.name, "question": req.question, "keep": keep, "target_tokens": req.target_tokens,
-               "context_tokens": total, "model_window": window, "origin_tokens": total,
-               "compressed_tokens": kept_tokens, "ratio": total / max(1, kept_tokens), **pruned.to_json()}
-        wanted = keep * total
-    if wanted > limit:
-        out["notes"].append(f"the context is {total} tokens: the kept units were capped at {limit} tokens to fit "
-                            f"{lm.name}'s {window}-token window with the question and answer")
-    if getattr(router, "last_windows", 1) > 1:
-        out["notes"].append(f"the router read the context in {router.last_windows} windows")
+        _, out = prune_passages(lm, router, req.contexts, req.question, **budget)
     if req.answer:
-        r = generate_answer(lm, [out["pruned_text"]], query, req.max_new_tokens, stop_at_sentence=True, stop_at_line=True)
-        out.update({"answer": first_answer(r["generated"]), "answer_seconds": r["seconds"]})
+        out["answer"], out["answer_seconds"] = answer(lm, out["pruned_text"], req.question, req.max_new_tokens)
     return out
 
 
