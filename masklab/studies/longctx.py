@@ -25,7 +25,8 @@ model's own full-context answer, forward passes counted.
 
 Summary rows: task ``<task>@<length>``, method; metrics ``acc`` (exact match), ``seconds``
 (router + tokenise + prefill + decode per prompt, one thread), ``kept`` (kept fraction of
-the context's tokens), ``gold_kept`` (routers' gold recall), ``router_s`` / ``router_share``
+the context's tokens), ``gold_kept`` (the share of the gold sentences a router kept),
+``gold_top`` (its best-scored sentences are exactly the gold ones), ``router_s`` / ``router_share``
 (the router's seconds, and their share of the same example's full prefill), ``kv_mb``
 (KV-cache size by formula after the answer), ``peak_mb`` (the run's peak resident memory:
 one value per run, not per method), ``train_passes`` / ``train_labelled`` (the routers'
@@ -328,7 +329,8 @@ NOTES = """\
 `acc`: exact match of the greedy answer (cut at the first punctuation mark, number words
 read as digits; `multivalue`: every number of the key among the answer's); `seconds`: router + tokenise + prefill + decode per prompt (methods
 interleaved per example, one thread); `kept`: kept fraction of the context's tokens;
-`gold_kept`: share of the gold sentences a router kept; `router_share`: the router's
+`gold_kept`: share of the gold sentences a router kept (`gold_top`: its best-scored
+sentences are exactly the gold ones); `router_share`: the router's
 seconds over the same example's full prefill; `kv_mb`: KV-cache MiB by formula (layers x 2
 x KV heads x head dim x cached tokens x bytes; presses: kept context + the rest of the
 prompt; AdaKV masks, so it caches all); `peak_mb`: peak resident memory of the run (one
