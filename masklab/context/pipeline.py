@@ -41,6 +41,7 @@ import torch
 from masklab.context.answer import generate_answer, kv_cache_mb
 from masklab.context.router import Pruned
 from masklab.files import append_jsonl, read_jsonl
+from masklab.query import Query
 
 Step = Callable[[object], tuple[dict, str]]
 
@@ -95,8 +96,6 @@ def pressed(lm, press, keep: float, new_tokens: int) -> Step:
     context's key/value pairs at prefill; ``kv_mb``: the kept context (AdaKV masks, so all of
     it) + the rest of the prompt."""
     def step(ex) -> tuple[dict, str]:
-        from masklab.query import Query
-
         text, secs = press.answer(ex.context, Query.parse(ex.query), keep, max_new_tokens=new_tokens)
         n_ctx = sum(ex.lengths(lm.tokenizer))
         ctx = n_ctx if press.masks else round(keep * n_ctx)
