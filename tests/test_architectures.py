@@ -262,8 +262,8 @@ def test_chat_template_of_the_folder_is_used_and_raw_overrides(tmp_path):
     qwen3 = save_folder(tmp_path / "think", "qwen3", chat_template=CHATML.replace(
         "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n{% if enable_thinking is defined and "
         "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"))
-    after = prompt_parts(load(str(qwen3)), "\nQ?\nAnswer:")[1]
-    assert after == "\nQ?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nAnswer:"
+    after = prompt_parts(load(str(qwen3)), "\nQuestion: Q?\nAnswer:")[1]
+    assert after == "\nQuestion: Q?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nAnswer:"
     assert prompt_parts(load(str(folder), prompt_format="raw"), "\nQ?") == ("", "\nQ?")
 
 
@@ -272,8 +272,8 @@ def test_chat_without_template_uses_the_turn_tokens_of_the_vocabulary(folders, t
 
     lm = load(str(folders["qwen2"]), prompt_format="chat")  # no template; ChatML tokens in the vocabulary
     assert not lm.template_chat
-    assert prompt_parts(lm, "\nQ?\nAnswer: A")[0] == "<|im_start|>user\n"
-    assert prompt_parts(lm, "\nQ?\nAnswer: A")[1] == "\nQ?<|im_end|>\n<|im_start|>assistant\nAnswer: A"
+    assert prompt_parts(lm, "\nQuestion: Q?\nAnswer: A")[0] == "<|im_start|>user\n"
+    assert prompt_parts(lm, "\nQuestion: Q?\nAnswer: A")[1] == "\nQuestion: Q?<|im_end|>\n<|im_start|>assistant\nAnswer: A"
     bare = load(str(save_folder(tmp_path / "bare", "qwen2", chat_tokens=False)), prompt_format="chat")
     with pytest.raises(MasklabError, match="no chat template.*prompt-format raw"):
         prompt_parts(bare, "\nQ?")

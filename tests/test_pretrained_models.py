@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import HAVE_GGUF, needs_gguf
+from masklab.query import Query
 from masklab.runner import MasklabError
 
 pytestmark = pytest.mark.slow
@@ -111,7 +112,8 @@ def test_peers_on_the_same_prompt(smol):
     p = _simple_prompt()
     ours = generate(smol, encode(smol, p.sentences, p.query).ids, 4)[1]
     kv = KVPressRunner(smol)
-    q, prefix = p.query.rsplit("\n", 1)
+    ask = Query.parse(p.query)
+    q, prefix = ask.question_line, ask.answer_line
     full, _ = kv.answer(p.context, q, prefix, None, 1.0, 4)
     assert full == ours  # kvpress's pipeline sees exactly our prompt
     n = kv.last_cache_tokens

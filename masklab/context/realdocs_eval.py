@@ -32,6 +32,7 @@ from masklab import device as devices
 from masklab.errors import MasklabError
 from masklab.files import append_jsonl, make_out_dir, read_jsonl
 from masklab.flags import flag, str_list
+from masklab.query import Query
 
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "longllmlingua")
 CONTROL = "bm25"
@@ -101,7 +102,7 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
     gold = answering_units(doc, q.spans())
     stale = answering_units(doc, q.spans("stale")) if q.stale else []
     lengths = doc.lengths(lm.tokenizer)
-    query = f"\nQuestion: {q.question}\nAnswer:"
+    query = Query(q.question).text
     said: dict[str, dict] = {}
 
     def answer(text: str) -> dict:  # greedy answers are deterministic: one per distinct kept text

@@ -11,6 +11,7 @@ from masklab.document import CHUNK_WORDS, chunked_sentences
 from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.inputs import MAX_CONTEXT_BYTES
+from masklab.query import Query
 
 CITE_METHODS = ("loo", "greedy-minimal", "group-testing", "contextcite")
 
@@ -74,7 +75,7 @@ def check_fits(lm, sentences: list[str], query: str, max_new_tokens: int) -> Non
     window = context_window(lm)
     if window is None:
         return
-    n = encode(lm, sentences, f"\nQuestion: {query}\nAnswer:").ids.numel()
+    n = encode(lm, sentences, Query(query).text).ids.numel()
     if n + max_new_tokens > window:
         raise MasklabError(f"the prompt is {n:,} tokens (context and question) + {max_new_tokens} answer tokens, past "
                            f"{lm.name}'s window of {window:,} positions; shorten the context")

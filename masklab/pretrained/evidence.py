@@ -29,6 +29,7 @@ from masklab.evidence.search import SEARCHES
 from masklab.pretrained.lm import Encoded, answer_scores, answer_tokens, context_cache, encode, generate
 from masklab.pretrained.models import LoadedModel
 from masklab.errors import MasklabError
+from masklab.query import Query
 from masklab.tasks.stale_prompts import answer_head
 
 HIDES = ("mask", "layers", "delete")
@@ -134,7 +135,7 @@ def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "g
     if not sentences:
         raise MasklabError("the context has no sentences")
     if not query.startswith("\n"):
-        query = f"\nQuestion: {query.strip()}\nAnswer:"
+        query = Query(query.strip()).text
     t0 = time.perf_counter()
     if method == "contextcite":
         from masklab.pretrained.peers import contextcite_scores

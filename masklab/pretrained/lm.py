@@ -11,7 +11,8 @@ Prompt formats (``lm.prompt_format``): ``raw`` is the plain completion
 ``context + query``; ``chat`` wraps it in the model's own user/assistant turns (a model
 folder's tokenizer chat template when it has one, :func:`template_turns`; else
 :data:`CHAT_TURNS`, found from the special tokens in its vocabulary) and moves the
-answer prefix (``Answer:`` and what follows it in the query) into the assistant turn::
+answer line (:attr:`masklab.query.Query.answer_line`: ``Answer:`` and the answer prefix)
+into the assistant turn::
 
     <|im_start|>user\n{context}\nQuestion: ...<|im_end|>\n<|im_start|>assistant\nAnswer: {prefix}
 
@@ -33,6 +34,7 @@ import torch
 from torch import Tensor
 
 from masklab.pretrained.models import LoadedModel
+from masklab.query import Query
 from masklab.runner import MasklabError
 
 PROMPT_FORMATS = ("raw", "chat")
@@ -92,13 +94,6 @@ def turns(lm: LoadedModel) -> tuple[str, str]:
     return chat_turns(lm.tokenizer, ARCHITECTURES[mt].chat if mt in ARCHITECTURES else None)
 
 
-def split_answer_prefix(query: str) -> tuple[str, str]:
-    """``"\nQuestion: Q\nAnswer: Maria lives in"`` -> ``("\nQuestion: Q", "Answer: Maria lives in")``;
-    a query without ``Answer:`` has no prefix."""
-    head, sep, prefix = query.rpartition("\nAnswer:")
-    return (head, sep.lstrip("\n") + prefix) if sep else (query, "")
-
-
 def prompt_parts(lm: LoadedModel, query: str) -> tuple[str, str]:
     """``(before, after)``: the formatted prompt is ``before + context + after``."""
     fmt = getattr(lm, "prompt_format", "raw")
@@ -107,8 +102,8 @@ def prompt_parts(lm: LoadedModel, query: str) -> tuple[str, str]:
     if fmt != "chat":
         raise MasklabError(f"unknown prompt format {fmt!r}: use one of {', '.join(PROMPT_FORMATS)}")
     opening, closing = turns(lm)
-    question, prefix = split_answer_prefix(query)
-    return opening, question + closing + prefix
+    q = Query.parse(query)
+    return opening, q.question_line + closing + q.answer_line
 
 
 def chat_template(lm: LoadedModel) -> str | None:

@@ -32,6 +32,7 @@ from functools import lru_cache
 
 from masklab.document import Document, bling_fire_sentences, count_tokens
 from masklab.errors import MasklabError
+from masklab.query import Query
 from masklab.tasks.longctx import fill
 
 FILLERS = ("pydoc", "sklearn", "licences")
@@ -206,7 +207,7 @@ class FamilyExample(Document):
 
     @property
     def query(self) -> str:
-        return f"\nQuestion: {self.question}\nAnswer: {self.prefix}"
+        return Query(self.question, self.prefix).text
 
     @property
     def digest(self) -> str:
@@ -274,7 +275,7 @@ def make_example(filler: str, template: str, wording: str, kind: str, n_tokens: 
     facts, gold_flags, question, answers, prefix = _facts(template, kind, wording, rng)
     pool = list(filler_pool(filler))
     rng.shuffle(pool)
-    query = f"\nQuestion: {question}\nAnswer: {prefix}"
+    query = Query(question, prefix).text
     budget = n_tokens - count_tokens(tokenizer, " ".join(facts) + query)
     filler_s = fill(pool, budget, tokenizer, n_tokens)
     slots = sorted(rng.randint(0, len(filler_s)) for _ in facts)

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 
 from masklab.document import Document, count_tokens, token_offsets
 from masklab.errors import MasklabError
+from masklab.query import Query
 from masklab.tasks.stale_prompts import answer_head, distractor_pool
 
 TASKS = ("niah", "multikey", "multivalue", "vt", "stale", "count")
@@ -85,7 +86,7 @@ class LongExample(Document):
     """
 
     task: str
-    query: str
+    query: str  # Query(question, answer prefix).text
     answer: str
     key: str
     gold_spans: list[tuple[int, int]]
@@ -102,7 +103,7 @@ class LongExample(Document):
     @property
     def question(self) -> str:
         """The question without the answer prefix: ``"Question: What is ...?"``."""
-        return self.query.rsplit("\nAnswer:", 1)[0].strip()
+        return Query.parse(self.query).question_line.strip()
 
     def is_correct(self, answer: str) -> bool:
         """Whether a generated ``answer`` is right (:func:`score`)."""
@@ -169,7 +170,7 @@ def _plan(task: str, rng: random.Random, *, distractors: int, hops: int, updates
         rng.shuffle(order)
         k = keys[0]
         return _Plan([facts[i] for i in order], [i == 0 for i in order],
-                     f"\nQuestion: What is the special magic number for {k}?\nAnswer: The special magic number for {k} is",
+                     Query(f"What is the special magic number for {k}?", f"The special magic number for {k} is").text,
                      vals[0], k, {"keys": keys})
     if task == "multivalue":
         keys = _keys(rng, 1 + distractors)
@@ -180,8 +181,8 @@ def _plan(task: str, rng: random.Random, *, distractors: int, hops: int, updates
         k = keys[0]
         mine = [v for o, v in zip(owners, vals) if o == k]
         return _Plan(facts, [o == k for o in owners],
-                     f"\nQuestion: What are all the special magic numbers for {k}?\n"
-                     f"Answer: The special magic numbers for {k} are", ", ".join(mine), k, {"keys": keys, "values": mine})
+                     Query(f"What are all the special magic numbers for {k}?", f"The special magic numbers for {k} are").text,
+                     ", ".join(mine), k, {"keys": keys, "values": mine})
     if task == "vt":
         names = _var_names(rng, 2 * (hops + 1))
         vals = _numbers(rng, 2, 5)
@@ -196,7 +197,7 @@ def _plan(task: str, rng: random.Random, *, distractors: int, hops: int, updates
         facts = [next(its[s]) for s in slots]
         last = names[hops]
         return _Plan(facts, [s == 0 for s in slots],
-                     f"\nQuestion: What is the value of VAR {last}?\nAnswer: VAR {last} =",
+                     Query(f"What is the value of VAR {last}?", f"VAR {last} =").text,
                      vals[0], last, {"chain": names[:hops + 1], "distractor_chain": names[hops + 1:],
                                      "distractor_value": vals[1]})
     if task == "stale":
@@ -204,7 +205,7 @@ def _plan(task: str, rng: random.Random, *, distractors: int, hops: int, updates
         vals = _numbers(rng, updates + 1, 4)
         facts = [STALE_FIRST.format(k=k, v=vals[0])] + [STALE_UPDATE.format(k=k, v=v) for v in vals[1:]]
         return _Plan(facts, [i == len(facts) - 1 for i in range(len(facts))],
-                     f"\nQuestion: What is the access code of the {k} locker now?\nAnswer: The access code of the {k} locker is",
+                     Query(f"What is the access code of the {k} locker now?", f"The access code of the {k} locker is").text,
                      vals[-1], k, {"values": vals})
     if task == "count":
         colour, *others = rng.sample(COLOURS, 3)
@@ -212,7 +213,7 @@ def _plan(task: str, rng: random.Random, *, distractors: int, hops: int, updates
         tallies = [colour] * count + [rng.choice(others) for _ in range(n_other)]
         rng.shuffle(tallies)
         return _Plan([TALLY.format(c=c) for c in tallies], [c == colour for c in tallies],
-                     f"\nQuestion: How many {colour} marbles were put into the jar?\nAnswer: The number of {colour} marbles is",
+                     Query(f"How many {colour} marbles were put into the jar?", f"The number of {colour} marbles is").text,
                      str(count), colour, {"tallies": tallies})
     raise MasklabError(f"unknown long-context task {task!r}: use one of {', '.join(TASKS)}")
 

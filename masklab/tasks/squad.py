@@ -70,7 +70,7 @@ class SquadItem(Document):
     """A SQuAD question as a :class:`~masklab.document.Document` of the context's sentences,
     ``gold`` the one holding the first answer (read as the studies read stale prompts)."""
 
-    query: str
+    query: str  # Query(question).text
     answers: list[str]
     id: str
 
@@ -95,5 +95,5 @@ def to_item(ex: SquadExample) -> SquadItem:
         at = ex.context.find(s[:20], pos)
         if at >= 0 and at <= ex.answer_start:
             gold, pos = i, at
-    return SquadItem(units=sentences, gold=[gold], query=f"\nQuestion: {ex.question.strip()}\nAnswer:",
+    return SquadItem(units=sentences, gold=[gold], query=Query(ex.question.strip()).text,
                      answers=ex.answers, id=ex.id)

@@ -99,7 +99,7 @@ class StalePrompt(Document):
     (the evidence-search unit) and whose ``gold`` is ``[the sentence with the current
     value]``; ``prompt = context + query``; value spans are character offsets into ``prompt``."""
 
-    query: str
+    query: str  # Query(question, answer prefix).text
     entity: str
     attribute: str
     values: list[str]  # values in the order stated; the last is current
@@ -153,7 +153,7 @@ def make_prompt(rng: random.Random, *, updates: tuple[int, int] = (1, 3), filler
         fact_index.append(len(sentences))
         sentences.append(fs)
     sentences += [next(fill) for _ in range(gaps[-1])]
-    query = f"\nQuestion: {attr.question.format(e=entity)}\nAnswer: {attr.answer_prefix.format(e=entity)}"
+    query = Query(attr.question.format(e=entity), attr.answer_prefix.format(e=entity)).text
     p = StalePrompt(units=sentences, gold=[fact_index[-1]], query=query, entity=entity, attribute=attr.name,
                     values=values, stale_spans=[], current_spans=[], n_updates=n_up,
                     distance=fact_index[-1] - fact_index[-2] - 1, meta={"gaps": gaps, "fact_index": fact_index})
