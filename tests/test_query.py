@@ -42,3 +42,11 @@ def test_chat_prompt_splits_the_query_between_its_question_and_answer_lines(quer
     assert q.text == query and (q.question_line, q.answer_line) == (head, "Answer:" + tail)
     lm.prompt_format = "raw"
     assert prompt_parts(lm, query) == ("", query)
+
+
+def test_chat_prompt_keeps_other_query_text_whole_in_the_user_turn():
+    _, opening, closing = CHAT_TURNS["chatml"]
+    vocab = {"<|im_start|>": 0}
+    lm = SimpleNamespace(prompt_format="chat", model=None, tokenizer=SimpleNamespace(get_vocab=lambda: vocab))
+    for query in ["\nQ?\nAnswer: A", "\nWho approved it?", "\nQuestion: Q?\nAnswer:X"]:
+        assert prompt_parts(lm, query) == (opening, query + closing)

@@ -95,7 +95,9 @@ def turns(lm: LoadedModel) -> tuple[str, str]:
 
 
 def prompt_parts(lm: LoadedModel, query: str) -> tuple[str, str]:
-    """``(before, after)``: the formatted prompt is ``before + context + after``."""
+    """``(before, after)``: the formatted prompt is ``before + context + after``. In the chat
+    format a :class:`~masklab.query.Query`'s question ends the user turn and its answer line
+    starts the assistant's; any other query text is all user turn."""
     fmt = getattr(lm, "prompt_format", "raw")
     if fmt == "raw":
         return "", query
@@ -103,6 +105,8 @@ def prompt_parts(lm: LoadedModel, query: str) -> tuple[str, str]:
         raise MasklabError(f"unknown prompt format {fmt!r}: use one of {', '.join(PROMPT_FORMATS)}")
     opening, closing = turns(lm)
     q = Query.parse(query)
+    if q.text != query:
+        return opening, query + closing
     return opening, q.question_line + closing + q.answer_line
 
 
