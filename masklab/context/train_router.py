@@ -257,7 +257,7 @@ def _kept_rates(rows: list[dict]) -> dict:
     from masklab.stats import wilson
 
     out = {}
-    for metric, hits in (("all_gold_kept", [r["gold_kept"] == 1.0 for r in rows]), ("gold_top", [r["gold_top"] for r in rows])):
+    for metric, hits in (("all_gold_kept", [r["gold_kept"] == 1.0 for r in rows]), ("gold_top", [r["gold_top"] == 1.0 for r in rows])):
         k = sum(hits)
         lo, hi = wilson(k, len(rows))
         out.update({metric: k / len(rows), f"{metric}_lo": lo, f"{metric}_hi": hi})

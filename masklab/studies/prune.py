@@ -126,7 +126,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         raise MasklabError("no test examples: lower --train-prompts or give more data")
     routers, metrics = train_routers(lm, p, train, spec["seed"])
     settings = hashlib.sha256(json.dumps(p, sort_keys=True).encode()).hexdigest()[:12]
-    records = pipeline.evaluate(test, methods(lm, p, routers, random.Random(spec["seed"])),
+    rng = random.Random(spec["seed"])  # drawn for every prompt up front, so a resumed run draws the same
+    randoms = [[rng.random() for _ in ex.units] for ex in test]
+    records = pipeline.evaluate(test, methods(lm, p, routers, randoms),
                                 Path(ckpt_dir) / f"test-{settings}.jsonl", after=finish_rows)
     rows = [(f"{name}|{b}" if "|" not in name else name, row) for r in records for name, row in r["rows"].items()
             for b in (p["budgets"] if "|" not in name else [None])]  # full and kvpress-full: one row for every budget
@@ -169,11 +171,11 @@ def train_routers(lm, p: dict, train: list, seed: int) -> tuple[dict, dict]:
         "fallback_rate": n_fallback / used, "train_seconds": time.perf_counter() - t0}
 
 
-def methods(lm, p: dict, routers: dict, rng: random.Random):
+def methods(lm, p: dict, routers: dict, randoms: list[list[float]]):
     """``methods(i, example)`` for :func:`masklab.context.pipeline.evaluate`: ``full`` and
     ``kvpress-full`` once, then per budget ``b`` the sentence methods ``<method>|<b>`` (each
     keeps its best-scored sentences: the routers' scores from one feature pass, the LM's own
-    attention from one dense pass, random scores) and the presses ``<press>|<b>``."""
+    attention from one dense pass, ``randoms[i]``) and the presses ``<press>|<b>``."""
     from masklab.context import pipeline
     from masklab.context.presses import PRESSES, KVPressRunner
     from masklab.context.router import Pruned
@@ -202,7 +204,7 @@ def methods(lm, p: dict, routers: dict, rng: random.Random):
         scores = {"router-evidence": (routers["router-evidence"].score(feats), feat_s),
                   "router-attention": (routers["router-attention"].score(feats), feat_s),
                   "attention-keep": (att, att_s),
-                  "random": (torch.tensor([rng.random() for _ in range(len(ex.units))]), 0.0)}
+                  "random": (torch.tensor(randoms[i]), 0.0)}
         out = [("full", pipeline.full(lm, new))] if "full" in p["methods"] else []
         out += [("kvpress-full", kvpress_full)] if p["compare"] else []
         for b in p["budgets"]:
