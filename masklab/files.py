@@ -54,7 +54,15 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def append_jsonl(path: Path, row: dict) -> None:
-    """Append ``row`` as one JSON line, flushed (a resumable run's record of one finished item)."""
+    """Append ``row`` as one JSON line, flushed (a resumable run's record of one finished item).
+    A last line cut by a kill (no line break at its end) is dropped first, as :func:`read_jsonl`
+    drops it, so the new line does not join it."""
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb+") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.seek(0)
+                f.truncate(f.read().rfind(b"\n") + 1)
     with open(path, "a") as f:
         f.write(json.dumps(row, default=json_default) + "\n")
         f.flush()
