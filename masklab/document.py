@@ -1,11 +1,12 @@
-"""A context cut into units (sentences, list items or chunks): the one document type of masklab.context.
+"""A context cut into units (sentences, list items or chunks): the one document type of masklab.
 
 ``Document(units, gold=[], spans=None, source=None)``: the routers score ``units``; a model
 reads ``" ".join(units)`` (:attr:`Document.context`). A document cut from a user's text by
 :func:`segment` also keeps that text (``source``) and each unit's character span in it, so
 the pruned text keeps the original line and paragraph breaks (:meth:`Document.text_of`) and
 a page can highlight the kept units. Generated tasks set ``gold`` (the indices of the units
-that answer); :class:`masklab.tasks.longctx.LongExample` is a ``Document``.
+that answer); their examples are ``Document``\ s, most of them an :class:`Example` (a
+``Document`` with the query a model completes after it).
 
 Segmentation (:func:`segment`), with regexes over lines and Bling Fire's sentence breaker
 (a maintained finite-state model) on prose only. Paragraphs end at blank lines (a fenced
@@ -47,6 +48,7 @@ import re
 from dataclasses import dataclass, field
 
 from masklab.errors import MasklabError
+from masklab.query import Query
 
 UNIT_TOKENS = 64  # the default longest unit, in model tokens (about three sentences of prose)
 
@@ -121,6 +123,21 @@ class Document:
             else:
                 out.append("\n\n" if "\n\n" in gap else "\n" if "\n" in gap else " ")
         return "".join(out)
+
+
+
+@dataclass(kw_only=True)
+class Example(Document):
+    """A task's ``Document`` with the ``query`` a model completes after it (a
+    :attr:`Query.text <masklab.query.Query.text>`); a task says how an answer is checked
+    (``is_correct(answer) -> bool``)."""
+
+    query: str
+
+    @property
+    def question(self) -> str:
+        """What a router reads: ``"Question: ..."`` (the query without its answer line)."""
+        return Query.parse(self.query).question_line.strip()
 
 
 def _split_long(text: str, start: int, tokenizer, unit_tokens: int) -> list[tuple[int, int]]:

@@ -83,12 +83,11 @@ def kv_cache_mb(lm, tokens: float) -> float:
     return c.num_hidden_layers * 2 * kv_heads * head_dim * tokens * size / 2**20
 
 
-def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[str, int, int]:
-    """``(query, window, overhead)``: the text asked after the context, the model's window in
-    tokens, and the tokens the query, the chat turns and the answer take of it (so the kept
-    context may be at most ``window - overhead`` tokens)."""
+def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[int, int]:
+    """``(window, overhead)``: the model's window in tokens, and the tokens the query
+    (``Query(question).text``), the chat turns and the answer take of it (so the kept context
+    may be at most ``window - overhead`` tokens)."""
     from masklab.query import Query
 
-    query = Query(question).text
     window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
-    return query, window, len(lm.tokenizer(query)["input_ids"]) + ANSWER_ROOM + max_new_tokens
+    return window, len(lm.tokenizer(Query(question).text)["input_ids"]) + ANSWER_ROOM + max_new_tokens

@@ -195,7 +195,7 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
     from masklab.context.routers import TRAINED, load_router
     from masklab.document import segment
 
-    _, window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
+    window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
     budget = {"keep": cfg.keep, "target_tokens": cfg.target_tokens, "unit_tokens": cfg.unit_tokens, "fill": cfg.fill,
               "max_new_tokens": cfg.max_new_tokens}
 
@@ -209,7 +209,7 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
         total = sum(doc.lengths(lm.tokenizer))
         check_full(total, f"the whole document is {total} tokens")
         if cfg.router in PRESSES:
-            return compress_press(cfg, lm, PRESSES[cfg.router](lm), doc, question, window, overhead)
+            return compress_press(cfg, lm, PRESSES[cfg.router](lm), doc, total, question, window, overhead)
     trained = {"progress": cfg.progress, "router_model": cfg.router_model,
                **({"path": cfg.router_file} if cfg.router_file else {})}
     router = load_router(cfg.router, lm, **(trained if cfg.router in TRAINED else {}))
@@ -233,13 +233,12 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
     return finish(cfg, lm, out, source, total, question, out["notes"], pruned=None if doc is None else pruned)
 
 
-def compress_press(cfg: CompressConfig, lm, press, doc, question: str, window: int, overhead: int) -> int:
+def compress_press(cfg: CompressConfig, lm, press, doc, total: int, question: str, window: int, overhead: int) -> int:
     """``masklab compress --router <press> --answer``: the press answers from the whole document
     (it prefills all of it, dropping key/value pairs inside the model); no text is kept."""
     from masklab.context.answer import first_answer
     from masklab.query import Query
 
-    total = sum(doc.lengths(lm.tokenizer))
     if total + overhead > window:
         raise MasklabError(f"the document is {total} tokens; a KV-cache press prefills all of it, past "
                            f"{lm.name}'s {window}-token window: use a router that prunes the text")

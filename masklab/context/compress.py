@@ -13,6 +13,7 @@ from masklab.context.answer import answer_budget, first_answer, generate_answer
 from masklab.context.passages import PrunedPassages, compress_passages
 from masklab.context.router import Pruned
 from masklab.document import Document, segment
+from masklab.query import Query
 
 
 def prune_document(lm, router, text: str | Document, question: str, *, keep: float, target_tokens: int | None,
@@ -23,7 +24,7 @@ def prune_document(lm, router, text: str | Document, question: str, *, keep: flo
     was over the budget."""
     doc = text if isinstance(text, Document) else segment(text, lm.tokenizer, unit_tokens)
     total = sum(doc.lengths(lm.tokenizer))
-    _, window, overhead = answer_budget(lm, question, max_new_tokens)
+    window, overhead = answer_budget(lm, question, max_new_tokens)
     budget = target_tokens if target_tokens is not None else keep * total
     limit = window - overhead
     notes = list(router.notes)  # which model ranked, a router fitted on few examples
@@ -52,7 +53,7 @@ def prune_passages(lm, router, passages: list[str], question: str, *, keep: floa
     """``passages`` pruned within one budget (:func:`~masklab.context.passages.compress_passages`);
     ``units``, ``kept``, ``scores`` and ``unit_tokens`` of the JSON run over every passage's
     units in order, ``passages`` has each passage's counts."""
-    _, window, overhead = answer_budget(lm, question, max_new_tokens)
+    window, overhead = answer_budget(lm, question, max_new_tokens)
     limit = window - overhead - len(passages)  # the blank lines between the kept passages
     pruned = compress_passages(passages, question, router, keep=keep, target_tokens=target_tokens,
                                unit_tokens=unit_tokens, fill=fill, limit=limit)
@@ -76,6 +77,5 @@ def prune_passages(lm, router, passages: list[str], question: str, *, keep: floa
 def answer(lm, text: str, question: str, max_new_tokens: int) -> tuple[str, float]:
     """``(answer, seconds)``: the greedy answer from ``text``, its first line or sentence
     (:func:`~masklab.context.answer.first_answer`)."""
-    query, _, _ = answer_budget(lm, question, max_new_tokens)
-    r = generate_answer(lm, [text], query, max_new_tokens, stop_at_sentence=True, stop_at_line=True)
+    r = generate_answer(lm, [text], Query(question).text, max_new_tokens, stop_at_sentence=True, stop_at_line=True)
     return first_answer(r["generated"]), r["seconds"]

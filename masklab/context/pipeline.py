@@ -9,7 +9,8 @@ numbers.
 
 An *example* is a :class:`~masklab.document.Document` (``units``, ``gold``: the indices of
 the answering units) with a ``query`` text (:class:`~masklab.query.Query`), a ``question``
-(what the routers read) and ``is_correct(answer) -> bool``:
+(what the routers read) and ``is_correct(answer) -> bool`` (an
+:class:`~masklab.document.Example`, or a ``FamilyExample``, which builds its query):
 :class:`~masklab.tasks.longctx.LongExample`, :class:`~masklab.tasks.families.FamilyExample`,
 :class:`~masklab.tasks.stale_prompts.StalePrompt`, :class:`~masklab.tasks.squad.SquadItem`.
 

@@ -45,7 +45,7 @@ import random
 import re
 from dataclasses import asdict, dataclass, field
 
-from masklab.document import Document, count_tokens, token_offsets
+from masklab.document import Example, count_tokens, token_offsets
 from masklab.errors import MasklabError
 from masklab.query import Query
 from masklab.tasks.stale_prompts import answer_head, distractor_pool
@@ -76,8 +76,8 @@ NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "
 
 
 @dataclass(kw_only=True)
-class LongExample(Document):
-    """One example: a :class:`~masklab.document.Document` whose ``units`` are the
+class LongExample(Example):
+    """One example: an :class:`~masklab.document.Example` whose ``units`` are the
     context's sentences (``context = " ".join(units)``); the model reads ``context + query``.
 
     ``gold``: indices of the gold evidence sentences; ``gold_spans``: their character spans
@@ -86,7 +86,6 @@ class LongExample(Document):
     """
 
     task: str
-    query: str  # Query(question, answer prefix).text
     answer: str
     key: str
     gold_spans: list[tuple[int, int]]
@@ -99,11 +98,6 @@ class LongExample(Document):
     @property
     def prompt(self) -> str:
         return self.context + self.query
-
-    @property
-    def question(self) -> str:
-        """The question without the answer prefix: ``"Question: What is ...?"``."""
-        return Query.parse(self.query).question_line.strip()
 
     def is_correct(self, answer: str) -> bool:
         """Whether a generated ``answer`` is right (:func:`score`)."""

@@ -15,7 +15,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from masklab.document import Document
+from masklab.document import Example
 from masklab.query import Query
 from masklab.errors import MasklabError
 from masklab.document import regex_sentences
@@ -66,11 +66,10 @@ def normalize(text: str) -> str:
 
 
 @dataclass(kw_only=True)
-class SquadItem(Document):
-    """A SQuAD question as a :class:`~masklab.document.Document` of the context's sentences,
+class SquadItem(Example):
+    """A SQuAD question as an :class:`~masklab.document.Example` of the context's sentences,
     ``gold`` the one holding the first answer (read as the studies read stale prompts)."""
 
-    query: str  # Query(question).text
     answers: list[str]
     id: str
 
@@ -78,11 +77,6 @@ class SquadItem(Document):
         first = generated.strip().split("\n", 1)[0]
         g = normalize(first)
         return "current" if any(normalize(a) and g.startswith(normalize(a)) for a in self.answers) else "other"
-
-    @property
-    def question(self) -> str:
-        """What a router reads: ``"Question: ..."`` (the query without its answer line)."""
-        return Query.parse(self.query).question_line.strip()
 
     def is_correct(self, generated: str) -> bool:
         return self.classify(generated) == "current"

@@ -21,7 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
-from masklab.document import Document, pieces_at_stops
+from masklab.document import Example, pieces_at_stops
 from masklab.query import Query
 
 NAMES = ["Maria", "Omar", "Priya", "Lena", "Tomas", "Aiko", "Daniel", "Fatima", "Jonas", "Chen",
@@ -94,12 +94,11 @@ def distractor_pool() -> tuple[str, ...]:
 
 
 @dataclass(kw_only=True)
-class StalePrompt(Document):
-    """One prompt: a :class:`~masklab.document.Document` whose ``units`` are its sentences
+class StalePrompt(Example):
+    """One prompt: an :class:`~masklab.document.Example` whose ``units`` are its sentences
     (the evidence-search unit) and whose ``gold`` is ``[the sentence with the current
     value]``; ``prompt = context + query``; value spans are character offsets into ``prompt``."""
 
-    query: str  # Query(question, answer prefix).text
     entity: str
     attribute: str
     values: list[str]  # values in the order stated; the last is current
@@ -122,11 +121,6 @@ class StalePrompt(Document):
 
     def classify(self, generated: str) -> str:
         return score_answer(generated, self)
-
-    @property
-    def question(self) -> str:
-        """What a router reads: ``"Question: ..."`` (the query without its answer line)."""
-        return Query.parse(self.query).question_line.strip()
 
     def is_correct(self, generated: str) -> bool:
         """Whether ``generated`` names the current value (:meth:`classify` is ``"current"``)."""
