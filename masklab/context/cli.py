@@ -43,6 +43,9 @@ class CompressConfig:
                                     help="evidence/attention: the packaged model (or model directory with a "
                                     "--router-file) whose first layers and router rank the units; --model still "
                                     "answers and counts the budget's tokens")
+    embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
+                                help="dense, bm25+dense: a local sentence-transformers model folder that embeds the "
+                                "question and the units")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
                       "scores them as not evidence (--no-fill: stop at its decision boundary)")
     unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: list items, tables and code stay whole up to "
@@ -99,8 +102,9 @@ def train_main(args: argparse.Namespace) -> int:
 
 def check(cfg: CompressConfig) -> None:
     """Every option, before anything is read or loaded."""
+    from masklab.context.embedder import check_folder
     from masklab.context.presses import PRESSES
-    from masklab.context.routers import ROUTERS, TRAINED
+    from masklab.context.routers import EMBEDDING, ROUTERS, TRAINED
 
     if not cfg.context:
         raise MasklabError("--context is required (a text file, several, a folder, a JSON list, or - for standard input)")
@@ -115,6 +119,10 @@ def check(cfg: CompressConfig) -> None:
         raise MasklabError(f"--router-file is for the trained routers (--router {', '.join(TRAINED)})")
     if cfg.router_model and cfg.router not in TRAINED:
         raise MasklabError(f"--router-model is for the trained routers (--router {', '.join(TRAINED)})")
+    if cfg.embedder:
+        if cfg.router not in EMBEDDING:
+            raise MasklabError(f"--embedder is for the routers that embed sentences (--router {', '.join(EMBEDDING)})")
+        check_folder(cfg.embedder)
     if cfg.router in PRESSES and not cfg.answer:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")
     if cfg.html and not Path(cfg.html).expanduser().resolve().parent.is_dir():
@@ -212,7 +220,7 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
             return compress_press(cfg, lm, PRESSES[cfg.router](lm), doc, total, question, window, overhead)
     trained = {"progress": cfg.progress, "router_model": cfg.router_model,
                **({"path": cfg.router_file} if cfg.router_file else {})}
-    router = load_router(cfg.router, lm, **(trained if cfg.router in TRAINED else {}))
+    router = load_router(cfg.router, lm, embedder=cfg.embedder, **(trained if cfg.router in TRAINED else {}))
     if doc is None:
         pruned, out = prune_passages(lm, router, text, question, **budget)
         total = pruned.origin_tokens

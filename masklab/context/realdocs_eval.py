@@ -37,7 +37,6 @@ from masklab.query import Query
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
            "longllmlingua")
 CONTROL = "bm25"
-DENSE = ("dense", "bm25+dense")  # routers that take --embedder
 
 
 def float_list(text: str) -> list[float]:
@@ -293,7 +292,8 @@ def in_turn(questions: list) -> list:
 
 
 def run(cfg: RealDocsConfig) -> int:
-    from masklab.context.routers import TRAINED
+    from masklab.context.embedder import check_folder
+    from masklab.context.routers import EMBEDDING, TRAINED
     from masklab.context.routers import ROUTERS as REGISTRY
     from masklab.context.routers import load_router
     from masklab.files import write_json
@@ -303,6 +303,8 @@ def run(cfg: RealDocsConfig) -> int:
     from masklab.tasks import realdocs
 
     check_ranges(cfg)
+    if cfg.embedder:
+        check_folder(cfg.embedder)
     for name in cfg.routers:
         REGISTRY[name]  # an unknown name: one clear error before the model loads
     dev = devices.resolve(cfg.device)
@@ -313,8 +315,8 @@ def run(cfg: RealDocsConfig) -> int:
     out = make_out_dir(cfg.out)
     lm = load(cfg.model, threads=cfg.threads, device=dev)
     reader = {"router_model": cfg.router_model} if cfg.router_model else {}
-    embedder = {"embedder": cfg.embedder} if cfg.embedder else {}
-    routers = {n: load_router(n, lm, **(reader if n in TRAINED else embedder if n in DENSE else {})) for n in cfg.routers}
+    routers = {n: load_router(n, lm, embedder=cfg.embedder if n in EMBEDDING else None, **(reader if n in TRAINED else {}))
+               for n in cfg.routers}
     stamp = {"benchmark": realdocs.benchmark_digest(cfg.split), "model": lm.name,
              "router_model": cfg.router_model or lm.name, "embedder": cfg.embedder,
              "weights": weights_digest(cfg.router_model or lm.name, cfg.routers),

@@ -41,6 +41,8 @@ class ServeConfig:
     router: str = flag("bm25", help="the router of requests that name none, loaded at start (others load once, "
                        "the first time a request names them); `masklab compress --list-routers` lists them")
     keep: float = flag(0.25, above=0, max=1, help="kept fraction of requests that give neither keep nor target_tokens")
+    embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
+                                help="the dense routers' sentence-transformers model folder")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
                       "scores them as not evidence (--no-fill: stop at its decision boundary)")
     unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens (as masklab compress --unit-tokens)")
@@ -176,9 +178,9 @@ class Service:
     def router(self, name: str):
         """Router ``name``, loaded the first time it is asked for (worker thread only)."""
         if name not in self.routers:
-            from masklab.context.routers import load_router
+            from masklab.context.routers import EMBEDDING, load_router
 
-            self.routers[name] = load_router(name, self.lm)
+            self.routers[name] = load_router(name, self.lm, embedder=self.cfg.embedder if name in EMBEDDING else None)
         return self.routers[name]
 
     def submit(self, fn, *args):
@@ -329,9 +331,12 @@ def main(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise MasklabError("masklab serve needs FastAPI and uvicorn: pip install 'masklab[serve]'") from None
+    from masklab.context.embedder import check_folder
     from masklab.context.presses import PRESSES
     from masklab.context.routers import ROUTERS
 
+    if cfg.embedder:
+        check_folder(cfg.embedder)
     if cfg.router in PRESSES:
         raise MasklabError(f"--router {cfg.router} is a KV-cache press: the service returns pruned text, so give a "
                            "router that prunes the text")

@@ -23,14 +23,20 @@ class Pruner:
     registered model name, a model directory, a loaded model, or None: words are counted and
     only routers that read no model work), loaded the first time it prunes; one budget of
     ``keep`` of all the passages' tokens or ``target_tokens`` tokens (which wins when both are
-    given; neither: keep 0.25)."""
+    given; neither: keep 0.25); ``embedder``: a sentence-transformers folder for the ``dense``
+    routers (None: the packaged all-MiniLM-L6-v2)."""
 
     def __init__(self, router: str = "bm25", model=None, keep: float | None = None, target_tokens: int | None = None,
-                 unit_tokens: int = UNIT_TOKENS) -> None:
-        from masklab.context.routers import ROUTERS
+                 unit_tokens: int = UNIT_TOKENS, embedder: str | None = None) -> None:
+        from masklab.context.embedder import check_folder
+        from masklab.context.routers import EMBEDDING, ROUTERS
 
         ROUTERS[router]  # noqa: B018  (unknown router: one clear error now, not at the first query)
-        self.name, self.model = router, model
+        if embedder is not None:
+            if router not in EMBEDDING:
+                raise MasklabError(f"embedder= is for the routers that embed sentences ({', '.join(EMBEDDING)})")
+            check_folder(embedder)
+        self.name, self.model, self.embedder = router, model, embedder
         self.keep = check_keep(DEFAULT_KEEP if keep is None else keep)
         self.target_tokens = None if target_tokens is None else check_target(target_tokens)
         if isinstance(unit_tokens, bool) or not isinstance(unit_tokens, int) or unit_tokens < 1:
@@ -43,7 +49,7 @@ class Pruner:
         if self._router is None:
             from masklab.context.routers import load_router
 
-            self._router = load_router(self.name, self.model)
+            self._router = load_router(self.name, self.model, embedder=self.embedder)
         return self._router
 
     def prune(self, texts: list[str], query: str) -> PrunedPassages:

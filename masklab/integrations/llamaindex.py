@@ -41,10 +41,12 @@ class MasklabPostprocessor(BaseNodePostprocessor):
     keep: float | None = None
     target_tokens: int | None = None
     unit_tokens: int = UNIT_TOKENS
+    embedder: str | None = None  # dense, bm25+dense: a sentence-transformers folder (None: all-MiniLM-L6-v2)
     _pruner: Pruner = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
-        self._pruner = Pruner(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens)
+        self._pruner = Pruner(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens,
+                              self.embedder)
 
     @classmethod
     def class_name(cls) -> str:
