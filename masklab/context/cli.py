@@ -21,6 +21,7 @@ from pathlib import Path
 from masklab.document import UNIT_TOKENS
 from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
+from masklab.context.router import DEFAULT_ROUTER
 from masklab.inputs import MAX_CONTEXT_BYTES, check_question, read_passages
 
 LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole document says so on stderr first
@@ -35,7 +36,7 @@ class CompressConfig:
                        "given, is the budget instead)")
     target_tokens: int | None = flag(None, min=1, metavar="N", help="keep at most N tokens of context (counted with "
                                      "the model's tokenizer) instead of a fraction; wins over --keep")
-    router: str = flag("bm25", help="lexical, bm25, evidence, attention, or a kvpress press (snapkv, ...: only "
+    router: str = flag(DEFAULT_ROUTER, help="dense, bm25, bm25+dense, lexical, evidence, attention, or a kvpress press (snapkv, ...: only "
                        "with --answer); `masklab compress --list-routers` lists them")
     router_file: str | None = flag(None, metavar="PATH", help="evidence/attention: a router file made by `masklab "
                                    "train-router` (the OUT/NAME.safetensors it prints) instead of the one masklab ships")

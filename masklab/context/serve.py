@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from masklab.context.router import DEFAULT_ROUTER
 from masklab.document import UNIT_TOKENS
 from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
@@ -38,7 +39,7 @@ class ServeConfig:
     port: int = flag(8000, min=1, max=65535, help="TCP port to listen on")
     model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory: loaded "
                       "once at start; it counts tokens, answers, and is read by the trained routers")
-    router: str = flag("bm25", help="the router of requests that name none, loaded at start (others load once, "
+    router: str = flag(DEFAULT_ROUTER, help="the router of requests that name none, loaded at start (others load once, "
                        "the first time a request names them); `masklab compress --list-routers` lists them")
     keep: float = flag(0.25, above=0, max=1, help="kept fraction of requests that give neither keep nor target_tokens")
     embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from masklab.document import UNIT_TOKENS
 from masklab.context.passages import DEFAULT_KEEP, PrunedPassages, check_target, compress_passages
+from masklab.context.router import DEFAULT_ROUTER
 from masklab.selection import check_keep
 from masklab.errors import MasklabError
 
@@ -26,7 +27,7 @@ class Pruner:
     given; neither: keep 0.25); ``embedder``: a sentence-transformers folder for the ``dense``
     routers (None: the packaged all-MiniLM-L6-v2)."""
 
-    def __init__(self, router: str = "bm25", model=None, keep: float | None = None, target_tokens: int | None = None,
+    def __init__(self, router: str = DEFAULT_ROUTER, model=None, keep: float | None = None, target_tokens: int | None = None,
                  unit_tokens: int = UNIT_TOKENS, embedder: str | None = None) -> None:
         from masklab.context.embedder import check_folder
         from masklab.context.routers import EMBEDDING, ROUTERS

@@ -21,6 +21,7 @@ from typing import Any
 
 from masklab.document import UNIT_TOKENS
 from masklab.errors import MasklabError
+from masklab.context.router import DEFAULT_ROUTER
 from masklab.integrations import Pruner
 
 try:
@@ -36,7 +37,7 @@ class MasklabCompressor(BaseDocumentCompressor):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    router: str = "bm25"
+    router: str = DEFAULT_ROUTER
     model: Any = None
     keep: float | None = None
     target_tokens: int | None = None

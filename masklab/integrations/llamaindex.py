@@ -22,6 +22,7 @@ from typing import Any
 
 from masklab.document import UNIT_TOKENS
 from masklab.errors import MasklabError
+from masklab.context.router import DEFAULT_ROUTER
 from masklab.integrations import Pruner
 
 try:
@@ -36,7 +37,7 @@ class MasklabPostprocessor(BaseNodePostprocessor):
     """Prune retrieved nodes for the query with masklab router ``router`` (for ``model`` when
     it reads one), keeping ``keep`` of all their tokens or ``target_tokens`` tokens."""
 
-    router: str = "bm25"
+    router: str = DEFAULT_ROUTER
     model: Any = None
     keep: float | None = None
     target_tokens: int | None = None
