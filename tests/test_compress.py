@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from masklab.context.router import DEFAULT_ROUTER
+
 from conftest import HAVE_GEMMA, needs_smol
 from masklab.cli import main
 from masklab.context import Document, load_router, segment, select
@@ -256,5 +258,5 @@ def test_the_pruned_answer_is_printed_before_the_whole_document_is_answered(tmp_
     code, out, err = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--answer",
                          "--compare-full", "--max-new-tokens", "4")
     assert code == 0 and len(calls) == 2
-    assert "answer (bm25 at keep 0.25" in calls[1].out and "answer (full document" in out
+    assert f"answer ({DEFAULT_ROUTER} at keep 0.25" in calls[1].out and "answer (full document" in out
     assert calls[1].err.startswith("answering from the whole document (") and "tokens)..." in calls[1].err

@@ -48,7 +48,7 @@ class Fixed(Router):
 
 class FusedFixed(Fused):
     needs_model = False
-    trained_cls = Fixed
+    other_cls = Fixed
 
 
 def test_a_fused_router_ranks_with_bm25_and_its_trained_part():

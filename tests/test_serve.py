@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from masklab.context.router import DEFAULT_ROUTER
+
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("transformers")
@@ -64,7 +66,7 @@ def post(url, body, **kw):
 def test_healthz(server):
     url, _ = server
     r = httpx.get(f"{url}/healthz")
-    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["router"] == "bm25"
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["router"] == DEFAULT_ROUTER
 
 
 def test_compress_returns_what_the_cli_prints(server, folder, tmp_path, capsys):
