@@ -10,11 +10,34 @@ from torch import Tensor
 from masklab.errors import MasklabError
 
 
-def check_keep(keep: float) -> float:
-    """``keep`` must be a fraction in (0, 1]."""
-    if not 0 < keep <= 1:
-        raise MasklabError(f"keep must be a fraction in (0, 1], got {keep}")
+AUTO = "auto"  # keep "auto": the router decides how much (a pruner's score threshold, chosen on val)
+
+
+def check_keep(keep: float | str) -> float | str:
+    """``keep`` must be a fraction in (0, 1], or :data:`AUTO`."""
+    if keep == AUTO:
+        return keep
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 < keep <= 1:
+        raise MasklabError(f"keep must be a fraction in (0, 1] or \"auto\", got {keep!r}")
     return keep
+
+
+def parse_keep(text: str) -> float | str:
+    """A ``--keep`` value: ``auto`` or a number."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return float(text)
+    except ValueError:
+        raise MasklabError(f"--keep takes a fraction in (0, 1] or auto, got {text!r}") from None
+
+
+def auto_fraction(scores: Tensor, lengths: Sequence[int], threshold: float) -> float:
+    """The share of the tokens in the units scoring at least ``threshold`` (the top unit always
+    counts): the fraction :func:`select` keeps for ``keep="auto"``."""
+    above = scores >= threshold
+    above[int(scores.argmax())] = True
+    return sum(n for n, a in zip(lengths, above.tolist()) if a) / max(1, sum(lengths))
 
 
 def select(scores: Tensor, lengths: Sequence[int], keep: float, fill: bool = True, limit: int | None = None) -> list[int]:

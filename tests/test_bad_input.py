@@ -292,7 +292,8 @@ def compress(files: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("extra,match", [
-    (["--keep", "abc"], "argument --keep: invalid float value: 'abc' (see `masklab compress --help`)"),
+    (["--keep", "abc"], "--keep takes a fraction in (0, 1] or auto, got 'abc'"),
+    (["--keep", "auto", "--router", "bm25"], "--keep auto needs a router that decides how much to keep"),
     (["--target-tokens", "many"], "argument --target-tokens: invalid int value: 'many'"),
     (["--target-tokens", "0"], "--target-tokens must be >= 1, got 0"),
     (["--router", "oracle-gold"], "oracle-gold keeps the gold units of a generated task"),

@@ -23,6 +23,7 @@ from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.context.router import DEFAULT_ROUTER
 from masklab.inputs import MAX_CONTEXT_BYTES, check_question, read_passages
+from masklab.selection import AUTO, parse_keep
 
 LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole document says so on stderr first
 
@@ -32,8 +33,9 @@ class CompressConfig:
     context: list[str] = dataclasses.field(default_factory=list)  # --context (add_parser): files, folders, JSON, -
     question: str = flag("", help="the question the kept text must answer")
     model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory")
-    keep: float = flag(0.25, above=0, max=1, help="kept fraction of the context's tokens (--target-tokens, when "
-                       "given, is the budget instead)")
+    keep: float | str = flag(0.25, above=0, max=1, parse=parse_keep, metavar="FRACTION|auto",
+                             help="kept fraction of the context's tokens, or auto: the pruner keeps the units it "
+                             "labels as needed (--target-tokens, when given, is the budget instead)")
     target_tokens: int | None = flag(None, min=1, metavar="N", help="keep at most N tokens of context (counted with "
                                      "the model's tokenizer) instead of a fraction; wins over --keep")
     router: str = flag(DEFAULT_ROUTER, help="dense, bm25, bm25+dense, lexical, evidence, attention, or a kvpress press (snapkv, ...: only "
@@ -105,7 +107,7 @@ def check(cfg: CompressConfig) -> None:
     """Every option, before anything is read or loaded."""
     from masklab.context.embedder import check_folder
     from masklab.context.presses import PRESSES
-    from masklab.context.routers import EMBEDDING, ROUTERS, TRAINED
+    from masklab.context.routers import DECIDING, EMBEDDING, ROUTERS, TRAINED
 
     if not cfg.context:
         raise MasklabError("--context is required (a text file, several, a folder, a JSON list, or - for standard input)")
@@ -124,6 +126,8 @@ def check(cfg: CompressConfig) -> None:
         if cfg.router not in EMBEDDING:
             raise MasklabError(f"--embedder is for the routers that embed sentences (--router {', '.join(EMBEDDING)})")
         check_folder(cfg.embedder)
+    if cfg.keep == AUTO and cfg.router not in DECIDING:
+        raise MasklabError(f"--keep auto needs a router that decides how much to keep (--router {', '.join(DECIDING)})")
     if cfg.router in PRESSES and not cfg.answer:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")
     if cfg.html and not Path(cfg.html).expanduser().resolve().parent.is_dir():

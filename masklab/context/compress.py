@@ -14,6 +14,7 @@ from masklab.context.passages import PrunedPassages, compress_passages
 from masklab.context.router import Pruned
 from masklab.document import Document, segment
 from masklab.query import Query
+from masklab.selection import AUTO
 
 
 def prune_document(lm, router, text: str | Document, question: str, *, keep: float, target_tokens: int | None,
@@ -25,7 +26,7 @@ def prune_document(lm, router, text: str | Document, question: str, *, keep: flo
     doc = text if isinstance(text, Document) else segment(text, lm.tokenizer, unit_tokens)
     total = sum(doc.lengths(lm.tokenizer))
     window, overhead = answer_budget(lm, question, max_new_tokens)
-    budget = target_tokens if target_tokens is not None else keep * total
+    budget = target_tokens if target_tokens is not None else total if keep == AUTO else keep * total
     limit = window - overhead
     notes = list(router.notes)  # which model ranked, a router fitted on few examples
     if target_tokens is not None and getattr(router, "keeps_units", True):
@@ -33,12 +34,12 @@ def prune_document(lm, router, text: str | Document, question: str, *, keep: flo
     else:  # a fraction (a rewriter given a token target: the same fraction of its text)
         fraction = keep if target_tokens is None else min(1.0, target_tokens / total)
         pruned = router.choose(doc, question, fraction, fill=fill, limit=limit if budget > limit else None)
-    if budget > limit:
+    if budget > limit and (keep != AUTO or pruned.kept_tokens >= limit - max(pruned.lengths)):
         notes.append(f"the document is {total} tokens: the kept units were capped at {limit} tokens to fit "
                      f"{lm.name}'s {window}-token window with the question and answer")
     if getattr(router, "last_windows", 1) > 1:
         notes.append(f"the router read the document in {router.last_windows} windows")
-    if pruned.compressed is None and len(pruned.kept) == 1 and pruned.kept_tokens > budget:
+    if pruned.compressed is None and len(pruned.kept) == 1 and pruned.kept_tokens > budget and keep != AUTO:
         what = f"--target-tokens {target_tokens}" if target_tokens is not None else f"--keep {keep}"
         notes.append(f"{what} kept {pruned.kept_fraction:.0%} of the tokens: the top unit alone is "
                      f"{pruned.kept_tokens} tokens, over the budget of {budget:.0f}, and the top unit is always kept")

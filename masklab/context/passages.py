@@ -36,7 +36,7 @@ import torch
 
 from masklab.document import UNIT_TOKENS, Document, segment
 from masklab.context.router import Router
-from masklab.selection import check_keep, select
+from masklab.selection import AUTO, check_keep, select
 from masklab.errors import MasklabError
 
 DEFAULT_KEEP = 0.25
@@ -153,6 +153,8 @@ def compress_passages(passages: list[str], question: str, router, keep: float | 
     rank = sorted(range(len(docs)), key=lambda p: (-float(per[p].max()), p))
     order = [(p, i) for p in rank for i in range(len(docs[p].units))]  # units of the best passage first
     budget_keep, cap = (1.0, target_tokens) if target_tokens is not None else (keep, None)
+    if budget_keep == AUTO:
+        budget_keep = router.resolve_keep(AUTO, scores, [n for ns in lengths for n in ns])
     if limit is not None:
         cap = limit if cap is None else min(cap, limit)
     chosen = select(torch.stack([per[p][i] for p, i in order]), [lengths[p][i] for p, i in order], budget_keep,
@@ -165,7 +167,7 @@ def compress_passages(passages: list[str], question: str, router, keep: float | 
     out = PrunedPassages(docs, [sorted(k) for k in kept], [[float(s) for s in x] for x in per], lengths, rank,
                          seconds, router.name, keep=None if target_tokens is not None else keep,
                          target_tokens=target_tokens)
-    budget = target_tokens if target_tokens is not None else keep * out.origin_tokens
+    budget = target_tokens if target_tokens is not None else budget_keep * out.origin_tokens
     if out.compressed_tokens > budget and len(chosen) == 1:
         out.notes.append(f"the top unit alone is {out.compressed_tokens} tokens, over the budget of "
                          f"{budget:.0f}: it is kept anyway (the top unit is always kept)")

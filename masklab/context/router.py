@@ -20,10 +20,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from masklab.document import UNIT_TOKENS, Document, segment
-from masklab.selection import check_keep, select
+from masklab.selection import AUTO, auto_fraction, check_keep, select
 from masklab.errors import MasklabError
 from masklab.registry import Registry
 
@@ -85,6 +86,7 @@ class Router:
     fill = True
     keeps_units = True  # False: it rewrites the text or prunes the model's cache (no units to select)
     use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
+    keep_auto: float | None = None  # the score from which keep="auto" keeps a unit (routers that decide how much)
 
     def __init__(self, lm=None) -> None:
         if self.needs_model and lm is None:
@@ -100,10 +102,22 @@ class Router:
         """``(N,)``: one score per unit of ``doc``, higher = keep first."""
         raise NotImplementedError
 
-    def choose(self, doc: Document, question: str, keep: float, fill: bool | None = None,
+    def resolve_keep(self, keep: float | str, scores: Tensor, lengths: list[int]) -> float:
+        """``keep`` as a fraction: :data:`~masklab.selection.AUTO` becomes the share of the
+        tokens in the units scoring at least :attr:`keep_auto`."""
+        if keep != AUTO:
+            return keep
+        if self.keep_auto is None:
+            raise MasklabError(f"keep auto needs a router that decides how much to keep (pruner); {self.name} "
+                               "does not: give a fraction")
+        return auto_fraction(scores, lengths, self.keep_auto)
+
+    def choose(self, doc: Document, question: str, keep: float | str, fill: bool | None = None,
                limit: int | None = None) -> Pruned:
         """Score ``doc`` and keep its best units within ``keep`` of its tokens (and ``limit``)."""
         check_keep(keep)
+        if keep == AUTO:
+            self.resolve_keep(keep, torch.zeros(1), [1])  # a router that cannot: refused before scoring
         if not doc.units:
             raise MasklabError("the document has no units to keep")
         lengths = doc.lengths(self.tokenizer)
@@ -112,6 +126,7 @@ class Router:
         if scores.shape != (len(doc.units),):
             raise MasklabError(f"router {self.name!r} returned scores of shape {tuple(scores.shape)} "
                                f"for {len(doc.units)} units; expected ({len(doc.units)},)")
+        keep = self.resolve_keep(keep, scores, lengths)
         kept = select(scores, lengths, keep, fill=self.fill if fill is None else fill, limit=limit)
         seconds = time.perf_counter() - t0
         return Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name,

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from masklab.context.router import DEFAULT_ROUTER
+from masklab.selection import parse_keep
 from masklab.document import UNIT_TOKENS
 from masklab.errors import MasklabError
 from masklab.flags import add_flags, check_ranges, config_from_args, flag
@@ -41,7 +42,9 @@ class ServeConfig:
                       "once at start; it counts tokens, answers, and is read by the trained routers")
     router: str = flag(DEFAULT_ROUTER, help="the router of requests that name none, loaded at start (others load once, "
                        "the first time a request names them); `masklab compress --list-routers` lists them")
-    keep: float = flag(0.25, above=0, max=1, help="kept fraction of requests that give neither keep nor target_tokens")
+    keep: float | str = flag(0.25, above=0, max=1, parse=parse_keep, metavar="FRACTION|auto",
+                             help="kept fraction of requests that give neither keep nor target_tokens (auto: the "
+                             "pruner decides)")
     embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
                                 help="the dense routers' sentence-transformers model folder")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
@@ -149,7 +152,7 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
         raise MasklabError(f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
                            "returns pruned text, so name a router that prunes the text")
     ROUTERS[router]  # noqa: B018  (unknown router: one clear error)
-    keep = _number(body, "keep", float, "a number in (0, 1]")
+    keep = body.get("keep") if body.get("keep") == "auto" else _number(body, "keep", float, "a number in (0, 1] or \"auto\"")
     keep = cfg.keep if keep is None else check_keep(keep)
     target = body.get("target_tokens")
     if target is not None:

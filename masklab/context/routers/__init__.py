@@ -5,10 +5,11 @@ and :func:`load_router` builds one by name."""
 from __future__ import annotations
 
 from masklab.context.router import ROUTERS, Router
-from masklab.context.routers import bm25, dense, fused, lexical, longllmlingua, oracle, trained  # noqa: F401
+from masklab.context.routers import bm25, dense, fused, lexical, longllmlingua, oracle, pruner, trained  # noqa: F401
 
 TRAINED = ("evidence", "attention", "bm25+evidence", "bm25+attention")  # routers that read a trained router file
 EMBEDDING = ("dense", "bm25+dense")  # routers that embed sentences (their embedder can be named)
+DECIDING = ("pruner", "pruner-attention", "pruner-marks")  # routers that decide how much to keep (keep="auto")
 
 
 def load_router(name: str, model=None, embedder: str | None = None, **kwargs) -> Router:

@@ -1,0 +1,52 @@
+"""``pruner``: the sentence-embedding model trained on causal labels of real documents
+(:mod:`masklab.context.pruner`); ``pruner-attention`` and ``pruner-marks`` are the same
+model trained on attention labels and on the writers' marks (the controls)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from masklab.context.router import ROUTERS, Router
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+
+
+@lru_cache(maxsize=4)
+def _load(path: str):
+    from masklab.context.pruner import load_pruner
+
+    return load_pruner(Path(path))
+
+
+@ROUTERS.register("pruner")
+class Pruner(Router):
+    """``path``: a pruner file (``masklab train-router --docs``; None: the shipped one of these labels)."""
+
+    use = "real documents, paraphrased questions: MiniLM trained on what the answering model needs"
+    labels = "causal"
+
+    def __init__(self, lm=None, path: str | Path | None = None) -> None:
+        super().__init__(lm)
+        self.path = Path(path) if path is not None else WEIGHTS / f"pruner-{self.labels}.safetensors"
+        self.model, self.meta = _load(str(self.path))
+        self.keep_auto = self.meta.get("keep_auto")  # the score from which --keep auto keeps a unit
+
+    def score(self, doc, question):
+        return self.model.rank(question, doc.units)
+
+
+@ROUTERS.register("pruner-attention")
+class PrunerAttention(Pruner):
+    """The control: the same design and data, trained on attention labels."""
+
+    use = "a research control: the pruner trained on attention labels"
+    labels = "attention"
+
+
+@ROUTERS.register("pruner-marks")
+class PrunerMarks(Pruner):
+    """The same design and data, trained on the writers' marked answering sentences."""
+
+    use = "a research comparison: the pruner trained on the writers' marks"
+    labels = "marks"

@@ -1,0 +1,48 @@
+"""Causal and attention labels of the pruner's training corpus (``masklab/data/corpus``, split
+``train``), resumable: ``results/corpus-labels/labels-MODEL.jsonl`` (one line per question,
+:mod:`masklab.context.causal`). Questions are taken in turn from each document, so a partial run
+covers every document.
+
+    python scripts/label_corpus.py [--model smollm2-135m] [--split train] [--minutes M]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> int:
+    from masklab.context.causal import ABLATIONS, WINDOW_TOP, label_questions
+    from masklab.context.realdocs_eval import in_turn
+    from masklab.pretrained.models import load
+    from masklab.tasks import realdocs
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="the answering model whose needs are labelled")
+    ap.add_argument("--split", default="train", choices=["train", "val"], help="corpus split")
+    ap.add_argument("--minutes", type=float, default=None, help="stop after the question that passes this many minutes")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    lm = load(a.model, threads=a.threads)
+    out = Path(__file__).resolve().parent.parent / "results" / "corpus-labels"
+    out.mkdir(parents=True, exist_ok=True)
+    qs = in_turn(realdocs.load(a.split, realdocs.CORPUS))
+    t0, c0 = time.perf_counter(), time.process_time()
+    rows = label_questions(lm, qs, out / f"labels-{lm.name}-{a.split}.jsonl", WINDOW_TOP, ABLATIONS, a.progress,
+                           None if a.minutes is None else a.minutes * 60)
+    print(json.dumps({"model": lm.name, "split": a.split, "labelled": len(rows), "of": len(qs),
+                      "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                      "seconds_per_question": sum(r["seconds"] for r in rows) / max(1, len(rows)),
+                      "passes_per_question": sum(r["passes"] for r in rows) / max(1, len(rows))}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
