@@ -3,7 +3,10 @@
 :mod:`masklab.context.causal`). Questions are taken in turn from each document, so a partial run
 covers every document.
 
-    python scripts/label_corpus.py [--model smollm2-135m] [--split train] [--minutes M]
+    python scripts/label_corpus.py [--model smollm2-135m] [--split train] [--minutes M] [--shard I/N]
+
+``--shard I/N`` labels every N-th question from the I-th on into a file of its own
+(``labels-MODEL-SPLIT-I.jsonl``), so N processes label apart; ``scripts/train_pruner.py`` reads them all.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def main() -> int:
     ap.add_argument("--split", default="train", choices=["train", "val"], help="corpus split")
     ap.add_argument("--minutes", type=float, default=None, help="stop after the question that passes this many minutes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--shard", default=None, metavar="I/N", help="label only questions I, I+N, ... (0-based)")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -34,8 +38,12 @@ def main() -> int:
     out = Path(__file__).resolve().parent.parent / "results" / "corpus-labels"
     out.mkdir(parents=True, exist_ok=True)
     qs = in_turn(realdocs.load(a.split, realdocs.CORPUS))
+    name = f"labels-{lm.name}-{a.split}"
+    if a.shard:
+        i, n = (int(x) for x in a.shard.split("/"))
+        qs, name = qs[i::n], f"{name}-{i}"
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = label_questions(lm, qs, out / f"labels-{lm.name}-{a.split}.jsonl", WINDOW_TOP, ABLATIONS, a.progress,
+    rows = label_questions(lm, qs, out / f"{name}.jsonl", WINDOW_TOP, ABLATIONS, a.progress,
                            None if a.minutes is None else a.minutes * 60)
     print(json.dumps({"model": lm.name, "split": a.split, "labelled": len(rows), "of": len(qs),
                       "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,

@@ -97,7 +97,8 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     tok = load(a.model, threads=a.threads).tokenizer
-    rows = [json.loads(line) for line in (ROOT / "results" / "corpus-labels" / f"labels-{a.model}-train.jsonl").open()]
+    files = sorted((ROOT / "results" / "corpus-labels").glob(f"labels-{a.model}-train*.jsonl"))
+    rows = list({r["key"]: r for f in files for r in map(json.loads, f.open())}.values())
     corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
     docs: dict = {}
     for q in list(corpus.values()) + realdocs.load("val"):
