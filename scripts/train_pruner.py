@@ -30,16 +30,6 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def examples(rows: list[dict], labels: str, threshold: float, questions: dict) -> list:
-    from masklab.context.pruner import Example, target_set
-
-    out = []
-    for r in rows:
-        q, units = questions[r["id"]]
-        out.append(Example(q.question, [units[i] for i in r["window"]], target_set(r, labels, threshold)))
-    return out
-
-
 def val_figures(rank, val: list, docs: dict, tokenizer) -> dict:
     """MRR and kept@0.1 / @0.25 of ``rank(question, units)`` over the val questions, and the
     scores of each question (for ``--keep auto``'s threshold)."""
@@ -80,7 +70,7 @@ def keep_auto(rows: list[dict], target: float) -> dict:
 
 
 def main() -> int:
-    from masklab.context.pruner import TrainConfig, save, train
+    from masklab.context.pruner import TrainConfig, examples_of, save, train
     from masklab.document import segment
     from masklab.pretrained.models import load
     from masklab.revision import code_hash
@@ -104,7 +94,7 @@ def main() -> int:
     for q in list(corpus.values()) + realdocs.load("val"):
         if q.doc not in docs:
             docs[q.doc] = segment(q.text, tok)
-    questions = {r["id"]: (corpus[r["id"]], docs[corpus[r["id"]].doc].units) for r in rows}
+    questions = {r["id"]: corpus[r["id"]] for r in rows}
     val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
     print(f"{len(rows)} labelled training questions; val: {len(val)} questions", file=sys.stderr)
 
@@ -120,7 +110,7 @@ def main() -> int:
         for th in (float(x) for x in a.thresholds.split(",")):
             cfg = TrainConfig(design=design, labels="causal", threshold=th, epochs=a.epochs)
             t0 = time.perf_counter()
-            model, rec = train(examples(rows, "causal", th, questions), cfg, a.progress)
+            model, rec = train(examples_of(rows, questions, tok, "causal", th), cfg, a.progress)
             fig = val_figures(model.rank, val, docs, tok)
             trained[(design, th)] = (model, fig, rec)
             out["summary"].append({"task": "val", "method": f"pruner {design} causal>={th:g}", "design": design,
@@ -133,7 +123,7 @@ def main() -> int:
     out["chosen"] = {"design": design, "threshold": th}
     chosen = {"causal": (model, fig, rec)}
     for labels in ("attention", "marks"):
-        m, r = train(examples(rows, labels, th, questions), TrainConfig(design=design, labels=labels, threshold=th,
+        m, r = train(examples_of(rows, questions, tok, labels, th), TrainConfig(design=design, labels=labels, threshold=th,
                                                                           epochs=a.epochs), a.progress)
         f = val_figures(m.rank, val, docs, tok)
         chosen[labels] = (m, f, r)

@@ -40,8 +40,9 @@ class CompressConfig:
                                      "the model's tokenizer) instead of a fraction; wins over --keep")
     router: str = flag(DEFAULT_ROUTER, help="dense, bm25, bm25+dense, lexical, evidence, attention, or a kvpress press (snapkv, ...: only "
                        "with --answer); `masklab compress --list-routers` lists them")
-    router_file: str | None = flag(None, metavar="PATH", help="evidence/attention: a router file made by `masklab "
-                                   "train-router` (the OUT/NAME.safetensors it prints) instead of the one masklab ships")
+    router_file: str | None = flag(None, metavar="PATH", help="evidence/attention/pruner: a router file made by "
+                                   "`masklab train-router` (the OUT/NAME.safetensors it prints) instead of the one "
+                                   "masklab ships")
     router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router, else smollm2-135m's",
                                     help="evidence/attention: the packaged model (or model directory with a "
                                     "--router-file) whose first layers and router rank the units; --model still "
@@ -118,8 +119,8 @@ def check(cfg: CompressConfig) -> None:
     if cfg.router == "oracle-gold":
         raise MasklabError("oracle-gold keeps the gold units of a generated task (an evaluation reference); "
                            "your document has none: use bm25, lexical, evidence or attention")
-    if cfg.router_file and cfg.router not in TRAINED:
-        raise MasklabError(f"--router-file is for the trained routers (--router {', '.join(TRAINED)})")
+    if cfg.router_file and cfg.router not in TRAINED + DECIDING:
+        raise MasklabError(f"--router-file is for the trained routers (--router {', '.join(TRAINED + DECIDING)})")
     if cfg.router_model and cfg.router not in TRAINED:
         raise MasklabError(f"--router-model is for the trained routers (--router {', '.join(TRAINED)})")
     if cfg.embedder:
@@ -205,7 +206,7 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
     from masklab.context.answer import answer_budget
     from masklab.context.compress import prune_document, prune_passages
     from masklab.context.presses import PRESSES
-    from masklab.context.routers import TRAINED, load_router
+    from masklab.context.routers import DECIDING, TRAINED, load_router
     from masklab.document import segment
 
     window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
@@ -225,7 +226,9 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
             return compress_press(cfg, lm, PRESSES[cfg.router](lm), doc, total, question, window, overhead)
     trained = {"progress": cfg.progress, "router_model": cfg.router_model,
                **({"path": cfg.router_file} if cfg.router_file else {})}
-    router = load_router(cfg.router, lm, embedder=cfg.embedder, **(trained if cfg.router in TRAINED else {}))
+    own = {"path": cfg.router_file} if cfg.router_file else {}
+    router = load_router(cfg.router, lm, embedder=cfg.embedder,
+                         **(trained if cfg.router in TRAINED else own if cfg.router in DECIDING else {}))
     if doc is None:
         pruned, out = prune_passages(lm, router, text, question, **budget)
         total = pruned.origin_tokens

@@ -15,7 +15,7 @@ the softmax over the window of ``cosine / TEMPERATURE`` against the uniform dist
 on the target set (a listwise ranking loss). Three label variants differ only in that set:
 
 * ``causal``: the units whose surrogate weight (how much keeping the unit raises the
-  written answer's log-likelihood, in nats) is at least ``threshold``;
+  written answer's log-likelihood, in nats) is above ``threshold``;
 * ``attention``: as many units as the causal set has, the most attended (the control);
 * ``marks``: the units the writers marked as answering.
 
@@ -69,7 +69,7 @@ class TrainConfig:
 def target_set(row: dict, labels: str, threshold: float) -> list[int]:
     """The target units (indices into ``row["window"]``) of one label row for ``labels``."""
     w = row["weights"]
-    causal = [i for i, x in enumerate(w) if x >= threshold]
+    causal = [i for i, x in enumerate(w) if x > threshold]
     if labels == "causal":
         return causal
     if labels == "attention":
@@ -78,6 +78,32 @@ def target_set(row: dict, labels: str, threshold: float) -> list[int]:
     if labels == "marks":
         return [row["window"].index(u) for u in row["marked"] if u in row["window"]]
     raise MasklabError(f"unknown labels {labels!r}; choose from {', '.join(LABELS)}")
+
+
+def examples_of(rows: list[dict], questions: dict, tokenizer, labels: str, threshold: float) -> list[Example]:
+    """One :class:`Example` per label row (:mod:`masklab.context.causal`); ``questions``: id ->
+    the question it labels (its document cut by ``tokenizer`` as when it was labelled)."""
+    from masklab.document import segment
+
+    units: dict[str, list[str]] = {}
+    out = []
+    for r in rows:
+        q = questions[r["id"]]
+        if q.doc not in units:
+            units[q.doc] = segment(q.text, tokenizer).units
+        out.append(Example(q.question, [units[q.doc][i] for i in r["window"]], target_set(r, labels, threshold)))
+    return out
+
+
+SHIPPED = Path(__file__).resolve().parent / "weights" / "pruner-causal.json"
+
+
+def shipped_recipe() -> dict:
+    """The shipped pruner's design, causal threshold and ``keep_auto`` (chosen on val); the
+    defaults of :class:`TrainConfig` where none is shipped."""
+    meta = json.loads(SHIPPED.read_text()) if SHIPPED.is_file() else {}
+    return {"design": meta.get("design", TrainConfig.design), "threshold": meta.get("threshold", TrainConfig.threshold),
+            "keep_auto": meta.get("keep_auto")}
 
 
 class PrunerModel(torch.nn.Module):

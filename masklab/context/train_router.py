@@ -75,6 +75,14 @@ class TrainConfig:
     eval_kinds: list[str] = flag(factory=list, parse=str_list, default_text="every kind of the split",
                                  help="task kinds to evaluate (single, multikey, update, chain, multi)")
     keep: float = flag(0.25, above=0, max=1, help="kept fraction in the evaluation")
+    docs: str | None = flag(None, metavar="DIR", help="your own documents (text files): with --questions, label "
+                            "them with causal evidence and train a pruner for your domain instead of the routers")
+    questions: str | None = flag(None, metavar="FILE", help="with --docs: JSON lines {doc, question, answers, "
+                                 "evidence?}, doc a file name in DIR, answers short written answers (the first is "
+                                 "scored), evidence optional exact sentences")
+    causal_threshold: float | None = flag(None, metavar="NATS", default_text="the shipped pruner's, chosen on val",
+                                          help="with --docs: a unit is in a question's causal set when keeping it "
+                                          "raises the written answer's log-likelihood by more than this")
     threads: int = flag(1, min=1, help="torch threads")
     progress: bool = flag(True, help="progress bars")
     command: str = field(default="", repr=False)
@@ -329,6 +337,8 @@ def run(cfg: TrainConfig) -> int:
     from masklab.pretrained.models import check_models, load
 
     check(cfg)
+    if cfg.docs or cfg.questions:
+        return run_docs(cfg)
     stamp = code_stamp()  # before labelling, which takes hours: the code that runs, not the code at the end
     dev = devices.resolve(cfg.device)  # one clear error for cuda without a GPU, before anything is written
     devices.check_precision(cfg.precision)
@@ -352,4 +362,95 @@ def run(cfg: TrainConfig) -> int:
         print(f"use them: masklab compress --model {cfg.model} --router evidence --router-file {stem}.safetensors ...")
         if cfg.eval:
             print(markdown(evaluate(lm, cfg, routers, meta, out)))
+    return 0
+
+
+MIN_PAIRS = 20  # fewer usable question / answer pairs in --questions: refused before the model loads
+
+
+def read_pairs(docs: str, questions: str) -> list:
+    """The usable pairs of ``--questions`` about the files of ``--docs``, as
+    :class:`~masklab.tasks.realdocs.RealQuestion` s; one clear error for a malformed line
+    or fewer than :data:`MIN_PAIRS`."""
+    from masklab.inputs import read_text
+    from masklab.tasks.realdocs import RealQuestion
+
+    folder, qfile = Path(docs).expanduser(), Path(questions).expanduser()
+    if not folder.is_dir():
+        raise MasklabError(f"--docs {docs} is not a folder")
+    if not qfile.is_file():
+        raise MasklabError(f"--questions {questions} does not exist")
+    texts: dict[str, str] = {}
+    out = []
+    for n, line in enumerate(qfile.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{qfile.name}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MasklabError(f"{where}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("doc"), str) or not isinstance(row.get("question"), str):
+            raise MasklabError(f"{where}: needs \"doc\" (a file name in {docs}) and \"question\" strings")
+        answers = row.get("answers")
+        if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+            raise MasklabError(f"{where}: \"answers\" must be a non-empty list of short answers")
+        path = folder / row["doc"]
+        if row["doc"] not in texts:
+            if not path.is_file():
+                raise MasklabError(f"{where}: no document {path}")
+            texts[row["doc"]] = read_text(str(path))
+        text = texts[row["doc"]]
+        evidence = row.get("evidence", [])
+        if not isinstance(evidence, list) or any(not isinstance(e, str) or e not in text for e in evidence):
+            raise MasklabError(f"{where}: \"evidence\" must be a list of exact sentences of {row['doc']}")
+        if not row["question"].strip():
+            continue
+        out.append(RealQuestion(f"{Path(row['doc']).stem}-{n}", row["doc"], "single", row["question"].strip(),
+                                tuple(e for e in evidence if text.count(e) == 1), tuple(answers), text))
+    if len(out) < MIN_PAIRS:
+        raise MasklabError(f"{questions} has {len(out)} usable question / answer pairs; a pruner needs at least "
+                           f"{MIN_PAIRS} (write more, or use the shipped pruner: masklab compress --router pruner)")
+    return out
+
+
+def run_docs(cfg: TrainConfig) -> int:
+    """``--docs DIR --questions FILE``: causal labels of your pairs with ``--model`` (resumable,
+    ``OUT/labels.jsonl``, a cost estimate after the first), then a pruner of the shipped design
+    trained on them (``OUT/pruner-causal.safetensors``)."""
+    from masklab.context.causal import label_questions
+    from masklab.context.pruner import TrainConfig as PrunerConfig
+    from masklab.context.pruner import examples_of, save, shipped_recipe, train
+    from masklab.pretrained.models import check_models, load
+
+    if not (cfg.docs and cfg.questions):
+        raise MasklabError("--docs and --questions go together (your documents and your questions about them)")
+    pairs = read_pairs(cfg.docs, cfg.questions)
+    dev = devices.resolve(cfg.device)
+    check_models([cfg.model])
+    out = make_out_dir(cfg.out)
+    lm = load(cfg.model, threads=cfg.threads, device=dev)
+    path = out / "labels.jsonl"
+    t0 = time.perf_counter()
+    with devices.autocast(dev, cfg.precision):
+        first = label_questions(lm, pairs[:1], path, progress=False)
+        if len(first) == 1 and len(pairs) > 1:
+            s = first[0]["seconds"]
+            print(f"labelling cost estimate: {len(pairs)} pairs x {first[0]['passes']} passes, {s:.1f} s each = "
+                  f"about {len(pairs) * s / 60:.0f} min", file=sys.stderr, flush=True)
+        rows = label_questions(lm, pairs, path, progress=cfg.progress)
+    recipe = shipped_recipe()
+    if cfg.causal_threshold is not None:
+        recipe["threshold"] = cfg.causal_threshold
+    by_id = {q.id: q for q in pairs}
+    model, rec = train(examples_of(rows, by_id, lm.tokenizer, "causal", recipe["threshold"]),
+                       PrunerConfig(design=recipe["design"], labels="causal", threshold=recipe["threshold"]),
+                       cfg.progress)
+    target = out / "pruner-causal.safetensors"
+    save(model, target, {"labels": "causal", "threshold": recipe["threshold"], "model": lm.name,
+                         "labelled": len(rows), "train_examples": rec["examples"], "keep_auto": recipe["keep_auto"],
+                         "docs": cfg.docs, "questions": cfg.questions, "command": cfg.command, "loss": rec["loss"]})
+    print(f"pruner: {target} ({len(rows)} pairs labelled, {rec['examples']} with a causal set; "
+          f"{time.perf_counter() - t0:.0f} s)")
+    print(f"use it: masklab compress --router pruner --router-file {target} --keep auto ...")
     return 0

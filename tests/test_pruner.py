@@ -1,0 +1,117 @@
+"""The pruner: its label variants, its training (a wrong loss or target fails), keep auto,
+and `masklab train-router --docs --questions` end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import HAVE_HF, needs_dense
+from masklab.errors import MasklabError
+
+ROW = {"window": [3, 7, 9, 12], "weights": [0.2, 2.5, -0.4, 1.1], "attention": [0.5, 0.1, 0.3, 0.05], "marked": [9, 40]}
+
+
+def test_the_three_label_variants_differ_only_in_their_sets():
+    from masklab.context.pruner import target_set
+
+    assert target_set(ROW, "causal", 1.0) == [1, 3]
+    assert target_set(ROW, "causal", 2.0) == [1]
+    assert target_set(ROW, "causal", 2.5) == []  # above, not at
+    assert target_set(ROW, "attention", 1.0) == [0, 2]  # as many as the causal set, the most attended
+    assert target_set(ROW, "marks", 1.0) == [2]  # marked units inside the window
+    with pytest.raises(MasklabError, match="unknown labels"):
+        target_set(ROW, "gold", 1.0)
+
+
+@needs_dense
+def test_training_ranks_the_target_first_and_a_wrong_target_does_not():
+    from masklab.context.pruner import Example, TrainConfig, train
+
+    facts = [("Which fruit is yellow?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."]),
+             ("What colour is the sky?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."])]
+    # a target the cosine does not prefer: the unit about snow, for every question
+    ex = [Example(q, u, [3]) for q, u in facts] * 4
+    model, rec = train(ex, TrainConfig(design="head", epochs=6, lr=5e-3), progress=False)
+    assert rec["loss"][-1] < rec["loss"][0]
+    assert all(int(model.rank(q, u).argmax()) == 3 for q, u in facts)
+    with pytest.raises(MasklabError, match="no training question has a target"):
+        train([Example("q?", ["a.", "b."], [])], TrainConfig(), progress=False)
+
+
+def test_keep_auto_keeps_the_units_above_the_threshold():
+    from masklab.context.router import Router
+    from masklab.document import Document
+
+    class Fixed(Router):
+        name = "fixed"
+        keep_auto = 0.5
+
+        def score(self, doc, question):
+            return torch.tensor([0.9, 0.1, 0.6, 0.2])
+
+    doc = Document(units=["one two", "three four", "five six", "seven eight"])
+    assert Fixed().choose(doc, "q?", "auto").kept == [0, 2]
+    Fixed.keep_auto = 5.0
+    assert Fixed().choose(doc, "q?", "auto").kept == [0]  # the top unit always
+    with pytest.raises(MasklabError, match="keep auto needs a router"):
+        Router.choose(type("R", (Router,), {"score": lambda s, d, q: torch.zeros(4), "name": "r"})(), doc, "q?", "auto")
+
+
+def _pairs(tmp_path, n):
+    docs = tmp_path / "docs"
+    docs.mkdir(exist_ok=True)
+    colours = ["red", "blue", "green", "white", "black", "grey", "pink", "gold", "brown", "teal", "cyan"]
+    lines = []
+    for d in range(2):
+        sent = [f"Box {d}{i} is {c}." for i, c in enumerate(colours)]
+        (docs / f"d{d}.txt").write_text(" ".join(sent))
+        for i, c in enumerate(colours):
+            lines.append({"doc": f"d{d}.txt", "question": f"What colour has box {d}{i}?", "answers": [c],
+                          "evidence": [sent[i]]})
+    qf = tmp_path / "q.jsonl"
+    qf.write_text("".join(json.dumps(r) + "\n" for r in lines[:n]))
+    return docs, qf
+
+
+def test_too_few_pairs_are_refused_before_the_model_loads(tmp_path, capsys):
+    from masklab.cli import main
+
+    docs, qf = _pairs(tmp_path, 19)
+    assert main(["train-router", "--docs", str(docs), "--questions", str(qf), "--model", "no-such",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "19 usable question / answer pairs" in err[0] and "at least 20" in err[0]
+    qf.write_text('{"doc": "d0.txt", "question": "Q?"}\n')
+    assert main(["train-router", "--docs", str(docs), "--questions", str(qf), "--out", str(tmp_path / "o")]) == 2
+    assert '"answers" must be a non-empty list' in capsys.readouterr().err
+
+
+@needs_dense
+@pytest.mark.skipif(not HAVE_HF, reason="pretrained extra not installed")
+def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
+    from conftest import save_tiny_folder
+    from masklab.cli import main
+
+    model = save_tiny_folder(tmp_path / "tiny", "llama", max_positions=4096)
+    docs, qf = _pairs(tmp_path, 22)
+    out = tmp_path / "out"
+    args = ["train-router", "--docs", str(docs), "--questions", str(qf), "--model", str(model), "--out", str(out),
+            "--no-progress", "--causal-threshold", "-1"]  # a random model moves no likelihood: every unit counts
+    assert main(args) == 0
+    cap = capsys.readouterr()
+    assert "labelling cost estimate: 22 pairs" in cap.err and "pruner-causal.safetensors" in cap.out
+    rows = [json.loads(x) for x in (out / "labels.jsonl").read_text().splitlines()]
+    assert len(rows) == 22 and all(len(r["weights"]) == len(r["window"]) for r in rows)
+    assert main(args) == 0  # resumed: nothing labelled again
+    assert len((out / "labels.jsonl").read_text().splitlines()) == 22
+    capsys.readouterr()
+    ctx = tmp_path / "ctx.txt"
+    ctx.write_text((docs / "d1.txt").read_text())
+    assert main(["compress", "--context", str(ctx), "--question", "Which colour has box 13?", "--model", str(model),
+                 "--router", "pruner", "--router-file", str(out / "pruner-causal.safetensors"), "--keep", "0.2",
+                 "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["router"] == "pruner" and got["kept"]
