@@ -1,10 +1,20 @@
 """``masklab serve`` under load, against one ``masklab compress`` process per question.
 
-    python benchmarks/serve_load.py [--requests 600] [--clients 8] [--max-seconds 600] [--json benchmarks/serve_load.json]
+    python benchmarks/serve_load.py [--router dense] [--requests 600] [--clients 8] [--max-seconds 600]
+                                    [--repeated 100] [--json benchmarks/serve_load.json]
 
-Starts ``python -m masklab serve`` (SmolLM2's tokenizer, the bm25 router, answers off) on a
-free port of 127.0.0.1 and sends ``--requests`` requests from ``--clients`` concurrent
-clients (one httpx connection each), in rounds; it stops by itself after ``--max-seconds``.
+Starts ``python -m masklab serve`` (SmolLM2's tokenizer, ``--router``: by default masklab's
+default router, answers off) on a free port of 127.0.0.1.
+
+First, repeated questions on an already-embedded document: one ~3k-token document sent once
+(for the dense routers: embedded then, its time recorded), then ``--repeated`` requests with
+the same document and a different question each, from one client in turn and then
+``--repeated`` x ``--clients`` from ``--clients`` concurrent clients: p50 / p99 latency and
+requests per second of each (goal: at least 10 requests per second).
+
+Then the mixed load: ``--requests`` requests from ``--clients`` concurrent
+clients (one httpx connection each), in rounds; no request is sent after ``--max-seconds``
+(counted from the server's start), and the requests not sent are counted.
 The requests mix sizes, from a short note to a multi-thousand-token document and lists of
 passages, cut from ``masklab/data/realdocs/docs/*.txt`` when present, else from
 ``/usr/share/common-licenses/*``, each with a question made of words of its document; about
@@ -36,6 +46,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's masklab (its default router), as the server it starts
+from masklab.context.router import DEFAULT_ROUTER  # noqa: E402
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 MAX_REQUEST_BYTES = 1_000_000
 WORD = re.compile(r"[A-Za-z]{5,}")
@@ -111,14 +123,47 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
+def repeated_phase(url: str, doc: str, questions: list[str], clients: int) -> dict:
+    """``questions`` on document ``doc`` (sent once before, so already embedded) from
+    ``clients`` concurrent clients: statuses, p50 / p99 and requests per second."""
+    pool_clients = [httpx.Client(timeout=300) for _ in range(clients)]
+
+    def send(item):
+        j, q = item
+        t0 = time.perf_counter()
+        try:
+            r = pool_clients[j % clients].post(f"{url}/v1/compress", json={"context": doc, "question": q, "keep": 0.1})
+            status = r.status_code
+        except httpx.HTTPError as e:
+            status = f"client error: {type(e).__name__}"
+        return status, time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        got = list(pool.map(send, enumerate(questions)))
+    wall = time.perf_counter() - t0
+    for c in pool_clients:
+        c.close()
+    lat = [s for st, s in got if st == 200]
+    statuses: dict[str, int] = {}
+    for st, _ in got:
+        statuses[str(st)] = statuses.get(str(st), 0) + 1
+    return {"clients": clients, "requests": len(got), "statuses": statuses,
+            "server_errors": sum(1 for st, _ in got if isinstance(st, int) and st >= 500),
+            "p50_seconds": statistics.median(lat) if lat else None, "p99_seconds": pct(lat, 0.99) if lat else None,
+            "requests_per_second": len(got) / wall, "seconds": wall}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--router", default=DEFAULT_ROUTER, help=f"the server's router (default: {DEFAULT_ROUTER}, masklab's default)")
+    ap.add_argument("--repeated", type=int, default=100, help="questions on the already-embedded document, per client count")
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=6, help="load rounds; one service and one CLI question after each")
     ap.add_argument("--malformed", type=float, default=0.05, help="share of malformed requests")
-    ap.add_argument("--max-seconds", type=float, default=600, help="stop sending after this long")
+    ap.add_argument("--max-seconds", type=float, default=600, help="send no mixed-load request after this long")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
@@ -126,7 +171,7 @@ def main() -> None:
     where, texts = corpus()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "masklab", "serve", "--model", a.model, "--router", "bm25", "--port", str(port),
+    cmd = [sys.executable, "-m", "masklab", "serve", "--model", a.model, "--router", a.router, "--port", str(port),
            "--device", "cpu", "--max-request-bytes", str(MAX_REQUEST_BYTES), "--request-seconds", "300"]
     t_start = time.perf_counter()
     server = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -154,11 +199,28 @@ def main() -> None:
         probe_doc = max(texts, key=len)[:12000]  # the per-question comparison: one ~3k-token document
         probes = [question(rng, probe_doc) for _ in range(a.rounds)]
 
+        # repeated questions on one already-embedded document: one client, then --clients
+        t0 = time.perf_counter()
+        first = httpx.post(f"{url}/v1/compress", json={"context": probe_doc, "question": probes[0], "keep": 0.1}, timeout=300)
+        first_seconds = time.perf_counter() - t0
+        assert first.status_code == 200, first.text
+        repeated = {"doc_chars": len(probe_doc), "doc_tokens": first.json()["context_tokens"],
+                    "first_request_seconds": first_seconds, "keep": 0.1, "goal_requests_per_second_at_least": 10}
+        for n in (1, a.clients):
+            qs = []
+            while len(qs) < a.repeated * n:  # a different question each time
+                q = question(rng, probe_doc)
+                if q not in qs and q not in probes:
+                    qs.append(q)
+            repeated[f"clients_{n}"] = repeated_phase(url, probe_doc, qs, n)
+
         clients = [httpx.Client(timeout=300) for _ in range(a.clients)]
         results = []  # (kind, malformed, status, seconds)
 
         def send(item):
             j, (kind, body, bad) = item
+            if time.perf_counter() - t_start > a.max_seconds:
+                return kind, bad, "not sent", 0.0
             t0 = time.perf_counter()
             try:
                 status = clients[j % a.clients].post(f"{url}/v1/compress", content=body,
@@ -173,16 +235,19 @@ def main() -> None:
             doc_file.write_text(probe_doc)
             per_round = -(-len(plan) // a.rounds)
             t_load = 0.0
-            sent = 0
+            sent = unsent = 0
             for r in range(a.rounds):
                 chunk = plan[r * per_round:(r + 1) * per_round]
                 if time.perf_counter() - t_start > a.max_seconds:
-                    break
+                    unsent += len(chunk)
+                    continue
                 t0 = time.perf_counter()
                 with ThreadPoolExecutor(a.clients) as pool:
                     results += list(pool.map(send, enumerate(chunk, start=sent)))
                 t_load += time.perf_counter() - t0
                 sent += len(chunk)
+                if time.perf_counter() - t_start > a.max_seconds:
+                    continue  # out of time: no per-question comparison either
                 # one question through the idle service, then the same question as one CLI process
                 t0 = time.perf_counter()
                 resp = httpx.post(f"{url}/v1/compress", json={"context": probe_doc, "question": probes[r]}, timeout=300)
@@ -190,7 +255,7 @@ def main() -> None:
                 assert resp.status_code == 200, resp.text
                 t0 = time.perf_counter()
                 out = subprocess.run([sys.executable, "-m", "masklab", "compress", "--context", str(doc_file), "--question",
-                                      probes[r], "--router", "bm25", "--device", "cpu", "--json"],
+                                      probes[r], "--router", a.router, "--device", "cpu", "--json"],
                                      cwd=ROOT, env=ENV, capture_output=True, text=True)
                 cli_q.append(time.perf_counter() - t0)
                 assert out.returncode == 0, out.stderr
@@ -203,6 +268,8 @@ def main() -> None:
         server.terminate()
         server.wait(30)
 
+    unsent += sum(1 for x in results if x[2] == "not sent")
+    results = [x for x in results if x[2] != "not sent"]
     good = [x for x in results if not x[1]]
     bad = [x for x in results if x[1]]
     ok_lat = [s for _, _, st, s in good if st == 200]
@@ -210,16 +277,21 @@ def main() -> None:
     for _, _, st, _ in results:
         statuses[str(st)] = statuses.get(str(st), 0) + 1
     by_kind = {k: sorted(s for kk, b, st, s in good if kk == k and st == 200) for k in ("note", "section", "document", "passages")}
-    svc, cli = statistics.median(service_q), statistics.median(cli_q)
+    svc = statistics.median(service_q) if service_q else None
+    cli = statistics.median(cli_q) if cli_q else None
     out = {
         "command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]),
-        "machine": f"{os.cpu_count()} CPU cores shared with other work (the 2-core development machine); one torch "
-                   "thread in the server; the clients run on the same cores",
+        "machine": f"{os.cpu_count()} CPU cores shared with other work (the 2-core development machine, other jobs "
+                   "running on it at the same time: see the load averages); one torch thread in the server; the "
+                   "clients run on the same cores",
+        "router": a.router,
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
         "server": " ".join(cmd[1:]).replace(str(port), "PORT"),
         "corpus": where,
+        "repeated_questions": repeated,
         "requests": len(results),
+        "requests_not_sent": unsent,
         "clients": a.clients,
         "good_requests": len(good),
         "malformed_requests": len(bad),
@@ -242,7 +314,7 @@ def main() -> None:
         "cli_question_seconds": cli_q,
         "service_question_median_seconds": svc,
         "cli_question_median_seconds": cli,
-        "cli_over_service": cli / svc,
+        "cli_over_service": cli / svc if svc and cli else None,
         "goal_cli_over_service_at_least": 10,
     }
     print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list) or len(v) < 10}, indent=1))

@@ -14,6 +14,11 @@ the units that overlap an evidence string; per router and question:
   answers in it) beside the answer from the whole document;
 * ``router_seconds``: scoring (and for LongLLMLingua compressing) only.
 
+``--routers`` also takes the framework anchors of :mod:`masklab.context.anchors` (LangChain's
+``EmbeddingsFilter``, ranked and kept like a router, with ``default``: what it returns at its
+default ``k=20``; LlamaIndex's ``SentenceEmbeddingOptimizer``, kept like LongLLMLingua, with no
+rank and its own kept fraction of tokens).
+
 Rows per question go to ``OUT/rows.jsonl`` (resumable: a row names the benchmark's digest,
 the model, the routers' weights and the code of this module, so rows made otherwise are not
 reused); ``OUT/results.json`` holds the rows, the summary (Wilson intervals, paired
@@ -29,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from masklab import device as devices
+from masklab.context.anchors import ANCHORS, LANGCHAIN, LLAMAINDEX
 from masklab.errors import MasklabError
 from masklab.files import append_jsonl, make_out_dir, read_jsonl
 from masklab.flags import flag, str_list
@@ -56,9 +62,10 @@ class RealDocsConfig:
     split: str = flag("val", choices=["val", "test", "test2"], help="val (choose methods), test or test2 (report; "
                       "test2 is the second test split, written later; every run is logged in OUT/reads.jsonl)")
     routers: list[str] = flag(factory=lambda: list(ROUTERS[:8]), parse=str_list, help="comma-separated routers "
-                              "(`masklab compress --list-routers`)")
+                              "(`masklab compress --list-routers`), and the framework anchors "
+                              f"{', '.join(ANCHORS)} (the anchors extra)")
     embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
-                                help="dense, bm25+dense: a sentence-transformers model folder")
+                                help="dense, bm25+dense and the anchors: a sentence-transformers model folder")
     keep: list[float] = flag(factory=lambda: [0.1, 0.25], parse=float_list, above=0, max=1,
                              help="kept fractions of the document's tokens")
     questions: int = flag(0, min=0, help="measure only this many questions (0: every one), taken in turn from each "
@@ -135,6 +142,15 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
                 rec[str(k)] = cell
             row[name] = rec
             continue
+        if name == LLAMAINDEX:  # rewrites the text: the units found in it are the kept ones
+            rec, texts = router.evaluate(doc, q.question, gold, lengths, keeps)
+            if answers:
+                for k in keeps:
+                    r = answer(texts[k])
+                    rec[str(k)].update(answer=r["generated"], correct=q.is_correct(r["generated"]),
+                                       seconds=rec["router_seconds"] / len(keeps) + r["seconds"])
+            row[name] = rec
+            continue
         part = getattr(router, "other", None)
         if (isinstance(router, Fused) and "bm25" in computed and part.name in computed
                 and part.meta == getattr(routers[part.name], "meta", None)):  # the same second router: scores reused
@@ -153,6 +169,8 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
             best_stale = min(rank_of(scores, [g]) for g in stale)
             rec["latest_first"] = rank_of(scores, gold) < best_stale
         rec["scores"] = [round(float(s), 5) for s in scores]
+        if name == LANGCHAIN:
+            rec["default"] = router.default(doc, q.question, gold, lengths)
         for k in keeps:
             kept = set(select(scores, lengths, k, fill=True))
             cell = {"kept": all(u in kept for g in gold for u in g),
@@ -210,6 +228,13 @@ def summarise(rows: list[dict], names: list[str], keeps: list[float]) -> list[di
                     k = sum(r[m]["rank"] <= at for r in cell)
                     s[f"r@{at}"] = k / len(cell)
                     s[f"r@{at}_lo"], s[f"r@{at}_hi"] = wilson(k, len(cell))
+                if "default" in cell[0][m]:  # LangChain's EmbeddingsFilter at its default k
+                    k = sum(r[m]["default"]["kept"] for r in cell)
+                    lo, hi = wilson(k, len(cell))
+                    s.update({"default_k": cell[0][m]["default"]["k"], "default_kept": k / len(cell),
+                              "default_kept_lo": lo, "default_kept_hi": hi,
+                              "default_units": sum(r[m]["default"]["units"] for r in cell) / len(cell),
+                              "default_fraction": sum(r[m]["default"]["kept_fraction"] for r in cell) / len(cell)})
                 lat = [r for r in cell if "latest_first" in r[m]]
                 if lat:
                     k = sum(r[m]["latest_first"] for r in lat)
@@ -260,11 +285,25 @@ def markdown(res: dict) -> str:
         if s["method"] == "full":
             continue
         cells = [s["task"], s["method"], str(s["n"]), f"{s['mrr']:.3f}" if "mrr" in s else "-", _fmt(s, "r@1"),
-                 f"{s['latest_first']:.2f}" if "latest_first" in s else "-"] + [_fmt(s, f"kept@{k}") for k in keeps]
+                 f"{s['latest_first']:.2f}" if "latest_first" in s else "-"] + [_kept_cell(s, k) for k in keeps]
         if res["config"]["answers"]:
             cells += [_fmt(s, f"acc@{k}") for k in keeps] + [_fmt(full.get(s["task"], {}), "acc")]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += [f"\n{s['method']} at its default k={s['default_k']} ({s['task']}): every answering unit among what it "
+              f"returns for {_fmt(s, 'default_kept')} of questions; it returns {s['default_units']:.1f} units, "
+              f"{s['default_fraction']:.2f} of the tokens" for s in res["summary"]
+              if "default_kept" in s and s["task"] == "all"]
     return "\n".join(lines)
+
+
+def _kept_cell(s: dict, tag: str) -> str:
+    """``kept@tag`` with the kept fraction of tokens beside it where that is off the asked one
+    by more than a quarter (LlamaIndex's optimizer keeps a share of sentences and their
+    neighbours, not of tokens)."""
+    cell, frac = _fmt(s, f"kept@{tag}"), s.get(f"fraction@{tag}")
+    if frac is not None and abs(frac - int(tag) / 100) > 0.25 * int(tag) / 100:
+        cell += f" ({frac:.2f} of tokens)"
+    return cell
 
 
 def weights_digest(name: str, routers: list[str]) -> str:
@@ -292,6 +331,7 @@ def in_turn(questions: list) -> list:
 
 
 def run(cfg: RealDocsConfig) -> int:
+    from masklab.context import anchors
     from masklab.context.embedder import check_folder
     from masklab.context.routers import EMBEDDING, TRAINED
     from masklab.context.routers import ROUTERS as REGISTRY
@@ -306,7 +346,9 @@ def run(cfg: RealDocsConfig) -> int:
     if cfg.embedder:
         check_folder(cfg.embedder)
     for name in cfg.routers:
-        REGISTRY[name]  # an unknown name: one clear error before the model loads
+        if name not in ANCHORS:
+            REGISTRY[name]  # an unknown name: one clear error before the model loads
+    anchors.check(cfg.routers)  # an anchor without its extra: one clear error before the model loads
     dev = devices.resolve(cfg.device)
     check_models([cfg.model] + ([cfg.router_model] if cfg.router_model else []))
     questions = realdocs.load(cfg.split)
@@ -315,7 +357,8 @@ def run(cfg: RealDocsConfig) -> int:
     out = make_out_dir(cfg.out)
     lm = load(cfg.model, threads=cfg.threads, device=dev)
     reader = {"router_model": cfg.router_model} if cfg.router_model else {}
-    routers = {n: load_router(n, lm, embedder=cfg.embedder if n in EMBEDDING else None, **(reader if n in TRAINED else {}))
+    routers = {n: anchors.load_anchor(n, lm, cfg.embedder) if n in ANCHORS else
+               load_router(n, lm, embedder=cfg.embedder if n in EMBEDDING else None, **(reader if n in TRAINED else {}))
                for n in cfg.routers}
     stamp = {"benchmark": realdocs.benchmark_digest(cfg.split), "model": lm.name,
              "router_model": cfg.router_model or lm.name, "embedder": cfg.embedder,
