@@ -1,0 +1,101 @@
+"""The dense router's speed against bm25's, as ratios from one interleaved run.
+
+    python benchmarks/dense_speed.py [--tokens 2000] [--rounds 15] [--threads 1] [--json benchmarks/dense_speed.json]
+
+A real document (``pydoc-execmodel`` of the second test split, its leading units up to
+``--tokens`` SmolLM2 tokens) and the benchmark's questions about it. Each round, in turn:
+
+* ``embed``: the document's units embedded with the cache emptied (the first question on a document);
+* ``query``: one question scored on the embedded document (a cache hit: the question's embedding
+  and one matrix-vector product);
+* ``bm25``: one question scored by ``bm25`` (its index is built per call);
+* the same two dense steps with the encoder's linear layers in int8 (``torch.ao`` dynamic
+  quantisation), and how far that moves the units' ranking (Spearman's rho of the scores, the
+  top-10 overlap).
+
+Medians over rounds; goals (issue 46): embed <= 0.5 s, query <= 20 ms, on one thread of this CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=2000, help="document length in SmolLM2 tokens")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (medians are reported)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--json", help="also write the figures to this JSON file")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import copy
+
+    from scipy.stats import spearmanr
+
+    from masklab.context.embedder import Embedder
+    from masklab.context.routers.bm25 import BM25
+    from masklab.document import Document, segment
+    from masklab.pretrained.models import load
+    from masklab.tasks import realdocs
+
+    tok = load("smollm2-135m", threads=args.threads).tokenizer
+    qs = [q for q in realdocs.load("test2") if q.doc == "pydoc-execmodel"]
+    full = segment(qs[0].text, tok)
+    lengths, n = full.lengths(tok), 0
+    while n < len(lengths) and sum(lengths[:n + 1]) <= args.tokens:
+        n += 1
+    doc = Document(units=full.units[:n], spans=full.spans[:n], source=full.source)
+    units, questions = doc.units, [q.question for q in qs]
+    fp32 = Embedder()
+    int8 = copy.copy(fp32)
+    int8.model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(fp32.model), {torch.nn.Linear}, dtype=torch.qint8)
+    int8._cache = type(fp32._cache)()
+    bm25 = BM25()
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, out
+
+    times: dict[str, list[float]] = {k: [] for k in ("embed", "query", "embed_int8", "query_int8", "bm25")}
+    for r in range(args.rounds):
+        q = questions[r % len(questions)]
+        for name, emb in (("", fp32), ("_int8", int8)):
+            emb._cache.clear()
+            times["embed" + name].append(timed(lambda: emb.units(units))[0])
+            times["query" + name].append(timed(lambda: emb.units(units) @ emb.query(q))[0])
+        times["bm25"].append(timed(lambda: bm25.score(doc, q))[0])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    a, b = fp32.units(units), int8.units(units)
+    rho, top = [], []
+    for q in questions:
+        sa, sb = a @ fp32.query(q), b @ int8.query(q)
+        rho.append(float(spearmanr(sa.numpy(), sb.numpy())[0]))
+        top.append(len(set(sa.topk(10).indices.tolist()) & set(sb.topk(10).indices.tolist())) / 10)
+    out = {"command": "python benchmarks/dense_speed.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()
+                                                                   if k != "json" and v is not None),
+           "machine": platform.processor() or platform.machine(), "threads": args.threads,
+           "units": len(units), "tokens": sum(lengths[:n]), "questions": len(questions), "rounds": args.rounds,
+           "seconds": med, "ratio_to_bm25": {k: v / med["bm25"] for k, v in med.items()},
+           "int8_spearman": statistics.mean(rho), "int8_top10_overlap": statistics.mean(top),
+           "goals": {"embed_s": 0.5, "query_s": 0.02}}
+    print(f"{len(units)} units, {out['tokens']} tokens, {args.threads} thread(s), median of {args.rounds} rounds")
+    for k, v in med.items():
+        print(f"  {k:<11} {v * 1000:8.1f} ms   {v / med['bm25']:6.1f}x bm25")
+    print(f"  int8 vs fp32: Spearman {out['int8_spearman']:.3f}, top-10 overlap {out['int8_top10_overlap']:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
