@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--split", default="train", choices=["train", "val"], help="corpus split")
     ap.add_argument("--minutes", type=float, default=None, help="stop after the question that passes this many minutes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16"], help="autocast of the model's passes "
+                    "(bf16 halves a pass on this CPU; each row records its precision)")
     ap.add_argument("--shard", default=None, metavar="I/N", help="label only questions I, I+N, ... (0-based)")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = ap.parse_args()
@@ -43,8 +45,11 @@ def main() -> int:
         i, n = (int(x) for x in a.shard.split("/"))
         qs, name = qs[i::n], f"{name}-{i}"
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = label_questions(lm, qs, out / f"{name}.jsonl", WINDOW_TOP, ABLATIONS, a.progress,
-                           None if a.minutes is None else a.minutes * 60)
+    from masklab import device as devices
+
+    with devices.using("cpu", a.precision), devices.autocast(torch.device("cpu"), a.precision):
+        rows = label_questions(lm, qs, out / f"{name}.jsonl", WINDOW_TOP, ABLATIONS, a.progress,
+                               None if a.minutes is None else a.minutes * 60)
     print(json.dumps({"model": lm.name, "split": a.split, "labelled": len(rows), "of": len(qs),
                       "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                       "seconds_per_question": sum(r["seconds"] for r in rows) / max(1, len(rows)),

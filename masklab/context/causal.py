@@ -15,7 +15,8 @@ train-router`` has them).
 
 :func:`label_questions` labels a list of questions, one JSON line each in a resumable file
 (a killed run continues after the last finished question; a line names the model, the
-window's size and the number of ablations, so lines made otherwise are not reused), with a
+window's size and the number of ablations, so lines made otherwise are not reused, and
+records the code and precision that made it), with a
 progress bar and the seconds and passes of each question.
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from masklab import device as devices
 from masklab.document import Document
 
 WINDOW_TOP = 8  # units each of bm25 and dense propose
@@ -78,9 +80,8 @@ def label(lm, units: list[str], question: str, answer: str, ablations: int = ABL
 
 
 def stamp(lm, top: int, ablations: int) -> dict:
-    from masklab.revision import code_hash
-
-    return {"model": lm.name, "top": top, "ablations": ablations, "code": code_hash("masklab.context.causal")}
+    """What makes a label row: the model, the window and the ablations (rows record their code too)."""
+    return {"model": lm.name, "top": top, "ablations": ablations}
 
 
 def question_key(q) -> str:
@@ -99,8 +100,10 @@ def label_questions(lm, questions: list, path: Path, top: int = WINDOW_TOP, abla
     from masklab.document import segment
     from masklab.files import append_jsonl, read_jsonl
 
+    from masklab.revision import code_hash
+
     st = stamp(lm, top, ablations)
-    done = {r["key"]: r for r in read_jsonl(path) if r.get("stamp") == st}
+    done = {r["key"]: r for r in read_jsonl(path) if {k: r.get("stamp", {}).get(k) for k in st} == st}
     todo = [q for q in questions if question_key(q) not in done]
     docs: dict[str, Document] = {}
     it = todo
@@ -117,7 +120,8 @@ def label_questions(lm, questions: list, path: Path, top: int = WINDOW_TOP, abla
         res = label(lm, [doc.units[i] for i in win], q.question, q.answers[0], ablations)
         marked = sorted({u for g in answering_units(doc, q.spans()) for u in g})
         row = {"key": question_key(q), "id": q.id, "doc": q.doc, "kind": q.kind, "units": len(doc.units),
-               "window": win, "marked": marked, **res, "stamp": st}
+               "window": win, "marked": marked, **res, "precision": devices.precision(),
+               "stamp": {**st, "code": code_hash("masklab.context.causal")}}
         append_jsonl(path, row)
         done[row["key"]] = row
         if limit_seconds is not None and time.perf_counter() - t0 > limit_seconds:
