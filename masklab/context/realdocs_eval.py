@@ -43,6 +43,7 @@ from masklab.query import Query
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
            "longllmlingua")
 CONTROL = "bm25"
+PAIRED = ("dense", "pruner-attention")  # further paired tests: against sentence embeddings, against attention labels
 
 
 def float_list(text: str) -> list[float]:
@@ -205,7 +206,8 @@ def pct(keep: float) -> str:
 def summarise(rows: list[dict], names: list[str], keeps: list[float]) -> list[dict]:
     """One row per (question group ``task``: all, single, two+latest, two, latest; router
     ``method``): n, MRR, recall@1/@3, latest_first, kept and
-    correct at each keep, with Wilson intervals and paired tests against :data:`CONTROL`."""
+    correct at each keep, with Wilson intervals and paired tests against :data:`CONTROL` (and,
+    where they were measured beside, against each router of :data:`PAIRED`)."""
     from masklab.stats import mcnemar, wilson
 
     groups = {"all": rows, "single": [r for r in rows if r["kind"] == "single"],
@@ -262,6 +264,13 @@ def summarise(rows: list[dict], names: list[str], keeps: list[float]) -> list[di
                     if m != CONTROL and CONTROL in cell[0]:
                         s[f"p_acc@{tag}_vs_bm25"] = mcnemar([r[m][key]["correct"] for r in cell],
                                                             [r[CONTROL][key]["correct"] for r in cell])
+            for other in PAIRED:  # the further controls, where measured beside
+                if m == other or other not in cell[0] or "rr" not in cell[0][m] or "rr" not in cell[0][other]:
+                    continue
+                s[f"p_mrr_vs_{other}"] = sign_flip_p([r[m]["rr"] for r in cell], [r[other]["rr"] for r in cell])
+                for kp in keeps:
+                    s[f"p_kept@{pct(kp)}_vs_{other}"] = mcnemar([r[m][str(kp)]["kept"] for r in cell],
+                                                               [r[other][str(kp)]["kept"] for r in cell])
             out.append(s)
     return out
 
