@@ -108,3 +108,13 @@ def test_a_subset_takes_questions_in_turn_from_every_document():
     first = in_turn(qs)[:7]
     assert len({q.doc for q in first}) == 7 == len({q.doc for q in qs})
     assert sorted(q.id for q in in_turn(qs)) == sorted(q.id for q in qs)
+
+
+def test_every_router_is_also_tested_against_dense_when_it_was_measured_beside():
+    rows = [_row(i, "single", 0.25, 1.0, False, True) for i in range(30)]
+    for r in rows:
+        r["dense"] = {**r["bm25"]}
+    s = {(r["task"], r["method"]): r for r in summarise(rows, ["bm25", "evidence", "dense"], [0.1])}
+    ev = s[("all", "evidence")]
+    assert ev["p_mrr_vs_dense"] < 0.001 and ev["p_kept@10_vs_dense"] < 0.001
+    assert "p_mrr_vs_dense" not in s[("all", "dense")]
