@@ -237,6 +237,29 @@ def _ensure_cache(spec: PretrainedSpec, target: Path) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """Within a cache build every ``gguf.GGUFReader`` of one file is the first one: transformers
+    parses a GGUF's metadata for the tokenizer, again for the config and again for the
+    weights (Gemma's tokenizer fix reads it too), about 17 s each for Gemma's 262k-token
+    vocabulary. A reader is read-only (a memory map), so the parses are one."""
+    import gguf
+
+    real, readers = gguf.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = real(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader  # transformers imports it from gguf when it parses
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = real
+
+
 def _build_cache(spec: PretrainedSpec, target: Path) -> None:
     """De-quantise the package's GGUF into ``target`` (written to a temp dir, then renamed),
     with its progress bar and warnings kept off standard output and error (see the module
@@ -252,7 +275,7 @@ def _build_cache(spec: PretrainedSpec, target: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
     quiet = io.StringIO()
     try:
-        with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
+        with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet), _gguf_read_once():
             gguf = spec.locate(work)
             folder, fname = str(gguf.parent), gguf.name
             if spec.tokenizer_fix == "spm-bpe":
