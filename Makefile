@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/masklab reproduce gotu --quick --out runs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=20
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/attention_overhead.py

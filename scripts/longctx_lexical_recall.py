@@ -16,19 +16,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from masklab.context.routers.lexical import Lexical  # noqa: E402
 from masklab.selection import select  # noqa: E402
-from masklab.pretrained.models import cache_root  # noqa: E402
+from masklab.pretrained.models import load  # noqa: E402
 from masklab.tasks.longctx import TASKS, make_examples  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m", help="a cached model whose tokenizer measures lengths")
+    ap.add_argument("--model", default="smollm2-135m", help="the model whose tokenizer measures lengths")
     ap.add_argument("--examples", type=int, default=20)
     ap.add_argument("--json")
     a = ap.parse_args()
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(cache_root() / "models" / a.model))
+    tok = load(a.model).tokenizer  # builds the model's cache on a new machine (it read an existing one only)
     rows = []
     for n in (512, 1024, 2048, 4096):
         for task in TASKS:

@@ -157,7 +157,8 @@ REPRODUCTIONS = [
         ["tune-prior", "--method", "lora", "--lora-lr", "0.01", "--train-prompts", "200", "--test-prompts", "50", "--steps", "100",
          "--ppl-tokens", "256"],
     ]),
-    # runs of older revisions (docs/longctx.md, "Earlier runs"), one folder per run, and the lexical router's gold recall
+    # the commands of the runs of older revisions kept in docs/archive/longctx-earlier (docs/longctx.md, "Earlier runs"),
+    # one folder per run, and the lexical router's gold recall, run with today's code
     Reproduction("longctx-earlier", [
         ["scripts/longctx_lexical_recall.py", "--model", "smollm2-135m", "--examples", "20", "--json",
          "results/longctx-earlier/lexical_recall.json"],

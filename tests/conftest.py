@@ -60,6 +60,15 @@ SMOL, GEMMA = "smollm2-135m", "gemma3-270m"
 _INSTALLED = {SMOL: HAVE_SMOL, GEMMA: HAVE_GEMMA}
 
 
+# --------------------------------------------------------------------------- test order
+def pytest_terminal_summary(terminalreporter, config):
+    """Name the order pytest-randomly ran the tests in (``-q`` hides its header line), so a
+    failure that depends on the order can be run again in that order."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int):
+        terminalreporter.write_line(f"random test order (pytest-randomly): --randomly-seed={seed} repeats it")
+
+
 # --------------------------------------------------------------------------- the packaged models
 def _state(lm) -> tuple:
     """What a test must leave as it found it: attention implementation, mode, the modules

@@ -142,11 +142,21 @@ def test_13_cite_text_without_sentence_punctuation_is_chunked_with_a_note(capsys
 
 @needs_smol
 @pytest.mark.slow
-def test_14_cite_context_past_the_window_is_refused_with_its_token_count(tmp_path, capsys):
+def test_14_cite_context_past_the_window_is_refused_with_its_token_count(tmp_path):
+    """As on a new machine (a real process, every cache empty): the first load de-quantises
+    SmolLM2 before the window can be measured, and stderr is still the one line."""
     path = tmp_path / "long.txt"
     path.write_text(" ".join(f"The fox number {i} jumped over the fence." for i in range(1000)))  # ~12k tokens, 43 KB
-    line = refused(["cite", "--context", str(path), "--query", "Which fox?"], capsys, "past smollm2-135m's window of 8,192 positions")
-    assert "the prompt is " in line and "tokens" in line
+    cold = tmp_path / "cold"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "MASKLAB_CACHE": str(cold / "masklab"),
+           "HF_HOME": str(cold / "hf"), "XDG_CACHE_HOME": str(cold / "xdg")}
+    p = subprocess.run([sys.executable, "-m", "masklab", "cite", "--context", str(path), "--query", "Which fox?"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    lines = [x for x in p.stderr.replace("\r", "\n").splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("masklab: error: "), p.stderr
+    assert "past smollm2-135m's window of 8,192 positions" in lines[0], lines[0]
+    assert "the prompt is " in lines[0] and "tokens" in lines[0]
+    assert (cold / "masklab" / "models" / "smollm2-135m" / "ready.json").exists()  # it was a first load
 
 
 def test_15_cite_very_large_file_is_refused_before_loading(tmp_path, capsys):

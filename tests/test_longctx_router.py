@@ -4,21 +4,17 @@ the stored router (safetensors + JSON) scores as the trained one; the router's i
 every token to its sentence. No model: features here are a hashed bag of words plus the
 question overlap, the router and the keep rule are the real ones."""
 
-import importlib.util
 import random
 import zlib
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import needs_smol
 from masklab.context.routers.lexical import question_overlap
 from masklab.selection import select
 from masklab.context.trained import bm25_scores, fit_routers, hop, load_routers, save_routers, superseded
 from masklab.tasks.longctx import make_examples
-
-SMOL = Path.home() / ".cache" / "masklab" / "models" / "smollm2-135m"
-
 
 def bow_features(ex, dims: int = 32, recency: bool = False) -> torch.Tensor:
     """``(N, dims + 1)``: hashed words of each sentence and its question overlap (``recency``:
@@ -136,14 +132,11 @@ def test_select_respects_the_budget():
     assert select(torch.zeros(4), [10, 10, 10, 10], 0.5) == [0, 1]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None or not (SMOL / "tokenizer.json").exists(),
-                    reason="needs the cached SmolLM2 tokenizer (masklab models)")
-def test_router_input_maps_tokens_to_their_sentences():
-    from transformers import AutoTokenizer
-
+@needs_smol
+def test_router_input_maps_tokens_to_their_sentences(smol):
     from masklab.context.trained import router_input
 
-    tok = AutoTokenizer.from_pretrained(str(SMOL))
+    tok = smol.tokenizer
     ex = make_examples("multikey", 512, 1, seed=3, tokenizer=tok)[0]
     ids, item = router_input(tok, ex.sentences, ex.question)
     assert tok.decode(ids[item == -2]).strip() == ex.question

@@ -1,11 +1,9 @@
 """Long-context task generators: gold evidence suffices and is necessary, lengths hit the
 target, spans point at the gold sentences, scoring is exact match."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from conftest import needs_smol
 from masklab.errors import MasklabError
 from masklab.tasks.longctx import TASKS, make_example, make_examples, normalise, score, solve, token_offsets
 
@@ -96,15 +94,9 @@ def test_bad_input():
         make_example("niah", 1_000_000, 0)
 
 
-SMOL = Path.home() / ".cache" / "masklab" / "models" / "smollm2-135m"
-
-
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None or not (SMOL / "tokenizer.json").exists(),
-                    reason="needs the cached SmolLM2 tokenizer (masklab models)")
-def test_lengths_in_model_tokens():
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(SMOL))
+@needs_smol
+def test_lengths_in_model_tokens(smol):
+    tok = smol.tokenizer
     for task in TASKS:
         for n in (512, 2048, 4096):
             ex = make_example(task, n, 0, tok)

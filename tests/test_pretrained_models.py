@@ -7,11 +7,15 @@ runs load it in seconds.
 
 import importlib.util
 import json
+import os
+import shutil
+import threading
+import time
 
 import pytest
 import torch
 
-from conftest import HAVE_GGUF, needs_gguf
+from conftest import HAVE_GGUF, needs_gguf, needs_hf
 from masklab.query import Query
 from masklab.runner import MasklabError
 
@@ -62,6 +66,37 @@ def test_missing_package_names_the_install_command(monkeypatch):
         models.load("smollm2-135m")
     with pytest.raises(MasklabError, match="unknown model"):
         models.load("no-such-model")
+
+
+@needs_hf
+def test_concurrent_first_loads_build_the_cache_once(tmp_path, monkeypatch):
+    """Two first loads at once (two test workers, two runs) de-quantise once: the second waits
+    on the lock, then finds the folder the first renamed into place; an older format is rebuilt."""
+    from masklab.pretrained import models
+
+    builds = []
+
+    def build(spec, target):  # stands in for the de-quantisation: slow, then one rename
+        builds.append(target)
+        time.sleep(0.5)
+        tmp = target.with_name(f".{target.name}-tmp")
+        tmp.mkdir()
+        (tmp / "ready.json").write_text(json.dumps({"model": spec.name, "format": models.CACHE_FORMAT}))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+
+    monkeypatch.setattr(models, "_build_cache", build)
+    spec, target = models.MODELS["smollm2-135m"], tmp_path / "models" / "smollm2-135m"
+    built = []
+    callers = [threading.Thread(target=lambda: built.append(models._ensure_cache(spec, target))) for _ in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert sorted(built) == [False, True] and builds == [target]
+    assert models._ensure_cache(spec, target) is False and len(builds) == 1
+    (target / "ready.json").write_text(json.dumps({"format": models.CACHE_FORMAT - 1}))
+    assert models._ensure_cache(spec, target) is True and len(builds) == 2
 
 
 def _simple_prompt():

@@ -19,7 +19,7 @@ from masklab.executors import LocalExecutor, RayExecutor
 from masklab.runner import MasklabError, read_json, run_study
 from masklab.studies.gotu import Config, specs_for
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one cluster: every test here on one worker
 
 TINY = dict(tasks=["2parity"], methods=["vanilla", "mask"], seeds=[0, 1], steps=30, evals=3, width=16, depth=1, heads=2, batch=32)
 # loopback only: Ray would otherwise swap 127.0.0.1 for this machine's outward address, and a

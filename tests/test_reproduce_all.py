@@ -60,3 +60,19 @@ def test_the_run_of_all_leaves_out_the_explicit_entries(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["reproduce_all.py", explicit])
     assert ra.main() == 0
     assert ran == [explicit]
+
+
+def test_every_run_in_results_records_its_code():
+    """A run record (a study's ``runs``, a realdocs row's ``stamp``) without the code that made
+    it cannot be judged current or stale: such runs are kept in docs/archive/, not results/."""
+    import json
+
+    missing = []
+    for path in sorted((ROOT / "results").rglob("*.json")):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            continue
+        records = list(data.get("runs") or []) + [r["stamp"] for r in data.get("rows") or [] if isinstance(r, dict) and "stamp" in r]
+        if any(not (r.get("code") or r.get("code_ast")) for r in records):
+            missing.append(str(path.relative_to(ROOT)))
+    assert missing == []

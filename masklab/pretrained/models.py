@@ -3,10 +3,16 @@
 A model is named in :data:`MODELS` (``gemma3-270m``, ``smollm2-135m``) or given as a local
 Hugging Face model directory (any architecture of :mod:`masklab.pretrained.arch`) or a
 ``.gguf`` file. The first load of a GGUF de-quantises it
-with ``transformers`` + ``gguf`` (tens of seconds) and writes a cache directory with fp32
+with ``transformers`` + ``gguf`` (seconds to tens of seconds) and writes a cache directory with fp32
 ``model.safetensors``, ``config.json`` and the tokenizer (``tokenizer.json``); every later
 load reads that cache (about a second). Nothing is ever downloaded: ``HF_HUB_OFFLINE=1``
 is set before ``transformers`` is imported.
+
+The first load prints nothing: the de-quantising progress bar and transformers' warnings
+would otherwise land on standard error, where a refused command promises exactly one
+``masklab: error:`` line, on a new machine only. Processes that load the same model at
+once (test workers, parallel runs) build its cache once: one holds a file lock beside the
+cache folder while it builds, the others wait and then read the finished folder.
 
 Gemma's tokenizer is rebuilt: ``transformers`` reads the GGUF's ``tokenizer.ggml.scores``
 (which for Gemma are SentencePiece *BPE* merge priorities) as Unigram log-probabilities,
@@ -18,7 +24,9 @@ build time); the cached ``tokenizer.json`` then needs only ``tokenizers``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -205,29 +213,82 @@ class LoadedModel:
         return int(self.model.config.num_attention_heads)
 
 
+def _cache_ready(target: Path) -> bool:
+    """``target`` holds a complete cache of the current format (its ``ready.json`` is written last)."""
+    try:
+        return json.loads((target / "ready.json").read_text()).get("format") == CACHE_FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def _ensure_cache(spec: PretrainedSpec, target: Path) -> bool:
+    """Build ``target`` unless it is ready; True when this call built it. A lock file beside
+    it (``NAME.lock``) makes concurrent first loads build it once: the others wait, then
+    find it ready."""
+    if _cache_ready(target):
+        return False
+    from filelock import FileLock  # a dependency of transformers, which building needs anyway
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.with_name(target.name + ".lock"))):
+        if _cache_ready(target):  # built by another process while this one waited
+            return False
+        _build_cache(spec, target)
+    return True
+
+
+@contextlib.contextmanager
+def _gguf_read_once():
+    """Within a cache build every ``gguf.GGUFReader`` of one file is the first one: transformers
+    parses a GGUF's metadata for the tokenizer, again for the config and again for the
+    weights (Gemma's tokenizer fix reads it too), about 17 s each for Gemma's 262k-token
+    vocabulary. A reader is read-only (a memory map), so the parses are one."""
+    import gguf
+
+    real, readers = gguf.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = real(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader  # transformers imports it from gguf when it parses
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = real
+
+
 def _build_cache(spec: PretrainedSpec, target: Path) -> None:
-    """De-quantise the package's GGUF into ``target`` (written to a temp dir, then renamed)."""
+    """De-quantise the package's GGUF into ``target`` (written to a temp dir, then renamed),
+    with its progress bar and warnings kept off standard output and error (see the module
+    docstring); call it holding the lock of :func:`_ensure_cache`."""
     _require("transformers", PRETRAINED_EXTRA)
     _require("gguf", PRETRAINED_EXTRA)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
+    quiet = io.StringIO()
     try:
-        gguf = spec.locate(work)
-        folder, fname = str(gguf.parent), gguf.name
-        if spec.tokenizer_fix == "spm-bpe":
-            tok = _fixed_gemma_tokenizer(gguf, work)
-        else:
-            tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+        with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet), _gguf_read_once():
+            gguf = spec.locate(work)
+            folder, fname = str(gguf.parent), gguf.name
+            if spec.tokenizer_fix == "spm-bpe":
+                tok = _fixed_gemma_tokenizer(gguf, work)
+            else:
+                tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
         out = work / "model"
         model.save_pretrained(out, safe_serialization=True)
         tok.save_pretrained(out)
         (out / "tokenizer.model").unlink(missing_ok=True)  # tokenizer.json is enough
         (out / "ready.json").write_text(json.dumps({"model": spec.name, "format": CACHE_FORMAT, "gguf": gguf.name}))
-        if target.exists():
+        if target.exists():  # an older cache format
             shutil.rmtree(target)
         os.replace(out, target)
     finally:
@@ -295,11 +356,7 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
         _require(spec.package, spec.install)
         _require("transformers", PRETRAINED_EXTRA)
         target = (cache_dir or cache_root() / "models") / name
-        ready = target / "ready.json"
-        source = "cache"
-        if not ready.exists() or json.loads(ready.read_text()).get("format") != CACHE_FORMAT:
-            _build_cache(spec, target)
-            source = "gguf"
+        source = "gguf" if _ensure_cache(spec, target) else "cache"
         folder, gguf_file = target, None
     elif path.is_dir():
         _check_folder(path)
