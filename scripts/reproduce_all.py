@@ -279,9 +279,14 @@ REPRODUCTIONS = [
     # the real-document benchmark (val chooses, test reports). explicit: the frozen test split is read once per shipped
     # method (each read is logged in reads.jsonl), so these run only when named
     Reproduction("realdocs-gemma3-270m", [
-        ["realdocs", "--model", "gemma3-270m", "--split", "val", "--keep", "0.1,0.25"],
-        ["realdocs", "--model", "gemma3-270m", "--split", "test", "--routers",
-         "bm25,lexical,evidence,attention,bm25+evidence,bm25+attention", "--keep", "0.1,0.25"],
+        ["realdocs", "--model", "gemma3-270m", "--split", "val", "--routers", "bm25,lexical,evidence,attention,bm25+evidence,bm25+attention,dense,bm25+dense", "--keep", "0.1,0.25"],
+        ["realdocs", "--model", "gemma3-270m", "--split", "test2", "--routers", "bm25,lexical,evidence,attention,bm25+evidence,bm25+attention,dense,bm25+dense", "--keep", "0.1,0.25"],
+        ["realdocs", "--model", "gemma3-270m", "--split", "test", "--routers", "bm25,lexical,evidence,attention,bm25+evidence,bm25+attention,dense,bm25+dense", "--keep", "0.1,0.25"],
+    ], explicit=True),
+    Reproduction("realdocs-anchors-gemma3-270m", [
+        ["realdocs", "--model", "gemma3-270m", "--split", split, "--routers",
+         "bm25,dense,langchain-embeddingsfilter,llamaindex-sentenceoptimizer", "--keep", "0.1,0.25"]
+        for split in ("test2", "test")
     ], explicit=True),
     Reproduction("realdocs-gemma3-270m-answers", [
         ["realdocs", "--model", "gemma3-270m", "--split", "test", "--routers", "bm25,lexical,evidence,attention,bm25+evidence",
@@ -292,9 +297,14 @@ REPRODUCTIONS = [
          "bm25,evidence,bm25+evidence", "--keep", "0.1,0.25"],
     ], explicit=True),
     Reproduction("realdocs-smollm2-135m", [
-        ["realdocs", "--model", "smollm2-135m", "--split", "val", "--keep", "0.1,0.25"],
-        ["realdocs", "--model", "smollm2-135m", "--split", "test", "--routers",
-         "bm25,lexical,evidence,attention,bm25+evidence,bm25+attention", "--keep", "0.1,0.25"],
+        ["realdocs", "--model", "smollm2-135m", "--split", "val", "--routers", "bm25,lexical,evidence,attention,bm25+evidence,bm25+attention,dense,bm25+dense", "--keep", "0.1,0.25"],
+        ["realdocs", "--model", "smollm2-135m", "--split", "test2", "--routers", "bm25,lexical,evidence,attention,bm25+evidence,bm25+attention,dense,bm25+dense", "--keep", "0.1,0.25"],
+        ["realdocs", "--model", "smollm2-135m", "--split", "test", "--routers", "bm25,lexical,evidence,attention,bm25+evidence,bm25+attention,dense,bm25+dense", "--keep", "0.1,0.25"],
+    ], explicit=True),
+    Reproduction("realdocs-anchors-smollm2-135m", [
+        ["realdocs", "--model", "smollm2-135m", "--split", split, "--routers",
+         "bm25,dense,langchain-embeddingsfilter,llamaindex-sentenceoptimizer", "--keep", "0.1,0.25"]
+        for split in ("test2", "test")
     ], explicit=True),
     Reproduction("realdocs-smollm2-135m-answers", [
         ["realdocs", "--model", "smollm2-135m", "--split", "test", "--routers", "bm25,lexical,evidence,attention,bm25+evidence",
@@ -304,8 +314,10 @@ REPRODUCTIONS = [
         ["realdocs", "--model", "smollm2-135m", "--router-model", "gemma3-270m", "--split", "test", "--routers",
          "bm25,evidence,bm25+evidence", "--keep", "0.1,0.25"],
     ], explicit=True),
-    # how bm25+evidence fuses, chosen from the committed val scores of realdocs-MODEL (no model runs)
+    # how bm25+evidence and bm25+dense fuse, chosen from the committed val scores of realdocs-MODEL (no model runs)
     Reproduction("realdocs-fusion", [["scripts/choose_fusion.py"]]),
+    # the pruner: causal and attention labels of the training corpus (resumable, CPU-hours), then its training
+    Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shard", "0/2"], ["scripts/label_corpus.py", "--shard", "1/2"]]),
     # about 6.5 CPU-hours (benchmarks/arith_size_cost.json), 84% of it at x4: last
     Reproduction("arith-size", [["sweep", "arith-size"]]),
 ]
