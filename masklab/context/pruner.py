@@ -134,14 +134,18 @@ class PrunerModel(torch.nn.Module):
 
     def encode(self, texts: list[str]) -> Tensor:
         """``(N, D)`` unit-length embeddings, with gradients where the design trains."""
-        if self.design == "head":  # the frozen embeddings (cached per list of texts) through W
-            return F.normalize(self.embedder.units(texts).clone() @ self.W, dim=-1)
+        if self.design == "head":  # the frozen embeddings through W
+            return F.normalize(self.embedder._encode(texts).clone() @ self.W, dim=-1)
         st = self.embedder.model
         feats = st.preprocess(texts)
         return F.normalize(st(feats)["sentence_embedding"], dim=-1)
 
-    def scores(self, question: str, units: list[str]) -> Tensor:
-        """``(N,)`` cosines of ``question`` and ``units`` (training: with gradients)."""
+    def scores(self, question: str, units: list[str], frozen: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """``(N,)`` cosines of ``question`` and ``units`` (training: with gradients); ``frozen``:
+        the head's input embeddings ``(units (N, D), question (D,))``, computed once."""
+        if frozen is not None:
+            u, q = frozen
+            return F.normalize(u @ self.W, dim=-1) @ F.normalize(q @ self.W, dim=-1)
         return self.encode(units) @ self.encode([question])[0]
 
     @torch.no_grad()
@@ -161,6 +165,10 @@ def train(examples: list[Example], cfg: TrainConfig, progress: bool = True) -> t
         raise MasklabError("no training question has a target unit: nothing to learn from")
     torch.manual_seed(cfg.seed)
     model = PrunerModel(cfg.design)
+    frozen = {}  # the head reads frozen embeddings: each example's computed once, not every epoch
+    if cfg.design == "head":
+        frozen = {id(e): (model.embedder._encode(e.units).clone(), model.embedder._encode([e.question])[0].clone())
+                  for e in usable}
     params = list(model.trainable().values())
     opt = torch.optim.AdamW(params, lr=cfg.lr or (1e-3 if cfg.design == "head" else 2e-4), weight_decay=0.0)
     rng = random.Random(cfg.seed)
@@ -181,7 +189,7 @@ def train(examples: list[Example], cfg: TrainConfig, progress: bool = True) -> t
             opt.zero_grad()
             loss = torch.zeros(())
             for e in order[b:b + cfg.batch]:
-                logits = model.scores(e.question, e.units) / TEMPERATURE
+                logits = model.scores(e.question, e.units, frozen.get(id(e))) / TEMPERATURE
                 logp = logits.log_softmax(-1)
                 loss = loss - logp[e.target].mean()
             loss = loss / len(order[b:b + cfg.batch])

@@ -1,0 +1,59 @@
+"""``--keep auto`` against fixed keeps, recomputed from stored ``masklab realdocs`` rows (no model runs).
+
+    python scripts/keep_auto.py results/realdocs-pruner-smollm2-135m/results_test2.json [...]
+
+For each results file and each pruner router in it (``pruner``, ``pruner-attention``,
+``pruner-marks``): every unit whose stored score is at least the router's ``keep_auto`` threshold
+(from its shipped ``.json``, chosen on val; the top unit always) is kept, as ``Router.resolve_keep``
+does. Per question: every answering unit kept or not, and the kept fraction of the tokens; summed
+with Wilson intervals, beside the same router at the file's fixed keeps, with a McNemar test of
+auto against keep 0.25. Writes ``results/pruner/keep_auto.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUTERS = ("pruner", "pruner-attention", "pruner-marks")
+
+
+def main() -> int:
+    from masklab.files import write_json
+    from masklab.selection import auto_fraction, select
+    from masklab.stats import mcnemar, wilson
+
+    summary = []
+    for f in sys.argv[1:]:
+        res = json.loads(Path(f).read_text())
+        for name in ROUTERS:
+            if name not in res["rows"][0]:
+                continue
+            labels = name.split("-")[1] if "-" in name else "causal"
+            meta = json.loads((ROOT / "masklab" / "context" / "weights" / f"pruner-{labels}.json").read_text())
+            kept, frac = [], []
+            for r in res["rows"]:
+                s = torch.tensor(r[name]["scores"])
+                k = set(select(s, r["lengths"], auto_fraction(s, r["lengths"], meta["keep_auto"])))
+                kept.append(all(u in k for g in r["gold"] for u in g))
+                frac.append(sum(r["lengths"][i] for i in k) / sum(r["lengths"]))
+            n = len(kept)
+            lo, hi = wilson(sum(kept), n)
+            fixed = [r[name]["0.25"]["kept"] for r in res["rows"]]
+            summary.append({"task": f"{res['split']} {res['model']}", "method": name, "n": n, "threshold": meta["keep_auto"],
+                            "kept@auto": sum(kept) / n, "kept@auto_lo": lo, "kept@auto_hi": hi,
+                            "fraction@auto": sum(frac) / n, "kept@25": sum(fixed) / n,
+                            "fraction@25": sum(r[name]["0.25"]["kept_fraction"] for r in res["rows"]) / n,
+                            "p_auto_vs_25": mcnemar(kept, fixed)})
+            print(summary[-1])
+    write_json(ROOT / "results" / "pruner" / "keep_auto.json",
+               {"command": "python scripts/keep_auto.py " + " ".join(sys.argv[1:]), "summary": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
