@@ -317,7 +317,21 @@ REPRODUCTIONS = [
     # how bm25+evidence and bm25+dense fuse, chosen from the committed val scores of realdocs-MODEL (no model runs)
     Reproduction("realdocs-fusion", [["scripts/choose_fusion.py"]]),
     # the pruner: causal and attention labels of the training corpus (resumable, CPU-hours), then its training
-    Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shard", "0/2"], ["scripts/label_corpus.py", "--shard", "1/2"]]),
+    Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shard", "0/2"], ["scripts/label_corpus.py", "--shard", "1/2"],
+                                   ["scripts/label_agreement.py"]]),
+    Reproduction("pruner", [["scripts/train_pruner.py", "--designs", "head", "--thresholds", "0.5,1,2", "--epochs", "12",
+                             "--ship"], ["scripts/keep_auto.py", "results/realdocs-pruner-smollm2-135m/results_test2.json",
+                                         "results/realdocs-pruner-gemma3-270m/results_test2.json"]]),
+    Reproduction("realdocs-pruner-gemma3-270m", [
+        ["realdocs", "--model", "gemma3-270m", "--split", split, "--routers",
+         "bm25,dense,bm25+dense,pruner,pruner-attention,pruner-marks", "--keep", "0.1,0.25"]
+        for split in ("test2", "test")
+    ], explicit=True),
+    Reproduction("realdocs-pruner-smollm2-135m", [
+        ["realdocs", "--model", "smollm2-135m", "--split", split, "--routers",
+         "bm25,dense,bm25+dense,pruner,pruner-attention,pruner-marks", "--keep", "0.1,0.25"]
+        for split in ("test2", "test")
+    ], explicit=True),
     # about 6.5 CPU-hours (benchmarks/arith_size_cost.json), 84% of it at x4: last
     Reproduction("arith-size", [["sweep", "arith-size"]]),
 ]
