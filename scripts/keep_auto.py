@@ -44,7 +44,7 @@ def main() -> int:
             n = len(kept)
             lo, hi = wilson(sum(kept), n)
             fixed = [r[name]["0.25"]["kept"] for r in res["rows"]]
-            summary.append({"task": f"{res['split']} {res['model']}", "method": name, "n": n, "threshold": meta["keep_auto"],
+            summary.append({"task": f"{res['split']}-{res['model']}", "method": name, "n": n, "threshold": meta["keep_auto"],
                             "kept@auto": sum(kept) / n, "kept@auto_lo": lo, "kept@auto_hi": hi,
                             "fraction@auto": sum(frac) / n, "kept@25": sum(fixed) / n,
                             "fraction@25": sum(r[name]["0.25"]["kept_fraction"] for r in res["rows"]) / n,

@@ -29,8 +29,8 @@ def main() -> int:
     ap.add_argument("--threshold", type=float, default=1.0, help="the causal set's floor in nats")
     a = ap.parse_args()
     files = sorted((ROOT / "results" / "corpus-labels").glob(f"labels-{a.model}-train*.jsonl"))
-    rows = list({r["key"]: r for f in files for r in map(json.loads, f.open())}.values())
-    rows = [r for r in rows if any(m in r["window"] for m in r["marked"])]
+    labelled = list({r["key"]: r for f in files for r in map(json.loads, f.open())}.values())
+    rows = [r for r in labelled if any(m in r["window"] for m in r["marked"])]
     marked = [{r["window"].index(m) for m in r["marked"] if m in r["window"]} for r in rows]
     hits = {
         "causal_top": [max(range(len(r["weights"])), key=r["weights"].__getitem__) in m for r, m in zip(rows, marked)],
@@ -44,11 +44,11 @@ def main() -> int:
         lo, hi = wilson(sum(h), n)
         summary.append({"task": "agreement", "method": name, "n": n, "share": sum(h) / n, "share_lo": lo, "share_hi": hi})
     for what in ("top", "set"):
-        summary.append({"task": "agreement", "method": f"causal vs attention ({what})", "n": n,
+        summary.append({"task": "agreement", "method": f"causal-vs-attention-{what}", "n": n,
                         "p": mcnemar(hits[f"causal_{what}"], hits[f"attention_{what}"])})
     sizes = [len(target_set(r, "causal", a.threshold)) for r in rows]
     out = {"command": "python scripts/label_agreement.py", "model": a.model, "threshold": a.threshold,
-           "labelled": len(rows), "mean_causal_set": sum(sizes) / n, "empty_causal_set": sum(s == 0 for s in sizes) / n,
+           "labelled": len(labelled), "marked_in_window": len(rows), "mean_causal_set": sum(sizes) / n, "empty_causal_set": sum(s == 0 for s in sizes) / n,
            "seconds_per_question": sum(r["seconds"] for r in rows) / n, "passes_per_question": sum(r["passes"] for r in rows) / n,
            "summary": summary}
     write_json(ROOT / "results" / "corpus-labels" / "agreement.json", out)

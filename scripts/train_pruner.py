@@ -103,7 +103,7 @@ def main() -> int:
     emb = load_embedder()
     base = val_figures(lambda q, u: emb.units(u) @ emb.query(q), val, docs, tok)
     out = {"command": "python scripts/train_pruner.py " + " ".join(sys.argv[1:]), "model": a.model,
-           "labelled": len(rows), "val_questions": len(val), "code": code_hash("masklab.context.pruner"),
+           "labelled": len(rows), "val_questions": len(val), "code": [code_hash("masklab.context.pruner")],
            "summary": [{"task": "val", "method": "dense", **{k: v for k, v in base.items() if k != "rows"}}]}
     trained = {}
     for design in a.designs.split(","):
@@ -136,7 +136,7 @@ def main() -> int:
         if a.ship:
             meta = {"labels": labels, "threshold": th, "model": a.model, "labelled": len(rows),
                     "train_examples": r["examples"], "epochs": a.epochs, "keep_auto": auto and auto["threshold"],
-                    "val": {k: v for k, v in f.items() if k != "rows"}, "code": out["code"],
+                    "val": {k: v for k, v in f.items() if k != "rows"}, "code": out["code"][0],
                     "command": out["command"]}
             save(m, ROOT / "masklab" / "context" / "weights" / f"pruner-{labels}.safetensors", meta)
     from masklab.files import write_json
