@@ -23,7 +23,8 @@ def _load(path: str):
 class Pruner(Router):
     """``path``: a pruner file (``masklab train-router --docs``; None: the shipped one of these labels)."""
 
-    use = "real documents, paraphrased questions: MiniLM trained on what the answering model needs"
+    use = ("MiniLM with a head trained on causal labels of real documents; decides how much with --keep auto "
+           "(docs/context.md: not above dense as measured; train your own with train-router --docs)")
     labels = "causal"
 
     def __init__(self, lm=None, path: str | Path | None = None) -> None:
