@@ -34,7 +34,7 @@ def main() -> int:
             if name not in res["rows"][0]:
                 continue
             labels = name.split("-")[1] if "-" in name else "causal"
-            meta = json.loads((ROOT / "masklab" / "context" / "weights" / f"pruner-{labels}.json").read_text())
+            meta = json.loads((ROOT / "masklab" / "context" / "weights" / "pruner" / f"{labels}.json").read_text())
             kept, frac = [], []
             for r in res["rows"]:
                 s = torch.tensor(r[name]["scores"])

@@ -14,7 +14,7 @@ number of units per question), so the three differ only in their labels. ``--kee
 score threshold is the one on val whose mean kept fraction is the smallest keeping the answer
 at least as often as keep 0.25 does. Writes ``results/pruner/results.json`` (every candidate's
 val figures, the choice, training seconds) and with ``--ship`` the three chosen pruners to
-``masklab/context/weights/pruner-LABELS.safetensors`` (+ ``.json``).
+``masklab/context/weights/pruner/LABELS.safetensors`` (+ ``.json``).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def main() -> int:
                     "train_examples": r["examples"], "epochs": a.epochs, "keep_auto": auto and auto["threshold"],
                     "val": {k: v for k, v in f.items() if k != "rows"}, "code": out["code"][0],
                     "command": out["command"]}
-            save(m, ROOT / "masklab" / "context" / "weights" / f"pruner-{labels}.safetensors", meta)
+            save(m, ROOT / "masklab" / "context" / "weights" / "pruner" / f"{labels}.safetensors", meta)
     from masklab.files import write_json
 
     write_json(ROOT / "results" / "pruner" / "results.json", out)

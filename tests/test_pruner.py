@@ -115,3 +115,14 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
                  "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["router"] == "pruner" and got["kept"]
+
+
+@needs_dense
+def test_the_shipped_pruners_load_with_their_labels_and_keep_auto():
+    from masklab.context.routers import load_router
+
+    for name, labels in (("pruner", "causal"), ("pruner-attention", "attention"), ("pruner-marks", "marks")):
+        r = load_router(name)
+        assert r.meta["labels"] == labels and r.meta["design"] == "head" and r.keep_auto is not None
+        assert r.meta["threshold"] == load_router("pruner").meta["threshold"]  # the variants differ only in labels
+    assert not torch.equal(load_router("pruner").model.W, load_router("pruner-attention").model.W)

@@ -95,7 +95,7 @@ def examples_of(rows: list[dict], questions: dict, tokenizer, labels: str, thres
     return out
 
 
-SHIPPED = Path(__file__).resolve().parent / "weights" / "pruner-causal.json"
+SHIPPED = Path(__file__).resolve().parent / "weights" / "pruner" / "causal.json"
 
 
 def shipped_recipe() -> dict:

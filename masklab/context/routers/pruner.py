@@ -9,7 +9,7 @@ from pathlib import Path
 
 from masklab.context.router import ROUTERS, Router
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "pruner"
 
 
 @lru_cache(maxsize=4)
@@ -29,7 +29,7 @@ class Pruner(Router):
 
     def __init__(self, lm=None, path: str | Path | None = None) -> None:
         super().__init__(lm)
-        self.path = Path(path) if path is not None else WEIGHTS / f"pruner-{self.labels}.safetensors"
+        self.path = Path(path) if path is not None else WEIGHTS / f"{self.labels}.safetensors"
         self.model, self.meta = _load(str(self.path))
         self.keep_auto = self.meta.get("keep_auto")  # the score from which --keep auto keeps a unit
 
