@@ -80,7 +80,7 @@ class Embedder:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def _encode(self, texts: list[str]) -> Tensor:
+    def encode(self, texts: list[str]) -> Tensor:
         with torch.inference_mode():
             return self.model.encode(texts, batch_size=BATCH, convert_to_tensor=True, normalize_embeddings=True,
                                      show_progress_bar=False).float().cpu()
@@ -94,7 +94,7 @@ class Embedder:
                 self._cache.move_to_end(key)
                 self.hits += 1
                 return self._cache[key]
-        out = self._encode(units) if units else torch.zeros(0, self.dim)
+        out = self.encode(units) if units else torch.zeros(0, self.dim)
         with self._lock:
             self.misses += 1
             self._cache[key] = out
@@ -104,7 +104,7 @@ class Embedder:
 
     def query(self, text: str) -> Tensor:
         """``(D,)`` the embedding of a question (not cached: one short text)."""
-        return self._encode([text])[0]
+        return self.encode([text])[0]
 
     @property
     def dim(self) -> int:

@@ -135,7 +135,7 @@ class PrunerModel(torch.nn.Module):
     def encode(self, texts: list[str]) -> Tensor:
         """``(N, D)`` unit-length embeddings, with gradients where the design trains."""
         if self.design == "head":  # the frozen embeddings through W
-            return F.normalize(self.embedder._encode(texts).clone() @ self.W, dim=-1)
+            return F.normalize(self.embedder.encode(texts).clone() @ self.W, dim=-1)
         st = self.embedder.model
         feats = st.preprocess(texts)
         return F.normalize(st(feats)["sentence_embedding"], dim=-1)
@@ -167,7 +167,7 @@ def train(examples: list[Example], cfg: TrainConfig, progress: bool = True) -> t
     model = PrunerModel(cfg.design)
     frozen = {}  # the head reads frozen embeddings: each example's computed once, not every epoch
     if cfg.design == "head":
-        frozen = {id(e): (model.embedder._encode(e.units).clone(), model.embedder._encode([e.question])[0].clone())
+        frozen = {id(e): (model.embedder.encode(e.units).clone(), model.embedder.encode([e.question])[0].clone())
                   for e in usable}
     params = list(model.trainable().values())
     opt = torch.optim.AdamW(params, lr=cfg.lr or (1e-3 if cfg.design == "head" else 2e-4), weight_decay=0.0)
