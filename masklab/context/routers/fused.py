@@ -110,7 +110,8 @@ class BM25Attention(Fused):
 class BM25Dense(Fused):
     """BM25 plus the sentence-embedding router (module docstring)."""
 
-    use = "any document: words shared with the question and their paraphrases"
+    use = ("questions that repeat the document's words (names, options, messages) and paraphrases: the best MRR on "
+           "the first test split as measured, not above dense on the second")
 
     needs_model = False
     other_cls = Dense
