@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -63,7 +63,6 @@ class TrainConfig:
     lr: float | None = None  # None: 1e-3 for the head, 2e-4 for the adapters
     batch: int = 8  # questions per step
     seed: int = 0
-    meta: dict = field(default_factory=dict)
 
 
 def target_set(row: dict, labels: str, threshold: float) -> list[int]:
