@@ -1,19 +1,20 @@
 """How often the causal and the attention labels of the corpus agree with the writers' marks.
 
-    python scripts/label_agreement.py [--model smollm2-135m] [--threshold 1]
+    python scripts/label_agreement.py [--model smollm2-135m] [--split train] [--threshold 1]
 
-Over the labelled questions of ``results/corpus-labels/labels-MODEL-train*.jsonl`` whose marked
+Over the labelled questions of ``results/corpus-labels/labels-MODEL-SPLIT*.jsonl`` whose marked
 answering unit lies in the labelled window: the share whose top unit (highest causal weight; most
 attended) is a marked one, and the share whose causal set (weight above ``--threshold`` nats; for
 attention as many units, the most attended) contains a marked one, with Wilson intervals and a
 McNemar test of causal against attention on the same questions. Writes
-``results/corpus-labels/agreement.json``.
+``results/corpus-labels/agreement.json`` (split ``train``) or ``agreement-SPLIT.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,9 +27,10 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="whose labels")
+    ap.add_argument("--split", default="train", choices=["train", "val"], help="the corpus split's labels")
     ap.add_argument("--threshold", type=float, default=1.0, help="the causal set's floor in nats")
     a = ap.parse_args()
-    files = sorted((ROOT / "results" / "corpus-labels").glob(f"labels-{a.model}-train*.jsonl"))
+    files = sorted((ROOT / "results" / "corpus-labels").glob(f"labels-{a.model}-{a.split}*.jsonl"))
     labelled = list({r["key"]: r for f in files for r in map(json.loads, f.open())}.values())
     rows = [r for r in labelled if any(m in r["window"] for m in r["marked"])]
     marked = [{r["window"].index(m) for m in r["marked"] if m in r["window"]} for r in rows]
@@ -47,11 +49,13 @@ def main() -> int:
         summary.append({"task": "agreement", "method": f"causal-vs-attention-{what}", "n": n,
                         "p": mcnemar(hits[f"causal_{what}"], hits[f"attention_{what}"])})
     sizes = [len(target_set(r, "causal", a.threshold)) for r in rows]
-    out = {"command": "python scripts/label_agreement.py", "model": a.model, "threshold": a.threshold,
+    out = {"command": "python scripts/label_agreement.py " + " ".join(sys.argv[1:]), "model": a.model, "split": a.split,
+           "threshold": a.threshold,
            "labelled": len(labelled), "marked_in_window": len(rows), "mean_causal_set": sum(sizes) / n, "empty_causal_set": sum(s == 0 for s in sizes) / n,
            "seconds_per_question": sum(r["seconds"] for r in rows) / n, "passes_per_question": sum(r["passes"] for r in rows) / n,
            "summary": summary}
-    write_json(ROOT / "results" / "corpus-labels" / "agreement.json", out)
+    name = "agreement.json" if a.split == "train" else f"agreement-{a.split}.json"
+    write_json(ROOT / "results" / "corpus-labels" / name, out)
     for s in summary:
         print(s)
     print({k: v for k, v in out.items() if k != "summary"})

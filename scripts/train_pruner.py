@@ -80,7 +80,7 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)")
     ap.add_argument("--designs", default="head,lora", help="comma-separated: head, lora")
     ap.add_argument("--thresholds", default="0.5,1,2", help="causal set floors in nats, comma-separated")
-    ap.add_argument("--epochs", type=int, default=4, help="training epochs")
+    ap.add_argument("--epochs", type=int, default=None, help="training epochs (default: 12 for the head, 3 for the adapters)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--ship", action="store_true", help="write the chosen pruners into masklab/context/weights")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -135,7 +135,7 @@ def main() -> int:
         out["summary"].append({"task": "val-keep-auto", "method": f"pruner {design} {labels}", **(auto or {})})
         if a.ship:
             meta = {"labels": labels, "threshold": th, "model": a.model, "labelled": len(rows),
-                    "train_examples": r["examples"], "epochs": a.epochs, "keep_auto": auto and auto["threshold"],
+                    "train_examples": r["examples"], "epochs": r["epochs"], "keep_auto": auto and auto["threshold"],
                     "val": {k: v for k, v in f.items() if k != "rows"}, "code": out["code"][0],
                     "command": out["command"]}
             save(m, ROOT / "masklab" / "context" / "weights" / "pruner" / f"{labels}.safetensors", meta)

@@ -141,12 +141,12 @@ def test_study_rows(smol, shared_loads, tmp_path):
 
     from masklab.studies.longctx import Config, run
 
-    run(Config(tasks=["niah"], lengths=[256], keeps=[0.25], examples=1, train_examples=1, compare=["streaming"]),
-        tmp_path, progress=False)
+    run(Config(tasks=["niah"], lengths=[256], keeps=[0.25], examples=1, train_examples=1, compare=["streaming"],
+               routers=["lexical", "evidence", "attention", "dense"]), tmp_path, progress=False)
     res = json.loads((tmp_path / "results.json").read_text())
     rows = {(r["task"], r["method"]): r for r in res["summary"]}
     methods = ["full", "oracle-gold@0.25", "lexical@0.25", "evidence-router@0.25", "attention-router@0.25",
-               "streaming@0.25"]
+               "dense@0.25", "streaming@0.25"]
     assert set(rows) == {("niah@256", m) for m in methods}
     assert rows[("niah@256", "lexical@0.25")]["gold_kept_mean"] == 1.0
     for m in methods:

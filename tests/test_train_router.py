@@ -50,6 +50,12 @@ def test_summary_has_wilson_intervals_and_paired_tests():
     assert pooled["evidence"]["n"] == 60 and pooled["evidence"]["all_gold_kept"] == 0.75
     assert pooled["evidence"]["gold_top"] == 0.5 and pooled["evidence"]["gold_top_lo"] < 0.5 < pooled["evidence"]["gold_top_hi"]
     assert not [r for r in summarise(rows, answers=True) if r["task"] == "all"]
+    # other routers (scripts/heldout_routers.py): only the named ones, in their order; no paired
+    # tests of evidence against routers that were not measured
+    named = summarise([record(1024, i, dense=rec(True, True), evidence=rec(False, False)) for i in range(30)], False,
+                      ("dense", "evidence"))
+    assert [r["method"] for r in named if r["task"] == "all"] == ["dense", "evidence"]
+    assert named[0]["all_gold_kept"] == 1.0 and named[1]["all_gold_kept"] == 0.0 and "p_gold_vs_bm25" not in named[1]
 
 
 @pytest.mark.slow

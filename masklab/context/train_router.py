@@ -272,21 +272,22 @@ def _kept_rates(rows: list[dict]) -> dict:
     return out
 
 
-def summarise(records: list[dict], answers: bool) -> list[dict]:
+def summarise(records: list[dict], answers: bool, methods: tuple[str, ...] = EVAL_METHODS) -> list[dict]:
     """One row per (length, kind, method): n, ``all_gold_kept`` (the share of examples whose
     every gold unit was kept) and ``gold_top`` with their Wilson intervals, kept fraction,
     router seconds; with answers ``acc`` (interval), McNemar p against the full context, the
     speed-up over the full context (router included, with a bootstrap interval) and
     ``router_share`` (router seconds over the full prefill's); for the evidence router,
     McNemar p against each other method. Without answers, one more row per method, task
-    ``all``: ``all_gold_kept`` and ``gold_top`` over every example."""
+    ``all``: ``all_gold_kept`` and ``gold_top`` over every example. ``methods``: the routers
+    measured, in the order of the rows."""
     from masklab.stats import bootstrap_ratio, mcnemar, wilson
 
     out = []
     for n_tok in sorted({r["length"] for r in records}):
         for kind in sorted({r["kind"] for r in records}):
             cell = [r["rows"] for r in records if r["length"] == n_tok and r["kind"] == kind]
-            for m in (["full"] if "full" in cell[0] else []) + [m for m in EVAL_METHODS if m in cell[0]]:
+            for m in (["full"] if "full" in cell[0] else []) + [m for m in methods if m in cell[0]]:
                 rows = [c[m] for c in cell]
                 s = {"task": f"{kind}@{n_tok}", "method": m, "n": len(cell)}
                 if m != "full":
@@ -304,7 +305,7 @@ def summarise(records: list[dict], answers: bool) -> list[dict]:
                         s["speedup"] = sum(full_s) / sum(own_s)
                         s["speedup_lo"], s["speedup_hi"] = bootstrap_ratio(full_s, own_s)
                         s["router_share"] = sum(r["router_s"] for r in rows) / sum(r["prefill_s"] for r in full)
-                if m == "evidence":
+                if m == "evidence" and all(o in cell[0] for o in ("attention", "lexical", "bm25")):
                     for other in ("attention", "lexical", "bm25"):
                         theirs = [c[other] for c in cell]
                         s[f"p_gold_vs_{other}"] = mcnemar([r["gold_kept"] == 1 for r in rows], [r["gold_kept"] == 1 for r in theirs])
@@ -314,7 +315,7 @@ def summarise(records: list[dict], answers: bool) -> list[dict]:
                 out.append(s)
     if answers:
         return out
-    for m in EVAL_METHODS:  # pooled over every kind and length: what features are chosen by
+    for m in methods:  # pooled over every kind and length: what features are chosen by
         rows = [r["rows"][m] for r in records if m in r["rows"]]
         out.append({"task": "all", "method": m, "n": len(rows), **_kept_rates(rows)})
     return out

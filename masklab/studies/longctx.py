@@ -16,6 +16,8 @@ list rotated by ``i``, so machine noise hits all methods alike):
   evidence sets of the LM's own answers, or on the LM's attention to the sentences, on
   ``--train-examples`` examples per task from seeds disjoint from the test examples;
   cached per (model, task set, length) in ``<out>/ckpt/routers`` (safetensors + JSON);
+* ``bm25@<keep>``, ``dense@<keep>``, ``pruner@<keep>``, ... - the other registered text
+  routers of ``--routers`` (:data:`TEXT_ROUTERS`), filled to ``keep``;
 * ``<press>@<keep>`` - kvpress presses (``--compare``) in kvpress's own pipeline,
   compression ratio ``1 - keep`` (after a full prefill).
 
@@ -75,7 +77,8 @@ class Config:
                                     "(default: one chunk per sentence)", default_text="sentences")
     routers: list[str] = flag(factory=lambda: ["lexical", "evidence", "attention"], parse=list_or_none,
                               help="routers besides the oracle: lexical, bm25, longllmlingua, evidence "
-                              "(evidence-router), attention (attention-router); 'none' for none")
+                              "(evidence-router), attention (attention-router), dense, bm25+dense, pruner, "
+                              "pruner-attention, pruner-marks; 'none' for none")
     router_source: str = flag("train", choices=["train", "shipped"],
                               help="the evidence and attention routers: trained here on --train-examples of the "
                               "test tasks (train), or the ones masklab ships, trained on other families (shipped)")
@@ -120,7 +123,8 @@ def reproduce_config() -> Config:
 
 
 ROUTER_METHODS = {"evidence": "evidence-router", "attention": "attention-router"}
-TEXT_ROUTERS = ("lexical", "bm25", "longllmlingua", "evidence", "attention")
+TEXT_ROUTERS = ("lexical", "bm25", "longllmlingua", "evidence", "attention", "dense", "bm25+dense", "pruner",
+                "pruner-attention", "pruner-marks")
 
 
 def method_name(router: str) -> str:

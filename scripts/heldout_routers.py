@@ -1,0 +1,100 @@
+"""Registered routers on the generated held-out test families, ranked without answering.
+
+    python scripts/heldout_routers.py [--model smollm2-135m] [--routers dense,pruner,...] [--lengths 1024,2048]
+                                      [--examples 30] [--keep 0.25] [--out results/heldout-routers-MODEL]
+
+The test families of ``masklab/tasks/families.py`` (licence filler, date and place templates,
+wording ``c``, all five kinds; the seeds ``masklab train-router --eval`` measures on), each
+router keeping ``--keep`` of the context (filled to it): per (kind, length) and pooled, the
+share of examples whose every gold sentence is kept (``all_gold_kept``) and whose top
+sentence is gold (``gold_top``), Wilson intervals, and for ``pruner`` an exact McNemar p
+against every other router on the pooled examples. The shipped ``evidence`` router is
+the one ``masklab route`` uses for ``--model``. Resumable: finished examples are kept in
+``OUT/rows-WEIGHTS.jsonl`` (WEIGHTS: a digest of every shipped router's weights, so new
+weights measure again); writes ``OUT/results.json`` and ``results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUTERS = "bm25,dense,bm25+dense,pruner,pruner-attention,pruner-marks,evidence,attention"
+
+
+def main() -> int:
+    from masklab.context import pipeline
+    from masklab.context.routers import load_router
+    from masklab.context.train_router import markdown, summarise
+    from masklab.files import write_json
+    from masklab.pretrained.models import load
+    from masklab.revision import code_hash
+    from masklab.stats import mcnemar
+    from masklab.tasks.families import split_examples
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="the model whose tokenizer counts tokens (and whose "
+                    "first layers the evidence and attention routers read)")
+    ap.add_argument("--routers", default=ROUTERS, help="comma-separated registered routers")
+    ap.add_argument("--lengths", default="1024,2048", help="context lengths in model tokens, comma-separated")
+    ap.add_argument("--examples", type=int, default=30, help="examples per kind and length")
+    ap.add_argument("--keep", type=float, default=0.25, help="kept fraction of the context")
+    ap.add_argument("--out", default=None, help="output folder (default results/heldout-routers-MODEL)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    out = Path(a.out or ROOT / "results" / f"heldout-routers-{a.model}")
+    out.mkdir(parents=True, exist_ok=True)
+    lm = load(a.model, threads=a.threads)
+    names = tuple(a.routers.split(","))
+    routers = {n: load_router(n, lm) for n in names}
+    cells = [(n, ex) for n in map(int, a.lengths.split(","))
+             for ex in split_examples("test", a.examples, n, seed=10_000, tokenizer=lm.tokenizer)]
+    length = [n for n, _ in cells]
+    shipped = sorted((ROOT / "masklab" / "context" / "weights").rglob("*.safetensors"))
+    weights = hashlib.sha256(b"".join(p.read_bytes() for p in shipped)).hexdigest()[:12]
+
+    def methods(i: int, ex) -> list:
+        return [(n, pipeline.ranked(lambda ex, r=r: r.choose(ex, ex.question, a.keep, fill=True))) for n, r in routers.items()]
+
+    def describe(i: int, ex, record: dict) -> None:
+        record.update({"length": length[i], "kind": ex.kind, "seed": ex.seed, "example": ex.digest, "gold": ex.gold})
+
+    def bar(items):
+        if not a.progress:
+            return items
+        from tqdm import tqdm
+
+        return tqdm(items, desc=f"held-out test families {a.model}", file=sys.stderr)
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    records = pipeline.evaluate([ex for _, ex in cells], methods, out / f"rows-{weights}.jsonl",
+                                key=lambda i, ex: f"{length[i]}/{ex.kind}/{ex.seed}/{ex.digest}/{a.keep}", after=describe,
+                                progress=bar)
+    summary = summarise(records, False, names)
+    if "pruner" in names:  # paired: the pruner against each other router, every example pooled
+        mine = [r["rows"]["pruner"] for r in records]
+        for s in summary:
+            if s["task"] == "all" and s["method"] != "pruner":
+                theirs = [r["rows"][s["method"]] for r in records]
+                s["p_gold_vs_pruner"] = mcnemar([x["gold_kept"] == 1 for x in mine], [x["gold_kept"] == 1 for x in theirs])
+                s["p_top_vs_pruner"] = mcnemar([x["gold_top"] == 1 for x in mine], [x["gold_top"] == 1 for x in theirs])
+    res = {"command": "python scripts/heldout_routers.py " + " ".join(sys.argv[1:]), "model": a.model, "split": "test",
+           "keep": a.keep, "weights": weights, "code": [code_hash("masklab.context.pipeline")],
+           "seconds": {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0},
+           "summary": summary, "rows": records}
+    write_json(out / "results.json", res)
+    (out / "results.md").write_text(markdown(res) + "\n")
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
