@@ -9,14 +9,15 @@ A real document (``pydoc-execmodel`` of the second test split, its leading units
 * ``query``: one question scored on the embedded document (a cache hit: the question's embedding
   and one matrix-vector product);
 * ``bm25``: one question scored by ``bm25`` (its index is built per call);
-* ``pruner``: one question scored by the shipped pruner on the embedded document (it reads the
-  same cached embeddings, through its head);
+* ``pruner_first``: the shipped pruner's first question on the document (its encoder's cache
+  emptied: the adapted encoder embeds the units, as ``embed`` does for ``dense``);
+* ``pruner``: one more question scored by the shipped pruner on the document it has embedded;
 * the same two dense steps with the encoder's linear layers in int8 (``torch.ao`` dynamic
   quantisation), and how far that moves the units' ranking (Spearman's rho of the scores, the
   top-10 overlap, and the MRR on the benchmark's val split against fp32's).
 
-Medians over rounds; goals: embed <= 0.5 s, query <= 20 ms, the pruner <= 0.3 s per question, on
-one thread of this CPU.
+Medians over rounds; goals: embed <= 0.5 s, query <= 20 ms, the pruner <= 0.3 s per question (its
+first on a document too), on one thread of this CPU.
 """
 
 from __future__ import annotations
@@ -64,14 +65,15 @@ def main() -> int:
     bm25 = BM25()
     from masklab.context.routers import load_router
 
-    pruner = load_router("pruner")  # the head reads the shared embedder: fp32's cache
+    pruner = load_router("pruner")
 
     def timed(fn):
         t0 = time.perf_counter()
         out = fn()
         return time.perf_counter() - t0, out
 
-    times: dict[str, list[float]] = {k: [] for k in ("embed", "query", "pruner", "embed_int8", "query_int8", "bm25")}
+    times: dict[str, list[float]] = {k: [] for k in ("embed", "query", "pruner_first", "pruner", "embed_int8",
+                                                         "query_int8", "bm25")}
     for r in range(args.rounds):
         q = questions[r % len(questions)]
         for name, emb in (("", fp32), ("_int8", int8)):
@@ -79,6 +81,8 @@ def main() -> int:
             times["embed" + name].append(timed(lambda: emb.units(units))[0])
             times["query" + name].append(timed(lambda: emb.units(units) @ emb.query(q))[0])
             if not name:
+                pruner.model.embedder._cache.clear()
+                times["pruner_first"].append(timed(lambda: pruner.score(doc, q))[0])
                 times["pruner"].append(timed(lambda: pruner.score(doc, q))[0])
         times["bm25"].append(timed(lambda: bm25.score(doc, q))[0])
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -103,7 +107,7 @@ def main() -> int:
            "seconds": med, "ratio_to_bm25": {k: v / med["bm25"] for k, v in med.items()},
            "int8_spearman": statistics.mean(rho), "int8_top10_overlap": statistics.mean(top),
            "val_mrr": {k: statistics.mean(v) for k, v in val_rr.items()}, "val_questions": len(val_rr["fp32"]),
-           "goals": {"embed_s": 0.5, "query_s": 0.02, "pruner_s": 0.3}}
+           "goals": {"embed_s": 0.5, "query_s": 0.02, "pruner_s": 0.3, "pruner_first_s": 0.3}}
     print(f"{len(units)} units, {out['tokens']} tokens, {args.threads} thread(s), median of {args.rounds} rounds")
     for k, v in med.items():
         print(f"  {k:<11} {v * 1000:8.1f} ms   {v / med['bm25']:6.1f}x bm25")

@@ -318,20 +318,28 @@ REPRODUCTIONS = [
     Reproduction("realdocs-fusion", [["scripts/choose_fusion.py"]]),
     # the pruner: causal and attention labels of the training corpus (resumable, CPU-hours), then its training
     Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shard", "0/2"], ["scripts/label_corpus.py", "--shard", "1/2"],
-                                   ["scripts/label_agreement.py"]]),
-    Reproduction("pruner", [["scripts/train_pruner.py", "--designs", "head", "--thresholds", "0.5,1,2", "--epochs", "12",
-                             "--ship"], ["scripts/keep_auto.py", "results/realdocs-pruner-smollm2-135m/results_test2.json",
+                                   ["scripts/label_corpus.py", "--split", "val"], ["scripts/label_agreement.py"],
+                                   ["scripts/label_agreement.py", "--split", "val"]]),
+    Reproduction("pruner", [["scripts/train_pruner.py", "--designs", "head,lora", "--thresholds", "0.5,1,2", "--ship"],
+                            ["scripts/keep_auto.py", "results/realdocs-pruner-smollm2-135m/results_test2.json",
                                          "results/realdocs-pruner-gemma3-270m/results_test2.json"]]),
     Reproduction("realdocs-pruner-gemma3-270m", [
         ["realdocs", "--model", "gemma3-270m", "--split", split, "--routers",
-         "bm25,dense,bm25+dense,pruner,pruner-attention,pruner-marks", "--keep", "0.1,0.25"]
+         "bm25,dense,bm25+dense,bm25+evidence,pruner,pruner-attention,pruner-marks", "--keep", "0.1,0.25"]
         for split in ("test2", "test")
     ], explicit=True),
     Reproduction("realdocs-pruner-smollm2-135m", [
         ["realdocs", "--model", "smollm2-135m", "--split", split, "--routers",
-         "bm25,dense,bm25+dense,pruner,pruner-attention,pruner-marks", "--keep", "0.1,0.25"]
+         "bm25,dense,bm25+dense,bm25+evidence,pruner,pruner-attention,pruner-marks", "--keep", "0.1,0.25"]
         for split in ("test2", "test")
     ], explicit=True),
+    # the shipped routers and pruners on the generated held-out families and the long-context tasks
+    Reproduction("heldout-routers-smollm2-135m", [["scripts/heldout_routers.py"]]),
+    Reproduction("longctx-pruner", [
+        ["longctx", "--model", "smollm2-135m", "--tasks", "niah,multikey,vt,stale", "--length", "1024", "--keep", "0.25",
+         "--examples", "30", "--routers", "bm25,dense,bm25+dense,pruner,pruner-attention,pruner-marks,evidence",
+         "--router-source", "shipped", "--compare", "none"],
+    ]),
     # about 6.5 CPU-hours (benchmarks/arith_size_cost.json), 84% of it at x4: last
     Reproduction("arith-size", [["sweep", "arith-size"]]),
 ]

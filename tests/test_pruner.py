@@ -27,18 +27,32 @@ def test_the_three_label_variants_differ_only_in_their_sets():
 
 
 @needs_dense
-def test_training_ranks_the_target_first_and_a_wrong_target_does_not():
-    from masklab.context.pruner import Example, TrainConfig, train
+@pytest.mark.parametrize("design,epochs,lr", [("head", 6, 5e-3), ("lora", 12, 2e-3)])
+def test_training_ranks_the_target_first_and_a_wrong_target_does_not(design, epochs, lr, tmp_path):
+    from masklab.context.pruner import Example, TrainConfig, load_pruner, save, train
 
     facts = [("Which fruit is yellow?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."]),
              ("What colour is the sky?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."])]
     # a target the cosine does not prefer: the unit about snow, for every question
+    assert not any(int(load_embedder_scores(q, u).argmax()) == 3 for q, u in facts)
     ex = [Example(q, u, [3]) for q, u in facts] * 4
-    model, rec = train(ex, TrainConfig(design="head", epochs=6, lr=5e-3), progress=False)
-    assert rec["loss"][-1] < rec["loss"][0]
+    model, rec = train(ex, TrainConfig(design=design, epochs=epochs, lr=lr), progress=False)
+    assert rec["loss"][-1] < rec["loss"][0] and rec["epochs"] == epochs
     assert all(int(model.rank(q, u).argmax()) == 3 for q, u in facts)
+    save(model, tmp_path / "p.safetensors", {"labels": "causal"})  # stored and loaded (adapters merged): the same ranking
+    loaded, meta = load_pruner(tmp_path / "p.safetensors")
+    assert meta["design"] == design
+    for q, u in facts:
+        torch.testing.assert_close(loaded.rank(q, u), model.rank(q, u), atol=1e-4, rtol=0)
     with pytest.raises(MasklabError, match="no training question has a target"):
         train([Example("q?", ["a.", "b."], [])], TrainConfig(), progress=False)
+
+
+def load_embedder_scores(question: str, units: list[str]) -> torch.Tensor:
+    from masklab.context.embedder import load_embedder
+
+    emb = load_embedder()
+    return emb.encode(units) @ emb.query(question)
 
 
 def test_keep_auto_keeps_the_units_above_the_threshold():
@@ -121,8 +135,15 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
 def test_the_shipped_pruners_load_with_their_labels_and_keep_auto():
     from masklab.context.routers import load_router
 
+    from masklab.document import Document
+
+    chosen = load_router("pruner").meta
     for name, labels in (("pruner", "causal"), ("pruner-attention", "attention"), ("pruner-marks", "marks")):
         r = load_router(name)
-        assert r.meta["labels"] == labels and r.meta["design"] == "head" and r.keep_auto is not None
-        assert r.meta["threshold"] == load_router("pruner").meta["threshold"]  # the variants differ only in labels
-    assert not torch.equal(load_router("pruner").model.W, load_router("pruner-attention").model.W)
+        assert r.meta["labels"] == labels and r.keep_auto is not None
+        # the variants differ only in their labels
+        assert (r.meta["design"], r.meta["threshold"], r.meta["epochs"]) == (chosen["design"], chosen["threshold"],
+                                                                            chosen["epochs"])
+    doc = Document(units=["Bananas are yellow.", "The sky is blue.", "Snow is white."])
+    causal, attention = (load_router(n).score(doc, "Which fruit is yellow?") for n in ("pruner", "pruner-attention"))
+    assert not torch.allclose(causal, attention)

@@ -122,7 +122,8 @@ class PrunerModel(torch.nn.Module):
         if design == "lora":
             from peft import LoraConfig, get_peft_model
 
-            st[0].auto_model = get_peft_model(st[0].auto_model, LoraConfig(**LORA))
+            # the adapters go into the encoder's layers in place; the wrapper is kept to merge them
+            self.adapters = get_peft_model(st[0].auto_model, LoraConfig(**LORA))
         for n, p in st.named_parameters():
             p.requires_grad_(design == "lora" and "lora_" in n)
 
@@ -232,7 +233,7 @@ def load_pruner(path: Path) -> tuple[PrunerModel, dict]:
         named = dict(model.embedder.model.named_parameters())
         for k, v in state.items():
             named[k].data.copy_(v)
-        model.embedder.model[0].auto_model = model.embedder.model[0].auto_model.merge_and_unload()
+        model.adapters.merge_and_unload()  # in place: the encoder's layers become plain merged Linear layers
         model.embedder._cache.clear()
     for p in model.trainable().values():
         p.requires_grad_(False)
