@@ -98,6 +98,24 @@ def test_the_command_measures_word_routers_on_the_val_split(shared_loads, tmp_pa
     every = {(s["task"], s["method"]): s for s in res["summary"]}
     assert 0 < every[("all", "bm25")]["mrr"] <= 1 and "p_mrr_vs_bm25" in every[("all", "lexical")]
     assert "| all | bm25 |" in capsys.readouterr().out
+    # the same settings again: a re-summary of the stored rows, the measuring run's seconds kept
+    assert main(["realdocs", "--model", "smollm2-135m", "--split", "val", "--routers", "bm25,lexical",
+                 "--keep", "0.25", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "results_val.json").read_text())["seconds"] == res["seconds"]
+
+
+def test_new_pruner_weights_name_new_runs(tmp_path, monkeypatch):
+    from masklab.context.realdocs_eval import weights_digest
+    from masklab.context.routers import pruner
+
+    monkeypatch.setattr(pruner, "WEIGHTS", tmp_path)
+    (tmp_path / "causal.safetensors").write_bytes(b"one")
+    first = weights_digest("smollm2-135m", ["bm25", "pruner"])
+    (tmp_path / "causal.safetensors").write_bytes(b"two")
+    assert first.startswith("pruner-") and weights_digest("smollm2-135m", ["bm25", "pruner"]) != first
+    assert weights_digest("smollm2-135m", ["bm25", "dense"]) == "none"
+    both = weights_digest("smollm2-135m", ["evidence", "pruner-marks"]).split("+")
+    assert both[0] == weights_digest("smollm2-135m", ["evidence"]) and both[1].startswith("pruner-")
 
 
 def test_a_subset_takes_questions_in_turn_from_every_document():

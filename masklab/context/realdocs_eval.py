@@ -29,6 +29,7 @@ McNemar tests on kept / correct, paired sign-flip tests on reciprocal ranks, aga
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,7 @@ from masklab.query import Query
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
            "longllmlingua")
 CONTROL = "bm25"
-PAIRED = ("dense", "pruner-attention")  # further paired tests: against sentence embeddings, against attention labels
+PAIRED = ("dense", "bm25+dense", "pruner-attention")  # further paired tests: sentence embeddings, their hybrid, attention labels
 
 
 def float_list(text: str) -> list[float]:
@@ -317,11 +318,13 @@ def _kept_cell(s: dict, tag: str) -> str:
 
 def weights_digest(name: str, routers: list[str]) -> str:
     """What names the routers' weights: the digest of the trained routers shipped for model
-    ``name`` (or none)."""
-    from masklab.context.routers import TRAINED
-    from masklab.context.routers.trained import shipped_digest
+    ``name`` and, where a pruner is measured, ``+pruner-`` the shipped pruners' (or none)."""
+    from masklab.context.routers import DECIDING, TRAINED, pruner, trained
 
-    return (shipped_digest(name) or "none") if set(routers) & set(TRAINED) else "none"
+    parts = [trained.shipped_digest(name) or "none"] if set(routers) & set(TRAINED) else []
+    if set(routers) & set(DECIDING):
+        parts.append(f"pruner-{pruner.shipped_digest()}")
+    return "+".join(parts) or "none"
 
 
 def _stamp_of(row: dict) -> dict:
@@ -408,6 +411,9 @@ def run(cfg: RealDocsConfig) -> int:
            "device": devices.describe(lm.model.device, cfg.precision),
            "seconds": {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0},
            "summary": summarise(rows, cfg.routers, cfg.keep), "rows": rows}
+    previous = out / f"results_{cfg.split}.json"
+    if not todo and previous.is_file():  # a re-summary: the seconds stay those of the run that measured
+        res["seconds"] = json.loads(previous.read_text()).get("seconds", res["seconds"])
     write_json(out / f"results_{cfg.split}.json", res)
     (out / f"results_{cfg.split}.md").write_text(markdown(res) + "\n")
     print(markdown(res))

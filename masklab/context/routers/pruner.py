@@ -4,12 +4,22 @@ model trained on attention labels and on the writers' marks (the controls)."""
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 
 from masklab.context.router import ROUTERS, Router
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "pruner"
+
+
+def shipped_digest() -> str:
+    """12 hex digits of sha256 over the shipped pruners' weights: what names them in a run's
+    settings, so shipping new weights redoes the runs."""
+    h = hashlib.sha256()
+    for path in sorted(WEIGHTS.glob("*.safetensors")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
 
 
 @lru_cache(maxsize=4)
