@@ -7,7 +7,7 @@ answering unit lies in the labelled window: the share whose top unit (highest ca
 attended) is a marked one, and the share whose causal set (weight above ``--threshold`` nats; for
 attention as many units, the most attended) contains a marked one, with Wilson intervals and a
 McNemar test of causal against attention on the same questions. Writes
-``results/corpus-labels/agreement.json`` (split ``train``) or ``agreement-SPLIT.json``.
+``results/corpus-labels/agreement.json`` (SmolLM2's train labels) or ``agreement-MODEL-SPLIT.json``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> int:
            "labelled": len(labelled), "marked_in_window": len(rows), "mean_causal_set": sum(sizes) / n, "empty_causal_set": sum(s == 0 for s in sizes) / n,
            "seconds_per_question": sum(r["seconds"] for r in rows) / n, "passes_per_question": sum(r["passes"] for r in rows) / n,
            "summary": summary}
-    name = "agreement.json" if a.split == "train" else f"agreement-{a.split}.json"
+    name = "agreement.json" if (a.model, a.split) == ("smollm2-135m", "train") else f"agreement-{a.model}-{a.split}.json"
     write_json(ROOT / "results" / "corpus-labels" / name, out)
     for s in summary:
         print(s)

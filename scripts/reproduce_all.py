@@ -319,7 +319,11 @@ REPRODUCTIONS = [
     # the pruner: causal and attention labels of the training corpus (resumable, CPU-hours), then its training
     Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shard", "0/2"], ["scripts/label_corpus.py", "--shard", "1/2"],
                                    ["scripts/label_corpus.py", "--split", "val"], ["scripts/label_agreement.py"],
-                                   ["scripts/label_agreement.py", "--split", "val"]]),
+                                   ["scripts/label_agreement.py", "--split", "val"],
+                                   ["scripts/label_corpus.py", "--model", "gemma3-270m", "--split", "val"],
+                                   ["scripts/label_agreement.py", "--model", "gemma3-270m", "--split", "val"],
+                                   ["scripts/label_corpus.py", "--model", "gemma3-270m", "--split", "train"],
+                                   ["scripts/label_agreement.py", "--model", "gemma3-270m"]]),
     Reproduction("pruner", [["scripts/train_pruner.py", "--designs", "head,lora", "--thresholds", "0.5,1,2", "--ship"],
                             ["scripts/keep_auto.py", "results/realdocs-pruner-smollm2-135m/results_test2.json",
                                          "results/realdocs-pruner-gemma3-270m/results_test2.json"]]),
