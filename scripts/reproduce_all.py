@@ -339,11 +339,7 @@ REPRODUCTIONS = [
     ], explicit=True),
     # the shipped routers and pruners on the generated held-out families and the long-context tasks
     Reproduction("heldout-routers-smollm2-135m", [["scripts/heldout_routers.py"]]),
-    Reproduction("longctx-pruner", [
-        ["longctx", "--model", "smollm2-135m", "--tasks", "niah,multikey,vt,stale", "--length", "1024", "--keep", "0.25",
-         "--examples", "30", "--routers", "bm25,dense,bm25+dense,pruner,pruner-attention,pruner-marks,evidence",
-         "--router-source", "shipped", "--compare", "none"],
-    ]),
+    Reproduction("longctx-routers-smollm2-135m", [["scripts/heldout_routers.py", "--tasks", "longctx", "--lengths", "1024"]]),
     # about 6.5 CPU-hours (benchmarks/arith_size_cost.json), 84% of it at x4: last
     Reproduction("arith-size", [["sweep", "arith-size"]]),
 ]

@@ -429,7 +429,8 @@ def test_list_routers_says_what_each_router_reads_and_needs(capsys):
     assert "reads the model" in lines["evidence"] and "--answer" not in lines["evidence"]
     assert "reads the model" in lines["snapkv"] and "needs --answer" in lines["snapkv"] and "needs --answer" in lines["finch"]
     assert "generated tasks only" in lines["oracle-gold"] and "one document only" in lines["longllmlingua"]
-    assert "reads no model" in lines["dense"] and "for: the default, any document" in out
+    assert "reads no model" in lines["dense"] and "reads no model" in lines["pruner"]
+    assert "for: the default, any document: MiniLM fine-tuned" in out and out.count("the default") == 1
     assert "for: real documents where facts are restated" in out
 
 

@@ -38,7 +38,7 @@ class CompressConfig:
                              "labels as needed (--target-tokens, when given, is the budget instead)")
     target_tokens: int | None = flag(None, min=1, metavar="N", help="keep at most N tokens of context (counted with "
                                      "the model's tokenizer) instead of a fraction; wins over --keep")
-    router: str = flag(DEFAULT_ROUTER, help="dense, bm25, bm25+dense, lexical, evidence, attention, or a kvpress press (snapkv, ...: only "
+    router: str = flag(DEFAULT_ROUTER, help="pruner, dense, bm25, bm25+dense, lexical, evidence, attention, or a kvpress press (snapkv, ...: only "
                        "with --answer); `masklab compress --list-routers` lists them")
     router_file: str | None = flag(None, metavar="PATH", help="evidence/attention/pruner: a router file made by "
                                    "`masklab train-router` (the OUT/NAME.safetensors it prints) instead of the one "

@@ -30,8 +30,8 @@ from masklab.registry import Registry
 
 ROUTERS: Registry = Registry("router")
 # The router of compress, serve and the integrations when none is named: the best pooled val MRR of the real-document
-# benchmark (both packaged models), kept only if it is not below bm25 on either test split (docs/context.md).
-DEFAULT_ROUTER = "dense"
+# benchmark, kept only if it is not below bm25 on either test split (docs/context.md): dense until the LoRA pruner.
+DEFAULT_ROUTER = "pruner"
 
 
 @dataclass

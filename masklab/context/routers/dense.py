@@ -13,8 +13,8 @@ class Dense(Router):
     """``embedder``: a sentence-transformers model folder (None: the packaged MiniLM). It
     reads no answering model; ``lm`` only counts tokens."""
 
-    use = ("the default, any document, above all questions worded unlike their answer: a 22M sentence-embedding "
-           "model (docs/context.md: above bm25 on the paraphrased test split)")
+    use = ("any document, above all questions worded unlike their answer: a 22M sentence-embedding model "
+           "(docs/context.md: above bm25 on the paraphrased test split, below the pruner); --embedder names another")
 
     def __init__(self, lm=None, embedder: str | None = None) -> None:
         super().__init__(lm)

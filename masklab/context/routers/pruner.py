@@ -33,8 +33,8 @@ def _load(path: str):
 class Pruner(Router):
     """``path``: a pruner file (``masklab train-router --docs``; None: the shipped one of these labels)."""
 
-    use = ("MiniLM fine-tuned (LoRA) on causal labels of real documents: above dense and bm25+dense on both "
-           "real-document test splits; decides how much with --keep auto; train your own with train-router --docs")
+    use = ("the default, any document: MiniLM fine-tuned (LoRA) on causal labels of real documents, above dense and "
+           "bm25+dense on both real-document test splits; --keep auto decides how much; train-router --docs trains yours")
     labels = "causal"
 
     def __init__(self, lm=None, path: str | Path | None = None) -> None:
