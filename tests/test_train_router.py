@@ -3,6 +3,7 @@ model; `masklab train-router --quick` makes a router of the same shape; the held
 has its intervals; the evaluation resumes from its rows."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,3 +101,27 @@ def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(shar
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
     assert [r["example"] for r in rows] == ["0ther0text00", row["example"]]
     assert json.loads((tmp_path / "eval_val.json").read_text())["rows"] == [rows[1]]
+
+
+@pytest.mark.parametrize("tasks", ["families", "longctx"])
+def test_routers_on_generated_tasks_are_measured_once_and_resume(tasks, shared_loads, tmp_path, monkeypatch, capsys):
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("heldout_routers", root / "scripts" / "heldout_routers.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = ["heldout_routers.py", "--tasks", tasks, "--routers", "bm25,lexical", "--lengths", "256", "--examples", "1",
+            "--out", str(tmp_path), "--no-progress"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert script.main() == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    kinds = {r["kind"] for r in res["rows"]}
+    assert kinds == ({"single", "multikey", "update", "chain", "multi"} if tasks == "families" else set(script.LONGCTX))
+    pooled = {s["method"]: s for s in res["summary"] if s["task"] == "all"}
+    assert set(pooled) == {"bm25", "lexical"} and pooled["bm25"]["n"] == len(kinds)
+    rows = next(tmp_path.glob("rows-*.jsonl"))
+    before = rows.read_text()
+    assert script.main() == 0 and rows.read_text() == before  # resumed: nothing measured again
+    capsys.readouterr()
