@@ -99,6 +99,10 @@ def main() -> int:
     records = pipeline.evaluate([ex for _, _, ex in cells], methods, out / f"rows-{weights}.jsonl",
                                 key=lambda i, ex: f"{length[i]}/{kind[i]}/{ex.seed}/{digest(ex)}/{a.keep}", after=describe,
                                 progress=bar)
+    stale = [r["key"] for r in records if set(names) - set(r["rows"])]
+    if stale:  # resumed rows of another --routers: they cannot be paired with these
+        raise SystemExit(f"heldout_routers: {out} holds rows measured with other routers (first: {stale[0]}); "
+                         "name another --out")
     summary = summarise(records, False, names)
     if "pruner" in names:  # paired: the pruner against each other router, every example pooled
         mine = [r["rows"]["pruner"] for r in records]

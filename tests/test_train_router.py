@@ -124,4 +124,7 @@ def test_routers_on_generated_tasks_are_measured_once_and_resume(tasks, shared_l
     rows = next(tmp_path.glob("rows-*.jsonl"))
     before = rows.read_text()
     assert script.main() == 0 and rows.read_text() == before  # resumed: nothing measured again
+    monkeypatch.setattr(sys, "argv", [*argv[:4], "bm25,lexical,dense", *argv[5:]])
+    with pytest.raises(SystemExit, match="measured with other routers"):  # the stored rows lack dense
+        script.main()
     capsys.readouterr()
