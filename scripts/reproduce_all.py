@@ -340,6 +340,10 @@ REPRODUCTIONS = [
     # the shipped routers and pruners on the generated held-out families and the long-context tasks
     Reproduction("heldout-routers-smollm2-135m", [["scripts/heldout_routers.py"]]),
     Reproduction("longctx-routers-smollm2-135m", [["scripts/heldout_routers.py", "--tasks", "longctx", "--lengths", "1024"]]),
+    Reproduction("longctx-quick-pruner", [
+        ["longctx", "--model", "smollm2-135m", "--tasks", "niah,stale", "--length", "512", "--keep", "0.25", "--examples", "30",
+         "--routers", "bm25,dense,pruner,evidence", "--router-source", "shipped", "--compare", "none"],
+    ]),
     # about 6.5 CPU-hours (benchmarks/arith_size_cost.json), 84% of it at x4: last
     Reproduction("arith-size", [["sweep", "arith-size"]]),
 ]
