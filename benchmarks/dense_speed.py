@@ -59,7 +59,7 @@ def main() -> int:
     doc = Document(units=full.units[:n], spans=full.spans[:n], source=full.source)
     units, questions = doc.units, [q.question for q in qs]
     fp32 = load_embedder()
-    int8 = copy.copy(fp32)  # fp32 is the shared embedder (load_embedder), which the pruner's head reads
+    int8 = copy.copy(fp32)  # fp32 is the shared embedder (load_embedder) that dense and bm25+dense read
     int8.model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(fp32.model), {torch.nn.Linear}, dtype=torch.qint8)
     int8._cache = type(fp32._cache)()
     bm25 = BM25()
