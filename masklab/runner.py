@@ -44,10 +44,7 @@ from masklab import device as devices
 from masklab import distributed, executors, revision
 from masklab.errors import MasklabError  # noqa: F401 (re-export)
 from masklab.files import atomic_write_text, read_json, write_json
-from masklab.moved import old_names
 from masklab.runs import RunSpec, fn_code, fn_code_ast, resolve  # noqa: F401 (re-exported: studies build their runs from the runner's API)
-
-__getattr__ = old_names(__name__, {"execute": "masklab.runs.execute"})  # moved 2026-11-30 (the runner<->executors cycle)
 
 # Keep finished runs made by other code (another code hash) instead of running them again.
 # Set by the CLI's --keep-old-runs for one command; results.md then says the table mixes code.

@@ -10,14 +10,14 @@ from __future__ import annotations
 from masklab.revision import import_graph
 
 LAYERS = {
-    "leaves": ["errors", "registry", "flags", "files", "device", "revision", "moved"],
+    "leaves": ["errors", "registry", "flags", "files", "device", "revision"],
     "attention core": ["attention"],
     "bias terms": ["bias", "structures", "qk_init", "structures_from_evidence"],
     "run utilities": ["runs", "executors", "runner", "worker", "distributed", "report", "doctables"],
     "models": ["models"],
     "documents": ["document", "selection", "query", "inputs", "stats"],
     "tasks": ["tasks"],
-    "evidence, routing, pretrained": ["evidence", "routing", "pretrained", "hf"],
+    "evidence, routing, pretrained": ["evidence", "routing", "pretrained"],
     "context": ["context"],
     "integrations": ["integrations"],
     "training loop": ["train"],

@@ -5,12 +5,9 @@ Library entry points: :class:`TokenRouter` and :data:`TOKEN_ROUTERS` (``transfor
 :func:`sparse_answer` (route, keep a budget of items, let the teacher answer from them).
 """
 
-from masklab.moved import old_names
 from masklab.routing.routers import TOKEN_ROUTERS, TokenRouter, build_router, transformer_flops
 from masklab.routing.sparse import SELECTORS, keep_mask, parse_budget, sparse_answer, teacher_answer
 from masklab.routing.train import router_loss, train_router
-
-__getattr__ = old_names(__name__, {"Router": "masklab.routing.TokenRouter", "ROUTERS": "masklab.routing.TOKEN_ROUTERS"})
 
 __all__ = [
     "TOKEN_ROUTERS",

@@ -29,12 +29,9 @@ from torch import Tensor, nn
 
 from masklab.attention import Block
 from masklab.bias import key_bias
-from masklab.moved import old_names
 from masklab.registry import Registry
 
 TOKEN_ROUTERS: Registry[type["TokenRouter"]] = Registry("token router")
-# renamed 2026-12-02 (context/router.py's document-unit Router and ROUTERS took the plain names)
-__getattr__ = old_names(__name__, {"Router": f"{__name__}.TokenRouter", "ROUTERS": f"{__name__}.TOKEN_ROUTERS"})
 register = TOKEN_ROUTERS.register
 
 
