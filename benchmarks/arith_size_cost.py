@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from masklab.models import GPT
-from masklab.studies import arith, arith_size
-from masklab.tasks.arithmetic import VOCAB, greedy_results, inputs_targets, make_split
-from masklab.train import priors_for
+from masklab.lab.studies import arith, arith_size
+from masklab.lab.tasks.arithmetic import VOCAB, greedy_results, inputs_targets, make_split
+from masklab.lab.train import priors_for
 
 DECODED = 11 * arith.CURVE_PROBE + 10_000 + arith.TRAIN_PROBE  # pairs decoded by one run at the defaults
 

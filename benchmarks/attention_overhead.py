@@ -4,11 +4,11 @@
         [--models gotu,lm,vision,arith] [--compile] [--out benchmarks/attention_overhead.json]
 
 Part 1, attention only: for each length T, batch B = tokens / T, width 64, 4 heads of 16, one
-thread, forward+backward of :class:`~masklab.attention.Attention` with the same weights on
+thread, forward+backward of :class:`~masklab.priors.attention.Attention` with the same weights on
 every path:
 
 * ``plain``   - no prior (SDPA's flash kernel): the denominator of every ratio;
-* ``frozen``  - a frozen :class:`~masklab.bias.MaskPrior` (a float mask without gradient),
+* ``frozen``  - a frozen :class:`~masklab.priors.bias.MaskPrior` (a float mask without gradient),
   ``impl="auto"``;
 * ``math``    - a learnable per-head prior, ``impl="math"`` (SDPA's math kernel, the reference);
 * ``blocked`` - the same prior, ``impl="blocked"`` (what ``impl="auto"`` picks on CPU for
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from masklab import MaskPrior
-from masklab.attention import Attention, set_attention_impl
+from masklab.priors.attention import Attention, set_attention_impl
 from masklab.models import GPT, ViT, TokenEncoder
 
 

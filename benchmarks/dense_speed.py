@@ -46,9 +46,9 @@ def main() -> int:
 
     from masklab.context.embedder import load_embedder
     from masklab.context.routers.bm25 import BM25
-    from masklab.document import Document, segment
+    from masklab.text.document import Document, segment
     from masklab.pretrained.models import load
-    from masklab.tasks import realdocs
+    from masklab.lab.tasks import realdocs
 
     tok = load("smollm2-135m", threads=args.threads).tokenizer
     qs = [q for q in realdocs.load("test2") if q.doc == "pydoc-execmodel"]
@@ -92,7 +92,7 @@ def main() -> int:
         sa, sb = a @ fp32.query(q), b @ int8.query(q)
         rho.append(float(spearmanr(sa.numpy(), sb.numpy())[0]))
         top.append(len(set(sa.topk(10).indices.tolist()) & set(sb.topk(10).indices.tolist())) / 10)
-    from masklab.context.realdocs_eval import answering_units, rank_of
+    from masklab.lab.realdocs import answering_units, rank_of
 
     val_rr: dict[str, list[float]] = {"fp32": [], "int8": []}  # the ranking change where it is measured: val MRR
     for q in realdocs.load("val"):

@@ -28,10 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from masklab.evidence import SEARCHES, evidence_sets  # noqa: E402
-from masklab.evidence.teacher import TeacherConfig, gym_of, load_or_train  # noqa: E402
+from masklab.lab.evidence import SEARCHES, evidence_sets  # noqa: E402
+from masklab.lab.evidence.teacher import TeacherConfig, gym_of, load_or_train  # noqa: E402
 from masklab.models.reader import EvidenceReader  # noqa: E402
-from masklab.studies import evidence  # noqa: E402
+from masklab.lab.studies import evidence  # noqa: E402
 
 
 class CountingModel(torch.nn.Module):

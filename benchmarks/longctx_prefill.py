@@ -3,7 +3,7 @@ full prefill and to the prefill of a pruned context (ratios from one interleaved
 
     python benchmarks/longctx_prefill.py [--model smollm2-135m] [--lengths 512,1024] [--layers 1,2] [--keep 0.25] [--reps 3]
 
-For each length n, one niah example of n tokens (masklab/tasks/longctx.py) in the model's
+For each length n, one niah example of n tokens (masklab/lab/tasks/longctx.py) in the model's
 prompt format; timed interleaved (median of ``reps``, one thread):
 
 * ``full``: the prefill of the whole prompt (``model(ids, logits_to_keep=1)``, what
@@ -30,10 +30,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from masklab.flags import int_list  # noqa: E402
+from masklab.util.flags import int_list  # noqa: E402
 from masklab.pretrained.lm import encode  # noqa: E402
 from masklab.pretrained.models import load  # noqa: E402
-from masklab.tasks.longctx import make_example  # noqa: E402
+from masklab.lab.tasks.longctx import make_example  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -40,8 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from masklab.files import write_json  # noqa: E402
-from masklab.stats import bootstrap_ratio  # noqa: E402
+from masklab.util.files import write_json  # noqa: E402
+from masklab.lab.stats import bootstrap_ratio  # noqa: E402
 
 QUESTION = "Can I charge money for copies?"
 DOCUMENTS = (ROOT / "masklab/data/realdocs/docs/gpl-3.txt", Path("/usr/share/common-licenses/GPL-3"))
@@ -77,8 +77,8 @@ def compress(model: str, router: str, doc: Path) -> dict:
 def passes(lm, doc: Path, layers: int):
     """``{name: () -> None}``: one first-layers pass over the router's input, the fast way
     and transformers' masked way."""
-    from masklab.document import segment
-    from masklab.context.trained import router_input
+    from masklab.text.document import segment
+    from masklab.context.routers.features import router_input
     from masklab.pretrained import arch
 
     units = segment(doc.read_text(encoding="utf-8"), lm.tokenizer).units
@@ -110,7 +110,7 @@ def timed(f) -> dict:
 
 def measure(model: str, rounds: int, doc: Path) -> dict:
     from masklab.context.routers.trained import shipped
-    from masklab.files import read_json
+    from masklab.util.files import read_json
     from masklab.pretrained.models import load
 
     meta = read_json(shipped(model).with_suffix(".json"))

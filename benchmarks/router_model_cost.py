@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from masklab.files import write_json  # noqa: E402
-from masklab.stats import bootstrap_ratio  # noqa: E402
+from masklab.util.files import write_json  # noqa: E402
+from masklab.lab.stats import bootstrap_ratio  # noqa: E402
 
 QUESTION = "Can I charge money for copies?"
 MODELS = ("smollm2-135m", "gemma3-270m")
@@ -44,7 +44,7 @@ def main() -> int:
     import torch
 
     from masklab.context.answer import generate_answer
-    from masklab.document import Document, segment
+    from masklab.text.document import Document, segment
     from masklab.context.routers import load_router
     from masklab.pretrained.models import load
 

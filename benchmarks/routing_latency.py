@@ -22,11 +22,11 @@ import time
 import numpy as np
 import torch
 
-from masklab.evidence.interventions import answer_logits
-from masklab.evidence.teacher import TeacherConfig, build_teacher
-from masklab.routing import build_router, keep_mask, parse_budget
-from masklab.routing.sparse import teacher_flops
-from masklab.tasks.evidence_gyms import make_gym
+from masklab.lab.evidence.interventions import answer_logits
+from masklab.lab.evidence.teacher import TeacherConfig, build_teacher
+from masklab.lab.routing import build_router, keep_mask, parse_budget
+from masklab.lab.routing.sparse import teacher_flops
+from masklab.lab.tasks.evidence_gyms import make_gym
 
 
 def main() -> None:

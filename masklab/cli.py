@@ -3,10 +3,10 @@
 Every study is a subcommand taking ``--out DIR``, ``--seeds N`` (or ``--seed S``),
 ``--quick``, ``--jobs``, ``--executor local|ray`` (with ``--ray-address``, see
 docs/cluster.md), ``--device auto|cpu|cuda``, ``--precision fp32|bf16|fp16``
-(:mod:`masklab.device`) and ``--no-progress`` (added here, once) and the flags declared on its
-config dataclass (:mod:`masklab.flags`); ``masklab reproduce NAME`` runs a paper table on
+(:mod:`masklab.util.device`) and ``--no-progress`` (added here, once) and the flags declared on its
+config dataclass (:mod:`masklab.util.flags`); ``masklab reproduce NAME`` runs a paper table on
 its defaults, ``masklab sweep NAME`` a factor sweep, ``masklab report`` regenerates the
-tables in README.md and docs/ from results files (:mod:`masklab.doctables`). A study module provides ``NAME``,
+tables in README.md and docs/ from results files (:mod:`masklab.lab.doctables`). A study module provides ``NAME``,
 ``Config`` (a dataclass whose fields declare the flags), ``quick_config()``,
 ``reproduce_config()`` and ``run(cfg, out, jobs, progress, command)``.
 """
@@ -22,31 +22,32 @@ import sys
 import tempfile
 from pathlib import Path
 
-from masklab import device as devices
-from masklab import distributed, doctables, executors, flags, runner
-from masklab.files import atomic_write_text, read_json, write_json
-from masklab.errors import MasklabError
-from masklab.executors import EXECUTORS
+from masklab.util import device as devices
+from masklab.lab import distributed, doctables, executors, runner
+from masklab.util import flags
+from masklab.util.files import atomic_write_text, read_json, write_json
+from masklab.util.errors import MasklabError
+from masklab.lab.executors import EXECUTORS
 
 STUDIES = {
-    "gotu": "masklab.studies.gotu",
-    "arith": "masklab.studies.arith",
-    "vision": "masklab.studies.vision",
-    "lm": "masklab.studies.lm",
-    "evidence": "masklab.studies.evidence",
-    "stale": "masklab.studies.stale",
-    "prune": "masklab.studies.prune",
-    "pretrained": "masklab.studies.pretrained",
-    "routing": "masklab.studies.routing",
-    "tune-prior": "masklab.studies.tune_prior",
-    "longctx": "masklab.studies.longctx",
-    "evidence-prior": "masklab.studies.evidence_prior",
+    "gotu": "masklab.lab.studies.gotu",
+    "arith": "masklab.lab.studies.arith",
+    "vision": "masklab.lab.studies.vision",
+    "lm": "masklab.lab.studies.lm",
+    "evidence": "masklab.lab.studies.evidence",
+    "stale": "masklab.lab.studies.stale",
+    "prune": "masklab.lab.studies.prune",
+    "pretrained": "masklab.lab.studies.pretrained",
+    "routing": "masklab.lab.studies.routing",
+    "tune-prior": "masklab.lab.studies.tune_prior",
+    "longctx": "masklab.lab.studies.longctx",
+    "evidence-prior": "masklab.lab.studies.evidence_prior",
 }
 # commands of real LMs that are not studies: they take --device/--precision and resolve them themselves
 REAL_LM_COMMANDS = ("cite", "compress", "train-router", "serve", "realdocs")
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}
-SWEEPS = {"gotu-designs": "masklab.studies.gotu_designs", "routing-targets": "masklab.studies.routing_targets", "arith-size": "masklab.studies.arith_size"}
+SWEEPS = {"gotu-designs": "masklab.lab.studies.gotu_designs", "routing-targets": "masklab.lab.studies.routing_targets", "arith-size": "masklab.lab.studies.arith_size"}
 
 
 def _quick_help(mod) -> str:
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     from masklab.pretrained import cli as pretrained_cli
 
     pretrained_cli.add_cite_parser(sub)
-    from masklab.context import realdocs_eval
+    from masklab.lab import realdocs as realdocs_eval
 
     realdocs_eval.add_parser(sub)
     for name, module in STUDIES.items():
@@ -168,7 +169,7 @@ def _seeds(args: argparse.Namespace, cfg):
 
 def resolve_config(args: argparse.Namespace):
     """The config a study subcommand runs: its quick or default config, the flags given
-    applied (:func:`masklab.flags.config_from_args`), then ``--seeds``/``--seed``."""
+    applied (:func:`masklab.util.flags.config_from_args`), then ``--seeds``/``--seed``."""
     mod = importlib.import_module(args.study)
     return _seeds(args, flags.config_from_args(args, mod.quick_config() if args.quick else mod.Config()))
 
@@ -207,13 +208,13 @@ def writable_dir(out: Path) -> None:
 
 def validate(mod, cfg, args: argparse.Namespace) -> None:
     """The one validation step of every study command, before any run or model load: the
-    ranges declared on the config's flags (:func:`masklab.flags.check_ranges`), the study's
+    ranges declared on the config's flags (:func:`masklab.util.flags.check_ranges`), the study's
     own ``validate(cfg)`` (choices, files, combinations), ``--jobs`` and ``--out``."""
     if dataclasses.is_dataclass(cfg):
         flags.check_ranges(cfg)
     models = getattr(cfg, "models", None)
     if isinstance(models, list) and all(isinstance(m, str) for m in models):
-        from masklab.inputs import check_model_paths
+        from masklab.text.inputs import check_model_paths
 
         check_model_paths(models)
     if hasattr(mod, "validate"):

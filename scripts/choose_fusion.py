@@ -2,9 +2,9 @@
 
 Reads the val rows of ``masklab realdocs`` for both packaged models
 (``results/realdocs-MODEL/results_val.json``: every router's per-unit scores), recomputes
-every candidate fusion of :data:`masklab.context.realdocs_eval.CANDIDATES` from the stored
+every candidate fusion of :data:`masklab.lab.realdocs.CANDIDATES` from the stored
 BM25 and second router's scores (no model runs), and applies the rule fixed before the val
-results were read (:func:`masklab.context.realdocs_eval.choose`: for ``bm25+dense`` the fusion
+results were read (:func:`masklab.lab.realdocs.choose`: for ``bm25+dense`` the fusion
 must keep the answer at keep 0.1 no less often than ``bm25`` and ``dense`` alone). Writes
 ``results/realdocs-fusion/results.json`` (one summary row per candidate; the chosen one
 marked) and prints the table. The same grid for the attention router is the control.
@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from masklab.context.realdocs_eval import choose, fusion_grid
-from masklab.files import write_json
+from masklab.lab.realdocs import choose, fusion_grid
+from masklab.util.files import write_json
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 

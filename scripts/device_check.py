@@ -14,7 +14,7 @@ the next one runs, so one file always comes back):
 2. ``attention``: forward + backward of attention with a learnable per-head prior
    ``(H, T, T)`` at T = 64 / 256 / 1024 / 4096 (B = 16384 / T, 8 heads of 64), interleaved
    within every repetition: ``plain`` (SDPA without a mask: its flash kernel, the
-   denominator), ``prior`` (the core's FlexAttention path, :func:`masklab.attention.flex_attention_bias`,
+   denominator), ``prior`` (the core's FlexAttention path, :func:`masklab.priors.attention.flex_attention_bias`,
    compiled), ``math`` (SDPA with the learnable mask: its math kernel, the reference) and
    ``frozen`` (the same prior without gradient through SDPA's memory-efficient kernel).
    Medians of CUDA-event times, their ratios to ``plain``, peak memory per path, and the
@@ -54,10 +54,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from masklab import device as devices  # noqa: E402
-from masklab import revision  # noqa: E402
-from masklab.errors import MasklabError  # noqa: E402
-from masklab.files import read_json, write_json  # noqa: E402
+from masklab.util import device as devices  # noqa: E402
+from masklab.lab import revision  # noqa: E402
+from masklab.util.errors import MasklabError  # noqa: E402
+from masklab.util.files import read_json, write_json  # noqa: E402
 
 STEPS = ("gpu_tests", "attention", "gotu_quick", "longctx")
 GPU_TEST_FILES = ["tests/test_attention_flex.py", "tests/test_device.py"]
@@ -217,7 +217,7 @@ class Timer:
 
 def attention_paths(dev: torch.device, T: int, tokens: int, heads: int, head_dim: int) -> tuple[dict, dict]:
     """The callables (forward + backward) of every path at length ``T``, and the inputs."""
-    from masklab.attention import BlockedBiasAttention, flex_attention_bias
+    from masklab.priors.attention import BlockedBiasAttention, flex_attention_bias
 
     B = max(1, tokens // T)
     g = torch.Generator().manual_seed(T)

@@ -3,7 +3,7 @@
     python scripts/heldout_routers.py [--tasks families|longctx] [--model smollm2-135m] [--routers dense,pruner,...]
                                       [--lengths 1024,2048] [--examples 30] [--keep 0.25] [--out DIR]
 
-``--tasks families``: the test families of ``masklab/tasks/families.py`` (licence filler, date
+``--tasks families``: the test families of ``masklab/lab/tasks/families.py`` (licence filler, date
 and place templates, wording ``c``, all five kinds; the seeds ``masklab train-router --eval``
 measures on). ``--tasks longctx``: the long-context tasks of ``masklab longctx`` (niah,
 multikey, vt, stale; its test seeds). Each router keeps ``--keep`` of the context (filled to
@@ -40,15 +40,15 @@ def digest(ex) -> str:
 
 
 def main() -> int:
-    from masklab.context import pipeline
+    from masklab.lab import pipeline
     from masklab.context.routers import load_router
-    from masklab.context.train_router import markdown, summarise
-    from masklab.files import write_json
+    from masklab.lab.train_router import markdown, summarise
+    from masklab.util.files import write_json
     from masklab.pretrained.models import load
-    from masklab.revision import code_hash
-    from masklab.stats import mcnemar
-    from masklab.tasks.families import split_examples
-    from masklab.tasks.longctx import make_examples
+    from masklab.lab.revision import code_hash
+    from masklab.lab.stats import mcnemar
+    from masklab.lab.tasks.families import split_examples
+    from masklab.lab.tasks.longctx import make_examples
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default="families", choices=["families", "longctx"],
@@ -113,7 +113,7 @@ def main() -> int:
                 s["p_top_vs_pruner"] = mcnemar([x["gold_top"] == 1 for x in mine], [x["gold_top"] == 1 for x in theirs])
     res = {"command": "python scripts/heldout_routers.py " + " ".join(sys.argv[1:]), "model": a.model,
            "split": "test" if a.tasks == "families" else "longctx",
-           "keep": a.keep, "weights": weights, "code": [code_hash("masklab.context.pipeline")],
+           "keep": a.keep, "weights": weights, "code": [code_hash("masklab.lab.pipeline")],
            "seconds": {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0},
            "summary": summary, "rows": records}
     write_json(out / "results.json", res)

@@ -23,9 +23,9 @@ ROUTERS = ("pruner", "pruner-attention", "pruner-marks")
 
 
 def main() -> int:
-    from masklab.files import write_json
-    from masklab.selection import auto_fraction, select
-    from masklab.stats import mcnemar, wilson
+    from masklab.util.files import write_json
+    from masklab.text.selection import auto_fraction, select
+    from masklab.lab.stats import mcnemar, wilson
 
     summary = []
     for f in sys.argv[1:]:

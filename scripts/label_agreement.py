@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     from masklab.context.pruner import target_set
-    from masklab.files import write_json
-    from masklab.stats import mcnemar, wilson
+    from masklab.util.files import write_json
+    from masklab.lab.stats import mcnemar, wilson
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="whose labels")

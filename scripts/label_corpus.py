@@ -1,6 +1,6 @@
 """Causal and attention labels of the pruner's training corpus (``masklab/data/corpus``, split
 ``train``), resumable: ``results/corpus-labels/labels-MODEL.jsonl`` (one line per question,
-:mod:`masklab.context.causal`). Questions are taken in turn from each document, so a partial run
+:mod:`masklab.lab.labels`). Questions are taken in turn from each document, so a partial run
 covers every document.
 
     python scripts/label_corpus.py [--model smollm2-135m] [--split train] [--minutes M] [--shard I/N]
@@ -20,10 +20,10 @@ import torch
 
 
 def main() -> int:
-    from masklab.context.causal import ABLATIONS, WINDOW_TOP, label_questions
-    from masklab.context.realdocs_eval import in_turn
+    from masklab.lab.labels import ABLATIONS, WINDOW_TOP, label_questions
+    from masklab.lab.realdocs import in_turn
     from masklab.pretrained.models import load
-    from masklab.tasks import realdocs
+    from masklab.lab.tasks import realdocs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="the answering model whose needs are labelled")
@@ -45,7 +45,7 @@ def main() -> int:
         i, n = (int(x) for x in a.shard.split("/"))
         qs, name = qs[i::n], f"{name}-{i}"
     t0, c0 = time.perf_counter(), time.process_time()
-    from masklab import device as devices
+    from masklab.util import device as devices
 
     with devices.using("cpu", a.precision), devices.autocast(torch.device("cpu"), a.precision):
         rows = label_questions(lm, qs, out / f"{name}.jsonl", WINDOW_TOP, ABLATIONS, a.progress,

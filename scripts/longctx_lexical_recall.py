@@ -15,9 +15,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from masklab.context.routers.lexical import Lexical  # noqa: E402
-from masklab.selection import select  # noqa: E402
+from masklab.text.selection import select  # noqa: E402
 from masklab.pretrained.models import load  # noqa: E402
-from masklab.tasks.longctx import TASKS, make_examples  # noqa: E402
+from masklab.lab.tasks.longctx import TASKS, make_examples  # noqa: E402
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ frozen test split of the real-document benchmark, which is read once per shipped
 they run only when named, never in the run of all.
 
 A reproduction resumes: runs already in ``results/NAME`` that the same code made are kept
-(:mod:`masklab.revision`), so an interrupted call, or a call after an edit to one study,
+(:mod:`masklab.lab.revision`), so an interrupted call, or a call after an edit to one study,
 redoes only what is missing or stale. Each step appends one entry to ``wall.json`` (wall
 seconds, CPU seconds of the child processes, load average at the start, exit code), so the
 time a table cost is the sum of its entries.
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from masklab.cli import REAL_LM_COMMANDS  # noqa: E402
-from masklab.files import read_json, write_json  # noqa: E402
+from masklab.util.files import read_json, write_json  # noqa: E402
 
 
 class Reproduction(NamedTuple):

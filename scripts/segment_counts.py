@@ -4,10 +4,10 @@
 
 For each document of the real-document benchmark (``masklab/data/realdocs/docs``: licences,
 FAQs, release notes, changelogs, man pages, Python's docs and READMEs, copied from files every
-Debian/Python machine has), it counts the units ``masklab.document.segment`` makes (no tokenizer:
+Debian/Python machine has), it counts the units ``masklab.text.document.segment`` makes (no tokenizer:
 words and punctuation marks are the tokens) and the *labels* among them: units of at most
 3 tokens that are only a number, a list or FAQ marker, or a heading (:func:`is_label`),
-with the ``segment`` of git revision ``--before`` (its masklab/document.py) and
+with the ``segment`` of git revision ``--before`` (its masklab/text/document.py) and
 with this checkout's. ``--json`` also writes the counts (one summary row per document and
 way, ``task`` = document, ``method`` = before/after, and the totals as task ``all``), which
 docs/context.md quotes.
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from masklab.document import segment, word_offsets  # noqa: E402
+from masklab.text.document import segment, word_offsets  # noqa: E402
 
 _MARKER = r"(?:[-*+•·#=~_|>]+|\(?\d{1,3}(?:\.\d{1,3})*[.):]?|\(\w{1,4}\)|[A-Za-z][.):])"
 _MARKERS_ONLY = re.compile(rf"{_MARKER}(?:\s+{_MARKER})*")
@@ -46,21 +46,21 @@ def is_label(unit: str) -> bool:
 
 def documents() -> dict[str, str]:
     """Name -> text of each document of the real-document benchmark."""
-    from masklab.tasks.realdocs import ROOT as BENCH
+    from masklab.lab.tasks.realdocs import ROOT as BENCH
 
     return {p.stem: p.read_text(encoding="utf-8") for p in sorted((BENCH / "docs").glob("*.txt"))}
 
 
 def segment_at(rev: str):
-    """The ``segment`` function of ``masklab/document.py`` at git revision ``rev`` (before it moved
+    """The ``segment`` function of ``masklab/text/document.py`` at git revision ``rev`` (before it moved
     there, ``masklab/context/document.py``)."""
-    for path in ("masklab/document.py", "masklab/context/document.py"):
+    for path in ("masklab/text/document.py", "masklab/context/document.py"):
         r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
         if r.returncode == 0:
             src = r.stdout
             break
     else:
-        raise SystemExit(f"segment_counts: cannot read masklab/document.py at {rev!r}: {r.stderr.strip()}")
+        raise SystemExit(f"segment_counts: cannot read masklab/text/document.py at {rev!r}: {r.stderr.strip()}")
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(src)
     try:

@@ -2,7 +2,7 @@
 
     python scripts/train_pruner.py [--model smollm2-135m] [--designs head,lora] [--thresholds 0.5,1,2] [--ship]
 
-Reads ``results/corpus-labels/labels-MODEL-train.jsonl`` (:mod:`masklab.context.causal`), builds
+Reads ``results/corpus-labels/labels-MODEL-train.jsonl`` (:mod:`masklab.lab.labels`), builds
 one training question per labelled question (its window's units, the target set of each label
 variant, :func:`masklab.context.pruner.target_set`), and trains every design x causal threshold
 on the causal labels. Val (never trained on): the corpus's ``val`` documents and the benchmark's
@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def val_figures(rank, val: list, docs: dict, tokenizer) -> dict:
     """MRR and kept@0.1 / @0.25 of ``rank(question, units)`` over the val questions, and the
     scores of each question (for ``--keep auto``'s threshold)."""
-    from masklab.context.realdocs_eval import answering_units, rank_of
-    from masklab.selection import select
+    from masklab.lab.realdocs import answering_units, rank_of
+    from masklab.text.selection import select
 
     rr, kept10, kept25, rows = [], [], [], []
     for q in val:
@@ -71,10 +71,10 @@ def keep_auto(rows: list[dict], target: float) -> dict:
 
 def main() -> int:
     from masklab.context.pruner import TrainConfig, examples_of, save, train
-    from masklab.document import segment
+    from masklab.text.document import segment
     from masklab.pretrained.models import load
-    from masklab.revision import code_hash
-    from masklab.tasks import realdocs
+    from masklab.lab.revision import code_hash
+    from masklab.lab.tasks import realdocs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)")
@@ -139,7 +139,7 @@ def main() -> int:
                     "val": {k: v for k, v in f.items() if k != "rows"}, "code": out["code"][0],
                     "command": out["command"]}
             save(m, ROOT / "masklab" / "context" / "weights" / "pruner" / f"{labels}.safetensors", meta)
-    from masklab.files import write_json
+    from masklab.util.files import write_json
 
     write_json(ROOT / "results" / "pruner" / "results.json", out)
     for s in out["summary"]:

@@ -72,9 +72,9 @@ def resolve(argv: list[str]) -> dict:
     """``{"config": asdict(resolved config)}`` or ``{"error": message}`` for one command line."""
     from masklab import cli
     try:
-        from masklab.errors import MasklabError
-    except ImportError:  # before masklab/errors.py existed
-        from masklab.runner import MasklabError
+        from masklab.util.errors import MasklabError
+    except ImportError:  # before masklab/util/errors.py existed
+        from masklab.lab.runner import MasklabError
 
     err = io.StringIO()
     try:

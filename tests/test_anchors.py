@@ -1,4 +1,4 @@
-"""The framework anchors of ``masklab realdocs`` (masklab/context/anchors.py): LangChain's
+"""The framework anchors of ``masklab realdocs`` (masklab/lab/anchors.py): LangChain's
 EmbeddingsFilter ranks as the dense router does (the same cosine of the same embedder: a wrong
 wrapper fails), LlamaIndex's SentenceEmbeddingOptimizer keeps the asked share of masklab's
 units (and its neighbours), the summary and table of a router without a rank, and the refusal
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from conftest import needs_dense
-from masklab.context.anchors import ANCHORS, INSTALL, LANGCHAIN, LLAMAINDEX, check, units_in
-from masklab.document import Document, segment
-from masklab.errors import MasklabError
+from masklab.lab.anchors import ANCHORS, INSTALL, LANGCHAIN, LLAMAINDEX, check, units_in
+from masklab.text.document import Document, segment
+from masklab.util.errors import MasklabError
 
 try:
     check(ANCHORS)
@@ -39,7 +39,7 @@ TEXT = "\n\n".join(" ".join(f"Paragraph {p} sentence {s} talks about {topic}." f
 @needs_anchors
 @needs_dense
 def test_the_langchain_anchor_ranks_exactly_as_the_dense_router():
-    from masklab.context.anchors import load_anchor
+    from masklab.lab.anchors import load_anchor
     from masklab.context.routers import load_router
 
     doc = Document(units=UNITS)
@@ -55,7 +55,7 @@ def test_the_langchain_anchor_ranks_exactly_as_the_dense_router():
 @needs_anchors
 @needs_dense
 def test_the_llamaindex_anchor_keeps_the_asked_share_of_masklabs_units_and_their_neighbours():
-    from masklab.context.anchors import load_anchor
+    from masklab.lab.anchors import load_anchor
     from masklab.context.routers import load_router
 
     doc = segment(TEXT)
@@ -83,7 +83,7 @@ def test_units_are_found_whole_and_not_inside_a_longer_kept_unit():
 
 
 def test_a_router_without_a_rank_is_summarised_without_mrr():
-    from masklab.context.realdocs_eval import markdown, summarise
+    from masklab.lab.realdocs import markdown, summarise
 
     rows = [{"id": str(i), "kind": "single",
              "bm25": {"router_seconds": 0.0, "rr": 0.5, "rank": 2, "0.1": {"kept": True, "kept_fraction": 0.1}},

@@ -19,8 +19,8 @@ pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from conftest import CHAR_VOCAB as VOCAB, KINDS, SLIDES, SPECIALS, save_tiny_folder as save_folder  # noqa: E402
-from masklab.bias import RelativePrior  # noqa: E402
-from masklab.errors import MasklabError  # noqa: E402
+from masklab.priors.bias import RelativePrior  # noqa: E402
+from masklab.util.errors import MasklabError  # noqa: E402
 from masklab.pretrained.hf import attach_priors, detach_priors, hide, priors_of  # noqa: E402
 from masklab.pretrained.arch import (ARCHITECTURES, arch_of, attention_modules, base_model,  # noqa: E402
                                      decoder_layers, final_norm, first_layers, kv_heads, sliding_window_layers)
@@ -294,7 +294,7 @@ def test_cite_runs_end_to_end_on_the_folder(kind, folders, tmp_path, capsys):
 @pytest.mark.parametrize("kind", KINDS)
 def test_compress_answers_and_the_router_pass_runs_on_the_folder(kind, folders, tmp_path, capsys):
     from masklab.cli import main
-    from masklab.context.trained import features
+    from masklab.context.routers.features import features
     from masklab.pretrained.models import load
 
     ctx = tmp_path / "context.txt"

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from masklab.bias import MaskPrior
-from masklab import flags
+from masklab.priors.bias import MaskPrior
+from masklab.util import flags
 from masklab.cli import build_parser, main
 from masklab.models import GPT
-from masklab.qk_init import QK_INITS
-from masklab.structures import allowed_mass
-from masklab.runner import MasklabError
-from masklab.structures import (
+from masklab.priors.qk_init import QK_INITS
+from masklab.priors.structures import allowed_mass
+from masklab.lab.runner import MasklabError
+from masklab.priors.structures import (
     addition_alignment,
     arith_seq_len,
     arith_structure,
@@ -24,8 +24,8 @@ from masklab.structures import (
     operand_position,
     split_heads,
 )
-from masklab.studies import arith
-from masklab.tasks.arithmetic import (
+from masklab.lab.studies import arith
+from masklab.lab.tasks.arithmetic import (
     EQUALS,
     IGNORE,
     PLUS,

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from masklab.cli import SWEEPS, main
-from masklab.errors import MasklabError
-from masklab.studies import arith_size
+from masklab.util.errors import MasklabError
+from masklab.lab.studies import arith_size
 
 
 def test_specs_scale_width_and_depth_of_the_arith_model():

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from masklab import MaskPrior, causal_bias, key_bias
-from masklab import attention as attention_module
-from masklab.attention import Attention, BlockedBiasAttention, set_attention_impl
+from masklab.priors import attention as attention_module
+from masklab.priors.attention import Attention, BlockedBiasAttention, set_attention_impl
 
 
 class DistancePrior(nn.Module):
@@ -138,7 +138,7 @@ def test_unavailable_blocked_path_falls_back_with_one_warning(monkeypatch, caplo
     monkeypatch.setattr(attention_module, "_warned", set())
     ref, fast = twin("shared", 16, 2, 8, torch.float32)
     x = torch.randn(2, 8, 16)
-    with caplog.at_level(logging.WARNING, logger="masklab.attention"):
+    with caplog.at_level(logging.WARNING, logger="masklab.priors.attention"):
         y1, _ = fast(x)
         fast(x)
     assert torch.equal(y1, ref(x)[0])

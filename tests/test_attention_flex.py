@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from conftest import needs_gpu
-from masklab import attention as attention_module
-from masklab.attention import Attention, flex_attention_bias, set_attention_impl
+from masklab.priors import attention as attention_module
+from masklab.priors.attention import Attention, flex_attention_bias, set_attention_impl
 
 from test_attention_blocked import make_bias, make_prior, run
 
@@ -78,7 +78,7 @@ def test_flex_with_a_backward_on_cpu_falls_back_to_math_with_one_warning(monkeyp
     ref, flex = twins("per-head", 16, 2, 12, torch.float64, "flex")
     x = torch.randn(2, 12, 16, dtype=torch.float64)
     grad = torch.randn(2, 12, 16, dtype=torch.float64)
-    with caplog.at_level(logging.WARNING, logger="masklab.attention"):
+    with caplog.at_level(logging.WARNING, logger="masklab.priors.attention"):
         y0, gx0, gp0 = run(ref, x, None, grad)
         y1, gx1, gp1 = run(flex, x, None, grad)
         assert torch.equal(y1, y0) and torch.equal(gx1, gx0)
@@ -185,7 +185,7 @@ def test_gpu_auto_picks_flex_for_a_learnable_prior_at_long_sequences_only(monkey
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_bf16_autocast_runs_flex_and_stays_near_float32():
-    from masklab import device as devices
+    from masklab.util import device as devices
 
     T = 256
     ref, flex = twins("per-head", 64, 4, T, torch.float32, "flex", "cuda")

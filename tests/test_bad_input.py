@@ -21,7 +21,7 @@ import torch
 
 from conftest import needs_hf, needs_smol, tiny_model
 from masklab import cli
-from masklab.errors import MasklabError
+from masklab.util.errors import MasklabError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,7 @@ def test_7_cite_threads_0(files, capsys):
 
 @needs_hf
 def test_8_prior_factory_with_the_wrong_head_count():
-    from masklab.bias import RelativePrior
+    from masklab.priors.bias import RelativePrior
     from masklab.pretrained.hf import attach_priors, priors_of
 
     model = tiny_model("llama")
@@ -109,7 +109,7 @@ def test_8_prior_factory_with_the_wrong_head_count():
 
 
 def test_9_a_router_trained_for_another_model_is_refused_by_its_width():
-    from masklab.context.trained import LinearRouter
+    from masklab.context.routers.features import LinearRouter
 
     X, y = torch.randn(20, 6, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1] * 10)
     router = LinearRouter.fit(X, y, steps=5)  # 6 features per unit (one model's width)
@@ -207,14 +207,14 @@ def test_19_hide_spans_past_the_sequence():
 # cases 20-21: evidence_router_press is now masklab.context's Router.choose (the lead's package)
 @pytest.mark.parametrize("keep", [0, -0.5, 1.5])
 def test_20_keep_outside_0_1_is_refused(keep):
-    from masklab.selection import check_keep
+    from masklab.text.selection import check_keep
 
     with pytest.raises(MasklabError, match=r"keep must be a fraction in \(0, 1\]"):
         check_keep(keep)
 
 
 def test_21_no_sentences_is_refused():
-    from masklab.document import Document
+    from masklab.text.document import Document
     from masklab.context.routers import load_router
 
     router = load_router("lexical")
@@ -230,14 +230,14 @@ def test_bad_values_caught_before_any_run(tmp_path, capsys):
 
 
 def test_a_run_failing_in_process_is_one_line_with_its_log_like_a_workers(tmp_path):
-    from masklab.runner import RunSpec, run_study
+    from masklab.lab.runner import RunSpec, run_study
 
     bad = RunSpec("2parity", "mask", 0, {})  # gotu's run_one raises KeyError on the missing params
     msgs = []
     for jobs in (1, 2):
         out = tmp_path / f"j{jobs}"
         with pytest.raises(MasklabError) as e:
-            run_study("gotu", {}, [bad, RunSpec("2parity", "mask", 1, {})], "masklab.studies.gotu:run_one", out, jobs=jobs, progress=False)
+            run_study("gotu", {}, [bad, RunSpec("2parity", "mask", 1, {})], "masklab.lab.studies.gotu:run_one", out, jobs=jobs, progress=False)
         msg = str(e.value)
         assert "\n" not in msg and re.match(r"a run failed: 2parity__mask__s[01]: KeyError: '\w+' \(its log: ", msg), msg
         log = Path(msg.split("its log: ")[1].split(";")[0])
@@ -266,7 +266,7 @@ def test_help_shows_the_ranges(capsys):
 
 
 def test_quick_results_open_with_a_smoke_test_line():
-    from masklab.studies import tune_prior
+    from masklab.lab.studies import tune_prior
 
     note = cli.smoke_test_note(tune_prior, tune_prior.quick_config(), {"summary": [{"n": 1}, {"n": 1}]})
     assert note.startswith("> **Smoke test** (`--quick`)") and "n = 1" in note and "test_prompts 20 (default 100)" in note
@@ -330,7 +330,7 @@ def test_several_passages_refused_before_the_model_loads(passages, tmp_path, cap
 def test_several_passages_are_read_in_order(passages, tmp_path, monkeypatch):
     import io
 
-    from masklab.inputs import read_passages
+    from masklab.text.inputs import read_passages
 
     a, b = (passages / "a.txt").read_text(), (passages / "b.txt").read_text()
     assert read_passages([str(passages / "a.txt")]) == ([a], False)  # one file: one document, as before
@@ -354,7 +354,7 @@ def test_several_passages_are_read_in_order(passages, tmp_path, monkeypatch):
     ("utf-16-le", b"", "utf-16-le"), ("utf-16", b"", "utf-16"),
 ])
 def test_utf16_and_utf32_text_is_read_not_refused_as_binary(tmp_path, encoding, bom, given):
-    from masklab.inputs import read_text
+    from masklab.text.inputs import read_text
 
     text = "Caf\u00e9 au lait. Bob lives in Paris \u2014 near the station.\n"
     path = tmp_path / "wide.txt"

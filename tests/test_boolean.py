@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from masklab.runner import MasklabError
-from masklab.tasks.boolean import custom_task, fourier, make_task, minimum_degree_interpolator, monomials, parse_expression
+from masklab.lab.runner import MasklabError
+from masklab.lab.tasks.boolean import custom_task, fourier, make_task, minimum_degree_interpolator, monomials, parse_expression
 
 
 @pytest.mark.parametrize("name,seen,unseen", [("2parity", 24576, 8192), ("maj3", 24576, 8192), ("cyclic3", 28672, 4096)])

@@ -1,4 +1,4 @@
-"""The command line generated from the config dataclasses (masklab/flags.py)."""
+"""The command line generated from the config dataclasses (masklab/util/flags.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import re
 import pytest
 
 from cli_cases import CASES, GOLDEN, resolve
-from masklab import cli, flags
-from masklab.errors import MasklabError
+from masklab import cli
+from masklab.util import flags
+from masklab.util.errors import MasklabError
 
 EXPECTED = json.loads(GOLDEN.read_text())
 # fields added after the golden file was written, with the default that keeps the old behaviour
@@ -44,7 +45,7 @@ def test_same_config_as_the_hand_written_command_line(argv):
 
 
 def test_warmup_is_a_fraction_everywhere_and_arith_keeps_its_100_steps():
-    from masklab.studies import arith, lm, vision
+    from masklab.lab.studies import arith, lm, vision
 
     for mod in (arith, lm, vision):
         assert flags.flags_of(mod.Config)[0] and isinstance(mod.Config().warmup, float)
@@ -83,7 +84,7 @@ def test_flag_declared_once_sets_its_field_and_only_when_given():
 
 
 def test_old_route_command_still_works_and_is_not_listed():
-    assert cli.build_parser().parse_args(cli._unalias(["route", "--quick"])).study == "masklab.studies.routing"
+    assert cli.build_parser().parse_args(cli._unalias(["route", "--quick"])).study == "masklab.lab.studies.routing"
     assert cli.build_parser().parse_args(cli._unalias(["reproduce", "route"])).name == "routing"
     assert "route " not in cli.build_parser().format_help().replace("routing", "")
 

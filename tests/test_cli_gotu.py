@@ -96,7 +96,7 @@ def test_reproduce_quick_shows_the_cyclic3_effect(tmp_path, monkeypatch, capsys)
     by 1-step runs of their specs (step 0 comes before any training)."""
     import dataclasses
 
-    from masklab.studies import gotu
+    from masklab.lab.studies import gotu
 
     real, asked = gotu.run, {}
 

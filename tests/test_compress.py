@@ -60,7 +60,7 @@ def test_segment_keeps_spans_and_chunks_text_without_punctuation():
 
 
 def test_select_is_the_one_rule_and_unknown_router_is_named():
-    from masklab.errors import MasklabError
+    from masklab.util.errors import MasklabError
 
     doc = Document(units=["apple banana", "cherry damson elder", "fig"])
     assert select(load_router("lexical").score(doc, "cherry damson elder?"), doc.lengths(None), 0.5) == [1]

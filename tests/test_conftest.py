@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("transformers")
 
 from conftest import _Session, _state, tiny_model  # noqa: E402
-from masklab.bias import RelativePrior  # noqa: E402
+from masklab.priors.bias import RelativePrior  # noqa: E402
 from masklab.pretrained.hf import attach_priors  # noqa: E402
 from masklab.pretrained.models import LoadedModel  # noqa: E402
 

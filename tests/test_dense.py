@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import needs_dense
-from masklab.context.realdocs_eval import choose
-from masklab.document import Document
-from masklab.errors import MasklabError
+from masklab.lab.realdocs import choose
+from masklab.text.document import Document
+from masklab.util.errors import MasklabError
 
 # A paraphrased question: the answer shares no content word with it; a distractor shares several.
 UNITS = ["The committee met on Tuesday to discuss the annual budget report.",
@@ -97,7 +97,7 @@ def test_the_dense_fusion_must_keep_as_often_as_both_parts():
 
 
 def test_the_second_test_split_is_frozen_and_apart_from_the_first():
-    from masklab.tasks import realdocs
+    from masklab.lab.tasks import realdocs
 
     qs = realdocs.load("test2")
     first = {q.doc for q in realdocs.load("val") + realdocs.load("test")}
@@ -110,7 +110,7 @@ def test_the_second_test_split_is_frozen_and_apart_from_the_first():
 def test_a_changed_file_of_the_second_split_is_refused(tmp_path):
     import shutil
 
-    from masklab.tasks import realdocs
+    from masklab.lab.tasks import realdocs
 
     root = tmp_path / "rd2"
     shutil.copytree(realdocs.ROOT2, root)
@@ -124,7 +124,7 @@ def test_a_changed_file_of_the_second_split_is_refused(tmp_path):
 
 
 def test_overlap_counts_the_question_words_found_in_the_evidence():
-    from masklab.tasks.realdocs import RealQuestion, overlap
+    from masklab.lab.tasks.realdocs import RealQuestion, overlap
 
     q = RealQuestion("d-01", "d", "single", "Which option compresses the archive?", ("Use -z to compress it.",),
                      ("-z",), "Use -z to compress it.")

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from masklab import flags
-from masklab.errors import MasklabError
+from masklab.util import flags
+from masklab.util.errors import MasklabError
 
 DOC = Path(__file__).parent.parent / "docs" / "design.md"
 
@@ -41,7 +41,7 @@ def test_every_example_is_tested():
 
 
 def test_study_example_runs_resumes_and_takes_its_flags(tmp_path):
-    toy = run_example("study", "masklab.studies.toy")
+    toy = run_example("study", "masklab.lab.studies.toy")
     try:
         res = toy.run(toy.quick_config(), tmp_path, progress=False)
         assert [(r["task"], r["method"], r["seed"]) for r in res["runs"]] == [("linear", "short", 0), ("linear", "long", 0)]
@@ -59,12 +59,12 @@ def test_study_example_runs_resumes_and_takes_its_flags(tmp_path):
         with pytest.raises(MasklabError, match="unknown method 'medium'; choose from short, long"):
             toy.run(toy.Config(methods=["medium"]), tmp_path / "bad")
     finally:
-        del sys.modules["masklab.studies.toy"]
+        del sys.modules["masklab.lab.studies.toy"]
 
 
 def test_design_example_is_a_gotu_design():
-    from masklab.structures import DESIGNS, design_structure
-    from masklab.studies import gotu
+    from masklab.priors.structures import DESIGNS, design_structure
+    from masklab.lab.studies import gotu
 
     run_example("design")
     try:
@@ -79,9 +79,9 @@ def test_design_example_is_a_gotu_design():
 
 def test_qk_init_example_makes_attention_uniform():
     from masklab.models import TokenEncoder
-    from masklab.qk_init import QK_INITS
-    from masklab.structures import design_structure
-    from masklab.train import init_qk
+    from masklab.priors.qk_init import QK_INITS
+    from masklab.priors.structures import design_structure
+    from masklab.lab.train import init_qk
 
     run_example("qk-init")
     try:
@@ -99,7 +99,7 @@ def test_qk_init_example_makes_attention_uniform():
 
 
 def test_search_example_finds_all_or_nothing():
-    from masklab.evidence.search import SEARCHES
+    from masklab.lab.evidence.search import SEARCHES
 
     run_example("search")
     try:
@@ -113,7 +113,7 @@ def test_search_example_finds_all_or_nothing():
 
 
 def test_router_example_scores_by_position():
-    from masklab.routing.routers import TOKEN_ROUTERS, build_router
+    from masklab.lab.routing.routers import TOKEN_ROUTERS, build_router
 
     run_example("router")
     try:
@@ -129,8 +129,8 @@ def test_router_example_scores_by_position():
 
 
 def test_selector_example_keeps_the_oldest():
-    from masklab.routing.sparse import SELECTORS, keep_mask
-    from masklab.tasks.evidence_gyms import make_gym
+    from masklab.lab.routing.sparse import SELECTORS, keep_mask
+    from masklab.lab.tasks.evidence_gyms import make_gym
 
     run_example("selector")
     try:
@@ -147,7 +147,7 @@ def test_architecture_example_makes_a_new_model_type_work():
     """Before the entry a StarCoder2 model is refused; after it, an all-allowed prior leaves
     its logits unchanged and its sliding layers are known."""
     transformers = pytest.importorskip("transformers")
-    from masklab.bias import RelativePrior
+    from masklab.priors.bias import RelativePrior
     from masklab.pretrained.hf import attach_priors
     from masklab.pretrained.arch import ARCHITECTURES, sliding_window_layers
 

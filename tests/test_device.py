@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from conftest import needs_gpu, needs_smol
-from masklab import device as devices
-from masklab import cli, executors
-from masklab.attention import Attention
-from masklab.bias import MaskPrior
-from masklab.errors import MasklabError
-from masklab.runner import read_json, run_study
-from masklab.runs import execute
-from masklab.studies.gotu import Config, run_one, specs_for
+from masklab.util import device as devices
+from masklab import cli
+from masklab.lab import executors
+from masklab.priors.attention import Attention
+from masklab.priors.bias import MaskPrior
+from masklab.util.errors import MasklabError
+from masklab.lab.runner import read_json, run_study
+from masklab.lab.runs import execute
+from masklab.lab.studies.gotu import Config, run_one, specs_for
 
 TINY = dict(tasks=["2parity"], methods=["mask"], seeds=[0], steps=6, evals=2, width=16, depth=1, heads=2, batch=16)
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour of a machine without CUDA")
@@ -92,7 +93,7 @@ def test_every_study_runs_on_cuda():
     pretrained study runs its three parts' run functions."""
     import importlib
 
-    from masklab.studies import cite_compare, prune, stale
+    from masklab.lab.studies import cite_compare, prune, stale
 
     modules = [importlib.import_module(m) for name, m in cli.STUDIES.items() if name != "pretrained"]
     for mod in [*modules, stale, cite_compare, prune]:
@@ -101,7 +102,7 @@ def test_every_study_runs_on_cuda():
 
 def test_a_run_names_its_teachers_device(monkeypatch):
     """The teacher of a run on CUDA is trained and cached apart (its key: test_evidence_study)."""
-    from masklab.studies import evidence
+    from masklab.lab.studies import evidence
 
     p = {**asdict(evidence.quick_config()), "teacher_steps": 5, "aux": 0.0}
     assert evidence.teacher_config(p, "kv", 0, 0).device == "cpu"
@@ -163,7 +164,7 @@ def _spec(**kw):
 
 def test_run_records_and_environment_say_where_runs_computed(tmp_path):
     specs = specs_for(Config(**TINY))
-    res = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path, progress=False, device="cpu")
+    res = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path, progress=False, device="cpu")
     env, rec = res["environment"], res["runs"][0]
     assert env["device"] == rec["device"] == "cpu"
     assert env["device_name"] == rec["device_name"] and env["precision"] == rec["precision"] == "fp32"
@@ -172,36 +173,36 @@ def test_run_records_and_environment_say_where_runs_computed(tmp_path):
 
 def test_a_run_made_on_another_device_or_precision_is_run_again(tmp_path, monkeypatch):
     specs = specs_for(Config(**TINY))
-    run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path, progress=False)
+    run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path, progress=False)
     path = tmp_path / "runs" / f"{specs[0].key}.json"
     calls = []
     monkeypatch.setattr(executors, "execute", lambda *a, **k: calls.append(1) or execute(*a, **k))
-    run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path, progress=False)
+    run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path, progress=False)
     assert calls == []  # same device and precision: resumed
     rec = read_json(path)
     rec["device"] = "cuda"
-    from masklab.files import write_json
+    from masklab.util.files import write_json
 
     write_json(path, rec)
-    run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path, progress=False)
+    run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path, progress=False)
     assert calls == [1] and read_json(path)["device"] == "cpu"
     del rec["device"], rec["precision"], rec["device_name"]  # a record from before devices: the CPU in fp32
     write_json(path, rec)
-    run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path, progress=False)
+    run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path, progress=False)
     assert calls == [1]
 
 
 def test_worker_takes_the_device_and_precision(tmp_path):
-    from masklab.files import write_json
-    from masklab.worker import main as worker
+    from masklab.util.files import write_json
+    from masklab.lab.worker import main as worker
 
     spec = _spec()
     write_json(tmp_path / "spec.json", spec)
-    assert worker(["masklab.studies.gotu:run_one", str(tmp_path / "spec.json"), str(tmp_path / "r.json"), "1", "cpu", "bf16"]) == 0
+    assert worker(["masklab.lab.studies.gotu:run_one", str(tmp_path / "spec.json"), str(tmp_path / "r.json"), "1", "cpu", "bf16"]) == 0
     rec = read_json(tmp_path / "r.json")
     assert rec["precision"] == "bf16" and rec["device"] == "cpu"
     assert all(v is None or v == v for v in rec["curves"]["train_loss"])  # finite (no NaN) under bf16 autocast
-    assert worker(["masklab.studies.gotu:run_one", str(tmp_path / "spec.json"), str(tmp_path / "r2.json"), "1"]) == 0
+    assert worker(["masklab.lab.studies.gotu:run_one", str(tmp_path / "spec.json"), str(tmp_path / "r2.json"), "1"]) == 0
     assert read_json(tmp_path / "r2.json")["precision"] == "fp32"
 
 
@@ -214,19 +215,19 @@ def test_cpu_numbers_do_not_depend_on_naming_the_device(tmp_path):
 
 def test_a_study_whose_passes_do_not_autocast_refuses_bf16_instead_of_recording_it(tmp_path):
     with devices.using("cpu", "bf16"), pytest.raises(MasklabError, match="evidence computes in fp32 only"):
-        run_study("evidence", {}, [], "masklab.studies.evidence:run_one", tmp_path / "a", progress=False)
+        run_study("evidence", {}, [], "masklab.lab.studies.evidence:run_one", tmp_path / "a", progress=False)
     assert not (tmp_path / "a").exists()
-    with devices.using("cpu", "bf16"):  # gotu trains through masklab/train.py, which autocasts
-        res = run_study("gotu", {}, [], "masklab.studies.gotu:run_one", tmp_path / "b", progress=False)
+    with devices.using("cpu", "bf16"):  # gotu trains through masklab/lab/train.py, which autocasts
+        res = run_study("gotu", {}, [], "masklab.lab.studies.gotu:run_one", tmp_path / "b", progress=False)
     assert res["environment"]["precision"] == "bf16"
 
 
 def test_a_cpu_only_study_falls_back_to_the_cpu_under_auto_and_refuses_cuda(tmp_path, monkeypatch):
-    from masklab.studies import evidence
+    from masklab.lab.studies import evidence
 
     monkeypatch.setattr(devices, "cuda_available", lambda: True)  # pretend: nothing below touches the GPU
     monkeypatch.delattr(evidence, "DEVICES")  # a study that declares no DEVICES runs on the CPU only
-    fn = "masklab.studies.evidence:run_one"
+    fn = "masklab.lab.studies.evidence:run_one"
     with devices.using("auto"):
         assert devices.current().type == "cuda"
         res = run_study("evidence", {}, [], fn, tmp_path / "a", progress=False)
@@ -237,7 +238,7 @@ def test_a_cpu_only_study_falls_back_to_the_cpu_under_auto_and_refuses_cuda(tmp_
 
 
 def test_results_md_names_the_device_only_off_the_cpu_in_fp32():
-    from masklab.report import environment_line
+    from masklab.lab.report import environment_line
 
     env = {"python": "3.11", "torch": "2.13.0", "cpus": 2, "git_rev": "abc"}
     res = {"environment": env, "runs": [{"seconds": 1.0}], "code": {"c0de": 1}}
@@ -270,7 +271,7 @@ def test_gpu_gotu_run_equals_the_cpu_run(method, tmp_path):
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_arith_run_equals_the_cpu_run_and_bf16_trains(tmp_path):
-    from masklab.studies import arith
+    from masklab.lab.studies import arith
 
     spec = asdict(arith.specs_for(arith.quick_config())[0])
     spec["params"].update(steps=20, evals=2)
@@ -300,7 +301,7 @@ def test_gpu_evidence_and_routing_runs_equal_the_cpu_runs(tmp_path):
     """The teacher and the routers train on CUDA (examples drawn on the CPU): teacher losses within
     1e-3 over the first curve points, accuracies and recalls within 0.05 (a few examples of 60 may
     flip after 200 steps)."""
-    from masklab.studies import evidence, routing
+    from masklab.lab.studies import evidence, routing
 
     cfg = evidence.Config(tasks=["kv"], items=6, vocab=32, dim=16, depth=2, heads=2, teacher_steps=200, examples=60,
                           max_factor=1, cache=str(tmp_path / "cache"))
@@ -331,7 +332,7 @@ def test_gpu_evidence_and_routing_runs_equal_the_cpu_runs(tmp_path):
 def test_gpu_real_lm_studies_equal_the_cpu_runs(tmp_path):
     """stale, tune-prior (prior, 3 steps) and longctx on CUDA against the same runs on the CPU,
     float32: the same greedy answers, losses within 1e-3; longctx records the GPU's peak memory."""
-    from masklab.studies import longctx, stale, tune_prior
+    from masklab.lab.studies import longctx, stale, tune_prior
 
     runs = [(stale, stale.Config(models=["smollm2-135m"], prompts=3), ("accuracy", "n_correct")),
             (tune_prior, tune_prior.Config(models=["smollm2-135m"], methods=["prior"], train_prompts=4, test_prompts=2,
@@ -357,7 +358,7 @@ def test_gpu_real_lm_studies_equal_the_cpu_runs(tmp_path):
 @needs_gpu
 @needs_smol
 def test_gpu_train_router_records_the_gpu(tmp_path):
-    from masklab.context.trained import load_routers
+    from masklab.context.routers.features import load_routers
 
     assert cli.main(["train-router", "--quick", "--length", "256", "--device", "cuda", "--out", str(tmp_path), "--no-progress"]) == 0
     _, meta = load_routers(tmp_path / "smollm2-135m")

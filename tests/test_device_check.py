@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from masklab.errors import MasklabError
+from masklab.util.errors import MasklabError
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")

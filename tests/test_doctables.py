@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from masklab import doctables
+from masklab.lab import doctables
 from masklab.cli import main
-from masklab.errors import MasklabError
-from masklab.files import write_json
+from masklab.util.errors import MasklabError
+from masklab.util.files import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = {
@@ -94,9 +94,9 @@ def test_bad_blocks_are_one_clear_error_naming_the_place(tmp_path, block, messag
 
 
 def test_results_made_by_other_code_are_listed_as_stale(tmp_path, capsys):
-    from masklab.revision import code_ast
+    from masklab.lab.revision import code_ast
 
-    today = code_ast("masklab.studies.gotu")
+    today = code_ast("masklab.lab.studies.gotu")
     current = {"runs": [{"code": "0123456789ab", "code_ast": today}] * 2}  # the byte hash differs, the code does not
     write_json(tmp_path / "results" / "gotu" / "results.json", current)
     write_json(tmp_path / "results" / "gotu" / "wall.json", {"invocations": []})  # no code: as its results.json
@@ -140,9 +140,9 @@ def test_a_p_value_that_rounds_to_zero_prints_as_a_bound(tmp_path):
 
 
 def test_per_question_rows_name_the_code_that_made_them(tmp_path):
-    from masklab.revision import code_ast
+    from masklab.lab.revision import code_ast
 
-    today = code_ast("masklab.context.realdocs_eval")
+    today = code_ast("masklab.lab.realdocs")
     rows = [{"id": "q1", "stamp": {"code": "0123456789ab", "code_ast": today}},
             {"id": "q2", "stamp": {"code": "0123456789ab", "code_ast": "ba9876543210"}}]
     write_json(tmp_path / "results" / "realdocs" / "results_test.json", {"rows": rows[:1]})

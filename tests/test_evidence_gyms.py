@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from masklab.runner import MasklabError
-from masklab.tasks.evidence_gyms import GYMS, make_gym
+from masklab.lab.runner import MasklabError
+from masklab.lab.tasks.evidence_gyms import GYMS, make_gym
 
 
 def gyms():

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from masklab.evidence import SEARCHES, attention_targets, evidence_mask, evidence_sets
-from masklab.evidence.attention_targets import AGGREGATES, SELECTIONS, rollout
-from masklab.evidence.interventions import answer_logits, oracle, pack_visible, variant_logits
+from masklab.lab.evidence import SEARCHES, attention_targets, evidence_mask, evidence_sets
+from masklab.lab.evidence.attention_targets import AGGREGATES, SELECTIONS, rollout
+from masklab.lab.evidence.interventions import answer_logits, oracle, pack_visible, variant_logits
 from masklab.models.reader import EvidenceReader
-from masklab.runner import MasklabError
-from masklab.tasks.evidence_gyms import make_gym
+from masklab.lab.runner import MasklabError
+from masklab.lab.tasks.evidence_gyms import make_gym
 
 
 class SolverModel(nn.Module):
@@ -131,7 +131,7 @@ def test_rollout_of_identity_attention_is_identity():
 
 
 def test_router_targets_by_name():
-    from masklab.evidence.targets import target_masks, target_names
+    from masklab.lab.evidence.targets import target_masks, target_names
 
     gym = make_gym("multihop", vocab=64, hops=2)
     batch = gym.sample(5, (6, 12), np.random.default_rng(6))

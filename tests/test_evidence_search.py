@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from masklab.evidence import SEARCHES
+from masklab.lab.evidence import SEARCHES
 
 
 def needs(required: set[int], any_of: list[set[int]] = ()):
@@ -83,7 +83,7 @@ def test_batched_over_examples_equals_one_at_a_time(name):
 
 
 def test_a_new_search_is_one_generator_method():
-    from masklab.evidence.search import EvidenceSearch, hide_rows, register
+    from masklab.lab.evidence.search import EvidenceSearch, hide_rows, register
 
     @register("last-item")
     class LastItem(EvidenceSearch):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from masklab.cli import main
-from masklab.evidence.teacher import TeacherConfig, load_or_train, schedule, gym_of
+from masklab.lab.evidence.teacher import TeacherConfig, load_or_train, schedule, gym_of
 
 
 def test_teacher_cache_round_trip_and_curriculum(tmp_path):
@@ -33,7 +33,7 @@ def test_late_options_keep_old_cache_keys_and_recency_reader_runs():
     import hashlib
     from dataclasses import asdict
 
-    from masklab.evidence.teacher import CACHE_VERSION, build_teacher
+    from masklab.lab.evidence.teacher import CACHE_VERSION, build_teacher
 
     cfg = TeacherConfig(task="stale", hops=0)
     old = {k: v for k, v in asdict(cfg).items() if k not in ("recency", "device")}
@@ -48,7 +48,7 @@ def test_late_options_keep_old_cache_keys_and_recency_reader_runs():
 
 
 def test_per_gym_teacher_recipe_and_explicit_flags_win():
-    from masklab.studies import evidence, routing
+    from masklab.lab.studies import evidence, routing
 
     def teachers(specs):
         return {s.task: evidence.teacher_config(s.params, s.params["gym"], s.params["hops"], s.seed) for s in specs}
@@ -76,7 +76,7 @@ def test_per_gym_teacher_recipe_and_explicit_flags_win():
 
 
 def test_aux_hop_targets_follow_the_chain(tmp_path):
-    from masklab.evidence.teacher import hop_targets, train_teacher
+    from masklab.lab.evidence.teacher import hop_targets, train_teacher
 
     cfg = TeacherConfig(task="multihop", items=8, vocab=64, hops=3, dim=16, depth=4, heads=2, steps=3, batch=4, eval_examples=8, max_factor=1, aux=1.0)
     batch = gym_of(cfg).sample(6, 8, np.random.default_rng(1))
@@ -123,7 +123,7 @@ def test_an_untrained_teacher_warns_and_marks_its_rows_and_a_trained_one_does_no
     assert md[6].startswith("**Untrained teacher**") and "multihop-h2 (seed 0" in md[6]
     # the same threshold with an exact teacher (hand-written, accuracy 1): no warning, no mark
     from chain_teacher import ChainTeacher
-    from masklab.studies import evidence
+    from masklab.lab.studies import evidence
 
     info = {"acc_n": 1.0, "acc_max": None, "cached": True, "curves": {"step": [], "loss": []}}
     monkeypatch.setattr(evidence, "load_or_train", lambda *a, **k: (ChainTeacher(64), info))

@@ -1,11 +1,11 @@
-"""Haystack families (masklab/tasks/families.py): the answering facts are where ``gold`` says,
+"""Haystack families (masklab/lab/tasks/families.py): the answering facts are where ``gold`` says,
 the splits share no filler, template or question wording, and the answer check needs every
 value. No model."""
 
 import pytest
 
-from masklab.errors import MasklabError
-from masklab.tasks.families import FILLERS, KINDS, SPLITS, TEMPLATES, filler_pool, make_example, split_examples
+from masklab.util.errors import MasklabError
+from masklab.lab.tasks.families import FILLERS, KINDS, SPLITS, TEMPLATES, filler_pool, make_example, split_examples
 
 
 def test_splits_share_no_family():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from masklab.studies import gotu
-from masklab.tasks.boolean import custom_task, make_task
+from masklab.lab.studies import gotu
+from masklab.lab.tasks.boolean import custom_task, make_task
 
 
 def right_only_where_x2_x3_low(task) -> np.ndarray:

@@ -14,10 +14,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers import AutoModelForCausalLM, GPT2Config  # noqa: E402
 
 from conftest import tiny_model  # noqa: E402
-from masklab.bias import MaskPrior, RelativePrior, relative_buckets  # noqa: E402
+from masklab.priors.bias import MaskPrior, RelativePrior, relative_buckets  # noqa: E402
 from masklab.pretrained.hf import (attach_priors, detach_priors, hide, load_priors, masklab_attention,  # noqa: E402
                         priors_of, save_priors)
-from masklab.runner import MasklabError  # noqa: E402
+from masklab.lab.runner import MasklabError  # noqa: E402
 
 torch.set_num_threads(1)
 VOCAB = 64
@@ -291,7 +291,7 @@ def test_smollm2_all_allowed_prior_hide_and_generate(smol):
 
 
 def test_smollm2_evidence_oracle_hides_per_layer(smol):
-    from masklab.pretrained.evidence import SentenceOracle
+    from masklab.lab.lm_evidence import SentenceOracle
 
     sents = ["Anna lives in Oslo.", "The sky is blue.", "Anna moved to Rome in 2020."]
     q = "\nQuestion: Where does Anna live now?\nAnswer:"
@@ -312,7 +312,7 @@ def test_smollm2_evidence_oracle_hides_per_layer(smol):
 def test_smollm2_evidence_searches_run_on_hide(smol):
     """The registered searches run with per-layer hiding as their intervention; hiding in
     every layer finds the same evidence as the 2-D mask."""
-    from masklab.pretrained.evidence import cite
+    from masklab.lab.lm_evidence import cite
 
     sents = ["Omar works as a baker.", "The sky was grey that morning.", "Later, Omar retrained as a pilot."]
     q = "\nQuestion: What is Omar's job now?\nAnswer: Omar works as a"

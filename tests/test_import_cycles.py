@@ -1,6 +1,6 @@
 """No import cycles inside masklab (a cycle makes import order matter and hides bugs).
 
-The graph (:func:`masklab.revision.import_graph`, which also decides which code a run's
+The graph (:func:`masklab.lab.revision.import_graph`, which also decides which code a run's
 hash covers) is built from the source with ``ast``: every ``import masklab.x`` and
 ``from masklab[.x] import y`` anywhere in a module (top level *and* inside functions,
 where cycles are usually hidden) is an edge from that module to the module it names.
@@ -8,7 +8,7 @@ where cycles are usually hidden) is an edge from that module to the module it na
 
 from __future__ import annotations
 
-from masklab.revision import import_graph
+from masklab.lab.revision import import_graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -44,9 +44,9 @@ def test_the_detector_finds_a_cycle_through_a_function_level_import(tmp_path):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "runner.py").write_text("def f():\n    from masklab import distributed\n")
-    (pkg / "distributed.py").write_text("from masklab.runner import f\n")
-    assert find_cycle(import_graph(pkg)) == ["masklab.distributed", "masklab.runner", "masklab.distributed"]
-    (pkg / "distributed.py").write_text("from masklab.errors import MasklabError\n")
+    (pkg / "distributed.py").write_text("from masklab.lab.runner import f\n")
+    assert find_cycle(import_graph(pkg)) == ["masklab.lab.distributed", "masklab.lab.runner", "masklab.lab.distributed"]
+    (pkg / "distributed.py").write_text("from masklab.util.errors import MasklabError\n")
     assert find_cycle(import_graph(pkg)) is None
 
 

@@ -5,8 +5,8 @@ extras; skipped where absent), with the bm25 router on documents written by hand
 import pytest
 from test_compress import ANSWERING, REPORT, TRAVEL
 
-from masklab.document import count_tokens
-from masklab.errors import MasklabError
+from masklab.text.document import count_tokens
+from masklab.util.errors import MasklabError
 
 QUESTION = "Who approved the budget?"
 NOISE = "The weather was mild all week and the garden needed water."

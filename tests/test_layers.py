@@ -1,4 +1,4 @@
-"""docs/design.md's layer table holds: a module imports (:func:`masklab.revision.import_graph`,
+"""docs/design.md's layer table holds: a module imports (:func:`masklab.lab.revision.import_graph`,
 top level and inside functions) only from its own layer or the layers above it.
 
 ``LAYERS`` is that table, top to bottom: layer -> module prefixes under ``masklab.`` (a
@@ -7,7 +7,7 @@ package names every module in it; the longest prefix wins, so ``pretrained.cli``
 
 from __future__ import annotations
 
-from masklab.revision import import_graph
+from masklab.lab.revision import import_graph
 
 LAYERS = {
     "leaves": ["errors", "registry", "flags", "files", "device", "revision"],

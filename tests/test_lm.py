@@ -10,11 +10,11 @@ import sys
 import pytest
 import torch
 
-from masklab.bias import ALiBi
-from masklab.runner import MasklabError
-from masklab.structures import relative_distance
-from masklab.studies.lm import build_model
-from masklab.tasks.text import load_corpus, tokenize
+from masklab.priors.bias import ALiBi
+from masklab.lab.runner import MasklabError
+from masklab.priors.structures import relative_distance
+from masklab.lab.studies.lm import build_model
+from masklab.lab.tasks.text import load_corpus, tokenize
 
 
 def test_pydoc_corpus_is_english_text():

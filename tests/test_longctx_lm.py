@@ -7,9 +7,9 @@ import torch
 
 from conftest import needs_hf, save_tiny_folder
 from masklab.context.routers.lexical import Lexical
-from masklab.context.routers.oracle import OracleGold
-from masklab.selection import select
-from masklab.tasks.longctx import make_example
+from masklab.lab.routers.oracle import OracleGold
+from masklab.text.selection import select
+from masklab.lab.tasks.longctx import make_example
 
 
 def test_oracle_keep_holds_gold_within_budget():
@@ -28,7 +28,7 @@ def test_oracle_keep_holds_gold_within_budget():
 
 
 def test_chunks_cover_the_sentences_in_order():
-    from masklab.context.trained import chunk_units as chunk_sentences
+    from masklab.context.routers.features import chunk_units as chunk_sentences
 
     lengths = [5, 9, 3, 20, 4, 4, 4]
     chunks = chunk_sentences(lengths, 12)
@@ -52,7 +52,7 @@ def test_lexical_router_ranks_the_asked_needle_first():
 @pytest.mark.slow
 def test_oracle_router_answers_like_full_context(smol):
     from masklab.context.answer import generate_answer
-    from masklab.tasks.longctx import score
+    from masklab.lab.tasks.longctx import score
 
     ex = make_example("niah", 256, 0, smol.tokenizer)
     full = generate_answer(smol, ex.units, ex.query)
@@ -67,8 +67,8 @@ def test_oracle_router_answers_like_full_context(smol):
 
 @pytest.mark.slow
 def test_group_testing_evidence_finds_the_needle(smol):
-    from masklab.context.trained import make_labels
-    from masklab.tasks.longctx import score
+    from masklab.context.routers.features import make_labels
+    from masklab.lab.tasks.longctx import score
 
     ex = make_example("niah", 256, 0, smol.tokenizer)
     lab = make_labels(smol, ex, ex.query, accept=lambda text: score(text, ex))
@@ -83,8 +83,8 @@ def test_group_testing_evidence_finds_the_needle(smol):
 
 
 def test_study_rejects_bad_input(tmp_path):
-    from masklab.errors import MasklabError
-    from masklab.studies.longctx import Config, run
+    from masklab.util.errors import MasklabError
+    from masklab.lab.studies.longctx import Config, run
 
     with pytest.raises(MasklabError, match="--keep"):
         run(Config(keeps=[0.25, 1.5]), tmp_path)
@@ -109,7 +109,7 @@ def test_a_run_is_named_by_the_routers_it_uses(monkeypatch, tmp_path):
     and not the task set (``--tasks multikey`` alone resumes a two-task run's multikey);
     routers trained here: the task set they are trained on, and no digest."""
     from masklab.context.routers import trained
-    from masklab.studies.longctx import Config, specs_for
+    from masklab.lab.studies.longctx import Config, specs_for
 
     (tmp_path / "smollm2-135m.safetensors").write_bytes(b"weights one")
     monkeypatch.setattr(trained, "WEIGHTS", tmp_path)
@@ -139,7 +139,7 @@ def test_a_run_is_named_by_the_routers_it_uses(monkeypatch, tmp_path):
 def test_study_rows(smol, shared_loads, tmp_path):
     import json
 
-    from masklab.studies.longctx import Config, run
+    from masklab.lab.studies.longctx import Config, run
 
     run(Config(tasks=["niah"], lengths=[256], keeps=[0.25], examples=1, train_examples=1, compare=["streaming"],
                routers=["lexical", "evidence", "attention", "dense"]), tmp_path, progress=False)
@@ -175,7 +175,7 @@ def test_a_killed_run_resumes_after_its_last_example_with_the_same_answers(tmp_p
     bookkeeping, not the model, is tested: a tiny random model answers (512 characters)."""
     import json
 
-    from masklab.studies.longctx import Config, run
+    from masklab.lab.studies.longctx import Config, run
 
     model = save_tiny_folder(tmp_path / "tiny", "llama", max_positions=1024)
     cfg = Config(models=[str(model)], tasks=["niah"], lengths=[512], keeps=[0.25], examples=2,

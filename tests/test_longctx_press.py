@@ -9,7 +9,7 @@ import torch
 
 from conftest import needs_kvpress
 from masklab.context.router import ROUTERS, Router
-from masklab.tasks.longctx import make_example, make_examples, score
+from masklab.lab.tasks.longctx import make_example, make_examples, score
 
 pytestmark = needs_kvpress
 
@@ -22,7 +22,7 @@ def kv(smol):
 
 
 def ask(kv, ex, press):
-    from masklab.query import Query
+    from masklab.text.query import Query
 
     q = Query.parse(ex.query)
     return kv.answer(ex.context, q.question_line, q.answer_line, press, 1.0, max_new_tokens=10)[0]
@@ -76,7 +76,7 @@ def test_router_press_finds_the_context_itself(smol, kv):
 
 @pytest.mark.slow
 def test_evidence_router_as_a_press_keeps_the_needle(smol, kv):
-    from masklab.context.trained import features, fit_routers
+    from masklab.context.routers.features import features, fit_routers
 
     train = make_examples("niah", 256, 3, seed=1000, tokenizer=smol.tokenizer)
     feats = [features(smol, ex.units, ex.question) for ex in train]

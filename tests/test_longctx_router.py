@@ -1,4 +1,4 @@
-"""Trained routers (masklab/context/trained.py): trained on evidence labels they
+"""Trained routers (masklab/context/routers/features.py): trained on evidence labels they
 rank the gold sentences above the filler on held-out examples (random labels do not);
 the stored router (safetensors + JSON) scores as the trained one; the router's input maps
 every token to its sentence. No model: features here are a hashed bag of words plus the
@@ -12,9 +12,9 @@ import torch
 
 from conftest import needs_smol
 from masklab.context.routers.lexical import question_overlap
-from masklab.selection import select
-from masklab.context.trained import bm25_scores, fit_routers, hop, load_routers, save_routers, superseded
-from masklab.tasks.longctx import make_examples
+from masklab.text.selection import select
+from masklab.context.routers.features import bm25_scores, fit_routers, hop, load_routers, save_routers, superseded
+from masklab.lab.tasks.longctx import make_examples
 
 def bow_features(ex, dims: int = 32, recency: bool = False) -> torch.Tensor:
     """``(N, dims + 1)``: hashed words of each sentence and its question overlap (``recency``:
@@ -134,7 +134,7 @@ def test_select_respects_the_budget():
 
 @needs_smol
 def test_router_input_maps_tokens_to_their_sentences(smol):
-    from masklab.context.trained import router_input
+    from masklab.context.routers.features import router_input
 
     tok = smol.tokenizer
     ex = make_examples("multikey", 512, 1, seed=3, tokenizer=tok)[0]

@@ -4,8 +4,8 @@ target, spans point at the gold sentences, scoring is exact match."""
 import pytest
 
 from conftest import needs_smol
-from masklab.errors import MasklabError
-from masklab.tasks.longctx import TASKS, make_example, make_examples, normalise, score, solve, token_offsets
+from masklab.util.errors import MasklabError
+from masklab.lab.tasks.longctx import TASKS, make_example, make_examples, normalise, score, solve, token_offsets
 
 SEEDS = range(6)
 
@@ -57,7 +57,7 @@ def test_lengths_and_spans(task):
 
 
 def test_a_context_longer_than_the_filler_pool_repeats_it_and_keeps_its_facts():
-    from masklab.tasks.longctx import distractor_pool
+    from masklab.lab.tasks.longctx import distractor_pool
 
     words = sum(len(s.split()) for s in distractor_pool())
     n = 3 * words  # past the pool's end twice over (tokens here: words and punctuation marks)

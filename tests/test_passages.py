@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from masklab.context import Router, compress_passages, load_router, segment
-from masklab.errors import MasklabError
+from masklab.util.errors import MasklabError
 
 BUDGET = ("The annual budget was approved by Daniel Reyes. The budget vote was close, said Reyes. "
           "The budget covers the library roof.")

@@ -1,10 +1,10 @@
-"""masklab.context.pipeline: the one evaluation loop (interleaving, resume, router share) and its measures."""
+"""masklab.lab.pipeline: the one evaluation loop (interleaving, resume, router share) and its measures."""
 
 import json
 
-from masklab.context import pipeline
+from masklab.lab import pipeline
 from masklab.context.router import Pruned
-from masklab.document import Document
+from masklab.text.document import Document
 
 
 def test_gold_kept_is_the_share_and_gold_top_the_exact_top():

@@ -7,7 +7,7 @@ Slow (real models); skipped only when a model's package is missing.
 
 import pytest
 
-from masklab.runner import MasklabError
+from masklab.lab.runner import MasklabError
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ CASES = [  # (sentences, question, entity, index of the sentence that states it)
 @pytest.mark.parametrize("name", list(FIXTURES))
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_answer_names_the_entity_and_evidence_holds_its_sentence(name, case, request):
-    from masklab.pretrained.evidence import cite
+    from masklab.lab.lm_evidence import cite
 
     lm = request.getfixturevalue(FIXTURES[name])
     sentences, question, entity, gold = CASES[case]
@@ -80,7 +80,7 @@ def test_empty_answer_is_refused_with_exit_code_2(smol, shared_loads, tmp_path, 
     """SmolLM2 prompted as a raw completion answers this question with nothing."""
     lm = smol
     from masklab.cli import main
-    from masklab.pretrained.evidence import EmptyAnswer, cite
+    from masklab.lab.lm_evidence import EmptyAnswer, cite
 
     old = lm.prompt_format
     lm.prompt_format = "raw"

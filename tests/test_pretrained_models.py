@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import HAVE_GGUF, needs_gguf, needs_hf
-from masklab.query import Query
-from masklab.runner import MasklabError
+from masklab.text.query import Query
+from masklab.lab.runner import MasklabError
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,7 @@ def test_concurrent_first_loads_build_the_cache_once(tmp_path, monkeypatch):
 
 
 def _simple_prompt():
-    from masklab.tasks.stale_prompts import StalePrompt
+    from masklab.lab.tasks.stale_prompts import StalePrompt
 
     sents = ["Omar lives in Lisbon.", "Lists implement all of the common and mutable sequence operations.",
              "Later, Omar moved to Oslo."]
@@ -111,7 +111,7 @@ def _simple_prompt():
 
 @needs_gguf
 def test_evidence_searches_find_the_update_and_count_passes(smol):
-    from masklab.pretrained.evidence import cite
+    from masklab.lab.lm_evidence import cite
 
     p = _simple_prompt()
     loo = cite(smol, p.sentences, p.query, method="loo")
@@ -126,7 +126,7 @@ def test_evidence_searches_find_the_update_and_count_passes(smol):
 
 @needs_gguf
 def test_stale_attention_measure_shapes(smol):
-    from masklab.studies.stale import aggregate, measure
+    from masklab.lab.studies.stale import aggregate, measure
 
     rec = measure(smol, _simple_prompt(), 4)
     assert rec["class"] == "current"

@@ -6,16 +6,10 @@ import random
 import pytest
 import torch
 
-from masklab.document import regex_sentences
-from masklab.runner import MasklabError
-from masklab.tasks.squad import load_squad, normalize, to_item
-from masklab.tasks.stale_prompts import (
-    ATTRIBUTE_NAMES,
-    distractor_pool,
-    make_prompt,
-    make_prompts,
-    score_answer,
-)
+from masklab.text.document import regex_sentences
+from masklab.lab.runner import MasklabError
+from masklab.lab.tasks.squad import load_squad, normalize, to_item
+from masklab.lab.tasks.stale_prompts import ATTRIBUTE_NAMES, distractor_pool, make_prompt, make_prompts, score_answer
 
 
 def test_prompts_vary_and_spans_point_at_values():
@@ -91,7 +85,7 @@ def test_squad_loader_rejects_malformed(tmp_path, bad):
 
 
 def test_router_learns_separable_labels():
-    from masklab.context.trained import LinearRouter as SentenceRouter
+    from masklab.context.routers.features import LinearRouter as SentenceRouter
 
     g = torch.Generator().manual_seed(0)
     X = torch.randn(200, 5, generator=g)

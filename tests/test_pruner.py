@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import HAVE_HF, needs_dense
-from masklab.errors import MasklabError
+from masklab.util.errors import MasklabError
 
 ROW = {"window": [3, 7, 9, 12], "weights": [0.2, 2.5, -0.4, 1.1], "attention": [0.5, 0.1, 0.3, 0.05], "marked": [9, 40]}
 
@@ -57,7 +57,7 @@ def load_embedder_scores(question: str, units: list[str]) -> torch.Tensor:
 
 def test_keep_auto_keeps_the_units_above_the_threshold():
     from masklab.context.router import Router
-    from masklab.document import Document
+    from masklab.text.document import Document
 
     class Fixed(Router):
         name = "fixed"
@@ -135,7 +135,7 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
 def test_the_shipped_pruners_load_with_their_labels_and_keep_auto():
     from masklab.context.routers import load_router
 
-    from masklab.document import Document
+    from masklab.text.document import Document
 
     chosen = load_router("pruner").meta
     for name, labels in (("pruner", "causal"), ("pruner-attention", "attention"), ("pruner-marks", "marks")):

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from masklab.bias import MaskPrior
+from masklab.priors.bias import MaskPrior
 from masklab.models import GPT, TokenEncoder
-from masklab.qk_init import QK_INITS
-from masklab.structures import allowed_mass
-from masklab.structures import design_structure
+from masklab.priors.qk_init import QK_INITS
+from masklab.priors.structures import allowed_mass
+from masklab.priors.structures import design_structure
 
 
 def _inputs(n, seed):

@@ -1,4 +1,4 @@
-"""masklab.query.Query: the prompt tail's text, its parse back, and where a chat prompt splits it."""
+"""masklab.text.query.Query: the prompt tail's text, its parse back, and where a chat prompt splits it."""
 
 import random
 from types import SimpleNamespace
@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from masklab.pretrained.lm import CHAT_TURNS, prompt_parts
-from masklab.query import Query
-from masklab.tasks.longctx import make_example
-from masklab.tasks.stale_prompts import make_prompt
+from masklab.text.query import Query
+from masklab.lab.tasks.longctx import make_example
+from masklab.lab.tasks.stale_prompts import make_prompt
 
 
 def test_text_and_round_trip():

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from masklab import cli, executors
-from masklab.executors import LocalExecutor, RayExecutor
-from masklab.runner import MasklabError, read_json, run_study
-from masklab.studies.gotu import Config, specs_for
+from masklab import cli
+from masklab.lab import executors
+from masklab.lab.executors import LocalExecutor, RayExecutor
+from masklab.lab.runner import MasklabError, read_json, run_study
+from masklab.lab.studies.gotu import Config, specs_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one cluster: every test here on one worker
 
@@ -92,8 +93,8 @@ def _strip(runs):
 def test_ray_runs_give_the_same_results_as_local(cluster, tmp_path):
     specs = specs_for(Config(**TINY))
     # the local runs in this process (local parallel runs equal serial ones: tests/test_runner.py)
-    local = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "local", jobs=1, progress=False)
-    remote = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
+    local = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "local", jobs=1, progress=False)
+    remote = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
     assert len(remote["runs"]) == 4
     assert _strip(remote["runs"]) == _strip(local["runs"])  # every metric and curve, exactly
     assert remote["summary"] == local["summary"]
@@ -101,7 +102,7 @@ def test_ray_runs_give_the_same_results_as_local(cluster, tmp_path):
         assert read_json(tmp_path / "ray" / "runs" / f"{s.key}.json") == next(r for r in remote["runs"] if r["spec"] == s.as_dict())
     assert read_json(tmp_path / "ray" / "results.json")["environment"]["executor"] == "RayExecutor"
     # the same command again resumes: nothing is resubmitted
-    again = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
+    again = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
     assert [r["seconds"] for r in again["runs"]] == [r["seconds"] for r in remote["runs"]]
 
 
@@ -125,11 +126,11 @@ def _kill_first_worker_mid_run(out: Path, key: str, killed: dict) -> None:
 def test_worker_killed_mid_run_is_retried_and_gives_the_same_numbers(cluster, tmp_path):
     cfg = Config(**{**TINY, "methods": ["mask"], "seeds": [0], "steps": 300, "evals": 10})
     specs = specs_for(cfg)
-    local = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "local", jobs=1, progress=False, executor=LocalExecutor(1))
+    local = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "local", jobs=1, progress=False, executor=LocalExecutor(1))
     killed: dict = {}
     killer = threading.Thread(target=_kill_first_worker_mid_run, args=(tmp_path / "ray", specs[0].key, killed))
     killer.start()
-    remote = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
+    remote = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
     killer.join()
     assert "pid" in killed, "the run finished before its worker could be killed"
     assert 0 < killed["step"] < 300

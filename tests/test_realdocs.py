@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from masklab.errors import MasklabError
-from masklab.tasks import realdocs
+from masklab.util.errors import MasklabError
+from masklab.lab.tasks import realdocs
 
 
 def test_the_packaged_benchmark_is_frozen_and_complete():

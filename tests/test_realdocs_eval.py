@@ -6,9 +6,8 @@ import json
 import torch
 
 from conftest import needs_smol
-from masklab.document import Document
-from masklab.context.realdocs_eval import (answering_units, choose, fusion_grid, rank_of, sign_flip_p,
-                                           summarise)
+from masklab.text.document import Document
+from masklab.lab.realdocs import answering_units, choose, fusion_grid, rank_of, sign_flip_p, summarise
 from masklab.context.router import Router
 from masklab.context.routers.fused import Fused, fuse
 
@@ -105,7 +104,7 @@ def test_the_command_measures_word_routers_on_the_val_split(shared_loads, tmp_pa
 
 
 def test_new_pruner_weights_name_new_runs(tmp_path, monkeypatch):
-    from masklab.context.realdocs_eval import weights_digest
+    from masklab.lab.realdocs import weights_digest
     from masklab.context.routers import pruner
 
     monkeypatch.setattr(pruner, "WEIGHTS", tmp_path)
@@ -119,8 +118,8 @@ def test_new_pruner_weights_name_new_runs(tmp_path, monkeypatch):
 
 
 def test_a_subset_takes_questions_in_turn_from_every_document():
-    from masklab.context.realdocs_eval import in_turn
-    from masklab.tasks import realdocs
+    from masklab.lab.realdocs import in_turn
+    from masklab.lab.tasks import realdocs
 
     qs = realdocs.load("val")
     first = in_turn(qs)[:7]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from masklab.errors import MasklabError
-from masklab.registry import Registry
+from masklab.util.errors import MasklabError
+from masklab.util.registry import Registry
 
 
 def test_register_lookup_and_error():
@@ -32,13 +32,13 @@ def test_functions_are_kept_as_they_are():
 
 
 def test_every_registry_is_a_registry():
-    from masklab.evidence.attention_targets import AGGREGATES, SELECTIONS
-    from masklab.evidence.search import SEARCHES
-    from masklab.qk_init import QK_INITS
-    from masklab.routing.routers import TOKEN_ROUTERS
-    from masklab.routing.sparse import SELECTORS
-    from masklab.structures import DESIGNS
-    from masklab.tasks.evidence_gyms import GYMS
+    from masklab.lab.evidence.attention_targets import AGGREGATES, SELECTIONS
+    from masklab.lab.evidence.search import SEARCHES
+    from masklab.priors.qk_init import QK_INITS
+    from masklab.lab.routing.routers import TOKEN_ROUTERS
+    from masklab.lab.routing.sparse import SELECTORS
+    from masklab.priors.structures import DESIGNS
+    from masklab.lab.tasks.evidence_gyms import GYMS
 
     for reg in (AGGREGATES, SELECTIONS, SEARCHES, QK_INITS, TOKEN_ROUTERS, SELECTORS, DESIGNS, GYMS):
         assert isinstance(reg, Registry) and len(reg) > 0

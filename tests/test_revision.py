@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from masklab import runner
-from masklab.report import code_note, environment_line, markdown_table
-from masklab.revision import Staleness, closure, code_ast, code_hash, git_rev, import_graph
-from masklab.runner import claim_checkpoint, read_json, run_study, write_json
-from masklab.studies.gotu import Config, specs_for
+from masklab.lab import runner
+from masklab.lab.report import code_note, environment_line, markdown_table
+from masklab.lab.revision import Staleness, closure, code_ast, code_hash, git_rev, import_graph
+from masklab.lab.runner import claim_checkpoint, read_json, run_study, write_json
+from masklab.lab.studies.gotu import Config, specs_for
 
 TINY = dict(tasks=["2parity"], methods=["mask"], seeds=[0, 1], steps=30, evals=3, width=16, depth=1, heads=2, batch=32)
-FN = "masklab.studies.gotu:run_one"
+FN = "masklab.lab.studies.gotu:run_one"
 
 
 def package(root: Path, files: dict[str, str]) -> Path:
@@ -59,14 +59,14 @@ def run_one(spec, ckpt_dir):
 ])
 def test_code_ast_ignores_comments_docstrings_and_formatting(tmp_path, edit, same):
     pkg = package(tmp_path, {"studies/__init__.py": "", "studies/s.py": STUDY, "util.py": "def twice(x):\n    return 2 * x\n"})
-    before = code_hash("masklab.studies.s", pkg), code_ast("masklab.studies.s", pkg)
+    before = code_hash("masklab.lab.studies.s", pkg), code_ast("masklab.lab.studies.s", pkg)
     assert len(before[1]) == 12 and int(before[1], 16) >= 0
     (pkg / "studies" / "s.py").write_text(edit(STUDY))
-    assert code_hash("masklab.studies.s", pkg) != before[0]  # the byte hash sees every edit
-    assert (code_ast("masklab.studies.s", pkg) == before[1]) == same
+    assert code_hash("masklab.lab.studies.s", pkg) != before[0]  # the byte hash sees every edit
+    assert (code_ast("masklab.lab.studies.s", pkg) == before[1]) == same
     (pkg / "studies" / "s.py").write_text(STUDY)
     (pkg / "util.py").write_text("def twice(x):\n    return x + x\n")  # an imported module's body counts too
-    assert code_ast("masklab.studies.s", pkg) != before[1]
+    assert code_ast("masklab.lab.studies.s", pkg) != before[1]
 
 
 def git(root: Path, *args: str) -> str:
@@ -83,11 +83,11 @@ def test_staleness_of_old_records_compares_the_code_at_their_revision(tmp_path):
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", ".")
     git(tmp_path, "commit", "-qm", "one")
-    rev, old = git(tmp_path, "rev-parse", "--short", "HEAD"), code_hash("masklab.studies.s", pkg)
+    rev, old = git(tmp_path, "rev-parse", "--short", "HEAD"), code_hash("masklab.lab.studies.s", pkg)
     made = tmp_path / "results.json"
 
     def verdict(code=old, code_ast_=None, rev=rev):
-        return Staleness(("masklab.studies.",), pkg).verdict(code, code_ast_, rev, made)
+        return Staleness(("masklab.lab.studies.",), pkg).verdict(code, code_ast_, rev, made)
 
     assert verdict() == ("current", "")
     (pkg / "studies" / "s.py").write_text(STUDY.replace("def run_one", "# a comment\ndef run_one"))
@@ -96,14 +96,14 @@ def test_staleness_of_old_records_compares_the_code_at_their_revision(tmp_path):
     assert verdict(rev=None) == ("current", "")  # no revision: the commits are searched
     # a hash taken after the run, once an edit made during it was committed, is found at that later commit
     (pkg / "util.py").write_text("def twice(x):\n    return 2 * x  # same\n")
-    later = code_hash("masklab.studies.s", pkg)
+    later = code_hash("masklab.lab.studies.s", pkg)
     git(tmp_path, "commit", "-qam", "during the run")
     assert verdict(code=later) == ("current", "")
     (pkg / "util.py").write_text("def twice(x):\n    return 3 * x\n")
     state, why = verdict()
-    assert state == "stale" and "masklab.util" in why and "masklab.studies.s," not in why
+    assert state == "stale" and "masklab.util" in why and "masklab.lab.studies.s," not in why
     assert verdict(code="0123456789ab")[0] == "unknown" and verdict(code=None)[0] == "unknown"
-    today = code_ast("masklab.studies.s", pkg)
+    today = code_ast("masklab.lab.studies.s", pkg)
     assert verdict(code="0123456789ab", code_ast_=today) == ("current", "")  # a new record: by code_ast, no git
     assert verdict(code_ast_="0123456789ab")[0] == "stale"
 
@@ -113,7 +113,7 @@ def test_runs_made_by_other_code_are_run_again_unless_kept(tmp_path):
     first = run_study("gotu", {}, specs, FN, tmp_path, progress=False)
     code, ast_ = first["runs"][0]["code"], first["runs"][0]["code_ast"]
     assert first["code"] == {code: 2} and first["code_ast"] == {ast_: 2} and first["runs"][0]["git_rev"] is not None
-    assert ast_ == code_ast("masklab.studies.gotu") and git_rev() is not None
+    assert ast_ == code_ast("masklab.lab.studies.gotu") and git_rev() is not None
     path = tmp_path / "runs" / f"{specs[1].key}.json"
     # made by code that differs from today's in comments only: the byte hash differs, code_ast does not: kept
     write_json(path, {**read_json(path), "code": "c0mment0nly0", "seconds": -2.0})

@@ -13,10 +13,10 @@ import torch
 pytest.importorskip("transformers")
 
 from conftest import save_tiny_folder as save_folder  # noqa: E402
-from masklab.document import Document  # noqa: E402
+from masklab.text.document import Document  # noqa: E402
 from masklab.context.routers.trained import EvidenceRouter  # noqa: E402
-from masklab.context.trained import FEATURE_SETS, LinearRouter  # noqa: E402
-from masklab.errors import MasklabError  # noqa: E402
+from masklab.context.routers.features import FEATURE_SETS, LinearRouter  # noqa: E402
+from masklab.util.errors import MasklabError  # noqa: E402
 from masklab.pretrained import arch  # noqa: E402
 from masklab.pretrained.models import load, set_attention  # noqa: E402
 

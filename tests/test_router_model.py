@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from conftest import needs_smol, save_tiny_folder as save_folder  # noqa: E402
 from masklab.cli import main  # noqa: E402
 from masklab.context import Document, load_router  # noqa: E402
-from masklab.errors import MasklabError  # noqa: E402
+from masklab.util.errors import MasklabError  # noqa: E402
 from masklab.pretrained.models import load  # noqa: E402
 
 torch.set_num_threads(1)
@@ -80,7 +80,7 @@ def test_train_router_on_a_folder_refuses_too_few_right_answers_and_prices_the_l
 
 
 def test_train_router_on_a_folder_prints_a_router_file_that_exists_and_warns(folder, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("masklab.context.trained.make_labels", fake_labels)
+    monkeypatch.setattr("masklab.context.routers.features.make_labels", fake_labels)
     out = tmp_path / "r"
     rc = main(["train-router", "--model", str(folder), "--out", str(out), "--quick", "--length", "1024", "--no-progress",
                "--layers", "1", "--device", "cpu"])

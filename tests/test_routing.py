@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from masklab.cli import build_parser, main
-from masklab.evidence.interventions import answer_logits
-from masklab.evidence.teacher import TeacherConfig, build_teacher
-from masklab.routing import TOKEN_ROUTERS, build_router, keep_mask, parse_budget, router_loss, sparse_answer, train_router, transformer_flops
-from masklab.routing.sparse import SELECTORS, budget_k, teacher_answer
-from masklab.routing.train import fit_recall
-from masklab.runner import MasklabError
-from masklab.tasks.evidence_gyms import make_gym
+from masklab.lab.evidence.interventions import answer_logits
+from masklab.lab.evidence.teacher import TeacherConfig, build_teacher
+from masklab.lab.routing import TOKEN_ROUTERS, build_router, keep_mask, parse_budget, router_loss, sparse_answer, train_router, transformer_flops
+from masklab.lab.routing.sparse import SELECTORS, budget_k, teacher_answer
+from masklab.lab.routing.train import fit_recall
+from masklab.lab.runner import MasklabError
+from masklab.lab.tasks.evidence_gyms import make_gym
 
 from chain_teacher import ChainTeacher
 
@@ -139,19 +139,19 @@ def test_baseline_selectors():
 
 
 def test_every_baseline_is_a_selector():
-    from masklab.studies.routing import BASELINES
+    from masklab.lab.studies.routing import BASELINES
 
     assert set(BASELINES) == set(SELECTORS)
 
 
 def test_reproduce_routing_is_the_routing_study_and_the_target_sweep_uses_it():
     from masklab.cli import STUDIES, SWEEPS
-    from masklab.studies import routing_targets
+    from masklab.lab.studies import routing_targets
 
     assert build_parser().parse_args(["reproduce", "routing", "--quick"]).name == "routing"
     import importlib
 
-    from masklab.studies import routing
+    from masklab.lab.studies import routing
 
     assert importlib.import_module(STUDIES["routing"]) is routing
     assert importlib.import_module(SWEEPS["routing-targets"]) is routing_targets
@@ -196,7 +196,7 @@ def test_the_causal_router_keeps_the_second_link_that_the_attention_router_misse
     """End to end through the routing study with a teacher whose attention misses the second link:
     the router trained on causal evidence keeps both links, the one trained on attention (k = gold
     size) only the first. Swapping the two targets, or computing both the same way, fails this."""
-    from masklab.studies import routing
+    from masklab.lab.studies import routing
 
     teacher = ChainTeacher(64)
     info = {"acc_n": 1.0, "acc_max": None, "cached": True, "curves": {}}
@@ -218,7 +218,7 @@ def test_the_causal_router_keeps_the_second_link_that_the_attention_router_misse
 def test_the_attention_target_takes_k_from_a_fixed_fraction_and_attention_gold_k_from_gold():
     import math
 
-    from masklab.studies import routing
+    from masklab.lab.studies import routing
 
     cfg = routing.Config(tasks=["multihop"], hops=[2], items=8, vocab=64, max_factor=1, pool=64,
                          targets=["causal", "attention", "attention-gold-k"], independent_targets=[])

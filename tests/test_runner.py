@@ -5,9 +5,9 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from masklab.report import markdown_table
-from masklab.runner import Checkpoint, MasklabError, RunSpec, read_json, run_study, summarize
-from masklab.studies.gotu import Config, run_one, specs_for
+from masklab.lab.report import markdown_table
+from masklab.lab.runner import Checkpoint, MasklabError, RunSpec, read_json, run_study, summarize
+from masklab.lab.studies.gotu import Config, run_one, specs_for
 
 TINY = dict(tasks=["2parity"], methods=["mask"], seeds=[0], steps=30, evals=3, width=16, depth=1, heads=2, batch=32)
 
@@ -69,8 +69,8 @@ def test_checkpoint_round_trip_restores_optimizer_and_generator(tmp_path):
 
 def test_study_skips_finished_runs_and_parallel_equals_serial(tmp_path):
     specs = specs_for(Config(**{**TINY, "seeds": [0, 1]}))
-    serial = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "s", jobs=1, progress=False)
-    parallel = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "p", jobs=2, progress=False)
+    serial = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "s", jobs=1, progress=False)
+    parallel = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "p", jobs=2, progress=False)
     # seconds differ; git_rev too if the checkout changes while the test runs
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("seconds", "git_rev")} for r in rs]  # noqa: E731
     assert strip(serial["runs"]) == strip(parallel["runs"])
@@ -78,7 +78,7 @@ def test_study_skips_finished_runs_and_parallel_equals_serial(tmp_path):
     assert set(results) >= {"study", "config", "runs", "summary", "paper", "environment"}
     # a second call finds every run done and recomputes nothing
     before = (tmp_path / "s" / "runs").stat().st_mtime_ns
-    again = run_study("gotu", {}, specs, "masklab.studies.gotu:run_one", tmp_path / "s", jobs=1, progress=False)
+    again = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "s", jobs=1, progress=False)
     assert strip(again["runs"]) == strip(serial["runs"])
     assert [r["seconds"] for r in again["runs"]] == [r["seconds"] for r in serial["runs"]]
     assert (tmp_path / "s" / "runs").stat().st_mtime_ns == before
@@ -88,7 +88,7 @@ def test_failed_worker_keeps_finished_runs(tmp_path):
     good = specs_for(Config(**TINY))[0]
     bad = RunSpec("2parity", "mask", 1, {**good.params, "lr": float("inf")})
     with pytest.raises(MasklabError, match="a run failed"):
-        run_study("gotu", {}, [good, bad], "masklab.studies.gotu:run_one", tmp_path, jobs=2, progress=False)
+        run_study("gotu", {}, [good, bad], "masklab.lab.studies.gotu:run_one", tmp_path, jobs=2, progress=False)
     assert (tmp_path / "runs" / f"{good.key}.json").exists()
 
 
@@ -120,7 +120,7 @@ def test_model_has_its_own_place_and_leaves_other_studies_unchanged():
 
 
 def test_results_of_a_study_without_models_have_no_model_key(tmp_path):
-    res = run_study("gotu", {}, specs_for(Config(**TINY))[:1], "masklab.studies.gotu:run_one", tmp_path, progress=False)
+    res = run_study("gotu", {}, specs_for(Config(**TINY))[:1], "masklab.lab.studies.gotu:run_one", tmp_path, progress=False)
     assert all("model" not in r and "model" not in r["spec"] for r in res["runs"])
     assert all("model" not in row for row in res["summary"])
     assert "| task | method | n |" in markdown_table(res["summary"], [], ["unseen_acc"])

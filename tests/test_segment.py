@@ -11,7 +11,7 @@ import blingfire
 import pytest
 
 import masklab
-from masklab.document import segment, word_offsets
+from masklab.text.document import segment, word_offsets
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("segment_counts", ROOT / "scripts" / "segment_counts.py")

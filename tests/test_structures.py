@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from masklab.errors import MasklabError
-from masklab.structures import DESIGNS, cyclic_groups, design_structure, pairs_per_head, pairwise, support_block
+from masklab.util.errors import MasklabError
+from masklab.priors.structures import DESIGNS, cyclic_groups, design_structure, pairs_per_head, pairwise, support_block
 
 
 def test_cyclic_groups_wrap_around():

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from masklab.cli import main
-from masklab.bias import MaskPrior
+from masklab.priors.bias import MaskPrior
 from masklab.models import GPT, TokenEncoder
-from masklab.structures import DESIGNS, design_structure, support_block
-from masklab.structures_from_evidence import (
+from masklab.priors.structures import DESIGNS, design_structure, support_block
+from masklab.priors.structures_from_evidence import (
     agreement,
     derived_groups,
     from_interventions,
@@ -23,7 +23,7 @@ from masklab.structures_from_evidence import (
     to_structure,
     toeplitz_structure,
 )
-from masklab.tasks.boolean import cube, make_task
+from masklab.lab.tasks.boolean import cube, make_task
 
 
 def pairs_of(groups):
@@ -110,7 +110,7 @@ def test_agreement_counts_allowed_entries():
 def test_probe_hiding_finds_the_only_key_a_query_can_use():
     """With a hard prior that lets CLS read only x1 (and itself), hiding x1 from CLS changes
     the output and hiding any other key does not."""
-    from masklab.bias import MaskPrior
+    from masklab.priors.bias import MaskPrior
 
     torch.manual_seed(0)
     s = torch.eye(5)
@@ -202,7 +202,7 @@ def test_offset_profile_and_toeplitz():
 
 
 def test_evidence_prior_arith_derives_a_causal_structure_and_trains_with_it(tmp_path):
-    from masklab.structures import arith_structure
+    from masklab.priors.structures import arith_structure
 
     out = tmp_path / "ep-arith"
     rc = main(["evidence-prior", "--task", "arith", "--op", "add", "--fraction", "0.004", "--steps", "20", "--evals", "1",
@@ -246,7 +246,7 @@ def test_probe_pairs_find_a_product_and_flag_the_unmeasurable_square(tmp_path):
     """Second order at CLS: with CLS allowed to read x0 and x1 only (hard prior), hiding x2 adds
     nothing to any pair (interaction exactly 0) while hiding x0 and x1 together is not the sum of
     the two (CLS is left with itself); the study flags maj3's (x0, x1) as unidentifiable."""
-    from masklab.structures_from_evidence import probe_pair_effects
+    from masklab.priors.structures_from_evidence import probe_pair_effects
 
     torch.manual_seed(0)
     s = torch.eye(4)

@@ -1,14 +1,14 @@
-"""The one training loop (masklab.train) and the one weight-decay rule (masklab.models.optim)."""
+"""The one training loop (masklab.lab.train) and the one weight-decay rule (masklab.models.optim)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from masklab.bias import ALiBi, MaskPrior
+from masklab.priors.bias import ALiBi, MaskPrior
 from masklab.models import GPT, ViT, TokenEncoder, param_groups
 from masklab.models.reader import EvidenceReader
-from masklab.runner import Checkpoint, MasklabError, read_json, seed_everything, warmup_cosine
-from masklab.train import Recipe, priors_for, steps_to, train
+from masklab.lab.runner import Checkpoint, MasklabError, read_json, seed_everything, warmup_cosine
+from masklab.lab.train import Recipe, priors_for, steps_to, train
 
 # ----------------------------------------------------------------------------- weight decay
 
@@ -165,8 +165,8 @@ def test_priors_from_the_method_name():
 def test_mask_zero_is_the_mask_prior_without_its_structure(tmp_path):
     """mask-zero: the learnable parameters of ``mask`` (shape, optimiser group, no decay) with
     a uniform bias, so at init the model computes exactly what vanilla computes."""
-    from masklab.structures import relative_distance
-    from masklab.studies import lm, vision
+    from masklab.priors.structures import relative_distance
+    from masklab.lab.studies import lm, vision
 
     T, H = 8, 2
     s = [relative_distance(T, H)] * 2

@@ -10,7 +10,7 @@ import torch
 
 from conftest import needs_smol
 from masklab.context.routers.trained import WEIGHTS
-from masklab.context.trained import FEATURE_SETS, load_routers
+from masklab.context.routers.features import FEATURE_SETS, load_routers
 from masklab.pretrained.models import MODELS
 
 
@@ -31,7 +31,7 @@ def test_every_packaged_model_ships_both_routers_with_their_metadata():
 
 
 def test_summary_has_wilson_intervals_and_paired_tests():
-    from masklab.context.train_router import summarise
+    from masklab.lab.train_router import summarise
 
     def rec(kept, top):  # kept: every gold unit kept, or half of them
         return {"gold_kept": 1.0 if kept else 0.5, "gold_top": float(top), "kept": 0.2, "router_s": 0.01}

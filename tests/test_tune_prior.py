@@ -1,6 +1,6 @@
 """The tune-prior study's held-out split shares no entity, value type, wording or distance with training."""
 
-from masklab.studies.tune_prior import Config, split_prompts
+from masklab.lab.studies.tune_prior import Config, split_prompts
 
 
 def test_held_out_split_is_disjoint_from_training():
@@ -39,7 +39,7 @@ def batches(n: int = 4) -> list[tuple[torch.Tensor, int]]:
 
 
 def trained(method: str, steps: int = 3):
-    from masklab.studies.tune_prior import adapt
+    from masklab.lab.studies.tune_prior import adapt
 
     torch.set_num_threads(1)
     model = tiny_llama()
@@ -74,7 +74,7 @@ def test_only_the_methods_own_parameters_train(method):
 
 
 def test_recency_prior_is_monotone_in_distance_and_zero_at_init():
-    from masklab.bias import RecencyPrior
+    from masklab.priors.bias import RecencyPrior
 
     p = RecencyPrior(3)
     assert torch.equal(p(5), torch.zeros(3, 5, 5))
@@ -89,7 +89,7 @@ def test_recency_prior_is_monotone_in_distance_and_zero_at_init():
 
 @needs_peft
 def test_lora_is_sized_to_the_prior():
-    from masklab.studies.tune_prior import prior_parameter_count
+    from masklab.lab.studies.tune_prior import prior_parameter_count
 
     _, _, model, info, _ = trained("lora", steps=1)
     cfg = Config()
@@ -102,7 +102,7 @@ def test_lora_is_sized_to_the_prior():
 
 @needs_peft
 def test_lora_adapters_start_from_the_runs_seed_not_the_global_generator():
-    from masklab.studies.tune_prior import add_lora
+    from masklab.lab.studies.tune_prior import add_lora
 
     def adapters(seed: int, noise: int) -> list[torch.Tensor]:
         torch.manual_seed(noise)  # whatever the global generator holds must not matter
@@ -168,7 +168,7 @@ def test_bad_method_is_one_clear_error(capsys):
 
 @needs_peft
 def test_recency_priors_save_and_load(tmp_path):
-    from masklab.bias import RecencyPrior
+    from masklab.priors.bias import RecencyPrior
     from masklab.pretrained.hf import attach_priors, detach_priors, load_priors, priors_of, save_priors
 
     model = tiny_llama()
@@ -191,7 +191,7 @@ def test_recency_priors_save_and_load(tmp_path):
 def test_a_killed_tuning_run_continues_from_its_checkpoint_with_the_same_numbers(method, tmp_path, monkeypatch):
     """Kill during step 5 of 6 (checkpoints every 2 steps), resume: the same parameters and
     losses as the uninterrupted run."""
-    import masklab.studies.tune_prior as tp
+    import masklab.lab.studies.tune_prior as tp
 
     torch.set_num_threads(1)
     cfg = Config(steps=6, lr=0.05, lora_lr=0.05)
@@ -229,7 +229,7 @@ def test_a_killed_evaluation_continues_after_the_saved_answers(tmp_path, monkeyp
     import types
 
     import masklab.pretrained.lm as lm_mod
-    from masklab.studies.tune_prior import EVAL_EVERY, evaluate
+    from masklab.lab.studies.tune_prior import EVAL_EVERY, evaluate
 
     prompts = split_prompts(12, 0, False, Config())
     calls = []

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from masklab.bias import MaskPrior
+from masklab.priors.bias import MaskPrior
 from masklab.models import ViT
-from masklab.qk_init import QK_INITS
-from masklab.structures import allowed_mass
-from masklab.runner import MasklabError
-from masklab.structures import impulse_2d, locality_2d, neighbourhood_2d, offset_2d
-from masklab.tasks.vision import augment, load_cifar, load_digits, load_imagefolder, load_vision
+from masklab.priors.qk_init import QK_INITS
+from masklab.priors.structures import allowed_mass
+from masklab.lab.runner import MasklabError
+from masklab.priors.structures import impulse_2d, locality_2d, neighbourhood_2d, offset_2d
+from masklab.lab.tasks.vision import augment, load_cifar, load_digits, load_imagefolder, load_vision
 
 
 def cifar_records(n: int, label_bytes: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

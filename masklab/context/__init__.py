@@ -5,24 +5,24 @@
     pruned = router.prune(text, "Who approved the budget?", keep=0.25)
     pruned.text, pruned.kept, pruned.scores, pruned.kept_fraction, pruned.seconds
 
-* :mod:`~masklab.document`: :class:`Document` (units, gold, spans) and :func:`segment`;
+* :mod:`~masklab.text.document`: :class:`Document` (units, gold, spans) and :func:`segment`;
 * :mod:`~masklab.context.passages`: :func:`compress_passages`, several passages pruned within
   one budget (``keep`` or ``target_tokens``) into a :class:`PrunedPassages`;
-* :mod:`~masklab.selection`: :func:`select`, the one rule that keeps units within a budget;
+* :mod:`~masklab.text.selection`: :func:`select`, the one rule that keeps units within a budget;
 * :mod:`~masklab.context.router`: :class:`Router` (override ``score``), :data:`ROUTERS`,
   :func:`load_router`, :class:`Pruned`;
 * :mod:`~masklab.context.routers`: one file per router (``lexical``, ``bm25``, ``oracle-gold``,
   the trained ``evidence`` / ``attention``, and kvpress's presses in one table);
-* :mod:`~masklab.context.trained`: the trained routers' features, labels, fit and files;
+* :mod:`~masklab.context.routers.features`: the trained routers' features, labels, fit and files;
 * :mod:`~masklab.context.press`: a router as a kvpress press (prune before prefill);
 * :mod:`~masklab.context.answer`: answer from a pruned context, timed.
 """
 
-from masklab.document import Document, segment
+from masklab.text.document import Document, segment
 from masklab.context.passages import PrunedPassages, compress_passages
 from masklab.context.router import ROUTERS, Pruned, Router
 from masklab.context.routers import load_router
-from masklab.selection import select
+from masklab.text.selection import select
 
 __all__ = ["Document", "segment", "select", "Router", "ROUTERS", "Pruned", "load_router", "compress_passages",
            "PrunedPassages"]

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from masklab import device as devices
+from masklab.util import device as devices
 from masklab.pretrained.lm import encode
 
 SENTENCE_END = re.compile(r"(?<!\d)[.!?](?:\s|$)|\n\s*\S.*\n")
@@ -34,7 +34,7 @@ def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, 
     ``stop_at_line`` after its first line (:func:`first_answer` then cuts what a user sees).
     Returns ``{"generated", "seconds" (tokenise + prefill + decode), "prefill_seconds"
     (tokenise + prefill), "tokens" (prompt), "new_tokens"}``. On CUDA the prefill's clock is
-    read after the GPU has finished it (:func:`masklab.device.synchronize`)."""
+    read after the GPU has finished it (:func:`masklab.util.device.synchronize`)."""
     t0 = time.perf_counter()
     enc = encode(lm, units, query)
     dev = lm.model.device
@@ -87,7 +87,7 @@ def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[int, int]:
     """``(window, overhead)``: the model's window in tokens, and the tokens the query
     (``Query(question).text``), the chat turns and the answer take of it (so the kept context
     may be at most ``window - overhead`` tokens)."""
-    from masklab.query import Query
+    from masklab.text.query import Query
 
     window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
     return window, len(lm.tokenizer(Query(question).text)["input_ids"]) + ANSWER_ROOM + max_new_tokens

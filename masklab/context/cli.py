@@ -5,7 +5,7 @@
 
 Every option is declared once on :class:`CompressConfig` (``--context``, which takes several
 values, is added by :func:`add_parser`); the documents and the question are checked
-(:mod:`masklab.inputs`) before the model loads. Several passages go through
+(:mod:`masklab.text.inputs`) before the model loads. Several passages go through
 :func:`masklab.context.passages.compress_passages`.
 """
 
@@ -18,12 +18,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from masklab.document import UNIT_TOKENS
-from masklab.errors import MasklabError
-from masklab.flags import add_flags, check_ranges, config_from_args, flag
+from masklab.text.document import UNIT_TOKENS
+from masklab.util.errors import MasklabError
+from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.context.router import DEFAULT_ROUTER
-from masklab.inputs import MAX_CONTEXT_BYTES, check_question, read_passages
-from masklab.selection import AUTO, parse_keep
+from masklab.text.inputs import MAX_CONTEXT_BYTES, check_question, read_passages
+from masklab.text.selection import AUTO, parse_keep
 
 LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole document says so on stderr first
 
@@ -83,7 +83,7 @@ def add_parser(sub) -> None:
 
 
 def add_train_parser(sub) -> None:
-    from masklab.context import train_router
+    from masklab.lab import train_router
 
     p = sub.add_parser("train-router", help="label, fit and measure the evidence and attention routers of a model",
                        description=train_router.__doc__.splitlines()[0])
@@ -96,7 +96,7 @@ def train_main(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from masklab.context import train_router
+    from masklab.lab import train_router
 
     cfg = config_from_args(args, train_router.TrainConfig())
     cfg = dataclasses.replace(cfg, command=getattr(args, "command_line", "masklab " + shlex.join(sys.argv[1:])),
@@ -178,7 +178,7 @@ def list_routers() -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from masklab import device as devices
+    from masklab.util import device as devices
     from masklab.pretrained.models import check_models, check_prompt_format, load
 
     if args.list_routers:
@@ -207,7 +207,7 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
     from masklab.context.compress import prune_document, prune_passages
     from masklab.context.presses import PRESSES
     from masklab.context.routers import DECIDING, TRAINED, load_router
-    from masklab.document import segment
+    from masklab.text.document import segment
 
     window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
     budget = {"keep": cfg.keep, "target_tokens": cfg.target_tokens, "unit_tokens": cfg.unit_tokens, "fill": cfg.fill,
@@ -253,7 +253,7 @@ def compress_press(cfg: CompressConfig, lm, press, doc, total: int, question: st
     """``masklab compress --router <press> --answer``: the press answers from the whole document
     (it prefills all of it, dropping key/value pairs inside the model); no text is kept."""
     from masklab.context.answer import first_answer
-    from masklab.query import Query
+    from masklab.text.query import Query
 
     if total + overhead > window:
         raise MasklabError(f"the document is {total} tokens; a KV-cache press prefills all of it, past "

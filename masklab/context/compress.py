@@ -12,14 +12,14 @@ from __future__ import annotations
 from masklab.context.answer import answer_budget, first_answer, generate_answer
 from masklab.context.passages import PrunedPassages, compress_passages
 from masklab.context.router import Pruned
-from masklab.document import Document, segment
-from masklab.query import Query
-from masklab.selection import AUTO
+from masklab.text.document import Document, segment
+from masklab.text.query import Query
+from masklab.text.selection import AUTO
 
 
 def prune_document(lm, router, text: str | Document, question: str, *, keep: float, target_tokens: int | None,
                    unit_tokens: int, fill: bool | None, max_new_tokens: int) -> tuple[Pruned, dict]:
-    """``text`` cut into units (:func:`~masklab.document.segment`; or a :class:`Document`
+    """``text`` cut into units (:func:`~masklab.text.document.segment`; or a :class:`Document`
     already cut) and pruned by ``router`` for ``question``; the notes say when the window
     capped the budget, the router read the document in several windows, or the top unit alone
     was over the budget."""

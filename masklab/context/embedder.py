@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from masklab.errors import MasklabError
+from masklab.util.errors import MasklabError
 
 CACHE_DOCUMENTS = 256  # documents kept embedded per embedder
 BATCH = 32  # units per forward pass (the library sorts them by length first, so padding stays small)

@@ -16,7 +16,7 @@ both are given, and neither means ``keep=0.25``. It is spent across the passages
   one document, so a score means the same in every passage: BM25's idf, for one, is taken
   over all of them) and the passages are ranked by their best unit's score (ties: the
   earlier passage);
-* fine: :func:`~masklab.selection.select` keeps units best first within the budget
+* fine: :func:`~masklab.text.selection.select` keeps units best first within the budget
   over all passages, the ranked passages' units in rank order so that a tie goes to the
   better passage. The top unit of the top passage is always kept, even where it alone is
   over the budget (a note says so).
@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from masklab.document import UNIT_TOKENS, Document, segment
+from masklab.text.document import UNIT_TOKENS, Document, segment
 from masklab.context.router import Router
-from masklab.selection import AUTO, check_keep, select
-from masklab.errors import MasklabError
+from masklab.text.selection import AUTO, check_keep, select
+from masklab.util.errors import MasklabError
 
 DEFAULT_KEEP = 0.25
 
@@ -113,10 +113,10 @@ def compress_passages(passages: list[str], question: str, router, keep: float | 
     """``passages`` pruned for ``question`` by ``router`` (a :class:`Router`, or a router name
     for :func:`~masklab.context.routers.load_router` without a model) within one budget:
     ``keep`` of all their tokens or at most ``target_tokens`` tokens (module docstring).
-    ``unit_tokens``: the longest unit (:func:`~masklab.document.segment`); ``fill``:
+    ``unit_tokens``: the longest unit (:func:`~masklab.text.document.segment`); ``fill``:
     as :meth:`Router.choose` (None: the router's default); ``limit``: a further cap in tokens
     (the CLI's model window)."""
-    from masklab.inputs import check_question
+    from masklab.text.inputs import check_question
 
     if isinstance(router, str):
         from masklab.context.routers import load_router

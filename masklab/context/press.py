@@ -12,9 +12,9 @@ length stays consistent with them. Special tokens (BOS, chat turns) are always k
 
 The pipeline tokenises the context itself, so the press maps its ids back to text (decode,
 re-encode with offsets): the context is ``doc``'s text when one is given, else the longest
-run of ordinary tokens, cut into units by :func:`~masklab.document.segment`. The
+run of ordinary tokens, cut into units by :func:`~masklab.text.document.segment`. The
 router scores the units for ``question`` (kvpress itself shows its presses no question at
-prefill) and :func:`~masklab.selection.select` keeps them.
+prefill) and :func:`~masklab.text.selection.select` keeps them.
 
 ``prefill_tokens`` / ``context_tokens`` record what the last prefill saw.
 """
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from masklab.document import Document, segment
-from masklab.errors import MasklabError
+from masklab.text.document import Document, segment
+from masklab.util.errors import MasklabError
 from masklab.pretrained.arch import base_model
 from masklab.pretrained.models import PRETRAINED_EXTRA, _require
 

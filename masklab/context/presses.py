@@ -24,10 +24,10 @@ from __future__ import annotations
 import time
 from functools import partial
 
-from masklab.errors import MasklabError
+from masklab.util.errors import MasklabError
 from masklab.pretrained.models import PRETRAINED_EXTRA, _require
-from masklab.query import Query
-from masklab.registry import Registry
+from masklab.text.query import Query
+from masklab.util.registry import Registry
 
 SNAPKV_WINDOW = 8
 

@@ -1,5 +1,5 @@
 """The pruner: a sentence-embedding model adapted to rank the units an answering model
-needs, trained on labels of real documents (:mod:`masklab.context.causal`).
+needs, trained on labels of real documents (:mod:`masklab.lab.labels`).
 
 Two designs over the packaged all-MiniLM-L6-v2, chosen on val (docs/context.md):
 
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from masklab.context.embedder import Embedder, load_embedder
-from masklab.errors import MasklabError
+from masklab.util.errors import MasklabError
 
 TEMPERATURE = 0.05  # sentence-transformers' MultipleNegativesRankingLoss scale of 20
 LABELS = ("causal", "attention", "marks")
@@ -80,9 +80,9 @@ def target_set(row: dict, labels: str, threshold: float) -> list[int]:
 
 
 def examples_of(rows: list[dict], questions: dict, tokenizer, labels: str, threshold: float) -> list[Example]:
-    """One :class:`Example` per label row (:mod:`masklab.context.causal`); ``questions``: id ->
+    """One :class:`Example` per label row (:mod:`masklab.lab.labels`); ``questions``: id ->
     the question it labels (its document cut by ``tokenizer`` as when it was labelled)."""
-    from masklab.document import segment
+    from masklab.text.document import segment
 
     units: dict[str, list[str]] = {}
     out = []

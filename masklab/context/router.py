@@ -1,6 +1,6 @@
 """The router base class, its registry and :func:`load_router`.
 
-A router scores the units of a document for a question; :func:`~masklab.selection.select`
+A router scores the units of a document for a question; :func:`~masklab.text.selection.select`
 keeps the best within a token budget. A new router is one small registered class with one
 method to override (as a kvpress press overrides ``score``)::
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from masklab.document import UNIT_TOKENS, Document, segment
-from masklab.selection import AUTO, auto_fraction, check_keep, select
-from masklab.errors import MasklabError
-from masklab.registry import Registry
+from masklab.text.document import UNIT_TOKENS, Document, segment
+from masklab.text.selection import AUTO, auto_fraction, check_keep, select
+from masklab.util.errors import MasklabError
+from masklab.util.registry import Registry
 
 ROUTERS: Registry = Registry("router")
 # The router of compress, serve and the integrations when none is named: the best pooled val MRR of the real-document
@@ -103,7 +103,7 @@ class Router:
         raise NotImplementedError
 
     def resolve_keep(self, keep: float | str, scores: Tensor, lengths: list[int]) -> float:
-        """``keep`` as a fraction: :data:`~masklab.selection.AUTO` becomes the share of the
+        """``keep`` as a fraction: :data:`~masklab.text.selection.AUTO` becomes the share of the
         tokens in the units scoring at least :attr:`keep_auto`."""
         if keep != AUTO:
             return keep
@@ -134,9 +134,9 @@ class Router:
 
     def prune(self, text: str | Document, question: str, keep: float = 0.25, fill: bool | None = None,
               unit_tokens: int = UNIT_TOKENS, limit: int | None = None) -> Pruned:
-        """``text`` (cut by :func:`~masklab.document.segment`) or a :class:`Document`,
+        """``text`` (cut by :func:`~masklab.text.document.segment`) or a :class:`Document`,
         pruned to ``keep`` of its tokens for ``question``."""
-        from masklab.inputs import check_question
+        from masklab.text.inputs import check_question
 
         question = check_question(question)
         doc = text if isinstance(text, Document) else segment(text, self.tokenizer, unit_tokens)

@@ -9,7 +9,7 @@ request costs what pruning costs, not a process start and a model load. ``POST
 answer?, max_new_tokens?}`` and returns the fields ``masklab compress --json`` prints (with
 the answer when ``answer`` is true); ``GET /healthz`` says the service is up. Every request
 is checked in the event loop before it waits for the model (:func:`parse_request`, with
-:mod:`masklab.inputs`' checks and messages): bad input is a 4xx ``{"error": "..."}`` at once.
+:mod:`masklab.text.inputs`' checks and messages): bad input is a 4xx ``{"error": "..."}`` at once.
 The model and the routers are used by one worker thread only, so concurrent requests queue
 for it in arrival order; a request not answered within ``--request-seconds`` (queue wait
 included) gets a 503, and one still waiting in the queue then is dropped unrun.
@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from masklab.context.router import DEFAULT_ROUTER
-from masklab.selection import parse_keep
-from masklab.document import UNIT_TOKENS
-from masklab.errors import MasklabError
-from masklab.flags import add_flags, check_ranges, config_from_args, flag
-from masklab.inputs import MAX_CONTEXT_BYTES, check_context, check_question
+from masklab.text.selection import parse_keep
+from masklab.text.document import UNIT_TOKENS
+from masklab.util.errors import MasklabError
+from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
+from masklab.text.inputs import MAX_CONTEXT_BYTES, check_context, check_question
 
 MAX_NEW_TOKENS = 512  # the longest answer a request may ask for (a bound on one request's decode time)
 FIELDS = ("context", "question", "router", "keep", "target_tokens", "answer", "max_new_tokens")
@@ -105,7 +105,7 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     from masklab.context.passages import check_target
     from masklab.context.presses import PRESSES
     from masklab.context.routers import ROUTERS
-    from masklab.selection import check_keep
+    from masklab.text.selection import check_keep
 
     try:
         text = raw.decode("utf-8")
@@ -193,7 +193,7 @@ class Service:
 
     def compress(self, req: CompressRequest, deadline: float) -> dict:
         """What ``masklab compress --json`` prints for ``req`` (worker thread)."""
-        from masklab import device as devices
+        from masklab.util import device as devices
 
         if time.monotonic() > deadline:  # timed out while queued: its caller has already been answered
             raise TimeoutError
@@ -324,7 +324,7 @@ def bind(host: str, port: int):
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from masklab import device as devices
+    from masklab.util import device as devices
     from masklab.pretrained.models import check_models, check_prompt_format, load
 
     cfg = config_from_args(args, ServeConfig())

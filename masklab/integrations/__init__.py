@@ -12,11 +12,11 @@ best units, in reading order, and a passage that keeps none is dropped.
 
 from __future__ import annotations
 
-from masklab.document import UNIT_TOKENS
+from masklab.text.document import UNIT_TOKENS
 from masklab.context.passages import DEFAULT_KEEP, PrunedPassages, check_target, compress_passages
 from masklab.context.router import DEFAULT_ROUTER
-from masklab.selection import check_keep
-from masklab.errors import MasklabError
+from masklab.text.selection import check_keep
+from masklab.util.errors import MasklabError
 
 
 class Pruner:

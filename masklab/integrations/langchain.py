@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from masklab.document import UNIT_TOKENS
-from masklab.errors import MasklabError
+from masklab.text.document import UNIT_TOKENS
+from masklab.util.errors import MasklabError
 from masklab.context.router import DEFAULT_ROUTER
 from masklab.integrations import Pruner
 

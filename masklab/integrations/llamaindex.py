@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from masklab.document import UNIT_TOKENS
-from masklab.errors import MasklabError
+from masklab.text.document import UNIT_TOKENS
+from masklab.util.errors import MasklabError
 from masklab.context.router import DEFAULT_ROUTER
 from masklab.integrations import Pruner
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from masklab.attention import Block
+from masklab.priors.attention import Block
 
 
 class TokenEncoder(nn.Module):
@@ -18,7 +18,7 @@ class TokenEncoder(nn.Module):
         vocab: number of token values.
         n_tokens: input length ``n`` (the sequence is ``T = n + 1`` with CLS at 0).
         dim, depth, heads: width, number of blocks, heads per block.
-        priors: one optional prior module per block (e.g. :class:`~masklab.bias.MaskPrior`).
+        priors: one optional prior module per block (e.g. :class:`~masklab.priors.bias.MaskPrior`).
         out_dim: size of the CLS head's output.
     """
 

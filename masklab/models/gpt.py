@@ -2,7 +2,7 @@
 
 tokens ``(B, T)`` -> token embeddings (+ learned absolute positions unless
 ``positions=False``) -> ``depth`` Blocks with the causal bias (plus each block's optional
-prior, e.g. a relative-distance or digit-alignment :class:`~masklab.bias.MaskPrior`) ->
+prior, e.g. a relative-distance or digit-alignment :class:`~masklab.priors.bias.MaskPrior`) ->
 LayerNorm -> tied LM head -> logits ``(B, T, vocab)``.
 """
 
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from masklab.attention import Block
-from masklab.bias import causal_bias
+from masklab.priors.attention import Block
+from masklab.priors.bias import causal_bias
 
 
 class GPT(nn.Module):

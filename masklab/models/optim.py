@@ -9,11 +9,11 @@ the tied output head). Nothing else is decayed:
 * additive position embeddings and CLS tokens (``pos``, ``cls``: learned constants added to
   the tokens; decay pulls them toward "no position", the convention of minGPT and timm's
   ``no_weight_decay``);
-* attention priors (a :class:`~masklab.bias.MaskPrior`'s ``M``): decay would pull ``M`` to 0,
+* attention priors (a :class:`~masklab.priors.bias.MaskPrior`'s ``M``): decay would pull ``M`` to 0,
   a uniform ``logsigmoid(0)`` bias, i.e. erase the prior under study.
 
 :func:`param_groups` turns the rule into AdamW parameter groups; the training loop
-(:mod:`masklab.train`) is its one user.
+(:mod:`masklab.lab.train`) is its one user.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from masklab.attention import Block
-from masklab.bias import key_bias
+from masklab.priors.attention import Block
+from masklab.priors.bias import key_bias
 
 
 class EvidenceReader(nn.Module):

@@ -3,10 +3,10 @@
 images ``(B, C, S, S)`` -> non-overlapping ``patch x patch`` patches, flattened and
 linearly embedded ``(B, P, D)`` with ``P = (S / patch)**2`` -> prepend CLS, add learned
 positions ``(B, T, D)``, ``T = P + 1`` -> ``depth`` Blocks (each with an optional prior,
-e.g. a 2-D locality :class:`~masklab.bias.MaskPrior`) -> LayerNorm -> linear head on CLS
+e.g. a 2-D locality :class:`~masklab.priors.bias.MaskPrior`) -> LayerNorm -> linear head on CLS
 -> logits ``(B, classes)``.
 
-Token order is CLS first, then patches row by row (what :mod:`masklab.structures`'
+Token order is CLS first, then patches row by row (what :mod:`masklab.priors.structures`'
 2-D builders assume). :data:`PRESETS` names consistent sizes (timm style): ``vit-tiny`` is
 the paper's ViT-Tiny width/depth/heads for GPU users; the ``cpu-*`` presets are small
 enough to train on a laptop CPU in minutes.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from masklab.attention import Block
+from masklab.priors.attention import Block
 
 #: name -> (patch, dim, depth, heads). Image size and classes come from the data set.
 PRESETS: dict[str, dict[str, int]] = {

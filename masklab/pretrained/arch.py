@@ -39,8 +39,8 @@ from typing import Iterator
 
 from torch import nn
 
-from masklab.errors import MasklabError
-from masklab.registry import Registry
+from masklab.util.errors import MasklabError
+from masklab.util.registry import Registry
 
 
 @dataclass(frozen=True)

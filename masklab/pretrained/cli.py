@@ -7,18 +7,18 @@ import json
 import sys
 from dataclasses import dataclass
 
-from masklab.document import CHUNK_WORDS, chunked_sentences
-from masklab.errors import MasklabError
-from masklab.flags import add_flags, check_ranges, config_from_args, flag
-from masklab.inputs import MAX_CONTEXT_BYTES
-from masklab.query import Query
+from masklab.text.document import CHUNK_WORDS, chunked_sentences
+from masklab.util.errors import MasklabError
+from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
+from masklab.text.inputs import MAX_CONTEXT_BYTES
+from masklab.text.query import Query
 
 CITE_METHODS = ("loo", "greedy-minimal", "group-testing", "contextcite")
 
 
 @dataclass
 class CiteOptions:
-    """``masklab cite``'s options besides ``--context`` and ``--query`` (flags with ranges, :mod:`masklab.flags`)."""
+    """``masklab cite``'s options besides ``--context`` and ``--query`` (flags with ranges, :mod:`masklab.util.flags`)."""
 
     model: str = flag("smollm2-135m", help="registered name (see `masklab models`), a local Hugging Face model folder "
                       "(/path/to/folder; see docs/pretrained.md for the architectures) or a .gguf file")
@@ -48,7 +48,7 @@ def note(text: str) -> None:
 
 
 def sentences_of(text: str) -> list[str]:
-    """The evidence items of a context (:func:`masklab.document.chunked_sentences`), with a
+    """The evidence items of a context (:func:`masklab.text.document.chunked_sentences`), with a
     notice when some are chunks rather than sentences or there is only one."""
     out, cut = chunked_sentences(text)
     if cut:
@@ -100,7 +100,7 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _cite(args: argparse.Namespace) -> int:
-    from masklab.inputs import check_model_paths, check_question, read_text
+    from masklab.text.inputs import check_model_paths, check_question, read_text
     from masklab.pretrained.models import check_models, check_prompt_format
 
     # every option and the input file are checked before the model loads
@@ -112,11 +112,11 @@ def _cite(args: argparse.Namespace) -> int:
     query = check_question(args.query)
     text = read_text(args.context, encoding=opts.encoding, max_bytes=opts.max_context_bytes)
     sentences = sentences_of(text)
-    from masklab import device as devices
+    from masklab.util import device as devices
 
     dev = devices.resolve(args.device)  # one clear error for --device cuda without a GPU, before loading
 
-    from masklab.pretrained.evidence import cite
+    from masklab.lab.lm_evidence import cite
     from masklab.pretrained.models import load
 
     lm = load(opts.model, threads=opts.threads, prompt_format=opts.prompt_format, device=dev)

@@ -1,6 +1,6 @@
 """Mask priors and per-layer/per-head interventions on Hugging Face causal LMs.
 
-masklab's attention convention (:mod:`masklab.attention`) is ``logits = q k^T * scale +
+masklab's attention convention (:mod:`masklab.priors.attention`) is ``logits = q k^T * scale +
 prior + bias``. This module brings it to a pretrained ``transformers`` model through the
 library's own extension points, without touching the model's code:
 
@@ -44,9 +44,9 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from masklab.bias import MaskPrior, RecencyPrior, RelativePrior
+from masklab.priors.bias import MaskPrior, RecencyPrior, RelativePrior
 from masklab.pretrained.arch import attention_modules
-from masklab.runner import MasklabError
+from masklab.lab.runner import MasklabError
 
 ATTN_NAME = "masklab"
 FILE_FORMAT = "masklab-priors"

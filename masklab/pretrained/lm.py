@@ -11,7 +11,7 @@ Prompt formats (``lm.prompt_format``): ``raw`` is the plain completion
 ``context + query``; ``chat`` wraps it in the model's own user/assistant turns (a model
 folder's tokenizer chat template when it has one, :func:`template_turns`; else
 :data:`CHAT_TURNS`, found from the special tokens in its vocabulary) and moves the
-answer line (:attr:`masklab.query.Query.answer_line`: ``Answer:`` and the answer prefix)
+answer line (:attr:`masklab.text.query.Query.answer_line`: ``Answer:`` and the answer prefix)
 into the assistant turn::
 
     <|im_start|>user\n{context}\nQuestion: ...<|im_end|>\n<|im_start|>assistant\nAnswer: {prefix}
@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 
 from masklab.pretrained.models import LoadedModel
-from masklab.query import Query
-from masklab.runner import MasklabError
+from masklab.text.query import Query
+from masklab.lab.runner import MasklabError
 
 PROMPT_FORMATS = ("raw", "chat")
 # chat turns for tokenizers without a chat template, by style:
@@ -96,7 +96,7 @@ def turns(lm: LoadedModel) -> tuple[str, str]:
 
 def prompt_parts(lm: LoadedModel, query: str) -> tuple[str, str]:
     """``(before, after)``: the formatted prompt is ``before + context + after``. In the chat
-    format a :class:`~masklab.query.Query`'s question ends the user turn and its answer line
+    format a :class:`~masklab.text.query.Query`'s question ends the user turn and its answer line
     starts the assistant's; any other query text is all user turn."""
     fmt = getattr(lm, "prompt_format", "raw")
     if fmt == "raw":

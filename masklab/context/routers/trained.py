@@ -1,4 +1,4 @@
-"""``evidence`` and ``attention``: the trained routers (:mod:`masklab.context.trained`).
+"""``evidence`` and ``attention``: the trained routers (:mod:`masklab.context.routers.features`).
 
 Each model's pair ships in ``masklab/context/weights/<model>.safetensors`` (+ ``.json``
 meta: the command that trained it, its data, code hash and label cost);
@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from masklab.context.router import ROUTERS, Router
-from masklab.context.trained import ROUTER_LAYERS, features, load_routers, router_stem, same_model
-from masklab.errors import MasklabError
+from masklab.context.routers.features import ROUTER_LAYERS, features, load_routers, router_stem, same_model
+from masklab.util.errors import MasklabError
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 WINDOW_TOKENS = 8192
@@ -50,7 +50,7 @@ def shipped_digest(model: str) -> str | None:
 
 
 class TrainedRouter(Router):
-    """A :class:`~masklab.context.trained.LinearRouter` over the first layers of a model; ``path``:
+    """A :class:`~masklab.context.routers.features.LinearRouter` over the first layers of a model; ``path``:
     a router file made by ``masklab train-router`` (default: the shipped one).
     ``router_model``: the model whose first layers and router rank the units (a packaged
     name, a model folder or a loaded model; default ``lm`` where a router ships for it, else

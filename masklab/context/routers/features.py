@@ -1,0 +1,424 @@
+"""Trained unit routers for a real LM: one feature extractor, one label maker, one fit.
+
+The router reads ``question + "\\n" + context`` through the LM's first ``layers`` decoder
+layers, a pass separate from the answer's prefill and far cheaper (the first 1 / 2 layers
+cost 0.033x / 0.066x of a full prefill, ``benchmarks/longctx_prefill.py``). The question
+comes first because a causal LM's context states cannot see a question after them.
+
+Features of unit ``i`` (:func:`features`, ``(N, F)``), by feature set:
+
+* ``v2-superseded`` (the ``longctx`` reproduction's): its tokens' mean final-normed state
+  minus the mean over the document's units; the cosine of its mean state with the
+  question's mean state; the largest cosine of one of its tokens with the question's mean;
+  relative position; relative length; the share of the question's words it contains (the
+  ``lexical`` score); and how much of that share a *later* unit matches too
+  (:func:`superseded`: a statement restated or updated later scores high);
+* ``v3-relative`` (the shipped routers'): only what relates a unit to the question and to
+  the other units, no raw hidden state (a raw state lets a router learn what the training
+  facts look like instead of what the question asks): at layers 1 and ``layers``, the
+  cosine of the unit's mean state with the question's; MaxSim (each question token's
+  best cosine with one of the unit's tokens, averaged); the best token cosine with the
+  question's mean; each of these as a z-score within the document; the ``lexical`` share,
+  :func:`superseded`, BM25 over the document's units (over its maximum), the best
+  neighbour's lexical share, the share of the unit's words that the three best-matching
+  units hold (a link to the matched facts, for chains); relative position and length;
+* ``v4-hop``: ``v3-relative`` and one hop (:func:`hop`) for facts that matter through
+  another one (chains): the anchor (the unit with the best BM25) has words the question
+  lacks; the units that hold them and do not match the question themselves score high.
+
+Labels per training document (:func:`make_labels`, only documents the LM answers rightly):
+``evidence``, the units of the evidence set of the LM's own answer (group testing or
+leave-one-out over key masks, forward passes counted); ``attention``, as many units (at
+least one) with the most attention mass from the answer position (mean over layers and
+heads). Both routers get the same features, data and model class; only labels differ.
+
+The router (:class:`LinearRouter`) is a logistic regression on standardised features,
+stored as safetensors + JSON (:func:`save_routers`, :func:`load_routers`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from masklab.text.document import Document
+from masklab.util.errors import MasklabError
+from masklab.pretrained.arch import first_layers
+
+LABELS = ("evidence", "attention")
+ROUTER_LAYERS = 2
+FEATURES = "v2-superseded"  # the longctx reproduction's; each shipped router file names its own set
+FEATURE_SETS = ("v2-superseded", "v3-relative", "v4-hop")
+
+
+# --------------------------------------------------------------------------- features
+def router_input(tokenizer, units: list[str], question: str) -> tuple[Tensor, Tensor]:
+    """``question + "\\n" + " ".join(units)`` tokenised (with the tokenizer's special
+    tokens): ``ids (T,)`` and ``unit (T,)`` = unit index per token, -2 for the question's
+    tokens, -1 for special tokens and the line break."""
+    q = question
+    text = q + "\n" + " ".join(units)
+    enc = tokenizer(text, return_offsets_mapping=True)
+    starts, pos = [], len(q) + 1
+    for s in units:
+        starts.append(pos)
+        pos += len(s) + 1
+    unit = torch.full((len(enc["input_ids"]),), -1, dtype=torch.long)
+    for t, (a, b) in enumerate(enc["offset_mapping"]):
+        if b <= a:
+            continue
+        if b <= len(q):
+            unit[t] = -2
+            continue
+        mid = a  # the token's first non-space character decides its unit
+        while mid < b - 1 and text[mid] in " \n":
+            mid += 1
+        if mid > len(q):
+            unit[t] = bisect.bisect_right(starts, mid) - 1
+    return torch.tensor(enc["input_ids"]), unit
+
+
+def superseded(overlap: list[float]) -> list[float]:
+    """Per unit: ``min(overlap[i], max(overlap[j] for j > i))`` (0 for the last), the part
+    of its match with the question that a later unit matches at least as well."""
+    out, later = [0.0] * len(overlap), 0.0
+    for i in range(len(overlap) - 1, -1, -1):
+        out[i] = min(overlap[i], later)
+        later = max(later, overlap[i])
+    return out
+
+
+@torch.no_grad()
+def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, kind: str = FEATURES) -> Tensor:
+    """``(N, F)`` features of ``units`` from the first ``layers`` layers over
+    ``question + "\\n" + context`` (module docstring); ``question`` without answer prefix."""
+    from masklab.context.routers.lexical import question_overlap
+
+    if kind not in FEATURE_SETS:
+        raise MasklabError(f"unknown router feature set {kind!r}; choose from {', '.join(FEATURE_SETS)}")
+    ids, unit = router_input(lm.tokenizer, units, question)
+    with first_layers(lm.model, layers) as base:  # on the model's device; the feature maths on the CPU
+        out = base(input_ids=ids[None].to(lm.model.device), use_cache=False, output_hidden_states=True)
+    h = out.last_hidden_state[0].float().cpu()  # (T, D), final-normed
+    n = len(units)
+    m = unit >= 0
+    count = torch.bincount(unit[m], minlength=n).float()
+    isq = unit == -2
+
+    def unit_mean(x: Tensor) -> Tensor:  # (T, D) -> (N, D)
+        return torch.zeros(n, x.shape[1]).index_add_(0, unit[m], x[m]) / count.clamp(min=1)[:, None]
+
+    mean = unit_mean(h)
+    qm = h[isq].mean(0) if isq.any() else h.mean(0)
+    cos_mean = torch.nn.functional.cosine_similarity(mean, qm[None], dim=1)
+    tok_cos = torch.nn.functional.cosine_similarity(h, qm[None], dim=1)
+    cos_max = torch.full((n,), -1.0).scatter_reduce_(0, unit[m], tok_cos[m], reduce="amax")
+    pos = torch.arange(n, dtype=torch.float32) / max(n - 1, 1)
+    rel_len = count / count.mean().clamp(min=1)
+    overlap = question_overlap(units, question)
+    if kind == "v2-superseded":
+        extra = torch.stack([cos_mean, cos_max, pos, rel_len, torch.tensor(overlap), torch.tensor(superseded(overlap))], dim=1)
+        return torch.cat([mean - mean.mean(0, keepdim=True), extra], dim=1)
+    h1 = out.hidden_states[1][0].float().cpu()  # after the first layer (not normed)
+    cos1 = torch.nn.functional.cosine_similarity(unit_mean(h1), (h1[isq].mean(0) if isq.any() else h1.mean(0))[None], dim=1)
+    hn = torch.nn.functional.normalize(h, dim=1)
+    sim = hn[m] @ hn[isq].T if isq.any() else torch.zeros(int(m.sum()), 1)  # (T_ctx, Q) token cosines
+    best = torch.full((n, sim.shape[1]), -1.0).scatter_reduce_(0, unit[m][:, None].expand_as(sim), sim, reduce="amax")
+    maxsim = best.mean(1)
+
+    def z(x: Tensor) -> Tensor:
+        return (x - x.mean()) / x.std().clamp(min=1e-4) if n > 1 else torch.zeros_like(x)
+
+    ov = torch.tensor(overlap)
+    neighbour = torch.maximum(torch.cat([ov[1:], ov.new_zeros(1)]), torch.cat([ov.new_zeros(1), ov[:-1]]))
+    bm = bm25_scores(units, question)
+    extra = torch.stack([cos1, cos_mean, maxsim, cos_max, z(cos1), z(cos_mean), z(maxsim), z(cos_max), ov,
+                         torch.tensor(superseded(overlap)), bm / bm.max().clamp(min=1e-6), neighbour,
+                         link(units, overlap, question), pos, rel_len], dim=1)
+    if kind == "v3-relative":
+        return extra
+    return torch.cat([extra, hop(units, question, bm, ov)[:, None]], dim=1)  # v4-hop
+
+
+def bm25_scores(units: list[str], question: str) -> Tensor:
+    """``(N,)`` BM25 of ``question`` against each unit (the ``bm25`` router's score)."""
+    from masklab.text.document import Document
+    from masklab.context.routers.bm25 import BM25
+
+    return BM25().score(Document(units=units), question)
+
+
+def link(units: list[str], overlap: list[float], question: str, top: int = 3) -> Tensor:
+    """``(N,)``: the share of a unit's words (not the question's) found in the ``top`` units
+    that match the question best (0 for those units and when nothing matches)."""
+    from masklab.context.routers.lexical import words
+
+    order = sorted((i for i in range(len(units)) if overlap[i] > 0), key=lambda i: -overlap[i])[:top]
+    q = words(question)
+    linked = set().union(*(words(units[i]) for i in order)) - q if order else set()
+    out = torch.zeros(len(units))
+    for i, u in enumerate(units):
+        w = words(u) - q
+        if i not in order and w:
+            out[i] = len(w & linked) / len(w)
+    return out
+
+
+def hop(units: list[str], question: str, bm: Tensor, overlap: Tensor) -> Tensor:
+    """``(N,)``: one hop from the *anchor*, the unit with the best BM25 ``bm (N,)`` for the
+    question: the BM25 of each unit for the anchor's words that are not the question's (over
+    the anchor's own score, the maximum; 0 for the anchor), times the share of the question's
+    words the unit lacks (``1 - overlap (N,)``). High for the fact a chain's link points to."""
+    from masklab.context.routers.lexical import words
+
+    a = int(bm.argmax())
+    second = " ".join(sorted(words(units[a]) - words(question)))
+    out = bm25_scores(units, second) if bm.max() > 0 and second else torch.zeros(len(units))
+    out = out / out.max().clamp(min=1e-6)
+    out[a] = 0.0
+    return out * (1 - overlap)
+
+
+# --------------------------------------------------------------------------- labels
+@torch.no_grad()
+def attention_per_unit(lm, ids: Tensor, unit: Tensor, n: int, prefix: list | None = None) -> Tensor:
+    """``(N,)`` attention mass from the last position of ``ids (T,)`` on each unit (``unit
+    (T,)`` = unit index per token, < 0 elsewhere), mean over layers and heads. Switches the
+    model to eager attention for the pass; ``prefix`` (the context's cached keys and values,
+    :func:`~masklab.pretrained.lm.context_cache`): only the last token is read."""
+    from masklab.pretrained.lm import last_token_attention
+    from masklab.pretrained.models import set_attention
+
+    set_attention(lm, "eager")
+    try:
+        a = last_token_attention(lm, ids, prefix).mean((0, 1))  # (T,)
+    finally:
+        set_attention(lm, "sdpa")
+    out = torch.zeros(n)
+    m = unit >= 0
+    out.index_add_(0, unit[m], a[m])
+    return out
+
+
+def chunk_units(lengths: list[int], chunk_tokens: int | None) -> list[list[int]]:
+    """Consecutive units grouped into chunks of at most ``chunk_tokens`` tokens (a longer
+    unit is a chunk alone); None: one chunk per unit. Returns unit indices per chunk."""
+    if chunk_tokens is None:
+        return [[i] for i in range(len(lengths))]
+    chunks: list[list[int]] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if chunks and used + n <= chunk_tokens:
+            chunks[-1].append(i)
+            used += n
+        else:
+            chunks.append([i])
+            used = n
+    return chunks
+
+
+def make_labels(lm, doc: Document, query: str, accept: Callable[[str], bool], search: str = "group-testing",
+                max_new_tokens: int = 10, chunk_tokens: int | None = None, tolerance: float = 1.0,
+                reuse_prefix: bool = True) -> dict:
+    """Evidence and attention labels of one document (module docstring).
+
+    The LM answers ``query`` from ``doc`` (one greedy generation); a document whose answer
+    ``accept`` rejects (or that is empty) gets no labels. Otherwise ``search`` (an evidence
+    search of :mod:`masklab.lab.evidence.search`) finds the evidence chunks (units, or
+    consecutive units of at most ``chunk_tokens`` tokens, :func:`chunk_units`) under key
+    masks (read from each variant's first hidden token on unless ``reuse_prefix`` is False:
+    the same labels), and one eager pass gives the attention labels.
+
+    Returns ``{"answer", "correct", "passes", "seconds", "evidence", "attention"}``
+    (unit indices, or None without labels); ``passes`` counts every sequence the LM read.
+    """
+    from masklab.lab.evidence.search import SEARCHES
+    from masklab.lab.lm_evidence import SentenceOracle, is_empty_answer
+
+    t0 = time.perf_counter()
+    chunks = chunk_units(doc.lengths(lm.tokenizer), chunk_tokens)
+    texts = [" ".join(doc.units[i] for i in c) for c in chunks]
+    oracle = SentenceOracle(lm, texts, query, hide="mask", tolerance=tolerance, max_new_tokens=max_new_tokens,
+                            reuse_prefix=reuse_prefix)
+    out = {"answer": oracle.answer, "correct": False, "passes": 1, "evidence": None, "attention": None}
+    if is_empty_answer(oracle.generated) or not accept(oracle.generated):
+        return {**out, "seconds": time.perf_counter() - t0}
+    ev = SEARCHES[search].find(oracle, len(texts))
+    evidence = sorted(i for c in ev.items for i in chunks[c])
+    from masklab.pretrained.lm import encode
+
+    enc = encode(lm, doc.units, query)  # tokens mapped to units (not chunks)
+    same = torch.equal(enc.ids, oracle.enc.ids)  # units read as the search's chunks: its cached keys and values serve
+    att = attention_per_unit(lm, enc.ids, enc.item_of_token, len(doc.units), oracle.prefix if same else None)
+    top = torch.argsort(att, descending=True, stable=True)[:max(1, len(evidence))].tolist()
+    return {**out, "correct": True, "passes": ev.forward_passes + 2, "seconds": time.perf_counter() - t0,
+            "evidence": evidence, "attention": sorted(top)}
+
+
+# --------------------------------------------------------------------------- the router
+@dataclass
+class LinearRouter:
+    """Logistic regression ``score = w . standardise(x) + b`` over unit features."""
+
+    weight: Tensor
+    bias: Tensor
+    mean: Tensor
+    std: Tensor
+
+    @classmethod
+    def fit(cls, X: Tensor, y: Tensor, steps: int = 300, lr: float = 0.05, l2: float = 1e-2, seed: int = 0) -> "LinearRouter":
+        """``X (M, F)``, ``y (M,)`` in {0, 1}; positives are re-weighted to balance classes."""
+        g = torch.Generator().manual_seed(seed)
+        mean, std = X.mean(0), X.std(0).clamp(min=1e-4)
+        Z = (X - mean) / std
+        w = (torch.randn(X.shape[1], generator=g) * 0.01).requires_grad_()
+        b = torch.zeros(1, requires_grad=True)
+        pos = float(y.sum().clamp(min=1))
+        pw = torch.tensor((len(y) - pos) / pos)
+        opt = torch.optim.Adam([w, b], lr=lr)
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(Z @ w + b, y.float(), pos_weight=pw) + l2 * (w ** 2).sum()
+            loss.backward()
+            opt.step()
+        return cls(w.detach(), b.detach(), mean, std)
+
+    def score(self, X: Tensor) -> Tensor:
+        """``X (N, F)`` -> ``(N,)`` logits."""
+        if X.shape[-1] != self.weight.shape[0]:
+            raise MasklabError(f"this router takes {self.weight.shape[0]} features per unit, got {X.shape[-1]}: "
+                               "it was trained for another model or feature set")
+        return ((X - self.mean) / self.std) @ self.weight + self.bias
+
+
+def fit_routers(feats: list[Tensor], labels: dict[str, list[list[int]]], seed: int = 0) -> dict[str, LinearRouter]:
+    """One router per label kind from per-document ``feats (N_d, F)`` and label index lists."""
+    X = torch.cat(feats)
+    out = {}
+    for kind, per_doc in labels.items():
+        y = torch.cat([torch.zeros(f.shape[0]).index_fill_(0, torch.tensor(idx, dtype=torch.long), 1.0)
+                       for f, idx in zip(feats, per_doc)])
+        if y.sum() == 0:
+            raise MasklabError(f"no positive {kind} labels to train a router on")
+        out[kind] = LinearRouter.fit(X, y, seed=seed)
+    return out
+
+
+def save_routers(path: Path, routers: dict[str, LinearRouter], meta: dict) -> None:
+    """``path.safetensors`` (weights) + ``path.json`` (meta: ``kinds`` and how it was made); atomic."""
+    from safetensors.torch import save_file
+
+    from masklab.util.files import write_json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {f"{k}.{f}": getattr(r, f).contiguous() for k, r in routers.items() for f in ("weight", "bias", "mean", "std")}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path.with_suffix(".safetensors"))
+    write_json(path.with_suffix(".json"), {**meta, "kinds": list(routers)})
+
+
+def load_routers(path: Path) -> tuple[dict[str, LinearRouter], dict]:
+    """The routers and meta :func:`save_routers` wrote at ``path`` (no suffix)."""
+    from safetensors.torch import load_file
+
+    from masklab.util.files import read_json
+
+    path = Path(path)
+    if not path.with_suffix(".json").is_file() or not path.with_suffix(".safetensors").is_file():
+        raise MasklabError(f"no trained router at {path} (.json + .safetensors)")
+    t = load_file(str(path.with_suffix(".safetensors")))
+    meta = read_json(path.with_suffix(".json"))
+    return {k: LinearRouter(*(t[f"{k}.{f}"] for f in ("weight", "bias", "mean", "std"))) for k in meta["kinds"]}, meta
+
+
+def router_stem(model: str) -> str:
+    """The file name (no suffix) of ``model``'s routers in a ``train-router`` folder: the
+    registered name, or a folder's or file's own name (letters, digits, ``-`` and ``_``
+    kept, so no dot reads as a suffix)."""
+    import re
+
+    return re.sub(r"[^\w-]+", "_", Path(model).expanduser().name) or "model"
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two ``--model`` values name the same model (one path written two ways too)."""
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+# --------------------------------------------------------------------------- training
+TRAIN_SEED_BASE = 1_000_000  # training examples: make_examples(seed=TRAIN_SEED_BASE + seed), disjoint from tests
+
+
+def router_key(model: str, tasks: list[str], length: int, params: dict) -> str:
+    import hashlib
+    import json
+
+    blob = json.dumps({"model": model, "tasks": sorted(tasks), "length": length, **params}, sort_keys=True)
+    return f"{model}-{length}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def train_or_load(lm, model: str, tasks: list[str], length: int, n_per_task: int, cache_dir: Path,
+                  seed: int = 0, task_kw: dict | None = None, max_new_tokens: int = 10,
+                  chunk_tokens: int | None = None, layers: int = ROUTER_LAYERS, log=None) -> tuple[dict, dict]:
+    """The evidence and attention routers for (model, task set, length): loaded from
+    ``cache_dir`` when trained before with the same settings, else trained on
+    ``n_per_task`` generated examples per task from seeds disjoint from the test seeds
+    (group-testing labels, :func:`make_labels`) and saved.
+
+    Returns ``(routers {"evidence", "attention"}, meta)``; meta holds ``examples``,
+    ``labelled`` (answered correctly), ``ev_passes`` (forward passes the labels cost),
+    ``seconds``, ``per_task`` counts and ``layers``."""
+    import fcntl
+
+    from masklab.lab.tasks.longctx import make_examples, score
+
+    task_kw = task_kw or {}
+    params = {"n_per_task": n_per_task, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens, "features": FEATURES,
+              "chunk_tokens": chunk_tokens, **task_kw}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / router_key(model, tasks, length, params)
+    with open(cache_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one trainer per cache; the others then load its file
+        if path.with_suffix(".json").exists() and path.with_suffix(".safetensors").exists():
+            return load_routers(path)
+        t0 = time.perf_counter()
+        feats, labels = [], {k: [] for k in LABELS}
+        passes, per_task = 0, {}
+        for task in tasks:
+            exs = make_examples(task, length, n_per_task, seed=TRAIN_SEED_BASE + seed, tokenizer=lm.tokenizer, **task_kw)
+            got = 0
+            for ex in exs:
+                lab = make_labels(lm, ex, ex.query, accept=lambda text, ex=ex: score(text, ex),
+                                  max_new_tokens=max_new_tokens, chunk_tokens=chunk_tokens)
+                passes += lab["passes"]
+                if lab["evidence"] is None:
+                    continue
+                got += 1
+                feats.append(features(lm, ex.units, ex.question, layers))
+                for k in LABELS:
+                    labels[k].append(lab[k])
+            per_task[task] = got
+            if log:
+                log(f"router labels {model} {task}@{length}: {got}/{len(exs)} answered correctly")
+        if not feats:
+            raise MasklabError(f"{model} answered none of the {n_per_task} training examples per task correctly "
+                               f"at {length} tokens: no evidence to train a router on")
+        routers = fit_routers(feats, labels, seed=seed)
+        meta = {"model": model, "tasks": tasks, "length": length, **params,
+                "examples": n_per_task * len(tasks), "labelled": len(feats), "per_task": per_task,
+                "ev_passes": passes, "seconds": time.perf_counter() - t0,
+                "positives": {k: sum(len(v) for v in labels[k]) for k in LABELS}}
+        save_routers(path, routers, meta)
+        return load_routers(path)

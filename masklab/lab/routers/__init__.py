@@ -1,0 +1,1 @@
+"""Research routers: controls and oracles that the lab evaluates beside the product's routers."""

@@ -1,0 +1,267 @@
+"""The real-document benchmark: real files (licences, FAQs, changelogs, man pages, Python's
+documentation, READMEs) with questions a user would ask and their answering sentences
+marked by text (format: ``masklab/data/realdocs/FORMAT.md``; sources and licences:
+``SOURCES.md``).
+
+``load(split)`` returns :class:`RealQuestion` s (``split``: ``val``, ``test``, ``test2`` or
+``all``; ``test2`` is a second test split written later, in ``masklab/data/realdocs2``);
+it checks every file against ``frozen.json`` (the benchmark was frozen before the router
+work it judges), so a result that names :func:`digest` names exactly these questions. The
+training corpus of the pruner (``masklab/data/corpus``, splits ``train`` and ``val``) has the
+same format and is read with ``load(split, CORPUS)``.
+
+``python -m masklab.lab.tasks.realdocs --root DIR --check`` validates a folder's files (every
+evidence string occurs once in its document) and prints how many of each question's content
+words its answering sentences share (:func:`overlap`); ``--rebuild`` writes ``docs/`` anew
+from the machine's own files named in ``sources.json`` and fails where one differs from
+``frozen.json``; ``--freeze`` writes ``frozen.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from masklab.util.errors import MasklabError
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+ROOT, ROOT2, CORPUS = DATA / "realdocs", DATA / "realdocs2", DATA / "corpus"
+KINDS = ("single", "two", "latest")
+SPLITS = ("val", "test", "test2")
+WHERE = {"val": (ROOT, "val"), "test": (ROOT, "test"), "test2": (ROOT2, "test")}  # split -> (folder, its split)
+
+
+@dataclass(frozen=True)
+class RealQuestion:
+    """One question about one real document; ``evidence``/``stale``: exact substrings of
+    ``text`` (the answering sentences; the older statements of a ``latest`` fact)."""
+
+    id: str
+    doc: str
+    kind: str
+    question: str
+    evidence: tuple[str, ...]
+    answers: tuple[str, ...]
+    text: str = field(repr=False)
+    stale: tuple[str, ...] = ()
+
+    def spans(self, which: str = "evidence") -> list[tuple[int, int]]:
+        """Character spans of the evidence (or ``stale``) strings in :attr:`text`."""
+        out = []
+        for s in getattr(self, which):
+            i = self.text.find(s)
+            out.append((i, i + len(s)))
+        return out
+
+    def is_correct(self, answer: str) -> bool:
+        """Whether one of the acceptable answers appears in ``answer`` (case- and
+        space-insensitively)."""
+        got = _norm(answer)
+        return any(_norm(a) in got for a in self.answers)
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"\s+", " ", s.lower()).strip()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted([root / "split.json", *(root / "docs").glob("*.txt"), *(root / "questions").glob("*.jsonl")])
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    """sha256 of every benchmark file, by its path in ``root``."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in _files(root)}
+
+
+def digest(root: Path = ROOT) -> str:
+    """12 hex digits of sha256 over every benchmark file (names and bytes)."""
+    h = hashlib.sha256()
+    for p in _files(root):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def _read(root: Path) -> tuple[dict, list[RealQuestion]]:
+    split_path = root / "split.json"
+    if not split_path.is_file():
+        raise MasklabError(f"no benchmark at {root}: {split_path} is missing")
+    split = json.loads(split_path.read_text())
+    docs = {p.stem: p.read_text(encoding="utf-8") for p in (root / "docs").glob("*.txt")}
+    qs: list[RealQuestion] = []
+    for p in sorted((root / "questions").glob("*.jsonl")):
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{p.name}:{n}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise MasklabError(f"{where}: not JSON ({e})") from None
+            missing = {"id", "doc", "kind", "question", "evidence", "answers"} - set(row)
+            if missing:
+                raise MasklabError(f"{where}: missing {', '.join(sorted(missing))}")
+            if row["doc"] not in docs:
+                raise MasklabError(f"{where}: no document docs/{row['doc']}.txt")
+            if row["kind"] not in KINDS:
+                raise MasklabError(f"{where}: kind {row['kind']!r} is not one of {', '.join(KINDS)}")
+            text = docs[row["doc"]]
+            for which in ("evidence", "stale"):
+                for s in row.get(which, []):
+                    if text.count(s) != 1:
+                        raise MasklabError(f"{where}: {which} string occurs {text.count(s)} times in "
+                                           f"docs/{row['doc']}.txt, not once: {s[:60]!r}")
+            if not row["evidence"] or not row["answers"]:
+                raise MasklabError(f"{where}: evidence and answers must not be empty")
+            if row["kind"] == "two" and len(row["evidence"]) < 2:
+                raise MasklabError(f"{where}: a 'two' question needs two evidence strings")
+            if row["kind"] == "latest" and not row.get("stale"):
+                raise MasklabError(f"{where}: a 'latest' question needs its older statements in 'stale'")
+            qs.append(RealQuestion(row["id"], row["doc"], row["kind"], row["question"], tuple(row["evidence"]),
+                                   tuple(row["answers"]), text, tuple(row.get("stale", ()))))
+    ids = [q.id for q in qs]
+    if len(set(ids)) != len(ids):
+        raise MasklabError("question ids are not unique")
+    listed = set().union(*split.values())
+    if sum(len(set(v)) for v in split.values()) != len(listed):
+        raise MasklabError("a document is in more than one split")
+    if listed != set(docs):
+        raise MasklabError(f"split.json and docs/ disagree: {sorted(listed ^ set(docs))}")
+    return split, qs
+
+
+def check_frozen(root: Path = ROOT) -> None:
+    """Refuse benchmark files that differ from ``frozen.json``."""
+    frozen = json.loads((root / "frozen.json").read_text())
+    now = _hashes(root)
+    if now != frozen["files"]:
+        changed = sorted(k for k in set(now) | set(frozen["files"]) if now.get(k) != frozen["files"].get(k))
+        raise MasklabError(f"the real-document benchmark differs from frozen.json in {', '.join(changed)}: "
+                           "it was frozen before the work it judges and must not change")
+
+
+@lru_cache(maxsize=None)
+def load(split: str = "test", root: Path | None = None) -> list[RealQuestion]:
+    """The frozen questions of ``split``: of the benchmark (``val``, ``test``, ``test2`` or
+    ``all`` of them) or, with ``root``, of that folder's ``split.json`` (``all``: every split)."""
+    if root is None:
+        if split == "all":
+            return [q for s in SPLITS for q in load(s)]
+        if split not in WHERE:
+            raise MasklabError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}, all")
+        root, split = WHERE[split]
+    check_frozen(root)
+    sp, qs = _read(root)
+    if split != "all" and split not in sp:
+        raise MasklabError(f"unknown split {split!r} in {root}; choose from {', '.join(sp)}, all")
+    docs = set().union(*sp.values()) if split == "all" else set(sp[split])
+    return [q for q in qs if q.doc in docs]
+
+
+def benchmark_digest(split: str) -> str:
+    """:func:`digest` of the folder that holds ``split`` (``val``, ``test``, ``test2``)."""
+    return digest(WHERE[split][0])
+
+
+CONTENT = re.compile(r"[a-z0-9][a-z0-9_+.-]*[a-z0-9]|[a-z0-9]")
+
+
+def content_words(text: str) -> set[str]:
+    """Lower-cased words of ``text`` less English stop words (bm25s's list)."""
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return {w for w in CONTENT.findall(text.lower()) if w not in STOPWORDS_EN}
+
+
+def overlap(q: RealQuestion) -> float:
+    """The share of the question's content words found in its answering sentences (a
+    paraphrased question shares few)."""
+    words = content_words(q.question)
+    found = content_words(" ".join(q.evidence))
+    return len(words & found) / max(1, len(words))
+
+
+def extract(source: str) -> str:
+    """The text of one ``sources.json`` source: ``man:NAME`` (the page at 80 columns, as
+    ``MANWIDTH=80 man NAME | col -bx``), ``pydoc:TOPIC`` (Python's topic help) or a file
+    path (gunzipped when it ends in ``.gz``; a byte that is not UTF-8 becomes U+FFFD)."""
+    import gzip
+    import os
+    import subprocess
+
+    if source.startswith("man:"):
+        env = {**os.environ, "MANWIDTH": "80", "MAN_KEEP_FORMATTING": "", "LC_ALL": "C.UTF-8"}
+        page = subprocess.run(["man", source[4:]], env=env, capture_output=True, check=True).stdout
+        return subprocess.run(["col", "-bx"], input=page, capture_output=True, check=True).stdout.decode()
+    if source.startswith("pydoc:"):
+        import pydoc_data.topics
+
+        return pydoc_data.topics.topics[source[6:]]
+    data = Path(source).read_bytes()
+    return (gzip.decompress(data) if source.endswith(".gz") else data).decode("utf-8", errors="replace")
+
+
+def cut(text: str, chars: int) -> str:
+    """``text`` whole if it has at most ``chars`` characters, else its prefix up to the last
+    blank line before ``chars`` (a section boundary)."""
+    if len(text) <= chars:
+        return text
+    end = text.rfind("\n\n", 0, chars)
+    return text[:end + 1] if end > 0 else text[:chars]
+
+
+def rebuild(root: Path) -> list[str]:
+    """Write ``root/docs`` from the files ``root/sources.json`` names (and ``split.json``
+    where none exists); the documents that differ from ``frozen.json`` (none when the
+    machine's files are the ones frozen)."""
+    spec = json.loads((root / "sources.json").read_text())
+    (root / "docs").mkdir(exist_ok=True)
+    for name, d in spec["docs"].items():
+        (root / "docs" / f"{name}.txt").write_text(cut(extract(d["source"]), spec["chars"]), encoding="utf-8")
+    if not (root / "split.json").exists():
+        split: dict[str, list[str]] = {}
+        for name, d in spec["docs"].items():
+            split.setdefault(d["split"], []).append(name)
+        (root / "split.json").write_text(json.dumps(split, indent=1) + "\n")
+    frozen = root / "frozen.json"
+    if not frozen.exists():
+        return []
+    old, now = json.loads(frozen.read_text())["files"], _hashes(root)
+    return sorted(k for k in now if k.startswith("docs/") and old.get(k) != now[k])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m masklab.lab.tasks.realdocs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="validate the files and print counts and word overlap")
+    ap.add_argument("--rebuild", action="store_true", help="write docs/ from the machine's files (sources.json) "
+                    "and fail where one differs from frozen.json")
+    ap.add_argument("--freeze", action="store_true", help="write frozen.json (the hash of every file)")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the benchmark folder (default: the packaged one; "
+                    f"also {ROOT2} and {CORPUS})")
+    a = ap.parse_args(argv)
+    if a.rebuild:
+        changed = rebuild(a.root)
+        if changed:
+            raise SystemExit(f"masklab: error: rebuilt documents differ from frozen.json: {', '.join(changed)}")
+    split, qs = _read(a.root)
+    for s, names in split.items():
+        sq = [q for q in qs if q.doc in set(names)]
+        kinds = {k: sum(q.kind == k for q in sq) for k in KINDS}
+        share = sum(map(overlap, sq)) / max(1, len(sq))
+        print(f"{s}: {len(names)} documents, {len(sq)} questions {kinds}, mean content-word overlap {share:.2f}")
+    if a.check:
+        for q in sorted(qs, key=overlap, reverse=True)[:10]:
+            print(f"  overlap {overlap(q):.2f}  {q.id}: {q.question}")
+    if a.freeze:
+        files = _hashes(a.root)
+        (a.root / "frozen.json").write_text(json.dumps({"digest": digest(a.root), "files": files}, indent=1) + "\n")
+        print("frozen:", digest(a.root))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Attention priors: the one attention core, bias terms, structure builders, QK inits."""

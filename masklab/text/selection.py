@@ -1,0 +1,65 @@
+"""The one selection rule: which units a router keeps within a token budget."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from masklab.util.errors import MasklabError
+
+
+AUTO = "auto"  # keep "auto": the router decides how much (a pruner's score threshold, chosen on val)
+
+
+def check_keep(keep: float | str) -> float | str:
+    """``keep`` must be a fraction in (0, 1], or :data:`AUTO`."""
+    if keep == AUTO:
+        return keep
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 < keep <= 1:
+        raise MasklabError(f"keep must be a fraction in (0, 1] or \"auto\", got {keep!r}")
+    return keep
+
+
+def parse_keep(text: str) -> float | str:
+    """A ``--keep`` value: ``auto`` or a number."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return float(text)
+    except ValueError:
+        raise MasklabError(f"--keep takes a fraction in (0, 1] or auto, got {text!r}") from None
+
+
+def auto_fraction(scores: Tensor, lengths: Sequence[int], threshold: float) -> float:
+    """The share of the tokens in the units scoring at least ``threshold`` (the top unit always
+    counts): the fraction :func:`select` keeps for ``keep="auto"``."""
+    above = scores >= threshold
+    above[int(scores.argmax())] = True
+    return sum(n for n, a in zip(lengths, above.tolist()) if a) / max(1, sum(lengths))
+
+
+def select(scores: Tensor, lengths: Sequence[int], keep: float, fill: bool = True, limit: int | None = None) -> list[int]:
+    """Indices (ascending) of the units kept, from ``scores (N,)`` and token ``lengths (N,)``.
+
+    Highest score first (ties: the earlier unit), each unit while the kept tokens stay within
+    ``keep`` x the total (and within ``limit`` tokens, if given); a unit that would overflow
+    is skipped and a smaller later one may still fit. The top unit is always kept. Unless
+    ``fill``, selection stops at the first unit scored below 0 (a trained router's decision
+    boundary: "not evidence"), so ``keep`` is then a cap."""
+    check_keep(keep)
+    if len(lengths) != scores.shape[0]:
+        raise MasklabError(f"{scores.shape[0]} scores for {len(lengths)} units")
+    budget = keep * sum(lengths)
+    if limit is not None:
+        budget = min(budget, limit)
+    kept: list[int] = []
+    used = 0
+    for i in torch.argsort(scores, descending=True, stable=True).tolist():
+        if kept and not fill and scores[i] < 0:
+            break
+        if not kept or used + lengths[i] <= budget:
+            kept.append(i)
+            used += lengths[i]
+    return sorted(kept)
