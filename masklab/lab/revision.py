@@ -33,7 +33,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-ROOT = Path(__file__).parent
+ROOT = Path(__file__).resolve().parents[1]  # the masklab package (this file is masklab/lab/revision.py)
 # modules that record which code made a run but compute nothing a run measures: left out of code_ast
 BOOKKEEPING = frozenset({"masklab.lab.revision"})
 

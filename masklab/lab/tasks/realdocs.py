@@ -29,7 +29,7 @@ from pathlib import Path
 
 from masklab.util.errors import MasklabError
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"  # masklab/data
 ROOT, ROOT2, CORPUS = DATA / "realdocs", DATA / "realdocs2", DATA / "corpus"
 KINDS = ("single", "two", "latest")
 SPLITS = ("val", "test", "test2")
