@@ -1,7 +1,7 @@
 """What a causal evidence label costs, with and without the cached prefix.
 
 ``masklab train-router`` labels each training example by group testing under key masks
-(:func:`masklab.context.routers.features.make_labels`). A variant that hides units from token ``p``
+(:func:`masklab.lab.linear_routers.make_labels`). A variant that hides units from token ``p``
 on reads tokens ``0..p-1`` exactly as the full context does, so their keys and values can
 come from one cached pass (``reuse_prefix``). This labels the same training examples (the
 ``train`` split, the shipped routers' length of 256 tokens) both ways, interleaved per
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from masklab.context.routers.features import make_labels  # noqa: E402
+from masklab.lab.linear_routers import make_labels  # noqa: E402
 from masklab.util.files import write_json  # noqa: E402
 from masklab.pretrained.models import load  # noqa: E402
 from masklab.lab.stats import bootstrap_ratio  # noqa: E402

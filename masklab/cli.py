@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     from masklab.context import cli as context_cli
 
     context_cli.add_parser(sub)
-    context_cli.add_train_parser(sub)
+    from masklab.lab import train_router
+
+    train_router.add_parser(sub)
     from masklab.context import serve
 
     serve.add_parser(sub)

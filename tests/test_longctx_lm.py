@@ -67,7 +67,7 @@ def test_oracle_router_answers_like_full_context(smol):
 
 @pytest.mark.slow
 def test_group_testing_evidence_finds_the_needle(smol):
-    from masklab.context.routers.features import make_labels
+    from masklab.lab.linear_routers import make_labels
     from masklab.lab.tasks.longctx import score
 
     ex = make_example("niah", 256, 0, smol.tokenizer)

@@ -76,7 +76,8 @@ def test_router_press_finds_the_context_itself(smol, kv):
 
 @pytest.mark.slow
 def test_evidence_router_as_a_press_keeps_the_needle(smol, kv):
-    from masklab.context.routers.features import features, fit_routers
+    from masklab.context.routers.features import features
+    from masklab.lab.linear_routers import fit_routers
 
     train = make_examples("niah", 256, 3, seed=1000, tokenizer=smol.tokenizer)
     feats = [features(smol, ex.units, ex.question) for ex in train]

@@ -13,7 +13,8 @@ import torch
 from conftest import needs_smol
 from masklab.context.routers.lexical import question_overlap
 from masklab.text.selection import select
-from masklab.context.routers.features import bm25_scores, fit_routers, hop, load_routers, save_routers, superseded
+from masklab.context.routers.features import bm25_scores, hop, load_routers, superseded
+from masklab.lab.linear_routers import fit_routers, save_routers
 from masklab.lab.tasks.longctx import make_examples
 
 def bow_features(ex, dims: int = 32, recency: bool = False) -> torch.Tensor:

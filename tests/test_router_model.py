@@ -80,7 +80,7 @@ def test_train_router_on_a_folder_refuses_too_few_right_answers_and_prices_the_l
 
 
 def test_train_router_on_a_folder_prints_a_router_file_that_exists_and_warns(folder, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("masklab.context.routers.features.make_labels", fake_labels)
+    monkeypatch.setattr("masklab.lab.linear_routers.make_labels", fake_labels)
     out = tmp_path / "r"
     rc = main(["train-router", "--model", str(folder), "--out", str(out), "--quick", "--length", "1024", "--no-progress",
                "--layers", "1", "--device", "cpu"])

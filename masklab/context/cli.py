@@ -82,28 +82,6 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=main)
 
 
-def add_train_parser(sub) -> None:
-    from masklab.lab import train_router
-
-    p = sub.add_parser("train-router", help="label, fit and measure the evidence and attention routers of a model",
-                       description=train_router.__doc__.splitlines()[0])
-    add_flags(p, train_router.TrainConfig)
-    p.set_defaults(handler=train_main)
-
-
-def train_main(args: argparse.Namespace) -> int:
-    import dataclasses
-    import shlex
-    import sys
-
-    from masklab.lab import train_router
-
-    cfg = config_from_args(args, train_router.TrainConfig())
-    cfg = dataclasses.replace(cfg, command=getattr(args, "command_line", "masklab " + shlex.join(sys.argv[1:])),
-                              device=args.device, precision=args.precision)
-    return train_router.run(cfg)
-
-
 def check(cfg: CompressConfig) -> None:
     """Every option, before anything is read or loaded."""
     from masklab.context.embedder import check_folder

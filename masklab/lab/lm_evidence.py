@@ -30,7 +30,7 @@ from masklab.pretrained.lm import Encoded, answer_scores, answer_tokens, context
 from masklab.pretrained.models import LoadedModel
 from masklab.util.errors import MasklabError
 from masklab.text.query import Query
-from masklab.lab.tasks.stale_prompts import answer_head
+from masklab.text.query import answer_head
 
 HIDES = ("mask", "layers", "delete")
 

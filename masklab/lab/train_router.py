@@ -5,7 +5,7 @@
    question does not depend on how much filler surrounds it, which the held-out lengths
    check): the LM answers each example, and on a right answer group testing finds its
    evidence units and one eager pass its most attended units
-   (:func:`masklab.context.routers.features.make_labels`). One JSON line per example in
+   (:func:`masklab.lab.linear_routers.make_labels`). One JSON line per example in
    ``OUT/labels.jsonl``; a killed run resumes after the last labelled example, a rerun
    with more ``--examples`` labels only the new ones, and an example whose text changed
    (its digest, :attr:`~masklab.lab.tasks.families.FamilyExample.digest`) is labelled again;
@@ -38,8 +38,11 @@ meta and the evaluation file record both (:func:`masklab.util.device.describe`).
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import hashlib
 import json
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,7 +51,7 @@ from pathlib import Path
 from masklab.util import device as devices
 from masklab.util.errors import MasklabError
 from masklab.util.files import append_jsonl, atomic_write_text, make_out_dir, read_jsonl
-from masklab.util.flags import flag, int_list, str_list
+from masklab.util.flags import add_flags, config_from_args, flag, int_list, str_list
 
 EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
 MIN_LABELLED = 20  # fewer rightly answered training examples: no router is fitted (--quick: 2)
@@ -111,7 +114,7 @@ def _bar(items, progress: bool, desc: str):
 
 def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
     """Label the training examples (resumable); returns one row per example."""
-    from masklab.context.routers.features import make_labels
+    from masklab.lab.linear_routers import make_labels
     from masklab.lab.tasks.families import split_examples
 
     n = 2 if cfg.quick else cfg.examples
@@ -148,7 +151,7 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
 
 def cost_estimate(examples: int, first: dict) -> str:
     """One line: ``examples`` x passes per example x seconds per pass, from the ``first``
-    example's labels (:func:`masklab.context.routers.features.make_labels`); a first example answered
+    example's labels (:func:`masklab.lab.linear_routers.make_labels`); a first example answered
     wrongly (one pass) is priced at the shipped router's passes per labelled example."""
     from masklab.context.routers.trained import DEFAULT_ROUTER_MODEL, shipped
     from masklab.util.files import read_json
@@ -182,7 +185,8 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = 
     (:func:`~masklab.context.routers.features.router_stem`); the meta records ``stamp``
     (:func:`code_stamp` taken when training started; now if None)."""
     from masklab.context.routers.trained import DEFAULT_ROUTER_MODEL, FEW_LABELLED
-    from masklab.context.routers.features import LABELS, features, fit_routers, load_routers, router_stem, save_routers
+    from masklab.context.routers.features import LABELS, features, load_routers, router_stem
+    from masklab.lab.linear_routers import fit_routers, save_routers
     from masklab.lab.tasks.families import make_example
 
     labelled = [r for r in rows if r["correct"]]
@@ -455,3 +459,18 @@ def run_docs(cfg: TrainConfig) -> int:
           f"{time.perf_counter() - t0:.0f} s)")
     print(f"use it: masklab compress --router pruner --router-file {target} --keep auto ...")
     return 0
+
+
+def add_parser(sub) -> None:
+    """The ``masklab train-router`` subcommand."""
+    p = sub.add_parser("train-router", help="label, fit and measure the evidence and attention routers of a model",
+                       description=__doc__.splitlines()[0])
+    add_flags(p, TrainConfig)
+    p.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args, TrainConfig())
+    cfg = dataclasses.replace(cfg, command=getattr(args, "command_line", "masklab " + shlex.join(sys.argv[1:])),
+                              device=args.device, precision=args.precision)
+    return run(cfg)

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from masklab.priors.bias import MaskPrior, RecencyPrior, RelativePrior
 from masklab.pretrained.arch import attention_modules
-from masklab.lab.runner import MasklabError
+from masklab.util.errors import MasklabError
 
 ATTN_NAME = "masklab"
 FILE_FORMAT = "masklab-priors"

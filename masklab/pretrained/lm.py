@@ -35,7 +35,7 @@ from torch import Tensor
 
 from masklab.pretrained.models import LoadedModel
 from masklab.text.query import Query
-from masklab.lab.runner import MasklabError
+from masklab.util.errors import MasklabError
 
 PROMPT_FORMATS = ("raw", "chat")
 # chat turns for tokenizers without a chat template, by style:

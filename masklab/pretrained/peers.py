@@ -79,7 +79,7 @@ def contextcite_scores(lm: LoadedModel, sentences: list[str], query: str, ablati
     import numpy as np
     import torch
 
-    from masklab.lab.tasks.stale_prompts import answer_head
+    from masklab.text.query import answer_head
 
     from masklab.pretrained.lm import prompt_parts
 

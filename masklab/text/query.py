@@ -9,6 +9,7 @@ reads such a text back (``Query.parse(q.text) == q``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 QUESTION = "\nQuestion: "
@@ -43,3 +44,10 @@ class Query:
             head, tail = text, ""
         question = head[len(QUESTION):] if head.startswith(QUESTION) else head.strip()
         return cls(question, tail[1:] if tail.startswith(" ") else tail)
+
+
+def answer_head(generated: str) -> str:
+    """The scored part of a continuation: up to the first punctuation mark or line break,
+    without a leading "now" (``... locker is now 2506``)."""
+    head = re.split(r"[.,;:!?\n]", generated.strip(), maxsplit=1)[0].strip()
+    return re.sub(r"^now\s+", "", head, flags=re.I)

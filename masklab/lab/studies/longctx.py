@@ -185,7 +185,7 @@ def make_routers(lm, spec: dict, task_kw: dict, cache: Path) -> tuple[dict, dict
 
     from masklab.context.router import ROUTERS
     from masklab.context.routers import load_router
-    from masklab.context.routers.features import train_or_load
+    from masklab.lab.linear_routers import train_or_load
 
     p = spec["params"]
     trained = [r for r in p["routers"] if r in ROUTER_METHODS]

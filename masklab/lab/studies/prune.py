@@ -149,7 +149,8 @@ def train_routers(lm, p: dict, train: list, seed: int) -> tuple[dict, dict]:
     """``({method: LinearRouter}, metrics)``: the evidence and attention routers fitted on the
     training prompts the LM answers rightly (leave-one-out labels, the fallback rule in the
     module docstring), and what their labels cost."""
-    from masklab.context.routers.features import features, fit_routers, make_labels
+    from masklab.context.routers.features import features
+    from masklab.lab.linear_routers import fit_routers, make_labels
 
     t0 = time.perf_counter()
     X, labels, label_passes, n_fallback = [], {"evidence": [], "attention": []}, 0, 0

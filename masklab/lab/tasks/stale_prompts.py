@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 from masklab.text.document import Example, pieces_at_stops
-from masklab.text.query import Query
+from masklab.text.query import Query, answer_head
 
 NAMES = ["Maria", "Omar", "Priya", "Lena", "Tomas", "Aiko", "Daniel", "Fatima", "Jonas", "Chen",
          "Sofia", "Kwame", "Elena", "Mateo", "Nadia", "Victor", "Hana", "Lucas", "Amara", "Ivan"]
@@ -165,13 +165,6 @@ def make_prompt(rng: random.Random, *, updates: tuple[int, int] = (1, 3), filler
 def make_prompts(n: int, seed: int = 0, **kw) -> list[StalePrompt]:
     rng = random.Random(seed)
     return [make_prompt(rng, **kw) for _ in range(n)]
-
-
-def answer_head(generated: str) -> str:
-    """The scored part of a continuation: up to the first punctuation mark or line break,
-    without a leading "now" (``... locker is now 2506``)."""
-    head = re.split(r"[.,;:!?\n]", generated.strip(), maxsplit=1)[0].strip()
-    return re.sub(r"^now\s+", "", head, flags=re.I)
 
 
 def score_answer(generated: str, prompt: StalePrompt) -> str:
