@@ -96,7 +96,7 @@ def label_questions(lm, questions: list, path: Path, top: int = WINDOW_TOP, abla
     into ``path`` (JSON lines, resumable); returns every row made for them with this stamp.
     ``limit_seconds``: stop after the question that passes this much time (the rest wait
     for the next run)."""
-    from masklab.lab.realdocs import answering_units
+    from masklab.lab.tasks.realdocs import answering_units
     from masklab.text.document import segment
     from masklab.util.files import append_jsonl, read_jsonl
 

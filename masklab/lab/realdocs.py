@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 from masklab.util import device as devices
 from masklab.lab.anchors import ANCHORS, LANGCHAIN, LLAMAINDEX
+from masklab.lab.tasks.realdocs import answering_units
 from masklab.util.errors import MasklabError
 from masklab.util.files import append_jsonl, make_out_dir, read_jsonl
 from masklab.util.flags import flag, str_list
@@ -80,11 +81,6 @@ class RealDocsConfig:
     command: str = field(default="", repr=False)
     device: str = "cpu"
     precision: str = "fp32"
-
-
-def answering_units(doc, spans: list[tuple[int, int]]) -> list[list[int]]:
-    """For each evidence span, the units of ``doc`` that overlap it."""
-    return [[i for i, (a, b) in enumerate(doc.spans) if a < e and s < b] for s, e in spans]
 
 
 def rank_of(scores, groups: list[list[int]]) -> int:

@@ -65,6 +65,11 @@ class RealQuestion:
         return any(_norm(a) in got for a in self.answers)
 
 
+def answering_units(doc, spans: list[tuple[int, int]]) -> list[list[int]]:
+    """For each evidence span, the units of ``doc`` that overlap it."""
+    return [[i for i, (a, b) in enumerate(doc.spans) if a < e and s < b] for s, e in spans]
+
+
 def _norm(s: str) -> str:
     return re.sub(r"\s+", " ", s.lower()).strip()
 
