@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
-    from masklab.context.pruner import target_set
+    from masklab.lab.train_pruner import target_set
     from masklab.util.files import write_json
     from masklab.lab.stats import mcnemar, wilson
 

@@ -4,7 +4,7 @@
 
 Reads ``results/corpus-labels/labels-MODEL-train.jsonl`` (:mod:`masklab.lab.labels`), builds
 one training question per labelled question (its window's units, the target set of each label
-variant, :func:`masklab.context.pruner.target_set`), and trains every design x causal threshold
+variant, :func:`masklab.lab.train_pruner.target_set`), and trains every design x causal threshold
 on the causal labels. Val (never trained on): the corpus's ``val`` documents and the benchmark's
 ``val`` split, the writers' marked answering units as the truth, units cut with MODEL's
 tokenizer; measured: MRR and the answer kept at keep 0.1. The rule, fixed before the val
@@ -70,7 +70,7 @@ def keep_auto(rows: list[dict], target: float) -> dict:
 
 
 def main() -> int:
-    from masklab.context.pruner import TrainConfig, examples_of, save, train
+    from masklab.lab.train_pruner import TrainConfig, examples_of, save, train
     from masklab.text.document import segment
     from masklab.pretrained.models import load
     from masklab.lab.revision import code_hash

@@ -15,7 +15,7 @@ ROW = {"window": [3, 7, 9, 12], "weights": [0.2, 2.5, -0.4, 1.1], "attention": [
 
 
 def test_the_three_label_variants_differ_only_in_their_sets():
-    from masklab.context.pruner import target_set
+    from masklab.lab.train_pruner import target_set
 
     assert target_set(ROW, "causal", 1.0) == [1, 3]
     assert target_set(ROW, "causal", 2.0) == [1]
@@ -29,7 +29,8 @@ def test_the_three_label_variants_differ_only_in_their_sets():
 @needs_dense
 @pytest.mark.parametrize("design,epochs,lr", [("head", 6, 5e-3), ("lora", 12, 2e-3)])
 def test_training_ranks_the_target_first_and_a_wrong_target_does_not(design, epochs, lr, tmp_path):
-    from masklab.context.pruner import Example, TrainConfig, load_pruner, save, train
+    from masklab.lab.train_pruner import Example, TrainConfig, save, train
+    from masklab.context.pruner import load_pruner
 
     facts = [("Which fruit is yellow?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."]),
              ("What colour is the sky?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."])]

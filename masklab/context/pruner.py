@@ -1,5 +1,6 @@
 """The pruner: a sentence-embedding model adapted to rank the units an answering model
-needs, trained on labels of real documents (:mod:`masklab.lab.labels`).
+needs, trained on labels of real documents (:mod:`masklab.lab.labels`) by
+:mod:`masklab.lab.train_pruner`; this module holds the model and :func:`load_pruner`.
 
 Two designs over the packaged all-MiniLM-L6-v2, chosen on val (docs/context.md):
 
@@ -9,16 +10,6 @@ Two designs over the packaged all-MiniLM-L6-v2, chosen on val (docs/context.md):
 * ``lora``: the encoder itself fine-tuned through low-rank adapters on its attention's query
   and value projections (PEFT's LoRA), merged into the weights when loaded.
 
-Each question of the training set gives its window of units (the hard negatives BM25 and
-the dense router proposed) and a target set among them; the loss is the cross-entropy of
-the softmax over the window of ``cosine / TEMPERATURE`` against the uniform distribution
-on the target set (a listwise ranking loss). Three label variants differ only in that set:
-
-* ``causal``: the units whose surrogate weight (how much keeping the unit raises the
-  written answer's log-likelihood, in nats) is above ``threshold``;
-* ``attention``: as many units as the causal set has, the most attended (the control);
-* ``marks``: the units the writers marked as answering.
-
 A trained pruner is one safetensors file (the head's ``W`` or the adapters' weights) and a
 JSON file beside it (design, labels, training data, val choices, ``keep_auto``: the score
 from which ``--keep auto`` keeps a unit).
@@ -27,9 +18,6 @@ from which ``--keep auto`` keeps a unit).
 from __future__ import annotations
 
 import json
-import random
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,70 +27,8 @@ from torch import Tensor
 from masklab.context.embedder import Embedder, load_embedder
 from masklab.util.errors import MasklabError
 
-TEMPERATURE = 0.05  # sentence-transformers' MultipleNegativesRankingLoss scale of 20
-LABELS = ("causal", "attention", "marks")
 DESIGNS = ("head", "lora")
 LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": ["query", "value"]}
-
-
-@dataclass
-class Example:
-    """One training question: its window's unit texts and the target units (indices into them)."""
-
-    question: str
-    units: list[str]
-    target: list[int]
-
-
-@dataclass
-class TrainConfig:
-    design: str = "head"
-    labels: str = "causal"
-    threshold: float = 1.0  # nats: the causal set's floor
-    epochs: int | None = None  # None: 12 for the head, 3 for the adapters (an encoder pass per unit: 20x the time)
-    lr: float | None = None  # None: 1e-3 for the head, 5e-4 for the adapters
-    batch: int = 8  # questions per step
-    seed: int = 0
-
-
-def target_set(row: dict, labels: str, threshold: float) -> list[int]:
-    """The target units (indices into ``row["window"]``) of one label row for ``labels``."""
-    w = row["weights"]
-    causal = [i for i, x in enumerate(w) if x > threshold]
-    if labels == "causal":
-        return causal
-    if labels == "attention":
-        order = sorted(range(len(w)), key=lambda i: -row["attention"][i])
-        return sorted(order[:len(causal)])
-    if labels == "marks":
-        return [row["window"].index(u) for u in row["marked"] if u in row["window"]]
-    raise MasklabError(f"unknown labels {labels!r}; choose from {', '.join(LABELS)}")
-
-
-def examples_of(rows: list[dict], questions: dict, tokenizer, labels: str, threshold: float) -> list[Example]:
-    """One :class:`Example` per label row (:mod:`masklab.lab.labels`); ``questions``: id ->
-    the question it labels (its document cut by ``tokenizer`` as when it was labelled)."""
-    from masklab.text.document import segment
-
-    units: dict[str, list[str]] = {}
-    out = []
-    for r in rows:
-        q = questions[r["id"]]
-        if q.doc not in units:
-            units[q.doc] = segment(q.text, tokenizer).units
-        out.append(Example(q.question, [units[q.doc][i] for i in r["window"]], target_set(r, labels, threshold)))
-    return out
-
-
-SHIPPED = Path(__file__).resolve().parent / "weights" / "pruner" / "causal.json"
-
-
-def shipped_recipe() -> dict:
-    """The shipped pruner's design, causal threshold and ``keep_auto`` (chosen on val); the
-    defaults of :class:`TrainConfig` where none is shipped."""
-    meta = json.loads(SHIPPED.read_text()) if SHIPPED.is_file() else {}
-    return {"design": meta.get("design", TrainConfig.design), "threshold": meta.get("threshold", TrainConfig.threshold),
-            "keep_auto": meta.get("keep_auto")}
 
 
 class PrunerModel(torch.nn.Module):
@@ -157,65 +83,8 @@ class PrunerModel(torch.nn.Module):
         return u @ q
 
 
-def train(examples: list[Example], cfg: TrainConfig, progress: bool = True) -> tuple[PrunerModel, dict]:
-    """Fit a :class:`PrunerModel` on ``examples`` (module docstring); returns it and a record
-    of the training (loss per epoch, seconds)."""
-    usable = [e for e in examples if e.target and len(e.units) > 1]
-    if not usable:
-        raise MasklabError("no training question has a target unit: nothing to learn from")
-    torch.manual_seed(cfg.seed)
-    model = PrunerModel(cfg.design)
-    frozen = {}  # the head reads frozen embeddings: each example's computed once, not every epoch
-    if cfg.design == "head":
-        frozen = {id(e): (model.embedder.encode(e.units).clone(), model.embedder.encode([e.question])[0].clone())
-                  for e in usable}
-    params = list(model.trainable().values())
-    opt = torch.optim.AdamW(params, lr=cfg.lr or (1e-3 if cfg.design == "head" else 5e-4), weight_decay=0.0)
-    rng = random.Random(cfg.seed)
-    losses, t0 = [], time.perf_counter()
-    epochs = cfg.epochs or (12 if cfg.design == "head" else 3)
-    steps = epochs * ((len(usable) + cfg.batch - 1) // cfg.batch)
-    bar = None
-    if progress:
-        import sys
-
-        from tqdm import tqdm
-
-        bar = tqdm(total=steps, desc=f"pruner {cfg.design}/{cfg.labels}", file=sys.stderr)
-    for _ in range(epochs):
-        order = usable[:]
-        rng.shuffle(order)
-        total = 0.0
-        for b in range(0, len(order), cfg.batch):
-            opt.zero_grad()
-            loss = torch.zeros(())
-            for e in order[b:b + cfg.batch]:
-                logits = model.scores(e.question, e.units, frozen.get(id(e))) / TEMPERATURE
-                logp = logits.log_softmax(-1)
-                loss = loss - logp[e.target].mean()
-            loss = loss / len(order[b:b + cfg.batch])
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * len(order[b:b + cfg.batch])
-            if bar is not None:
-                bar.update()
-        losses.append(total / len(order))
-    if bar is not None:
-        bar.close()
-    return model, {"examples": len(usable), "epochs": epochs, "loss": losses, "seconds": time.perf_counter() - t0}
-
-
-def save(model: PrunerModel, path: Path, meta: dict) -> None:
-    """``path`` (``.safetensors``: the trained weights) and ``path.with_suffix(".json")``."""
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in model.trainable().items()}, str(path))
-    path.with_suffix(".json").write_text(json.dumps({"design": model.design, **meta}, indent=1) + "\n")
-
-
 def load_pruner(path: Path) -> tuple[PrunerModel, dict]:
-    """The :class:`PrunerModel` of a file :func:`save` wrote (adapters merged), and its meta."""
+    """The :class:`PrunerModel` of a file :func:`masklab.lab.train_pruner.save` wrote (adapters merged), and its meta."""
     from safetensors.torch import load_file
 
     meta_path = path.with_suffix(".json")

@@ -424,8 +424,8 @@ def run_docs(cfg: TrainConfig) -> int:
     ``OUT/labels.jsonl``, a cost estimate after the first), then a pruner of the shipped design
     trained on them (``OUT/pruner-causal.safetensors``)."""
     from masklab.lab.labels import label_questions
-    from masklab.context.pruner import TrainConfig as PrunerConfig
-    from masklab.context.pruner import examples_of, save, shipped_recipe, train
+    from masklab.lab.train_pruner import TrainConfig as PrunerConfig
+    from masklab.lab.train_pruner import examples_of, save, shipped_recipe, train
     from masklab.pretrained.models import check_models, load
 
     if not (cfg.docs and cfg.questions):
