@@ -5,7 +5,8 @@ and :func:`load_router` builds one by name."""
 from __future__ import annotations
 
 from masklab.context.router import ROUTERS, Router
-from masklab.context.routers import bm25, dense, fused, lexical, longllmlingua, pruner, trained  # noqa: F401
+from masklab.context.routers import bm25, dense, fused, lexical, pruner, trained  # noqa: F401
+from masklab.lab.routers import longllmlingua
 from masklab.lab.routers import oracle
 
 TRAINED = ("evidence", "attention", "bm25+evidence", "bm25+attention")  # routers that read a trained router file
