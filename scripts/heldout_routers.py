@@ -41,7 +41,7 @@ def digest(ex) -> str:
 
 def main() -> int:
     from masklab.lab import pipeline
-    from masklab.context.routers import load_router
+    from masklab.lab.routers import load_router
     from masklab.lab.train_router import markdown, summarise
     from masklab.util.files import write_json
     from masklab.pretrained.models import load

@@ -102,7 +102,7 @@ def test_bad_context_files_are_one_line_before_any_model_loads(tmp_path, capsys,
     (["--question", "Who?", "--model", "nope"], "unknown model 'nope'"),
     (["--question", "Who?", "--unit-tokens", "0"], "--unit-tokens must be >= 1"),
     (["--question", "Who?", "--html", "/no/such/folder/page.html"], "its folder does not exist"),
-    (["--question", "Who?", "--router", "longllmlingua", "--html", "page.html"], "rewrites the text"),
+    (["--question", "Who?", "--router", "snapkv", "--answer", "--html", "page.html"], "snapkv keeps none (it prunes the cache)"),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, argv, match):
     path = tmp_path / "ctx.txt"

@@ -9,6 +9,7 @@ import torch
 
 from conftest import needs_kvpress
 from masklab.context.router import ROUTERS, Router
+from masklab.lab.routers import factory
 from masklab.lab.tasks.longctx import make_example, make_examples, score
 
 pytestmark = needs_kvpress
@@ -48,7 +49,7 @@ def test_press_prefills_only_the_kept_tokens_and_answers_like_the_oracle(smol, k
 
     ex = make_example("niah", 256, 0, smol.tokenizer)
     lengths = ex.lengths(smol.tokenizer)
-    oracle = ROUTERS["oracle-gold"](lm=smol)
+    oracle = factory("oracle-gold")(lm=smol)
     kept = oracle.choose(ex, ex.question, 0.25).kept
     press = ContextPress(router=oracle, question=ex.question, keep=0.25, doc=ex)
     text = ask(kv, ex, press)

@@ -4,9 +4,8 @@ routers without a model, so tokens are words and punctuation marks)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from masklab.context import Router, compress_passages, load_router, segment
+from masklab.context import compress_passages, load_router, segment
 from masklab.util.errors import MasklabError
 
 BUDGET = ("The annual budget was approved by Daniel Reyes. The budget vote was close, said Reyes. "
@@ -75,13 +74,10 @@ def test_json_has_the_totals_and_one_row_per_passage():
     assert sum(r["kept_tokens"] for r in rows) == out["compressed_tokens"]
 
 
-class Rewriter(Router):
-    """A router that keeps no units (as longllmlingua and the kvpress presses)."""
+class NotARouter:
+    """What keeps no units (a kvpress press, the lab's rewriters): no Router, refused."""
 
-    keeps_units = False
-
-    def score(self, doc, question):
-        return torch.zeros(len(doc.units))
+    name = "rewriter"
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -93,7 +89,7 @@ class Rewriter(Router):
     ({"target_tokens": 0}, "target_tokens must be at least 1, got 0"),
     ({"target_tokens": 2.5}, "whole number of tokens"),
     ({"keep": 0}, r"keep must be a fraction in \(0, 1\]"),
-    ({"router": Rewriter()}, "keeps no units"),
+    ({"router": NotARouter()}, "router must be a Router or a router name, got NotARouter"),
     ({"router": "nope"}, "unknown router 'nope'"),
 ])
 def test_bad_arguments_are_one_clear_error(kwargs, match):

@@ -134,8 +134,7 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
 
 @needs_dense
 def test_the_shipped_pruners_load_with_their_labels_and_keep_auto():
-    from masklab.context.routers import load_router
-
+    from masklab.lab.routers import load_router
     from masklab.text.document import Document
 
     chosen = load_router("pruner").meta

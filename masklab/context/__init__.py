@@ -11,9 +11,10 @@
 * :mod:`~masklab.text.selection`: :func:`select`, the one rule that keeps units within a budget;
 * :mod:`~masklab.context.router`: :class:`Router` (override ``score``), :data:`ROUTERS`,
   :func:`load_router`, :class:`Pruned`;
-* :mod:`~masklab.context.routers`: one file per router (``lexical``, ``bm25``, ``oracle-gold``,
-  the trained ``evidence`` / ``attention``, and kvpress's presses in one table);
-* :mod:`~masklab.context.routers.features`: the trained routers' features, labels, fit and files;
+* :mod:`~masklab.context.routers`: one file per router (``lexical``, ``bm25``, ``dense``,
+  ``pruner``, the trained ``evidence`` and the fused ``bm25+...``);
+* :mod:`~masklab.context.presses`: kvpress's presses (``PRESSES``);
+* :mod:`~masklab.context.routers.features`: the trained routers' features and files;
 * :mod:`~masklab.context.press`: a router as a kvpress press (prune before prefill);
 * :mod:`~masklab.context.answer`: answer from a pruned context, timed.
 """

@@ -94,9 +94,6 @@ def check(cfg: CompressConfig) -> None:
     check_ranges(cfg)
     if cfg.router not in PRESSES:
         ROUTERS[cfg.router]  # noqa: B018  (unknown router: one clear error)
-    if cfg.router == "oracle-gold":
-        raise MasklabError("oracle-gold keeps the gold units of a generated task (an evaluation reference); "
-                           "your document has none: use bm25, lexical, evidence or attention")
     if cfg.router_file and cfg.router not in TRAINED + DECIDING:
         raise MasklabError(f"--router-file is for the trained routers (--router {', '.join(TRAINED + DECIDING)})")
     if cfg.router_model and cfg.router not in TRAINED:
@@ -111,29 +108,19 @@ def check(cfg: CompressConfig) -> None:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")
     if cfg.html and not Path(cfg.html).expanduser().resolve().parent.is_dir():
         raise MasklabError(f"cannot write the page {cfg.html}: its folder does not exist")
-    if cfg.html and (cfg.router in PRESSES or cfg.router == "longllmlingua"):
-        raise MasklabError(f"--html highlights the kept units; {cfg.router} keeps none (it "
-                           f"{'prunes the cache' if cfg.router in PRESSES else 'rewrites the text'})")
+    if cfg.html and cfg.router in PRESSES:
+        raise MasklabError(f"--html highlights the kept units; {cfg.router} keeps none (it prunes the cache)")
 
 
 def check_passages(cfg: CompressConfig) -> None:
     """What several passages cannot do (checked once they are read, before the model loads)."""
     from masklab.context.presses import PRESSES
 
-    if cfg.router in PRESSES or not keeps_units(cfg.router):
-        raise MasklabError(f"{cfg.router} {'prunes the model cache' if cfg.router in PRESSES else 'rewrites the text'} "
-                           "and keeps no units, so it cannot spend one budget across several passages: "
-                           "give one --context file, or a router that keeps units (bm25, lexical, evidence, attention)")
+    if cfg.router in PRESSES:
+        raise MasklabError(f"{cfg.router} prunes the model cache and keeps no units, so it cannot spend one budget "
+                           "across several passages: give one --context file, or a router (`--list-routers`)")
     if cfg.html:
         raise MasklabError("--html shows one document: give one --context file")
-
-
-def keeps_units(name: str) -> bool:
-    """Whether router ``name`` keeps units of the text (not a rewriter)."""
-    from masklab.context.routers import ROUTERS
-
-    factory = ROUTERS[name]
-    return getattr(getattr(factory, "func", factory), "keeps_units", True)
 
 
 def list_routers() -> None:
@@ -142,14 +129,9 @@ def list_routers() -> None:
     from masklab.context.routers import ROUTERS
 
     for name in ROUTERS:
-        factory = ROUTERS[name]
-        cls = getattr(factory, "func", factory)
+        cls = ROUTERS[name]
         what = "reads the model" if cls.needs_model else "reads no model (only its tokenizer, to count tokens)"
-        if name == "longllmlingua":
-            what += "; rewrites the text (one document only)"
-        elif name == "oracle-gold":
-            what += "; generated tasks only (needs their gold units), not your documents"
-        use = getattr(cls, "use", "")
+        use = cls.use
         print(f"{name:<26}{what}" + (f"\n{'':<26}for: {use}" if use else ""))
     for name in PRESSES:
         print(f"{name:<26}reads the model; a KV-cache press: needs --answer, keeps no text")
@@ -216,8 +198,7 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
                    f"router {cfg.router}, {pruned.seconds:.3f} s)")
     else:
         pruned, out = prune_document(lm, router, doc, question, **budget)
-        what = f"kept {len(out['kept'])} of {len(doc.units)} units," if out["kept"] is not None else "rewritten to"
-        summary = (f"{what} {out['kept_fraction']:.0%} of {total} tokens (router {cfg.router}, "
+        summary = (f"kept {len(out['kept'])} of {len(doc.units)} units, {out['kept_fraction']:.0%} of {total} tokens (router {cfg.router}, "
                    f"{out['router_seconds']:.3f} s)")
     if not cfg.json:
         print_pruned(out["pruned_text"], summary, out["notes"])

@@ -29,15 +29,14 @@ def prune_document(lm, router, text: str | Document, question: str, *, keep: flo
     budget = target_tokens if target_tokens is not None else total if keep == AUTO else keep * total
     limit = window - overhead
     notes = list(router.notes)  # which model ranked, a router fitted on few examples
-    if target_tokens is not None and getattr(router, "keeps_units", True):
+    if target_tokens is not None:
         pruned = router.choose(doc, question, 1.0, fill=fill, limit=min(target_tokens, limit))
-    else:  # a fraction (a rewriter given a token target: the same fraction of its text)
-        fraction = keep if target_tokens is None else min(1.0, target_tokens / total)
-        pruned = router.choose(doc, question, fraction, fill=fill, limit=limit if budget > limit else None)
+    else:
+        pruned = router.choose(doc, question, keep, fill=fill, limit=limit if budget > limit else None)
     if budget > limit and (keep != AUTO or pruned.kept_tokens >= limit - max(pruned.lengths)):
         notes.append(f"the document is {total} tokens: the kept units were capped at {limit} tokens to fit "
                      f"{lm.name}'s {window}-token window with the question and answer")
-    if getattr(router, "last_windows", 1) > 1:
+    if router.last_windows > 1:
         notes.append(f"the router read the document in {router.last_windows} windows")
     if pruned.compressed is None and len(pruned.kept) == 1 and pruned.kept_tokens > budget and keep != AUTO:
         what = f"--target-tokens {target_tokens}" if target_tokens is not None else f"--keep {keep}"
@@ -63,7 +62,7 @@ def prune_passages(lm, router, passages: list[str], question: str, *, keep: floa
     if budget > limit:
         pruned.notes.insert(0, f"the passages are {total} tokens: the kept units were capped at {limit} tokens to fit "
                                f"{lm.name}'s {window}-token window with the question and answer")
-    if getattr(router, "last_windows", 1) > 1:
+    if router.last_windows > 1:
         pruned.notes.append(f"the router read the passages in {router.last_windows} windows")
     starts = [0]
     for doc in pruned.docs:

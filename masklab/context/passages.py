@@ -23,8 +23,8 @@ both are given, and neither means ``keep=0.25``. It is spent across the passages
 
 The kept text of each passage that keeps anything is joined with a blank line, in the
 passages' original order (:attr:`PrunedPassages.text`; :attr:`PrunedPassages.texts` has
-one string per passage, empty where nothing was kept). Routers that keep no units (one
-that rewrites the text, ``longllmlingua``, or a kvpress press) are refused.
+one string per passage, empty where nothing was kept). Anything but a
+:class:`~masklab.context.router.Router` (a kvpress press keeps no units) is refused.
 """
 
 from __future__ import annotations
@@ -124,9 +124,6 @@ def compress_passages(passages: list[str], question: str, router, keep: float | 
         router = load_router(router)
     if not isinstance(router, Router):
         raise MasklabError(f"router must be a Router or a router name, got {type(router).__name__}")
-    if not getattr(router, "keeps_units", True):
-        raise MasklabError(f"the {router.name} router keeps no units (it rewrites the text or prunes the model's "
-                           "cache), so it cannot spend one budget across passages: join them into one document")
     if isinstance(passages, str) or not isinstance(passages, (list, tuple)) or not passages:
         raise MasklabError("passages must be a non-empty list of strings")
     for i, p in enumerate(passages):

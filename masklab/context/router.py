@@ -84,9 +84,9 @@ class Router:
     name = ""
     needs_model = False
     fill = True
-    keeps_units = True  # False: it rewrites the text or prunes the model's cache (no units to select)
     use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
     keep_auto: float | None = None  # the score from which keep="auto" keeps a unit (routers that decide how much)
+    last_windows = 1  # how many windows the last score() read (a trained router reads a long document in several)
 
     def __init__(self, lm=None) -> None:
         if self.needs_model and lm is None:
@@ -114,7 +114,8 @@ class Router:
 
     def choose(self, doc: Document, question: str, keep: float | str, fill: bool | None = None,
                limit: int | None = None) -> Pruned:
-        """Score ``doc`` and keep its best units within ``keep`` of its tokens (and ``limit``)."""
+        """Score ``doc`` and keep its best units within ``keep`` of its tokens (and ``limit``).
+        The same for every router (no router overrides it): a router differs only in ``score``."""
         check_keep(keep)
         if keep == AUTO:
             self.resolve_keep(keep, torch.zeros(1), [1])  # a router that cannot: refused before scoring

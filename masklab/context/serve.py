@@ -216,9 +216,6 @@ def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict
               "max_new_tokens": req.max_new_tokens}
     if len(req.contexts) == 1:
         _, out = prune_document(lm, router, req.contexts[0], req.question, **budget)
-    elif not getattr(router, "keeps_units", True):
-        raise MasklabError(f"the {req.router} router keeps no units (it rewrites the text), so it cannot spend one "
-                           "budget across passages: send one context")
     else:
         _, out = prune_passages(lm, router, req.contexts, req.question, **budget)
     if req.answer:

@@ -64,8 +64,11 @@ class RealDocsConfig:
                                     "trained routers (--model still answers and counts the tokens)")
     split: str = flag("val", choices=["val", "test", "test2"], help="val (choose methods), test or test2 (report; "
                       "test2 is the second test split, written later; every run is logged in OUT/reads.jsonl)")
-    routers: list[str] = flag(factory=lambda: list(ROUTERS[:8]), parse=str_list, help="comma-separated routers "
-                              "(`masklab compress --list-routers`), and the framework anchors "
+    routers: list[str] = flag(factory=lambda: list(ROUTERS[:8]), parse=str_list, default_text=",".join(ROUTERS[:8]),
+                              help="comma-separated routers: the product's (`masklab compress --list-routers`; "
+                              "the default leaves out the pruner, which is measured by name), the lab's controls "
+                              "and references (masklab.lab.routers: attention, bm25+attention, pruner-attention, "
+                              "pruner-marks, oracle-gold, longllmlingua), and the framework anchors "
                               f"{', '.join(ANCHORS)} (the anchors extra)")
     embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
                                 help="dense, bm25+dense and the anchors: a sentence-transformers model folder")
@@ -102,6 +105,7 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
     from masklab.context.answer import generate_answer
     from masklab.text.document import segment
     from masklab.context.routers.fused import Fused, fuse
+    from masklab.lab.routers import REWRITERS
     from masklab.text.selection import select
 
     if q.doc not in docs:
@@ -127,7 +131,7 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
     computed: dict = {}  # name -> (scores, seconds): a fused router reuses its parts' scores
     for name, router in sorted(routers.items(), key=lambda kv: isinstance(kv[1], Fused)):
         rec: dict = {}
-        if name == "longllmlingua":
+        if name in REWRITERS:  # rewrites the text: kept = every evidence string still in it
             rec["router_seconds"] = 0.0
             for k in keeps:
                 p = router.choose(doc, q.question, k)
@@ -315,7 +319,8 @@ def _kept_cell(s: dict, tag: str) -> str:
 def weights_digest(name: str, routers: list[str]) -> str:
     """What names the routers' weights: the digest of the trained routers shipped for model
     ``name`` and, where a pruner is measured, ``+pruner-`` the shipped pruners' (or none)."""
-    from masklab.context.routers import DECIDING, TRAINED, pruner, trained
+    from masklab.context.routers import pruner, trained
+    from masklab.lab.routers import DECIDING, TRAINED
 
     parts = [trained.shipped_digest(name) or "none"] if set(routers) & set(TRAINED) else []
     if set(routers) & set(DECIDING):
@@ -341,9 +346,8 @@ def in_turn(questions: list) -> list:
 def run(cfg: RealDocsConfig) -> int:
     from masklab.lab import anchors
     from masklab.context.embedder import check_folder
-    from masklab.context.routers import EMBEDDING, TRAINED
-    from masklab.context.routers import ROUTERS as REGISTRY
-    from masklab.context.routers import load_router
+    from masklab.context.routers import EMBEDDING
+    from masklab.lab.routers import TRAINED, check, load_router
     from masklab.util.files import write_json
     from masklab.util.flags import check_ranges
     from masklab.pretrained.models import check_models, load
@@ -355,7 +359,7 @@ def run(cfg: RealDocsConfig) -> int:
         check_folder(cfg.embedder)
     for name in cfg.routers:
         if name not in ANCHORS:
-            REGISTRY[name]  # an unknown name: one clear error before the model loads
+            check(name)  # an unknown name: one clear error before the model loads
     anchors.check(cfg.routers)  # an anchor without its extra: one clear error before the model loads
     dev = devices.resolve(cfg.device)
     check_models([cfg.model] + ([cfg.router_model] if cfg.router_model else []))

@@ -225,12 +225,12 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     """Held-out evaluation (module docstring) through the one evaluation loop
     (:func:`masklab.lab.pipeline.evaluate`); returns the results written to ``eval.json``."""
     from masklab.lab import pipeline
-    from masklab.context.routers import ROUTERS
     from masklab.context.routers.features import router_stem
+    from masklab.lab.routers import factory
     from masklab.util.files import write_json
     from masklab.lab.tasks.families import SPLITS, split_examples
 
-    ranking = {name: ROUTERS[name](lm=lm, **({"routers": routers, "meta": meta} if name in routers else {}))
+    ranking = {name: factory(name)(lm=lm, **({"routers": routers, "meta": meta} if name in routers else {}))
                for name in EVAL_METHODS}
     kinds = cfg.eval_kinds or SPLITS[cfg.eval_split]["kind"]
     tag = cfg.eval_split + ("-answers" if cfg.eval_answers else "")

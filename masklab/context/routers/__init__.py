@@ -1,29 +1,36 @@
-"""Every registered router: importing this package registers them in
-:data:`masklab.context.router.ROUTERS` (one file each; the kvpress presses in one table),
-and :func:`load_router` builds one by name."""
+"""Every product router: importing this package registers them in
+:data:`masklab.context.router.ROUTERS` (one file each), and :func:`load_router` builds one
+by name. The lab's controls and references register in :mod:`masklab.lab.routers`.
+
+Every router ranks a document's units through one method, ``score``; what a router
+accepts besides a model is declared here (:data:`TRAINED`, :data:`EMBEDDING`,
+:data:`DECIDING`), so callers ask these lists, never a router's name or attributes."""
 
 from __future__ import annotations
 
 from masklab.context.router import ROUTERS, Router
 from masklab.context.routers import bm25, dense, fused, lexical, pruner, trained  # noqa: F401
-from masklab.lab.routers import longllmlingua
-from masklab.lab.routers import oracle
+from masklab.util.registry import Registry
 
-TRAINED = ("evidence", "attention", "bm25+evidence", "bm25+attention")  # routers that read a trained router file
+TRAINED = ("evidence", "bm25+evidence")  # routers that read a trained router file (--router-file, --router-model)
 EMBEDDING = ("dense", "bm25+dense")  # routers that embed sentences (their embedder can be named)
-DECIDING = ("pruner", "pruner-attention", "pruner-marks")  # routers that decide how much to keep (keep="auto")
+DECIDING = ("pruner",)  # routers that decide how much to keep (keep="auto"; --router-file takes a pruner file)
 
 
-def load_router(name: str, model=None, embedder: str | None = None, **kwargs) -> Router:
-    """The router ``name`` (``lexical``, ``bm25``, ``oracle-gold``, ``evidence``,
-    ``attention``, or a kvpress press name) for ``model``: a registered model name, a model
-    directory, a loaded :class:`~masklab.pretrained.models.LoadedModel`, or None (routers
-    that read no model then count words). ``embedder``: a sentence-transformers model folder
-    for the routers of :data:`EMBEDDING` (None: the packaged all-MiniLM-L6-v2). ``kwargs`` go
-    to the router (e.g. ``path=`` a trained router file, ``seed=`` for ``oracle-gold``)."""
+def load_router(name: str, model=None, embedder: str | None = None, registry: Registry | None = None,
+                **kwargs) -> Router:
+    """The router ``name`` of :data:`ROUTERS` (``lexical``, ``bm25``, ``dense``, ``pruner``,
+    ``evidence``, ...; a kvpress press is no router: :data:`masklab.context.presses.PRESSES`
+    builds those, and its name here is refused as an unknown router) for ``model``: a
+    registered model name, a model directory, a loaded
+    :class:`~masklab.pretrained.models.LoadedModel`, or None (routers that read no model then
+    count words). ``embedder``: a sentence-transformers model folder for the routers of
+    :data:`EMBEDDING` (None: the packaged all-MiniLM-L6-v2). ``registry``: another registry
+    to build from (the lab's, :mod:`masklab.lab.routers`). ``kwargs`` go to the router (e.g.
+    ``path=`` a trained router file)."""
     from masklab.util.errors import MasklabError
 
-    factory = ROUTERS[name]
+    factory = (ROUTERS if registry is None else registry)[name]
     if embedder is not None:
         if name not in EMBEDDING:
             raise MasklabError(f"an embedder is for the routers that embed sentences ({', '.join(EMBEDDING)}), "

@@ -1,4 +1,4 @@
-"""``bm25+evidence``, ``bm25+attention`` and ``bm25+dense``: BM25 proposes, a second router re-ranks.
+"""``bm25+evidence`` and ``bm25+dense``: BM25 proposes, a second router re-ranks.
 
 On real documents a trained router alone can rank a unit that shares no word with the
 question above the sentence that answers it; BM25 cannot, but it cannot tell the latest
@@ -11,8 +11,9 @@ so a unit with no word of the question starts far below BM25's best and must be 
 high by the trained router to rise, while among units BM25 scores alike (restated facts,
 words the question lacks) the trained router decides. How the two are combined
 (:data:`FUSIONS`) and ``WEIGHT`` were chosen on the validation documents of the
-real-document benchmark only (docs/context.md). ``bm25+attention`` is
-the control: the same combination with the router trained on attention labels.
+real-document benchmark only (docs/context.md). The lab's ``bm25+attention``
+(:mod:`masklab.lab.routers.controls`) is the control: the same combination with the router
+trained on attention labels.
 ``bm25+dense`` adds the sentence-embedding router's z-score the same way, with its own
 fusion chosen on val by the same kind of rule (:func:`masklab.lab.realdocs.choose`).
 """
@@ -25,7 +26,7 @@ from torch import Tensor
 from masklab.context.router import ROUTERS, Router
 from masklab.context.routers.bm25 import BM25
 from masklab.context.routers.dense import Dense
-from masklab.context.routers.trained import AttentionRouter, EvidenceRouter
+from masklab.context.routers.trained import EvidenceRouter
 from masklab.util.errors import MasklabError
 
 HOW, WEIGHT = "z", 2.0  # chosen on the benchmark's val documents by a rule fixed first (scripts/choose_fusion.py)
@@ -83,7 +84,7 @@ class Fused(Router):
 
     def score(self, doc, question):
         t = self.other.score(doc, question)
-        self.last_windows = getattr(self.other, "last_windows", 1)
+        self.last_windows = self.other.last_windows
         return fuse(self.bm25.score(doc, question), t, self.how, self.weight)
 
 
@@ -95,15 +96,6 @@ class BM25Evidence(Fused):
            "measured, not decided); costs one pass of the model's first layers")
 
     other_cls = EvidenceRouter
-
-
-@ROUTERS.register("bm25+attention")
-class BM25Attention(Fused):
-    """The control: BM25 with the attention-label router, combined the same way."""
-
-    use = "a research control: bm25+evidence with the attention-label router"
-
-    other_cls = AttentionRouter
 
 
 @ROUTERS.register("bm25+dense")

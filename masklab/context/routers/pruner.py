@@ -1,6 +1,6 @@
 """``pruner``: the sentence-embedding model trained on causal labels of real documents
-(:mod:`masklab.context.pruner`); ``pruner-attention`` and ``pruner-marks`` are the same
-model trained on attention labels and on the writers' marks (the controls)."""
+(:mod:`masklab.context.pruner`); the same model trained on other labels (``labels``) is the
+lab's control (:mod:`masklab.lab.routers.controls`)."""
 
 from __future__ import annotations
 
@@ -45,19 +45,3 @@ class Pruner(Router):
 
     def score(self, doc, question):
         return self.model.rank(question, doc.units)
-
-
-@ROUTERS.register("pruner-attention")
-class PrunerAttention(Pruner):
-    """The control: the same design and data, trained on attention labels."""
-
-    use = "a research control: the pruner trained on attention labels"
-    labels = "attention"
-
-
-@ROUTERS.register("pruner-marks")
-class PrunerMarks(Pruner):
-    """The same design and data, trained on the writers' marked answering sentences."""
-
-    use = "a research comparison: the pruner trained on the writers' marks"
-    labels = "marks"

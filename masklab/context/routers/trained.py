@@ -147,12 +147,3 @@ class EvidenceRouter(TrainedRouter):
     use = "contexts like its training families: templated facts restated later or chained"
 
     kind = "evidence"
-
-
-@ROUTERS.register("attention")
-class AttentionRouter(TrainedRouter):
-    """The same features, data and model class, trained on the LM's most attended units."""
-
-    use = "a research control: the evidence router's features and data, trained on attention labels"
-
-    kind = "attention"

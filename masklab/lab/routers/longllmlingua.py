@@ -23,7 +23,8 @@ from __future__ import annotations
 import copy
 import time
 
-from masklab.context.router import ROUTERS, Pruned, Router
+from masklab.context.router import Pruned
+from masklab.lab.routers.registry import REWRITERS, Rewriter
 from masklab.util.errors import MasklabError
 from masklab.pretrained.models import PRETRAINED_EXTRA, _require
 
@@ -77,20 +78,16 @@ def compressor(lm):
         pc.tiktoken.encoding_for_model = real
 
 
-@ROUTERS.register("longllmlingua")
-class LongLLMLingua(Router):
+@REWRITERS.register("longllmlingua")
+class LongLLMLingua(Rewriter):
     """LongLLMLingua (module docstring)."""
 
     needs_model = True
-    keeps_units = False
     use = "the question-aware peer, for comparison: it rewrites the text token by token (slow on a CPU)"
 
     def __init__(self, lm=None) -> None:
         super().__init__(lm)
         self._compressor = None
-
-    def score(self, doc, question):
-        raise MasklabError("longllmlingua rewrites the text token by token and scores no units; use prune()/choose()")
 
     def choose(self, doc, question, keep, fill=None, limit=None) -> Pruned:
         if self._compressor is None:

@@ -6,11 +6,12 @@ import random
 
 import torch
 
-from masklab.context.router import ROUTERS, Router
+from masklab.context.router import Router
+from masklab.lab.routers.registry import LAB_ROUTERS
 from masklab.util.errors import MasklabError
 
 
-@ROUTERS.register("oracle-gold")
+@LAB_ROUTERS.register("oracle-gold")
 class OracleGold(Router):
     """Gold units score 2, the others a seeded random order in [0, 1): with ``fill`` the
     budget is filled with random units (``seed`` fixes which)."""

@@ -183,9 +183,8 @@ def make_routers(lm, spec: dict, task_kw: dict, cache: Path) -> tuple[dict, dict
     ``--routers``, the trained ones fitted here (cached in ``cache``) or shipped."""
     import sys
 
-    from masklab.context.router import ROUTERS
-    from masklab.context.routers import load_router
     from masklab.lab.linear_routers import train_or_load
+    from masklab.lab.routers import factory, load_router
 
     p = spec["params"]
     trained = [r for r in p["routers"] if r in ROUTER_METHODS]
@@ -199,7 +198,7 @@ def make_routers(lm, spec: dict, task_kw: dict, cache: Path) -> tuple[dict, dict
                                  seed=spec["seed"], task_kw=task_kw, max_new_tokens=p["max_new_tokens"],
                                  chunk_tokens=p["chunk_tokens"], layers=p["router_layers"],
                                  log=lambda m: print(m, file=sys.stderr))
-    routers.update({kind: ROUTERS[kind](lm=lm, routers=fitted, meta=meta) for kind in trained})
+    routers.update({kind: factory(kind)(lm=lm, routers=fitted, meta=meta) for kind in trained})
     return routers, meta
 
 
@@ -208,10 +207,10 @@ def methods(lm, p: dict, seed: int, routers: dict):
     then per kept fraction the oracle, the routers and the presses (module docstring)."""
     from masklab.lab import pipeline
     from masklab.context.presses import PRESSES
-    from masklab.context.router import ROUTERS
+    from masklab.lab.routers import factory
 
     new_tokens = p["max_new_tokens"] * (p["count"] if p["task"] == "multivalue" else 1)  # an answer lists count values
-    oracle = ROUTERS["oracle-gold"](lm=lm)
+    oracle = factory("oracle-gold")(lm=lm)
     presses = {name: PRESSES[name](lm) for name in p["compare"]}
 
     def table(i: int, ex) -> list:
