@@ -59,14 +59,14 @@ def run_one(spec, ckpt_dir):
 ])
 def test_code_ast_ignores_comments_docstrings_and_formatting(tmp_path, edit, same):
     pkg = package(tmp_path, {"studies/__init__.py": "", "studies/s.py": STUDY, "util.py": "def twice(x):\n    return 2 * x\n"})
-    before = code_hash("masklab.lab.studies.s", pkg), code_ast("masklab.lab.studies.s", pkg)
+    before = code_hash("masklab.studies.s", pkg), code_ast("masklab.studies.s", pkg)
     assert len(before[1]) == 12 and int(before[1], 16) >= 0
     (pkg / "studies" / "s.py").write_text(edit(STUDY))
-    assert code_hash("masklab.lab.studies.s", pkg) != before[0]  # the byte hash sees every edit
-    assert (code_ast("masklab.lab.studies.s", pkg) == before[1]) == same
+    assert code_hash("masklab.studies.s", pkg) != before[0]  # the byte hash sees every edit
+    assert (code_ast("masklab.studies.s", pkg) == before[1]) == same
     (pkg / "studies" / "s.py").write_text(STUDY)
     (pkg / "util.py").write_text("def twice(x):\n    return x + x\n")  # an imported module's body counts too
-    assert code_ast("masklab.lab.studies.s", pkg) != before[1]
+    assert code_ast("masklab.studies.s", pkg) != before[1]
 
 
 def git(root: Path, *args: str) -> str:
@@ -83,11 +83,11 @@ def test_staleness_of_old_records_compares_the_code_at_their_revision(tmp_path):
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", ".")
     git(tmp_path, "commit", "-qm", "one")
-    rev, old = git(tmp_path, "rev-parse", "--short", "HEAD"), code_hash("masklab.lab.studies.s", pkg)
+    rev, old = git(tmp_path, "rev-parse", "--short", "HEAD"), code_hash("masklab.studies.s", pkg)
     made = tmp_path / "results.json"
 
     def verdict(code=old, code_ast_=None, rev=rev):
-        return Staleness(("masklab.lab.studies.",), pkg).verdict(code, code_ast_, rev, made)
+        return Staleness(("masklab.studies.",), pkg).verdict(code, code_ast_, rev, made)
 
     assert verdict() == ("current", "")
     (pkg / "studies" / "s.py").write_text(STUDY.replace("def run_one", "# a comment\ndef run_one"))
@@ -96,14 +96,14 @@ def test_staleness_of_old_records_compares_the_code_at_their_revision(tmp_path):
     assert verdict(rev=None) == ("current", "")  # no revision: the commits are searched
     # a hash taken after the run, once an edit made during it was committed, is found at that later commit
     (pkg / "util.py").write_text("def twice(x):\n    return 2 * x  # same\n")
-    later = code_hash("masklab.lab.studies.s", pkg)
+    later = code_hash("masklab.studies.s", pkg)
     git(tmp_path, "commit", "-qam", "during the run")
     assert verdict(code=later) == ("current", "")
     (pkg / "util.py").write_text("def twice(x):\n    return 3 * x\n")
     state, why = verdict()
-    assert state == "stale" and "masklab.util" in why and "masklab.lab.studies.s," not in why
+    assert state == "stale" and "masklab.util" in why and "masklab.studies.s," not in why
     assert verdict(code="0123456789ab")[0] == "unknown" and verdict(code=None)[0] == "unknown"
-    today = code_ast("masklab.lab.studies.s", pkg)
+    today = code_ast("masklab.studies.s", pkg)
     assert verdict(code="0123456789ab", code_ast_=today) == ("current", "")  # a new record: by code_ast, no git
     assert verdict(code_ast_="0123456789ab")[0] == "stale"
 
@@ -152,3 +152,39 @@ def test_a_checkpoint_from_other_code_is_not_resumed(tmp_path):
 def test_one_run_prints_no_spread(n, cell):
     row = {"task": "t", "method": "m", "n": n, "acc_mean": 0.5, "acc_std": None if n == 1 else 0.1}
     assert markdown_table([row], [], ["acc"]).splitlines()[-1] == f"| t | m | {n} | {cell} | - |"
+
+
+def commit_titled(title: str) -> str | None:
+    """The commit of this checkout whose subject starts with ``title`` (None outside git)."""
+    import subprocess
+
+    p = subprocess.run(["git", "log", "--all", "--format=%H %s"], capture_output=True, text=True,
+                       cwd=Path(__file__).parent, timeout=60)
+    return next((line.split()[0] for line in p.stdout.splitlines() if line.split(" ", 1)[1].startswith(title)), None) \
+        if p.returncode == 0 else None
+
+
+def test_the_rename_map_reads_sources_from_before_the_layout_move_as_the_move_left_them():
+    """Runs made before the move keep their stamps: the sources just before it, renamed and
+    rewritten by revision.after_move, are (normalised) the sources the move committed, module
+    for module, so a closure of unchanged code hashes the same on either side of it."""
+    from masklab.lab.revision import BOOKKEEPING, History, after_move, moved, parsed
+
+    move = commit_titled("layout: move modules into util/")
+    lazy = commit_titled("layout: masklab's lazily resolved top-level names")
+    if move is None or lazy is None:
+        pytest.skip("not a git checkout with the layout move's commits")
+    history = History()
+    parent = history.git("rev-parse", f"{move}~1").strip()
+    before, after = history.sources(parent), history.sources(move)
+    assert before and after and "masklab.errors" in before and "masklab.util.errors" in after
+    read = after_move(before)
+    # the move's own fix-ups: revision.ROOT and the benchmark's data folder (one line each), and
+    # the lazily resolved names of masklab/__init__.py (their own commit); longllmlingua moved later
+    later = {"masklab", "masklab.lab.tasks.realdocs", "masklab.context.routers", "masklab.lab.routers.longllmlingua",
+             "masklab.context.routers.longllmlingua"}
+    assert set(read) - later - BOOKKEEPING == set(after) - later - BOOKKEEPING
+    differs = [m for m in sorted(set(after) - later - BOOKKEEPING) if parsed(read[m])[0] != parsed(after[m])[0]]
+    assert differs == []
+    assert parsed(read["masklab"])[0] == parsed(history.sources(lazy)["masklab"])[0]
+    assert moved("masklab.studies.gotu") == "masklab.lab.studies.gotu" and moved("masklab.context.router") == "masklab.context.router"

@@ -178,7 +178,7 @@ def render_prose(text: str, root: Path, where: str, first_line: int, cache: dict
     return out
 
 
-RUN_MODULES = ("masklab.lab.studies.", "masklab.pretrained.", "masklab.context.")
+RUN_MODULES = ("masklab.lab.", "masklab.pretrained.", "masklab.context.")  # masklab.lab.: studies, realdocs, train-router
 
 
 def stale_results(root: Path) -> list[tuple[Path, str, dict[str, int]]]:

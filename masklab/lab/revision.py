@@ -36,12 +36,121 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]  # the masklab package (this file is masklab/lab/revision.py)
 # modules that record which code made a run but compute nothing a run measures: left out of code_ast
 BOOKKEEPING = frozenset({"masklab.lab.revision"})
+MOVED = {  # old module or package -> new (the layout move of 2026-12-04, issue 54)
+    "masklab.errors": "masklab.util.errors",
+    "masklab.registry": "masklab.util.registry",
+    "masklab.flags": "masklab.util.flags",
+    "masklab.files": "masklab.util.files",
+    "masklab.device": "masklab.util.device",
+    "masklab.attention": "masklab.priors.attention",
+    "masklab.bias": "masklab.priors.bias",
+    "masklab.structures": "masklab.priors.structures",
+    "masklab.qk_init": "masklab.priors.qk_init",
+    "masklab.structures_from_evidence": "masklab.priors.structures_from_evidence",
+    "masklab.document": "masklab.text.document",
+    "masklab.selection": "masklab.text.selection",
+    "masklab.query": "masklab.text.query",
+    "masklab.inputs": "masklab.text.inputs",
+    "masklab.revision": "masklab.lab.revision",
+    "masklab.stats": "masklab.lab.stats",
+    "masklab.runs": "masklab.lab.runs",
+    "masklab.executors": "masklab.lab.executors",
+    "masklab.runner": "masklab.lab.runner",
+    "masklab.worker": "masklab.lab.worker",
+    "masklab.distributed": "masklab.lab.distributed",
+    "masklab.train": "masklab.lab.train",
+    "masklab.report": "masklab.lab.report",
+    "masklab.doctables": "masklab.lab.doctables",
+    "masklab.studies": "masklab.lab.studies",
+    "masklab.evidence": "masklab.lab.evidence",
+    "masklab.routing": "masklab.lab.routing",
+    "masklab.tasks": "masklab.lab.tasks",
+    "masklab.pretrained.evidence": "masklab.lab.lm_evidence",
+    "masklab.context.causal": "masklab.lab.labels",
+    "masklab.context.realdocs_eval": "masklab.lab.realdocs",
+    "masklab.context.train_router": "masklab.lab.train_router",
+    "masklab.context.anchors": "masklab.lab.anchors",
+    "masklab.context.pipeline": "masklab.lab.pipeline",
+    "masklab.context.routers.oracle": "masklab.lab.routers.oracle",
+    "masklab.context.trained": "masklab.context.routers.features",
+    "masklab.context.routers.longllmlingua": "masklab.lab.routers.longllmlingua",
+}
+# a package's sources are from before that move when they hold this module
+BEFORE_MOVE = "masklab.errors"
+# the packages the move made (each ``__init__`` a docstring only, as ``pass`` once normalised)
+NEW_PACKAGES = ("masklab.util", "masklab.priors", "masklab.text", "masklab.lab", "masklab.lab.routers")
+_FROM = re.compile(r"^(?P<indent>[ \t]*)from (?P<mod>masklab(?:\.\w+)*) import (?P<names>\([^)]*\)|[^\n#]*?)"
+                   r"(?P<tail>[ \t]*(?:#[^\n]*)?)$", re.M)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
     """``ROOT/studies/gotu.py`` -> ``masklab.lab.studies.gotu`` (a package's ``__init__`` -> the package)."""
     parts = ["masklab", *path.relative_to(root).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def moved(name: str, pairs: dict[str, str] = MOVED) -> str:
+    """``name`` (a module or a name in one) after the layout move: the longest old prefix in
+    ``pairs`` replaced by its new one (``name`` itself when none matches)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        if (head := ".".join(parts[:i])) in pairs:
+            return ".".join([pairs[head], *parts[i:]])
+    return name
+
+
+def _moved_from(m: re.Match, pairs: dict[str, str]) -> str:
+    indent, mod, tail = m["indent"], m["mod"], m["tail"]
+    inner = m["names"].strip()
+    items = [n.strip() for n in inner.strip("()").replace("\n", " ").split(",") if n.strip()]
+    split = [(name, alias) for name, _, alias in (tuple(p.strip() for p in i.partition(" as ")) for i in items)]
+    if all(moved(f"{mod}.{name}", pairs) == f"{mod}.{name}" for name, _ in split):
+        return m.group(0)
+    groups: dict[str, list[str]] = {}
+    for name, alias in split:
+        new = moved(f"{mod}.{name}", pairs)
+        parent, last = (mod, name) if new == f"{mod}.{name}" else tuple(new.rsplit(".", 1))
+        alias = alias or (name if last != name else "")
+        groups.setdefault(parent, []).append(f"{last} as {alias}" if alias and alias != last else last)
+    lines = []
+    for k, (parent, group) in enumerate(groups.items()):
+        body = ", ".join(group)
+        if inner.startswith("(") and len(indent) + len(parent) + len(body) > 110:
+            body = "(\n" + "".join(f"{indent}    {g},\n" for g in group) + f"{indent})"
+        lines.append(f"{indent}from {parent} import {body}" + (tail if k == 0 else ""))
+    return "\n".join(lines)
+
+
+def moved_source(text: str, pairs: dict[str, str] = MOVED) -> str:
+    """A module's source with the names and paths of ``pairs`` rewritten as the layout move
+    rewrote them (the same rules as its rewrite script: ``from masklab.x import y`` lines,
+    dotted names, ``masklab/x/y.py`` and ``masklab/x/`` paths), so a source from before the
+    move reads as the moved module's source."""
+    text = _FROM.sub(lambda m: _moved_from(m, pairs), text)
+    dotted = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(pairs, key=len, reverse=True))) + r")(?![\w])")
+    text = dotted.sub(lambda m: pairs[m[1]], text)
+    paths = {}
+    for old, new in pairs.items():
+        o, n = old.replace(".", "/"), new.replace(".", "/")
+        paths[o + ".py"], paths[o + "/"] = n + ".py", n + "/"
+    pattern = re.compile(r"(?<![\w/.])(" + "|".join(map(re.escape, sorted(paths, key=len, reverse=True))) + r")")
+    return pattern.sub(lambda m: paths[m[1]], text)
+
+
+def after_move(files: dict[str, bytes]) -> dict[str, bytes]:
+    """Sources of the package read at some revision, as the layout move left them: sources
+    from before the move (they hold :data:`BEFORE_MOVE`) renamed and rewritten
+    (:func:`moved_source`; the package's ``__init__`` names its lazily imported modules
+    relative to ``masklab``, and those names move too; the packages it made,
+    :data:`NEW_PACKAGES`, are there with an empty body); later ones as they are."""
+    if BEFORE_MOVE not in files:
+        return files
+    out = {**{p: b"pass\n" for p in NEW_PACKAGES}, **{moved(m): moved_source(src.decode()).encode() for m, src in files.items()}}
+    if "masklab" in out:
+        relative = re.compile(r'(": ")(\w+)(")')
+        out["masklab"] = relative.sub(lambda m: m[1] + moved(f"masklab.{m[2]}").removeprefix("masklab.") + m[3],
+                                      out["masklab"].decode()).encode()
+    return out
 
 
 def sources(root: Path = ROOT) -> dict[str, bytes]:
@@ -253,14 +362,18 @@ class Staleness:
     aside. ``modules`` are the run modules a record can name (study, pretrained and context
     modules); :meth:`verdict` says ``("current" | "stale" | "unknown", why)``:
 
-    * a record with ``code_ast`` is current when some module's :func:`code_ast` is it today;
+    * a record with ``code_ast`` is current when some module's :func:`code_ast` is it today,
+      or when at its ``git_rev`` some module's :func:`code_ast` is it and that module's
+      normalised closure there, read as the layout move left it (:func:`after_move`), is
+      today's (so a run made before the move of 2026-12-04 keeps its stamp);
     * a record with only ``code`` is current when some module's :func:`code_hash` is it today.
       Otherwise its code is looked for in git: at its ``git_rev`` (``+`` dropped), then at
       every later commit touching the package (a hash taken when a run ended, after edits
       committed later, is found there), or without a ``git_rev`` at the commits up to the
       one that committed the results file, newest first, then after it. At the first revision where
       a module's :func:`code_hash` is the recorded one, that module's :func:`code_ast` there
-      is compared with today's: equal is current, else stale, naming the modules whose
+      (its sources read as the layout move left them, :func:`after_move`, and the module by
+      its new name) is compared with today's: equal is current, else stale, naming the modules whose
       normalised source differs. A hash no revision reproduces (a run made from
       uncommitted edits) is unknown, and so is a record without ``code``.
     """
@@ -274,6 +387,7 @@ class Staleness:
         self.code_now = {closure_hash(m, self.now, graph=self.now_graph) for m in runnable}
         self.ast_now = {closure_hash(m, self.now, True, self.now_graph) for m in runnable}
         self.at_rev: dict[str, dict[str, str]] = {}  # rev -> code_hash -> module
+        self.ast_at_rev: dict[str, dict[str, str]] = {}  # rev -> code_ast -> module
         self.memo: dict[tuple, tuple[str, str]] = {}
 
     def verdict(self, code: str | None, code_ast_: str | None, git_rev: str | None, made_in: Path) -> tuple[str, str]:
@@ -286,6 +400,10 @@ class Staleness:
         if code_ast_:
             if code_ast_ in self.ast_now:
                 return "current", ""
+            rev = (git_rev or "").rstrip("+") or None
+            module = self.modules_at(rev, normalise=True).get(code_ast_) if rev else None
+            if module is not None:
+                return self.compare(module, rev)
             return "stale", f"code_ast {code_ast_} is no module's today"
         if not code:
             return "unknown", "records no code"
@@ -299,30 +417,38 @@ class Staleness:
             tried = self.history.commits(None, until)[::-1] + self.history.commits(until, "HEAD")
         for r in dict.fromkeys(tried):
             module = self.modules_at(r).get(code)
-            if module is None:
-                continue
-            then = self.history.sources(r)
-            if module not in self.now_graph:
-                return "stale", f"{module} (its code at git {r[:7]}) is gone"
-            if closure_hash(module, then, True) == closure_hash(module, self.now, True, self.now_graph):
-                return "current", ""
-            changed = self.changed(module, then)
-            listed = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-            return "stale", f"{module} at git {r[:7]} differs from today's in {listed}"
+            if module is not None:
+                return self.compare(module, r)
         if rev:
             return "unknown", f"no module has it at git {git_rev} or at the commits after it that touch masklab"
         return "unknown", "no git_rev recorded, and no commit reproduces it"
 
-    def modules_at(self, rev: str) -> dict[str, str]:
-        """code_hash -> module for the run modules at ``rev``."""
-        if rev not in self.at_rev:
+    def compare(self, module: str, rev: str) -> tuple[str, str]:
+        """The verdict on ``module`` as it was at ``rev`` (named as then): current when its
+        normalised closure there, read as the layout move left it, is today's."""
+        files = self.history.sources(rev) or {}
+        then, module = after_move(files), moved(module) if BEFORE_MOVE in files else module
+        if module not in self.now_graph:
+            return "stale", f"{module} (its code at git {rev[:7]}) is gone"
+        if closure_hash(module, then, True) == closure_hash(module, self.now, True, self.now_graph):
+            return "current", ""
+        changed = self.changed(module, then)
+        listed = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        return "stale", f"{module} at git {rev[:7]} differs from today's in {listed}"
+
+    def modules_at(self, rev: str, normalise: bool = False) -> dict[str, str]:
+        """code_hash (``normalise``: code_ast) -> module (named as at ``rev``) for the run
+        modules at ``rev`` (those whose name, after the layout move, has one of the prefixes)."""
+        memo = self.ast_at_rev if normalise else self.at_rev
+        if rev not in memo:
             files = self.history.sources(rev) or {}
             try:
                 graph = graph_of(files)
             except (SyntaxError, ValueError):  # a revision whose source does not parse made no run
                 graph = {}
-            self.at_rev[rev] = {closure_hash(m, files, graph=graph): m for m in graph if m.startswith(self.prefixes)}
-        return self.at_rev[rev]
+            name = moved if BEFORE_MOVE in files else str
+            memo[rev] = {closure_hash(m, files, normalise, graph): m for m in graph if name(m).startswith(self.prefixes)}
+        return memo[rev]
 
     def changed(self, module: str, then: dict[str, bytes]) -> list[str]:
         """The modules of ``module``'s closure, then or now, whose normalised source differs."""
