@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from masklab.text.document import UNIT_TOKENS
+from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.util.errors import MasklabError
 from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.context.router import DEFAULT_ROUTER
@@ -32,7 +33,7 @@ LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole d
 class CompressConfig:
     context: list[str] = dataclasses.field(default_factory=list)  # --context (add_parser): files, folders, JSON, -
     question: str = flag("", help="the question the kept text must answer")
-    model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory")
+    model: str = flag(DEFAULT_MODEL, help="registered model (see `masklab models`) or a model directory")
     keep: float | str = flag(0.25, above=0, max=1, parse=parse_keep, metavar="FRACTION|auto",
                              help="kept fraction of the context's tokens, or auto: the pruner keeps the units it "
                              "labels as needed (--target-tokens, when given, is the budget instead)")
@@ -50,8 +51,9 @@ class CompressConfig:
     embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
                                 help="dense, bm25+dense: a local sentence-transformers model folder that embeds the "
                                 "question and the units")
-    fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
-                      "scores them as not evidence (--no-fill: stop at its decision boundary)")
+    fill: bool = flag(True, help="fill the kept fraction with the next-best units even where they score below 0 "
+                      "(--no-fill: stop at the first unit scored below 0: a cosine below 0 for the embedding "
+                      "routers and the pruner, \"not evidence\" for a trained router)")
     unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: list items, tables and code stay whole up to "
                             "this many; longer sentences and blocks are cut into chunks of at most this many")
     answer: bool = flag(False, help="also answer the question from the pruned text (greedy) and time it")
@@ -84,9 +86,8 @@ def add_parser(sub) -> None:
 
 def check(cfg: CompressConfig) -> None:
     """Every option, before anything is read or loaded."""
-    from masklab.context.embedder import check_folder
     from masklab.context.presses import PRESSES
-    from masklab.context.routers import DECIDING, EMBEDDING, ROUTERS, TRAINED
+    from masklab.context.routers import DECIDING, ROUTERS, TRAINED, check_embedder
 
     if not cfg.context:
         raise MasklabError("--context is required (a text file, several, a folder, a JSON list, or - for standard input)")
@@ -98,10 +99,7 @@ def check(cfg: CompressConfig) -> None:
         raise MasklabError(f"--router-file is for the trained routers (--router {', '.join(TRAINED + DECIDING)})")
     if cfg.router_model and cfg.router not in TRAINED:
         raise MasklabError(f"--router-model is for the trained routers (--router {', '.join(TRAINED)})")
-    if cfg.embedder:
-        if cfg.router not in EMBEDDING:
-            raise MasklabError(f"--embedder is for the routers that embed sentences (--router {', '.join(EMBEDDING)})")
-        check_folder(cfg.embedder)
+    check_embedder(cfg.router, cfg.embedder, "--embedder")
     if cfg.keep == AUTO and cfg.router not in DECIDING:
         raise MasklabError(f"--keep auto needs a router that decides how much to keep (--router {', '.join(DECIDING)})")
     if cfg.router in PRESSES and not cfg.answer:

@@ -29,14 +29,10 @@ class Pruner:
 
     def __init__(self, router: str = DEFAULT_ROUTER, model=None, keep: float | None = None, target_tokens: int | None = None,
                  unit_tokens: int = UNIT_TOKENS, embedder: str | None = None) -> None:
-        from masklab.context.embedder import check_folder
-        from masklab.context.routers import EMBEDDING, ROUTERS
+        from masklab.context.routers import ROUTERS, check_embedder
 
         ROUTERS[router]  # noqa: B018  (unknown router: one clear error now, not at the first query)
-        if embedder is not None:
-            if router not in EMBEDDING:
-                raise MasklabError(f"embedder= is for the routers that embed sentences ({', '.join(EMBEDDING)})")
-            check_folder(embedder)
+        check_embedder(router, embedder, "embedder=")
         self.name, self.model, self.embedder = router, model, embedder
         self.keep = check_keep(DEFAULT_KEEP if keep is None else keep)
         self.target_tokens = None if target_tokens is None else check_target(target_tokens)

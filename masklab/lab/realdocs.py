@@ -37,9 +37,10 @@ from dataclasses import asdict, dataclass, field
 from masklab.util import device as devices
 from masklab.lab.anchors import ANCHORS, LANGCHAIN, LLAMAINDEX
 from masklab.lab.tasks.realdocs import answering_units
+from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.util.errors import MasklabError
 from masklab.util.files import append_jsonl, make_out_dir, read_jsonl
-from masklab.util.flags import flag, str_list
+from masklab.util.flags import flag, float_list, str_list
 from masklab.text.query import Query
 
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
@@ -48,16 +49,9 @@ CONTROL = "bm25"
 PAIRED = ("dense", "bm25+dense", "pruner", "pruner-attention")  # further paired tests: embeddings, their hybrid, the pruners
 
 
-def float_list(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise MasklabError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 @dataclass
 class RealDocsConfig:
-    model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory: it "
+    model: str = flag(DEFAULT_MODEL, help="registered model (see `masklab models`) or a model directory: it "
                       "answers, counts tokens and (for trained routers) routes")
     router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router",
                                     help="the packaged model whose first layers and router rank the units for the "

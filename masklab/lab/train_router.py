@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from masklab.util import device as devices
+from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.util.errors import MasklabError
 from masklab.util.files import append_jsonl, atomic_write_text, make_out_dir, read_jsonl
 from masklab.util.flags import add_flags, config_from_args, flag, int_list, str_list
@@ -59,7 +60,7 @@ MIN_LABELLED = 20  # fewer rightly answered training examples: no router is fitt
 
 @dataclass
 class TrainConfig:
-    model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory")
+    model: str = flag(DEFAULT_MODEL, help="registered model (see `masklab models`) or a model directory")
     out: str = flag("runs/router", metavar="DIR", help="output directory (labels, router files, evaluation)")
     examples: int = flag(70, min=1, help="training examples per task kind of the train families (4 kinds)")
     length: int = flag(384, min=256, max=8192, help="training context length in model tokens")

@@ -2,7 +2,8 @@
 
 tokens ``(B, n)`` -> embeddings + positions, prepend CLS -> ``depth`` Blocks -> LayerNorm
 -> linear head on CLS -> ``(B, out_dim)``. Used for the Boolean tasks (one token per
-variable, values {0, 1}).
+variable, values {0, 1}). :class:`CLSEncoder` is the part it shares with the ViT
+(:mod:`masklab.models.vit`): the blocks, the final LayerNorm and the head on CLS.
 """
 
 from __future__ import annotations
@@ -13,7 +14,33 @@ from torch import Tensor, nn
 from masklab.priors.attention import Block
 
 
-class TokenEncoder(nn.Module):
+class CLSEncoder(nn.Module):
+    """``embed`` (the subclass's: its input -> ``(B, T, D)`` with CLS at 0) -> ``self.blocks``
+    -> ``self.ln`` -> ``self.head`` on CLS; bidirectional (no base bias)."""
+
+    blocks: nn.ModuleList
+    ln: nn.LayerNorm
+    head: nn.Linear
+
+    def embed(self, inputs: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def base_bias(self, seq: int, device: torch.device | None = None) -> None:
+        """The bias every block always gets: none (bidirectional)."""
+        return None
+
+    def forward(self, inputs: Tensor, bias: Tensor | None = None, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """inputs -> ``(out (B, out_dim), [probs (B, H, T, T) per block] or [])``."""
+        x = self.embed(inputs)
+        attn = []
+        for block in self.blocks:
+            x, probs = block(x, bias, return_attn)
+            if probs is not None:
+                attn.append(probs)
+        return self.head(self.ln(x[:, 0])), attn
+
+
+class TokenEncoder(CLSEncoder):
     """Args:
         vocab: number of token values.
         n_tokens: input length ``n`` (the sequence is ``T = n + 1`` with CLS at 0).
@@ -50,17 +77,3 @@ class TokenEncoder(nn.Module):
         x = self.tok(tokens)
         cls = self.cls.expand(x.shape[0], 1, -1)
         return torch.cat([cls, x], dim=1) + self.pos
-
-    def base_bias(self, seq: int, device: torch.device | None = None) -> None:
-        """The bias every block always gets: none (bidirectional)."""
-        return None
-
-    def forward(self, tokens: Tensor, bias: Tensor | None = None, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
-        """tokens ``(B, n)`` -> ``(out (B, out_dim), [probs (B, H, T, T) per block] or [])``."""
-        x = self.embed(tokens)
-        attn = []
-        for block in self.blocks:
-            x, probs = block(x, bias, return_attn)
-            if probs is not None:
-                attn.append(probs)
-        return self.head(self.ln(x[:, 0])), attn

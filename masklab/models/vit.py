@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from masklab.models.encoder import CLSEncoder
 from masklab.priors.attention import Block
 
 #: name -> (patch, dim, depth, heads). Image size and classes come from the data set.
@@ -28,7 +29,7 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-class ViT(nn.Module):
+class ViT(CLSEncoder):
     """Args:
         image_size: side ``S`` of the square input images.
         patch: patch side (``S`` must be divisible by it).
@@ -86,17 +87,3 @@ class ViT(nn.Module):
         x = self.patch_embed(self.patchify(images))
         cls = self.cls.expand(x.shape[0], 1, -1)
         return torch.cat([cls, x], dim=1) + self.pos
-
-    def base_bias(self, seq: int, device: torch.device | None = None) -> None:
-        """The bias every block always gets: none (bidirectional)."""
-        return None
-
-    def forward(self, images: Tensor, bias: Tensor | None = None, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
-        """images ``(B, C, S, S)`` -> ``(logits (B, classes), [probs (B, H, T, T) per block] or [])``."""
-        x = self.embed(images)
-        attn = []
-        for block in self.blocks:
-            x, probs = block(x, bias, return_attn)
-            if probs is not None:
-                attn.append(probs)
-        return self.head(self.ln(x[:, 0])), attn

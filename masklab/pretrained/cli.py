@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 
 from masklab.text.document import CHUNK_WORDS, chunked_sentences
+from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.util.errors import MasklabError
 from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.text.inputs import MAX_CONTEXT_BYTES
@@ -20,7 +21,7 @@ CITE_METHODS = ("loo", "greedy-minimal", "group-testing", "contextcite")
 class CiteOptions:
     """``masklab cite``'s options besides ``--context`` and ``--query`` (flags with ranges, :mod:`masklab.util.flags`)."""
 
-    model: str = flag("smollm2-135m", help="registered name (see `masklab models`), a local Hugging Face model folder "
+    model: str = flag(DEFAULT_MODEL, help="registered name (see `masklab models`), a local Hugging Face model folder "
                       "(/path/to/folder; see docs/pretrained.md for the architectures) or a .gguf file")
     method: str = flag("group-testing", choices=list(CITE_METHODS), help="evidence search")
     hide: str = flag("mask", choices=["mask", "delete"], help="hide a sentence by masking its tokens' keys or by deleting it")

