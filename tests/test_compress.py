@@ -133,10 +133,21 @@ def test_json_has_every_field(tmp_path, capsys):
     code, out, _ = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--json")
     res = json.loads(out)
     assert code == 0
-    for key in ("units", "kept", "scores", "pruned_text", "kept_fraction", "router", "router_seconds"):
+    for key in ("units", "kept", "scores", "pruned_text", "kept_fraction", "router", "router_seconds", "unit_tokens"):
         assert key in res
-    assert ANSWERING in res["pruned_text"] and res["units"].index(ANSWERING) in res["kept"]
-    assert len(res["scores"]) == len(res["units"]) and 0 < res["kept_fraction"] <= 0.25
+    from masklab.context.router import DEFAULT_ROUTER
+
+    units, kept, scores, lengths = res["units"], res["kept"], res["scores"], res["unit_tokens"]
+    assert res["router"] == DEFAULT_ROUTER and res["router_seconds"] > 0
+    assert ANSWERING in res["pruned_text"] and units.index(ANSWERING) in kept
+    assert len(scores) == len(units) == len(lengths) and kept == sorted(set(kept)) and kept
+    # the fields agree with one another: the pruned text is the kept units in reading order, the
+    # fraction is theirs, and the best scored unit is among them
+    at = [res["pruned_text"].index(units[i]) for i in kept]
+    assert at == sorted(at) and not any(units[i] in res["pruned_text"] for i in range(len(units)) if i not in kept
+                                         and all(units[i] not in units[k] for k in kept))
+    assert res["kept_fraction"] == pytest.approx(sum(lengths[i] for i in kept) / sum(lengths))
+    assert 0 < res["kept_fraction"] <= 0.25 and max(range(len(units)), key=scores.__getitem__) in kept
 
 
 @needs_smol

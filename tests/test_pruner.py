@@ -120,8 +120,9 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
     assert "labelling cost estimate: 22 pairs" in cap.err and "pruner-causal.safetensors" in cap.out
     rows = [json.loads(x) for x in (out / "labels.jsonl").read_text().splitlines()]
     assert len(rows) == 22 and all(len(r["weights"]) == len(r["window"]) for r in rows)
+    labelled = (out / "labels.jsonl").read_bytes()
     assert main(args) == 0  # resumed: nothing labelled again
-    assert len((out / "labels.jsonl").read_text().splitlines()) == 22
+    assert (out / "labels.jsonl").read_bytes() == labelled  # the same rows, none appended or rewritten
     capsys.readouterr()
     ctx = tmp_path / "ctx.txt"
     ctx.write_text((docs / "d1.txt").read_text())
@@ -130,6 +131,17 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
                  "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["router"] == "pruner" and got["kept"]
+    # the scores are the trained file's, not the shipped pruner's
+    from masklab.context.pruner import load_pruner
+    from masklab.context.routers import load_router
+
+    question = "Which colour has box 13?"
+    mine = load_pruner(out / "pruner-causal.safetensors")[0].rank(question, got["units"])
+    assert torch.allclose(torch.tensor(got["scores"]), mine.float(), atol=1e-4)
+    from masklab.text.document import Document
+
+    shipped = load_router("pruner").score(Document(units=got["units"]), question)
+    assert not torch.allclose(torch.tensor(got["scores"]), shipped.float(), atol=1e-4)
 
 
 @needs_dense
@@ -144,6 +156,7 @@ def test_the_shipped_pruners_load_with_their_labels_and_keep_auto():
         # the variants differ only in their labels
         assert (r.meta["design"], r.meta["threshold"], r.meta["epochs"]) == (chosen["design"], chosen["threshold"],
                                                                             chosen["epochs"])
+        assert r.path.name == f"{labels}.safetensors"  # each reads its own shipped file
     doc = Document(units=["Bananas are yellow.", "The sky is blue.", "Snow is white."])
     causal, attention = (load_router(n).score(doc, "Which fruit is yellow?") for n in ("pruner", "pruner-attention"))
-    assert not torch.allclose(causal, attention)
+    assert not torch.allclose(causal, attention) and int(causal.argmax()) == 0  # the shipped pruner finds the answer
