@@ -109,3 +109,22 @@ def test_the_checks_find_what_they_look_for():
                      'if "bm25" in computed or labels == "attention":\n    pass\n')
     assert name_branches(tree, set(names())) == ["line 1: 'longllmlingua'", "line 1: 'pruner'", "line 1: 'bm25'"]
     assert attribute_probes(tree) == ["line 2: getattr(router, 'keeps_units', True)"]
+
+
+def test_one_score_per_unit_is_checked_for_one_document_and_for_passages():
+    import torch
+
+    from masklab.context import compress_passages
+    from masklab.text.document import Document
+    from masklab.util.errors import MasklabError
+
+    class Short(Router):
+        name = "short"
+
+        def score(self, doc, question):
+            return torch.zeros(len(doc.units) - 1)
+
+    with pytest.raises(MasklabError, match=r"returned scores of shape \(1,\) for 2 units; expected \(2,\)"):
+        Short().choose(Document(units=["One fact.", "Two facts."]), "Which?", 0.5)
+    with pytest.raises(MasklabError, match=r"returned scores of shape \(1,\) for 2 units; expected \(2,\)"):
+        compress_passages(["One fact.", "Two facts."], "Which?", Short())

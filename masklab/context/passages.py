@@ -137,12 +137,8 @@ def compress_passages(passages: list[str], question: str, router, keep: float | 
     keep = check_keep(DEFAULT_KEEP if keep is None else keep)
     docs = [segment(p, router.tokenizer, unit_tokens) for p in passages]
     lengths = [doc.lengths(router.tokenizer) for doc in docs]
-    n = sum(len(d.units) for d in docs)
     t0 = time.perf_counter()
-    scores = router.score(Document(units=[u for d in docs for u in d.units]), question)
-    if scores.shape != (n,):
-        raise MasklabError(f"router {router.name!r} returned scores of shape {tuple(scores.shape)} for {n} units; "
-                           f"expected ({n},)")
+    scores = router.checked_score(Document(units=[u for d in docs for u in d.units]), question)  # one call for all
     starts = [0]
     for d in docs:
         starts.append(starts[-1] + len(d.units))

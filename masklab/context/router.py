@@ -102,6 +102,14 @@ class Router:
         """``(N,)``: one score per unit of ``doc``, higher = keep first."""
         raise NotImplementedError
 
+    def checked_score(self, doc: Document, question: str) -> Tensor:
+        """:meth:`score`, refused unless it gives one score per unit (what every caller reads)."""
+        scores = self.score(doc, question)
+        if scores.shape != (len(doc.units),):
+            raise MasklabError(f"router {self.name!r} returned scores of shape {tuple(scores.shape)} "
+                               f"for {len(doc.units)} units; expected ({len(doc.units)},)")
+        return scores
+
     def resolve_keep(self, keep: float | str, scores: Tensor, lengths: list[int]) -> float:
         """``keep`` as a fraction: :data:`~masklab.text.selection.AUTO` becomes the share of the
         tokens in the units scoring at least :attr:`keep_auto`."""
@@ -123,10 +131,7 @@ class Router:
             raise MasklabError("the document has no units to keep")
         lengths = doc.lengths(self.tokenizer)
         t0 = time.perf_counter()
-        scores = self.score(doc, question)
-        if scores.shape != (len(doc.units),):
-            raise MasklabError(f"router {self.name!r} returned scores of shape {tuple(scores.shape)} "
-                               f"for {len(doc.units)} units; expected ({len(doc.units)},)")
+        scores = self.checked_score(doc, question)
         keep = self.resolve_keep(keep, scores, lengths)
         kept = select(scores, lengths, keep, fill=self.fill if fill is None else fill, limit=limit)
         seconds = time.perf_counter() - t0
