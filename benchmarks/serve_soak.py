@@ -47,6 +47,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from masklab import revision  # noqa: E402
 from masklab.context.router import DEFAULT_ROUTER  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -253,6 +254,8 @@ def main() -> None:
            "clients": a.clients, "corpus": where, "mix_weights": KINDS, "bad_kinds": list(BAD),
            "machine": f"{os.cpu_count()} CPU cores shared with other engineers' jobs (see load_average_1m per minute); "
                       "one torch thread in the server; the clients run on the same cores",
+           "code": revision.code_hash("masklab.context.serve"), "code_ast": revision.code_ast("masklab.context.serve"),
+           "git_rev": revision.git_rev(),
            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "finished": False,
            "minutes": [], "rss_samples": [], "summary": {}}
     results: list[tuple] = []  # (t_done, kind, bad, status, seconds, queue, work)
