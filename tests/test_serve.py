@@ -205,3 +205,162 @@ def test_port_in_use_is_one_error_before_the_model_loads(folder, capsys):
     assert code == 2 and err.startswith("masklab: error: cannot listen on 127.0.0.1:") and err.count("\n") == 1
     code = main(["serve", "--router", "snapkv"])
     assert code == 2 and "KV-cache press" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bounds (issue 55)
+def health(url):
+    r = httpx.get(f"{url}/healthz", timeout=30)
+    assert r.status_code == 200
+    return r.json()
+
+
+def test_health_reports_every_cache_with_its_limit(server):
+    url, service = server
+    assert post(url, {"context": REPORT, "question": QUESTION}).status_code == 200
+    h = health(url)
+    cfg = service.cfg
+    assert h["queue"] == {"in_flight": 0, "max": cfg.max_queue}
+    assert h["caches"]["routers"] == {"entries": len(service.routers), "max_entries": cfg.max_routers}
+    emb = h["caches"]["embeddings"]
+    assert emb and all(e["max_entries"] == cfg.cache_documents and e["max_bytes"] == int(cfg.cache_mb * 2**20)
+                       for e in emb)
+    assert any(e["entries"] >= 1 and e["bytes"] > 0 for e in emb)  # the pruner's embedder cached REPORT
+    for lru in ("embedders_loaded", "pruners_loaded"):
+        assert h["caches"][lru]["max_entries"] >= 1 and h["caches"][lru]["entries"] <= h["caches"][lru]["max_entries"]
+    assert isinstance(h["rss_bytes"], int) and h["rss_bytes"] > 0
+    assert set(h["dropped"]) == {"overloaded", "timed_out", "disconnected", "routers_evicted"}
+
+
+@pytest.fixture
+def cache_limits():
+    """Set every embedder's cache limits for one test, then put the defaults back."""
+    from masklab.context import embedder
+
+    yield embedder.set_cache_limits
+    embedder.set_cache_limits(embedder.CACHE_DOCUMENTS, embedder.CACHE_BYTES)
+
+
+def _embedding_cache(url):
+    from masklab.context.embedder import live_embedders
+
+    used = [e for e in live_embedders() if e.misses]  # the embedder the default router reads
+    assert used
+    name = used[0].name
+    return next(e for e in health(url)["caches"]["embeddings"] if e["embedder"] == name and e["misses"])
+
+
+def test_the_embedding_cache_holds_at_its_limit_of_documents(server, cache_limits):
+    url, _ = server
+    cache_limits(3, 2**30)
+    before = None
+    for i in range(3 + 4):  # 3 + k distinct documents
+        r = post(url, {"context": f"Note {i}: the budget of unit {i} was approved by Dana. It rained.",
+                       "question": QUESTION})
+        assert r.status_code == 200, r.text
+        got = _embedding_cache(url)
+        before = got if before is None else before
+        assert got["entries"] <= 3 and got["max_entries"] == 3
+    assert got["entries"] == 3 and got["evictions"] >= 4
+    cache_limits(1, 2**30)  # a lower limit applies at once
+    assert _embedding_cache(url)["entries"] == 1
+
+
+def test_the_embedding_cache_holds_at_its_limit_of_bytes(server, cache_limits):
+    url, _ = server
+    one = "The budget of unit {} was approved by Dana on Tuesday."
+    post(url, {"context": one.format(-1), "question": QUESTION})
+    cache_limits(1, 10**9)  # only that document is left
+    per_doc = _embedding_cache(url)["bytes"]
+    assert per_doc > 0
+    cache_limits(1000, int(2.5 * per_doc))  # room for two one-unit documents
+    for i in range(5):
+        assert post(url, {"context": one.format(i), "question": QUESTION}).status_code == 200
+        got = _embedding_cache(url)
+        assert got["bytes"] <= 2.5 * per_doc and got["max_bytes"] == int(2.5 * per_doc)
+    assert got["entries"] == 2
+
+
+def test_loaded_routers_are_bounded(server, monkeypatch):
+    url, service = server
+    monkeypatch.setattr(service.cfg, "max_routers", 2)
+    evicted = service.counts["routers_evicted"]
+    for router in ("bm25", "lexical", "bm25", DEFAULT_ROUTER):
+        assert post(url, {"context": REPORT, "question": QUESTION, "router": router}).status_code == 200
+        assert len(health(url)["routers_loaded"]) <= 2
+    h = health(url)
+    assert h["routers_loaded"] == ["bm25", DEFAULT_ROUTER] and h["caches"]["routers"]["max_entries"] == 2
+    assert service.counts["routers_evicted"] >= evicted + 2
+
+
+@pytest.fixture
+def slow_worker(monkeypatch):
+    """``(started, release, calls)``: compress_request blocks until ``release`` is set."""
+    started, release, calls = threading.Event(), threading.Event(), []
+    real = serve.compress_request
+
+    def slow(lm, router, req, cfg):
+        calls.append(req.question)
+        started.set()
+        release.wait(30)
+        return real(lm, router, req, cfg)
+
+    monkeypatch.setattr(serve, "compress_request", slow)
+    yield started, release, calls
+    release.set()
+
+
+def test_over_max_queue_is_503_with_retry_after(server, monkeypatch, slow_worker):
+    url, service = server
+    started, release, calls = slow_worker
+    monkeypatch.setattr(service.cfg, "max_queue", 1)
+    overloaded = service.counts["overloaded"]
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(post, url, {"context": REPORT, "question": "Who approved it, first?"})
+        assert started.wait(30)
+        second = post(url, {"context": REPORT, "question": "Who approved it, second?"})
+        assert second.status_code == 503 and "--max-queue" in second.json()["error"]
+        assert int(second.headers["retry-after"]) >= 1
+        release.set()
+        assert first.result().status_code == 200
+    assert calls == ["Who approved it, first?"] and service.counts["overloaded"] == overloaded + 1
+    for _ in range(100):  # the slot is freed once the worker is done
+        if health(url)["queue"]["in_flight"] == 0:
+            break
+        time.sleep(0.02)
+    r = post(url, {"context": REPORT, "question": QUESTION})
+    assert r.status_code == 200 and re.fullmatch(r"queue;dur=[\d.]+, work;dur=[\d.]+", r.headers["server-timing"])
+
+
+def test_a_client_that_disconnects_before_its_turn_is_dropped_unrun(server, slow_worker):
+    url, service = server
+    started, release, calls = slow_worker
+    gone = service.counts["disconnected"]
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(post, url, {"context": REPORT, "question": "Who approved it, first?"})
+        assert started.wait(30)
+        with pytest.raises(httpx.TimeoutException):  # queued behind the first; the client gives up
+            httpx.post(f"{url}/v1/compress", json={"context": REPORT, "question": "Who approved it, gone?"}, timeout=0.3)
+        time.sleep(0.3)  # the server sees the disconnect
+        release.set()
+        assert first.result().status_code == 200
+    for _ in range(100):
+        if service.counts["disconnected"] > gone:
+            break
+        time.sleep(0.02)
+    assert service.counts["disconnected"] == gone + 1 and calls == ["Who approved it, first?"]
+
+
+def test_a_20_mb_body_is_413_and_the_next_good_request_is_answered(server):
+    url, _ = server
+    r = post(url, json.dumps({"context": "x " * (10 * 2**20), "question": QUESTION}))
+    assert r.status_code == 413 and "--max-request-bytes" in r.json()["error"]
+    assert post(url, {"context": REPORT, "question": QUESTION}).status_code == 200
+
+
+def test_the_worker_trims_the_allocator_after_each_request(server, monkeypatch):
+    url, service = server
+    calls = []
+    monkeypatch.setattr(service, "trim", lambda pad: calls.append(pad))
+    assert post(url, {"context": REPORT, "question": QUESTION}).status_code == 200
+    assert post(url, {"context": REPORT, "question": "  "}).status_code == 400  # refused before the worker
+    assert calls == [0]

@@ -9,9 +9,12 @@ ships: nothing is downloaded), and a bounded in-process cache of embedded docume
 
 A document's units are embedded in one batched call the first time they are seen; asking
 again for the same units (the same document, another question) is a cache hit. The cache
-holds :data:`CACHE_DOCUMENTS` documents per embedder, least recently used out first, and is
-shared by everything in the process (``masklab compress``'s passages, ``masklab serve``, the
-LangChain and LlamaIndex adapters, ``masklab realdocs``).
+holds at most :data:`CACHE_DOCUMENTS` documents and :data:`CACHE_BYTES` bytes of vectors per
+embedder, least recently used out first (a document whose vectors alone are over the bytes
+limit is not kept), and is shared by everything in the process (``masklab compress``'s
+passages, ``masklab serve``, the LangChain and LlamaIndex adapters, ``masklab realdocs``).
+:func:`set_cache_limits` changes the limits of every embedder, loaded or to come (``masklab
+serve --cache-documents / --cache-mb``), and :meth:`Embedder.cache_stats` reports them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import weakref
 from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +33,9 @@ from torch import Tensor
 from masklab.util.errors import MasklabError
 
 CACHE_DOCUMENTS = 256  # documents kept embedded per embedder
+CACHE_BYTES = 256 * 2**20  # bytes of cached vectors per embedder (a 1 MB document's are ~15 MB)
+_LIMITS = {"entries": CACHE_DOCUMENTS, "bytes": CACHE_BYTES}  # the limits new embedders get
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every Embedder of the process (set_cache_limits reaches them)
 BATCH = 32  # units per forward pass (the library sorts them by length first, so padding stays small)
 
 
@@ -78,7 +85,10 @@ class Embedder:
         self.key = hashlib.sha256(str(self.path).encode()).hexdigest()[:12]
         self._cache: OrderedDict[str, Tensor] = OrderedDict()
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.evictions = 0
+        self.cache_bytes = 0  # bytes of the cached vectors
+        self.max_entries, self.max_bytes = _LIMITS["entries"], _LIMITS["bytes"]
+        _LIVE.add(self)
 
     def encode(self, texts: list[str]) -> Tensor:
         with torch.inference_mode():
@@ -97,10 +107,37 @@ class Embedder:
         out = self.encode(units) if units else torch.zeros(0, self.dim)
         with self._lock:
             self.misses += 1
-            self._cache[key] = out
-            while len(self._cache) > CACHE_DOCUMENTS:
-                self._cache.popitem(last=False)
+            if key not in self._cache and self.max_entries > 0 and _nbytes(out) <= self.max_bytes:
+                self._cache[key] = out
+                self.cache_bytes += _nbytes(out)
+            self._evict()
         return out
+
+    def _evict(self) -> None:
+        """Drop the least recently used documents down to the limits (hold the lock)."""
+        while self._cache and (len(self._cache) > self.max_entries or self.cache_bytes > self.max_bytes):
+            _, old = self._cache.popitem(last=False)
+            self.cache_bytes -= _nbytes(old)
+            self.evictions += 1
+
+    def set_cache_limits(self, entries: int, nbytes: int) -> None:
+        """At most ``entries`` documents and ``nbytes`` bytes of vectors cached (0: none)."""
+        with self._lock:
+            self.max_entries, self.max_bytes = entries, nbytes
+            self._evict()
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self.cache_bytes = 0
+
+    def cache_stats(self) -> dict:
+        """The cache's size and limits: ``entries``, ``bytes``, ``max_entries``, ``max_bytes``,
+        ``hits``, ``misses``, ``evictions``."""
+        with self._lock:
+            return {"embedder": self.name, "entries": len(self._cache), "bytes": self.cache_bytes,
+                    "max_entries": self.max_entries, "max_bytes": self.max_bytes, "hits": self.hits,
+                    "misses": self.misses, "evictions": self.evictions}
 
     def query(self, text: str) -> Tensor:
         """``(D,)`` the embedding of a question (not cached: one short text)."""
@@ -111,7 +148,26 @@ class Embedder:
         return int(self.model.get_embedding_dimension())
 
 
-@lru_cache(maxsize=4)
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def set_cache_limits(entries: int, nbytes: int) -> None:
+    """Every embedder's cache limits, those loaded and those to come (:meth:`Embedder.set_cache_limits`)."""
+    _LIMITS.update(entries=entries, bytes=nbytes)
+    for e in list(_LIVE):
+        e.set_cache_limits(entries, nbytes)
+
+
+def live_embedders() -> list[Embedder]:
+    """Every :class:`Embedder` of this process not yet garbage-collected."""
+    return list(_LIVE)
+
+
+EMBEDDERS = 4  # embedders kept loaded by load_embedder (one per folder)
+
+
+@lru_cache(maxsize=EMBEDDERS)
 def load_embedder(path: str | None = None) -> Embedder:
     """The :class:`Embedder` of folder ``path`` (None: the packaged all-MiniLM-L6-v2), loaded
     once per process and shared, cache included."""

@@ -103,7 +103,7 @@ def load_pruner(path: Path) -> tuple[PrunerModel, dict]:
         for k, v in state.items():
             named[k].data.copy_(v)
         model.adapters.merge_and_unload()  # in place: the encoder's layers become plain merged Linear layers
-        model.embedder._cache.clear()
+        model.embedder.clear_cache()
     for p in model.trainable().values():
         p.requires_grad_(False)
     return model, meta

@@ -13,12 +13,29 @@ is checked in the event loop before it waits for the model (:func:`parse_request
 The model and the routers are used by one worker thread only, so concurrent requests queue
 for it in arrival order; a request not answered within ``--request-seconds`` (queue wait
 included) gets a 503, and one still waiting in the queue then is dropped unrun.
+
+Bounds, so a long run holds its memory and its latency: at most ``--max-queue`` requests
+are admitted at once (running and waiting; one more is a 503 with ``Retry-After`` at once,
+before it is queued); a request whose client disconnects before the worker reaches it is
+dropped unrun; the embedders' caches hold at most ``--cache-documents`` documents and
+``--cache-mb`` MiB of vectors each, at most ``--max-routers`` routers stay loaded (least
+recently used out), and after each request the worker hands the C allocator's free memory
+back to the system (``malloc_trim``, ``--no-trim`` to leave it: glibc otherwise keeps the
+freed buffers of each document's encoder pass, and the resident memory creeps up with
+every new document; docs/context.md). ``GET /healthz`` reports every cache's size and
+limit, the queue and the resident memory. Every response says how long it waited and ran
+(``Server-Timing: queue;dur=..., work;dur=...``, milliseconds).
 """
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import json
+import math
+import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -60,6 +77,15 @@ class ServeConfig:
     prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="the model's own",
                                      help="raw completion or the model's chat turns (for answers)")
     threads: int = flag(1, min=1, help="torch threads of the one worker that runs the model")
+    max_queue: int = flag(16, min=1, help="requests admitted at once, running and waiting for the worker; one more "
+                          "is answered 503 with Retry-After at once")
+    cache_documents: int = flag(256, min=0, help="documents whose unit embeddings each embedder keeps (least "
+                                "recently used out; 0: none)")
+    cache_mb: float = flag(256.0, min=0, help="MiB of cached unit embeddings per embedder (least recently used out)")
+    max_routers: int = flag(4, min=1, help="routers kept loaded (least recently used out; the default router "
+                            "counts as one)")
+    trim: bool = flag(True, help="after each request, return the C allocator's free memory to the system "
+                      "(glibc malloc_trim; --no-trim: keep it)")
 
 
 def add_parser(sub) -> None:
@@ -168,42 +194,157 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
 
 
 # --------------------------------------------------------------------------- the model's worker
+class Overloaded(Exception):
+    """More than ``--max-queue`` requests at once: answered 503 before it is queued."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(retry_after)
+        self.retry_after = retry_after
+
+
+class Dropped(Exception):
+    """A request dropped unrun by the worker (past its time, or its client gone)."""
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None where the C library has none: musl, macOS)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            import os
+
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Service:
     """The loaded model ``lm`` and its routers, used by one worker thread only (:meth:`submit`):
-    concurrent requests wait in its queue, so the model is never run by two threads at once."""
+    concurrent requests wait in its queue, so the model is never run by two threads at once.
+    Admission (:meth:`admit`) bounds the queue; :meth:`router` keeps at most ``--max-routers``
+    loaded; the embedders' caches get ``--cache-documents`` / ``--cache-mb``."""
 
     def __init__(self, lm, cfg: ServeConfig, device=None, precision: str = "fp32") -> None:
+        from masklab.context import embedder
+
         self.lm, self.cfg, self.device, self.precision = lm, cfg, device, precision
-        self.routers: dict = {}
+        self.routers: OrderedDict = OrderedDict()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masklab-model")
         self.started = time.time()
         self.served = 0
+        self.counts = {"overloaded": 0, "timed_out": 0, "disconnected": 0, "routers_evicted": 0}
+        self.in_flight = 0  # admitted and not yet finished by the worker (waiting or running)
+        self._lock = threading.Lock()
+        self.work_seconds = 1.0  # a running mean of one request's work (the Retry-After estimate)
+        self.trim = _malloc_trim() if cfg.trim else None
+        embedder.set_cache_limits(cfg.cache_documents, int(cfg.cache_mb * 2**20))
+
+    def admit(self) -> None:
+        """Count one more request in, or :class:`Overloaded` at ``--max-queue``."""
+        with self._lock:
+            if self.in_flight >= self.cfg.max_queue:
+                self.counts["overloaded"] += 1
+                raise Overloaded(max(1, math.ceil(self.in_flight * self.work_seconds)))
+            self.in_flight += 1
+
+    def release(self, _=None) -> None:
+        with self._lock:
+            self.in_flight -= 1
 
     def router(self, name: str):
-        """Router ``name``, loaded the first time it is asked for (worker thread only)."""
-        if name not in self.routers:
-            from masklab.context.routers import EMBEDDING, load_router
+        """Router ``name``, loaded the first time it is asked for and kept among the
+        ``--max-routers`` most recently used (worker thread only)."""
+        if name in self.routers:
+            self.routers.move_to_end(name)
+            return self.routers[name]
+        from masklab.context.routers import EMBEDDING, load_router
 
-            self.routers[name] = load_router(name, self.lm, embedder=self.cfg.embedder if name in EMBEDDING else None)
+        while len(self.routers) >= self.cfg.max_routers:
+            self.routers.popitem(last=False)
+            self.counts["routers_evicted"] += 1
+            clear_model_caches()  # so the evicted router's models are freed, not kept by a cache
+        self.routers[name] = load_router(name, self.lm, embedder=self.cfg.embedder if name in EMBEDDING else None)
         return self.routers[name]
 
     def submit(self, fn, *args):
         """Run ``fn(*args)`` on the worker thread; an asyncio future of its result."""
         return asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    def compress(self, req: CompressRequest, deadline: float) -> dict:
-        """What ``masklab compress --json`` prints for ``req`` (worker thread)."""
+    def compress(self, req: CompressRequest, deadline: float, gone: threading.Event | None = None,
+                 timing: dict | None = None) -> dict:
+        """What ``masklab compress --json`` prints for ``req`` (worker thread); :class:`Dropped`
+        unrun when the deadline has passed or ``gone`` is set (its client disconnected)."""
         from masklab.util import device as devices
 
         if time.monotonic() > deadline:  # timed out while queued: its caller has already been answered
-            raise TimeoutError
-        with devices.autocast(self.device, self.precision):
-            out = compress_request(self.lm, self.router(req.router), req, self.cfg)
+            self.counts["timed_out"] += 1
+            raise Dropped("timed out")
+        if gone is not None and gone.is_set():
+            self.counts["disconnected"] += 1
+            raise Dropped("disconnected")
+        t0 = time.monotonic()
+        if timing is not None:
+            timing["start"] = t0
+        try:
+            with devices.autocast(self.device, self.precision):
+                out = compress_request(self.lm, self.router(req.router), req, self.cfg)
+        finally:
+            if self.trim is not None:
+                self.trim(0)
+            work = time.monotonic() - t0
+            self.work_seconds = 0.9 * self.work_seconds + 0.1 * work
+            if timing is not None:
+                timing["end"] = time.monotonic()
         self.served += 1
         return out
 
+    def health(self) -> dict:
+        """What ``GET /healthz`` says: the model, the loaded routers, every cache's size and
+        limit, the queue, the drop counts and the resident memory."""
+        from masklab.context import embedder
+        from masklab.context.routers import pruner
+
+        rss = rss_bytes()
+        return {"status": "ok", "model": self.lm.name, "router": self.cfg.router, "routers_loaded": list(self.routers),
+                "served": self.served, "uptime_seconds": round(time.time() - self.started, 3),
+                "rss_bytes": rss, "queue": {"in_flight": self.in_flight, "max": self.cfg.max_queue},
+                "dropped": dict(self.counts),
+                "caches": {
+                    "routers": {"entries": len(self.routers), "max_entries": self.cfg.max_routers},
+                    "embeddings": sorted((e.cache_stats() for e in embedder.live_embedders()),
+                                         key=lambda c: (c["embedder"], -c["misses"])),
+                    "embedders_loaded": _lru_stats(embedder.load_embedder),
+                    "pruners_loaded": _lru_stats(pruner._load),
+                    "documents": {"entries": 0, "max_entries": 0,
+                                  "note": "not cached: each request's context is cut into units anew"}}}
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lru_stats(fn) -> dict:
+    info = fn.cache_info()
+    return {"entries": info.currsize, "max_entries": info.maxsize, "hits": info.hits, "misses": info.misses}
+
+
+def clear_model_caches() -> None:
+    """Drop the process's caches of loaded models (embedders, pruners): a router that holds one
+    keeps it; one no router holds is freed."""
+    from masklab.context import embedder
+    from masklab.context.routers import pruner
+
+    embedder.load_embedder.cache_clear()
+    pruner._load.cache_clear()
+    import gc
+
+    gc.collect()
 
 
 def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict:
@@ -270,12 +411,20 @@ def create_app(service: Service):
 
     @app.get("/healthz")
     async def healthz():
-        return {"status": "ok", "model": service.lm.name, "router": cfg.router, "routers_loaded": sorted(service.routers),
-                "served": service.served, "uptime_seconds": round(time.time() - service.started, 3)}
+        return service.health()
+
+    async def disconnected(request) -> None:
+        """Return when the client of ``request`` (its body read) disconnects."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+            await asyncio.sleep(0.05)  # (not expected after the body: never spin)
 
     @app.post("/v1/compress")
     async def compress(request: Request):  # (annotations evaluated here: FastAPI reads the type)
-        deadline = time.monotonic() + cfg.request_seconds
+        arrived = time.monotonic()
+        deadline = arrived + cfg.request_seconds
         try:
             body = await read_body(request, cfg.max_request_bytes)
         except _TooLarge:
@@ -285,15 +434,37 @@ def create_app(service: Service):
             req = parse_request(body, cfg)
         except MasklabError as e:
             return error(400, str(e))
-        job = service.submit(service.compress, req, deadline)
         try:
-            out = await asyncio.wait_for(job, timeout=max(0.0, deadline - time.monotonic()))
-        except (TimeoutError, asyncio.TimeoutError):
+            service.admit()
+        except Overloaded as e:
+            return error(503, f"the server is busy: {cfg.max_queue} requests are already running or waiting (the "
+                              f"server's --max-queue): retry in {e.retry_after} s", **{"Retry-After": str(e.retry_after)})
+        gone, timing = threading.Event(), {}
+        job = service.submit(service.compress, req, deadline, gone, timing)
+        job.add_done_callback(service.release)  # the slot is freed when the worker is done with it
+        watch = asyncio.ensure_future(disconnected(request))
+        try:
+            done, _ = await asyncio.wait({job, watch}, timeout=max(0.0, deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if job not in done:
+            gone.set()  # not yet started: the worker drops it; started: it runs to its end
+            job.add_done_callback(lambda f: f.cancelled() or f.exception())  # (no "exception never retrieved")
+            if watch in done:
+                return error(499, "the client disconnected")  # (nobody reads it)
+            return error(503, f"the request did not finish within {cfg.request_seconds:g} s of its arrival "
+                              "(the server's --request-seconds; queue wait included): retry later", **{"Retry-After": "1"})
+        try:
+            out = job.result()
+        except Dropped:  # the worker reached it just past its deadline
             return error(503, f"the request did not finish within {cfg.request_seconds:g} s of its arrival "
                               "(the server's --request-seconds; queue wait included): retry later", **{"Retry-After": "1"})
         except MasklabError as e:  # input only the model can judge (e.g. a document with no units)
             return error(400, str(e))
-        return JSONResponse(out)
+        start, end = timing.get("start", arrived), timing.get("end", time.monotonic())
+        return JSONResponse(out, headers={"Server-Timing": f"queue;dur={1000 * (start - arrived):.1f}, "
+                                                           f"work;dur={1000 * (end - start):.1f}"})
 
     return app
 

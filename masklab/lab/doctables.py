@@ -85,8 +85,8 @@ def provenance(name: str, data: dict) -> str:
     facts = [f"`{data['command']}`"] if data.get("command") else []
     if rev := data.get("environment", {}).get("git_rev"):
         facts.append(f"git {rev}")
-    if data.get("code"):
-        facts.append("code " + ", ".join(data["code"]))
+    if code := data.get("code"):  # a study's {hash: runs}, or one hash (a benchmark's stamp, as stale_results reads it)
+        facts.append("code " + (code if isinstance(code, str) else ", ".join(code)))
     return f"<sub>Generated from `{name}`{' (' + '; '.join(facts) + ')' if facts else ''} by `masklab report`.</sub>"
 
 
