@@ -15,14 +15,17 @@
   the trained ``evidence`` / ``attention``, and kvpress's presses in one table);
 * :mod:`~masklab.context.trained`: the trained routers' features, labels, fit and files;
 * :mod:`~masklab.context.press`: a router as a kvpress press (prune before prefill);
-* :mod:`~masklab.context.answer`: answer from a pruned context, timed.
+* :mod:`~masklab.context.answer`: answer from a pruned context, timed;
+* :mod:`~masklab.context.api`: :func:`prune` (question, context, threshold) as Provence's users
+  know it, batched over lists.
 """
 
 from masklab.document import Document, segment
 from masklab.context.passages import PrunedPassages, compress_passages
 from masklab.context.router import ROUTERS, Pruned, Router
 from masklab.context.routers import load_router
+from masklab.context.api import prune
 from masklab.selection import select
 
 __all__ = ["Document", "segment", "select", "Router", "ROUTERS", "Pruned", "load_router", "compress_passages",
-           "PrunedPassages"]
+           "PrunedPassages", "prune"]

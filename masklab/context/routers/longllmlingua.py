@@ -92,7 +92,12 @@ class LongLLMLingua(Router):
     def score(self, doc, question):
         raise MasklabError("longllmlingua rewrites the text token by token and scores no units; use prune()/choose()")
 
-    def choose(self, doc, question, keep, fill=None, limit=None) -> Pruned:
+    def choose_many(self, doc, questions, keep, fill=None, limit=None, threshold=None) -> list[Pruned]:
+        if threshold is not None:
+            raise MasklabError("longllmlingua rewrites the text and scores no units: give a fraction, not a threshold")
+        return [self._rewrite(doc, q, keep, limit) for q in questions]
+
+    def _rewrite(self, doc, question, keep, limit) -> Pruned:
         if self._compressor is None:
             self._compressor = compressor(self.lm)
         from masklab.context.trained import chunk_units

@@ -1,6 +1,8 @@
 """``pruner``: the sentence-embedding model trained on causal labels of real documents
 (:mod:`masklab.context.pruner`); ``pruner-attention`` and ``pruner-marks`` are the same
-model trained on attention labels and on the writers' marks (the controls)."""
+model trained on attention labels and on the writers' marks (the controls). ``pruner-ctx``:
+the context-aware cross-encoder (:mod:`masklab.context.cross`), which reads the question
+and each window of the document together."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class Pruner(Router):
     use = ("the default, any document: MiniLM fine-tuned (LoRA) on causal labels of real documents, above dense and "
            "bm25+dense on both real-document test splits; --keep auto decides how much; train-router --docs trains yours")
     labels = "causal"
+    score_range = (-1.0, 1.0)  # cosines
 
     def __init__(self, lm=None, path: str | Path | None = None) -> None:
         super().__init__(lm)
@@ -61,3 +64,35 @@ class PrunerMarks(Pruner):
 
     use = "a research comparison: the pruner trained on the writers' marks"
     labels = "marks"
+
+
+@lru_cache(maxsize=2)
+def _load_cross(path: str):
+    from masklab.context.cross import load_cross
+
+    return load_cross(Path(path))
+
+
+@ROUTERS.register("pruner-ctx")
+class CrossPruner(Router):
+    """``path``: a cross pruner file (``scripts/train_cross.py``; None: the shipped one). Scores
+    are keep probabilities in [0, 1]."""
+
+    use = ("any document, questions whose answer spans sentences or updates: MiniLM reading the question and "
+           "each window of the document together, trained on causal keep-set labels; --threshold or --keep auto")
+    score_range = (0.0, 1.0)
+
+    def __init__(self, lm=None, path: str | Path | None = None) -> None:
+        super().__init__(lm)
+        self.path = Path(path) if path is not None else WEIGHTS / "cross.safetensors"
+        self.model, self.meta = _load_cross(str(self.path))
+        self.keep_auto = self.meta.get("keep_auto")
+
+    def score(self, doc, question):
+        return self.model.rank(question, doc.units)
+
+    def score_many(self, doc, questions):
+        import torch
+
+        with torch.no_grad():
+            return [torch.sigmoid(x) for x in self.model.logits_many(questions, doc.units)]
