@@ -61,6 +61,15 @@ def targets(lasso: dict, keepset: dict | None, variant: str, threshold: float) -
     raise SystemExit(f"unknown label variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 
+def summary(res: dict) -> list[dict]:
+    """One row per measured variant (the generated tables' rows)."""
+    return [{"task": "val", "method": name, "n": f["n"], "mrr": f["mrr"], "kept@10": f["kept@10"], "kept@25": f["kept@25"],
+             "targets": f["targets_per_question"], "train_s": f["train_wall_s"],
+             **({"auto_threshold": f["keep_auto"]["threshold"], "auto_fraction": f["keep_auto"]["fraction"],
+                 "auto_kept": f["keep_auto"]["kept"]} if f["keep_auto"] else {})}
+            for name, f in res["variants"].items()]
+
+
 def main() -> int:
     from masklab.context import cross
     from masklab.context.pruner import shipped_recipe
@@ -98,6 +107,7 @@ def main() -> int:
     out_dir = ROOT / "results" / "cross"
     res_path = out_dir / "results.json"
     res = json.loads(res_path.read_text()) if res_path.is_file() else {"variants": {}}
+    res.pop("summary", None)
     res.update({"command": "python scripts/train_cross.py " + " ".join(sys.argv[1:]), "model": a.model,
                 "lasso_threshold": threshold, "keepset_gain": KEEPSET_GAIN, "val_questions": len(val)})
     print(f"{len(lasso)} labelled questions ({len(keepset)} with keep-set labels); val: {len(val)}", file=sys.stderr)
@@ -122,8 +132,9 @@ def main() -> int:
         res["variants"][v] = {"stamp": stamp, "train": rec, "train_wall_s": train_s[0], "train_cpu_s": train_s[1],
                               "val_wall_s": time.perf_counter() - t0, "val_cpu_s": time.process_time() - c0,
                               "targets_per_question": sum(len(e.target) for e in examples) / len(examples), **fig}
-        write_json(res_path, res)
+        write_json(res_path, {**res, "summary": summary(res)})
         print(v, {k: round(fig[k], 3) for k in ("mrr", "kept@10", "kept@25")}, file=sys.stderr)
+    write_json(res_path, {**res, "summary": summary(res)})
     if a.ship:
         fig = res["variants"][a.ship]
         dest = ROOT / "masklab" / "context" / "weights" / "pruner" / "cross.safetensors"

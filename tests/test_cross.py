@@ -192,3 +192,46 @@ def test_a_threshold_needs_a_router_that_decides():
 
     with pytest.raises(MasklabError, match="decides how much"):
         prune("Which unit?", TEXT, threshold=0.5, router="bm25")
+
+
+def _doc(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    units = torch.nn.functional.normalize(torch.randn(n, 16, generator=g), dim=-1)
+    return units, torch.nn.functional.normalize(torch.randn(16, generator=g), dim=-1)
+
+
+def test_the_context_head_starts_as_the_round5_ranking_and_handles_a_one_unit_document():
+    from masklab.context.contextual import FEATURES, ContextHead, features, probabilities
+
+    units, q = _doc(9, 0)
+    s, x = features(units, q)
+    assert x.shape == (9, len(FEATURES)) and torch.isfinite(x).all()
+    head = ContextHead()
+    assert torch.equal(torch.argsort(probabilities(head, units, q)), torch.argsort(units @ q))  # zero residual
+    one = probabilities(head, units[:1], q)
+    assert one.shape == (1,) and torch.isfinite(one).all()
+
+
+def test_the_context_head_learns_the_unit_after_the_most_relevant_one():
+    from masklab.context.contextual import Example, HeadConfig, load_head, probabilities, save, train
+
+    # the target is the unit right after the best-scoring one: invisible to a score of each unit alone
+    examples = []
+    for seed in range(40):
+        units, q = _doc(12, seed)
+        best = int((units @ q)[:-1].argmax())
+        examples.append(Example(units, q, [best + 1]))
+    head, rec = train(examples[:30], HeadConfig(epochs=80, lr=1e-2))
+    assert rec["loss"][-1] < rec["loss"][0]
+    hits = [int(probabilities(head, e.units, e.q).argmax()) == e.target[0] for e in examples[30:]]
+    alone = [int((e.units @ e.q).argmax()) == e.target[0] for e in examples[30:]]
+    assert sum(hits) >= 7 and sum(alone) <= 2  # held-out documents: the head reads the neighbourhood
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        save(head, Path(d) / "h.safetensors", {"labels": "test", "keep_auto": 0.5})
+        loaded, meta = load_head(Path(d) / "h.safetensors")
+    assert meta["keep_auto"] == 0.5
+    e = examples[31]
+    torch.testing.assert_close(probabilities(loaded, e.units, e.q), probabilities(head, e.units, e.q))

@@ -169,6 +169,11 @@ class CrossPruner(torch.nn.Module):
         self.encoder = self.adapters.merge_and_unload()
         del self.adapters
 
+    def quantize(self) -> None:
+        """The encoder's linear layers in int8 (``torch.ao`` dynamic quantisation), in place: a
+        faster path on the CPU for use, not for training."""
+        self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {torch.nn.Linear}, dtype=torch.qint8)
+
     def trainable(self) -> dict[str, Tensor]:
         """The parameters training changes: the adapters and the head."""
         return {n: p for n, p in self.named_parameters() if "lora_" in n or n.startswith("head.")}

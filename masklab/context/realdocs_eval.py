@@ -44,7 +44,7 @@ from masklab.query import Query
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
            "longllmlingua")
 CONTROL = "bm25"
-PAIRED = ("dense", "bm25+dense", "pruner", "pruner-attention")  # further paired tests: embeddings, their hybrid, the pruners
+PAIRED = ("dense", "bm25+dense", "pruner", "pruner-attention", "pruner-ctx-attention")  # further paired tests: embeddings, their hybrid, the pruners
 
 
 def float_list(text: str) -> list[float]:

@@ -30,8 +30,9 @@ from masklab.registry import Registry
 
 ROUTERS: Registry = Registry("router")
 # The router of compress, serve and the integrations when none is named: the best pooled val MRR of the real-document
-# benchmark, kept only if it is not below bm25 on either test split (docs/context.md): dense until the LoRA pruner.
-DEFAULT_ROUTER = "pruner"
+# benchmark, kept only if it is not below bm25 on either test split (docs/context.md): dense until the LoRA pruner,
+# the LoRA pruner until the context pruner (val MRR, results/ctx/results.json).
+DEFAULT_ROUTER = "pruner-ctx"
 
 
 @dataclass

@@ -9,7 +9,7 @@ from masklab.context.routers import bm25, dense, fused, lexical, longllmlingua, 
 
 TRAINED = ("evidence", "attention", "bm25+evidence", "bm25+attention")  # routers that read a trained router file
 EMBEDDING = ("dense", "bm25+dense")  # routers that embed sentences (their embedder can be named)
-DECIDING = ("pruner", "pruner-attention", "pruner-marks", "pruner-ctx")  # routers that decide how much to keep (keep="auto")
+DECIDING = ("pruner", "pruner-attention", "pruner-marks", "pruner-ctx", "pruner-ctx-attention")  # routers that decide how much to keep (keep="auto")
 
 
 def load_router(name: str, model=None, embedder: str | None = None, **kwargs) -> Router:

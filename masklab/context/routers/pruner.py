@@ -67,32 +67,43 @@ class PrunerMarks(Pruner):
 
 
 @lru_cache(maxsize=2)
-def _load_cross(path: str):
-    from masklab.context.cross import load_cross
+def _load_head(path: str):
+    from masklab.context.contextual import load_head
 
-    return load_cross(Path(path))
+    return load_head(Path(path))
 
 
 @ROUTERS.register("pruner-ctx")
-class CrossPruner(Router):
-    """``path``: a cross pruner file (``scripts/train_cross.py``; None: the shipped one). Scores
-    are keep probabilities in [0, 1]."""
+class ContextPruner(Router):
+    """``path``: a context head file (``scripts/train_ctx.py``; None: the shipped one), read on top of
+    the shipped round-5 pruner. Scores are keep probabilities in [0, 1]."""
 
-    use = ("any document, questions whose answer spans sentences or updates: MiniLM reading the question and "
-           "each window of the document together, trained on causal keep-set labels; --threshold or --keep auto")
+    use = ("any document, questions whose answer spans sentences or updates: the pruner's scores read beside each "
+           "unit's neighbours and the more relevant units, trained on causal keep-set labels; --threshold or --keep auto")
     score_range = (0.0, 1.0)
+    labels = "union"
 
     def __init__(self, lm=None, path: str | Path | None = None) -> None:
         super().__init__(lm)
-        self.path = Path(path) if path is not None else WEIGHTS / "cross.safetensors"
-        self.model, self.meta = _load_cross(str(self.path))
+        self.path = Path(path) if path is not None else WEIGHTS / f"ctx-{self.labels}.safetensors"
+        self.head, self.meta = _load_head(str(self.path))
+        self.pruner, _ = _load(str(WEIGHTS / "causal.safetensors"))
         self.keep_auto = self.meta.get("keep_auto")
 
     def score(self, doc, question):
-        return self.model.rank(question, doc.units)
+        return self.score_many(doc, [question])[0]
 
     def score_many(self, doc, questions):
-        import torch
+        from masklab.context.contextual import probabilities
 
-        with torch.no_grad():
-            return [torch.sigmoid(x) for x in self.model.logits_many(questions, doc.units)]
+        emb = self.pruner.embedder
+        units, qs = emb.units(doc.units), emb.encode(list(questions))  # one batch of questions
+        return [probabilities(self.head, units, q) for q in qs]
+
+
+@ROUTERS.register("pruner-ctx-attention")
+class ContextPrunerAttention(ContextPruner):
+    """The control: the same head and data, trained on attention labels."""
+
+    use = "a research control: the context pruner trained on attention labels"
+    labels = "attention"
