@@ -16,14 +16,17 @@
 * :mod:`~masklab.context.presses`: kvpress's presses (``PRESSES``);
 * :mod:`~masklab.context.routers.features`: the trained routers' features and files;
 * :mod:`~masklab.context.press`: a router as a kvpress press (prune before prefill);
-* :mod:`~masklab.context.answer`: answer from a pruned context, timed.
+* :mod:`~masklab.context.answer`: answer from a pruned context, timed;
+* :mod:`~masklab.context.api`: :func:`prune` (question, context, threshold) as Provence's users
+  know it, batched over lists.
 """
 
 from masklab.text.document import Document, segment
 from masklab.context.passages import PrunedPassages, compress_passages
 from masklab.context.router import ROUTERS, Pruned, Router
 from masklab.context.routers import load_router
+from masklab.context.api import prune
 from masklab.text.selection import select
 
 __all__ = ["Document", "segment", "select", "Router", "ROUTERS", "Pruned", "load_router", "compress_passages",
-           "PrunedPassages"]
+           "PrunedPassages", "prune"]

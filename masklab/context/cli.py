@@ -39,6 +39,9 @@ class CompressConfig:
                              "labels as needed (--target-tokens, when given, is the budget instead)")
     target_tokens: int | None = flag(None, min=1, metavar="N", help="keep at most N tokens of context (counted with "
                                      "the model's tokenizer) instead of a fraction; wins over --keep")
+    threshold: float | None = flag(None, metavar="T", help="keep every unit the router scores at least T (the top unit "
+                                   "always), as Provence does; for the routers that decide how much (pruner-ctx: keep "
+                                   "probabilities in [0, 1]; pruner: cosines in [-1, 1]); wins over --keep")
     router: str = flag(DEFAULT_ROUTER, help="pruner, dense, bm25, bm25+dense, lexical, evidence, attention, or a kvpress press (snapkv, ...: only "
                        "with --answer); `masklab compress --list-routers` lists them")
     router_file: str | None = flag(None, metavar="PATH", help="evidence/attention/pruner: a router file made by "
@@ -100,6 +103,12 @@ def check(cfg: CompressConfig) -> None:
     if cfg.router_model and cfg.router not in TRAINED:
         raise MasklabError(f"--router-model is for the trained routers (--router {', '.join(TRAINED)})")
     check_embedder(cfg.router, cfg.embedder, "--embedder")
+    if cfg.threshold is not None:
+        if cfg.router not in DECIDING:
+            raise MasklabError(f"--threshold needs a router that decides how much to keep (--router {', '.join(DECIDING)})")
+        if cfg.target_tokens is not None:
+            raise MasklabError("--threshold and --target-tokens each set the budget: give one")
+        ROUTERS[cfg.router].check_range(cfg.threshold)
     if cfg.keep == AUTO and cfg.router not in DECIDING:
         raise MasklabError(f"--keep auto needs a router that decides how much to keep (--router {', '.join(DECIDING)})")
     if cfg.router in PRESSES and not cfg.answer:
@@ -119,6 +128,8 @@ def check_passages(cfg: CompressConfig) -> None:
                            "across several passages: give one --context file, or a router (`--list-routers`)")
     if cfg.html:
         raise MasklabError("--html shows one document: give one --context file")
+    if cfg.threshold is not None:
+        raise MasklabError("--threshold prunes one document: give one --context file (or --keep for several)")
 
 
 def list_routers() -> None:
@@ -195,7 +206,7 @@ def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> i
                    f"{len(text)} passages, {pruned.compressed_tokens:,} of {total:,} tokens ({pruned.ratio:.1f}x; "
                    f"router {cfg.router}, {pruned.seconds:.3f} s)")
     else:
-        pruned, out = prune_document(lm, router, doc, question, **budget)
+        pruned, out = prune_document(lm, router, doc, question, **budget, threshold=cfg.threshold)
         summary = (f"kept {len(out['kept'])} of {len(doc.units)} units, {out['kept_fraction']:.0%} of {total} tokens (router {cfg.router}, "
                    f"{out['router_seconds']:.3f} s)")
     if not cfg.json:

@@ -18,33 +18,37 @@ from masklab.text.selection import AUTO
 
 
 def prune_document(lm, router, text: str | Document, question: str, *, keep: float, target_tokens: int | None,
-                   unit_tokens: int, fill: bool | None, max_new_tokens: int) -> tuple[Pruned, dict]:
+                   unit_tokens: int, fill: bool | None, max_new_tokens: int,
+                   threshold: float | None = None) -> tuple[Pruned, dict]:
     """``text`` cut into units (:func:`~masklab.text.document.segment`; or a :class:`Document`
-    already cut) and pruned by ``router`` for ``question``; the notes say when the window
+    already cut) and pruned by ``router`` for ``question`` (``threshold``: the units it scores
+    at least that, instead of ``keep``); the notes say when the window
     capped the budget, the router read the document in several windows, or the top unit alone
     was over the budget."""
     doc = text if isinstance(text, Document) else segment(text, lm.tokenizer, unit_tokens)
     total = sum(doc.lengths(lm.tokenizer))
     window, overhead = answer_budget(lm, question, max_new_tokens)
-    budget = target_tokens if target_tokens is not None else total if keep == AUTO else keep * total
+    decides = keep == AUTO or threshold is not None  # the router decides how much
+    budget = target_tokens if target_tokens is not None else total if decides else keep * total
     limit = window - overhead
     notes = list(router.notes)  # which model ranked, a router fitted on few examples
     if target_tokens is not None:
         pruned = router.choose(doc, question, 1.0, fill=fill, limit=min(target_tokens, limit))
     else:
-        pruned = router.choose(doc, question, keep, fill=fill, limit=limit if budget > limit else None)
-    if budget > limit and (keep != AUTO or pruned.kept_tokens >= limit - max(pruned.lengths)):
+        pruned = router.choose(doc, question, keep, fill=fill, limit=limit if budget > limit else None,
+                               threshold=threshold)
+    if budget > limit and (not decides or pruned.kept_tokens >= limit - max(pruned.lengths)):
         notes.append(f"the document is {total} tokens: the kept units were capped at {limit} tokens to fit "
                      f"{lm.name}'s {window}-token window with the question and answer")
     if router.last_windows > 1:
         notes.append(f"the router read the document in {router.last_windows} windows")
-    if pruned.compressed is None and len(pruned.kept) == 1 and pruned.kept_tokens > budget and keep != AUTO:
+    if pruned.compressed is None and len(pruned.kept) == 1 and pruned.kept_tokens > budget and not decides:
         what = f"--target-tokens {target_tokens}" if target_tokens is not None else f"--keep {keep}"
         notes.append(f"{what} kept {pruned.kept_fraction:.0%} of the tokens: the top unit alone is "
                      f"{pruned.kept_tokens} tokens, over the budget of {budget:.0f}, and the top unit is always kept")
     pruned.notes = notes
     out = {"model": lm.name, "question": question, "router": router.name, "keep": keep,
-           "target_tokens": target_tokens, "context_tokens": total, "model_window": window, **pruned.to_json()}
+           "target_tokens": target_tokens, **({"threshold": threshold} if threshold is not None else {}), "context_tokens": total, "model_window": window, **pruned.to_json()}
     return pruned, out
 
 

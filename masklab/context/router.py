@@ -30,8 +30,9 @@ from masklab.util.registry import Registry
 
 ROUTERS: Registry = Registry("router")
 # The router of compress, serve and the integrations when none is named: the best pooled val MRR of the real-document
-# benchmark, kept only if it is not below bm25 on either test split (docs/context.md): dense until the LoRA pruner.
-DEFAULT_ROUTER = "pruner"
+# benchmark, kept only if it is not below bm25 on either test split (docs/context.md): dense until the LoRA pruner,
+# the LoRA pruner until the context pruner (val MRR, results/ctx/results.json).
+DEFAULT_ROUTER = "pruner-ctx"
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Router:
     use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
     keep_auto: float | None = None  # the score from which keep="auto" keeps a unit (routers that decide how much)
     last_windows = 1  # how many windows the last score() read (a trained router reads a long document in several)
+    score_range: tuple[float, float] | None = None  # the bounds of the scores (where a threshold may lie), if any
 
     def __init__(self, lm=None) -> None:
         if self.needs_model and lm is None:
@@ -104,15 +106,42 @@ class Router:
 
     def checked_score(self, doc: Document, question: str) -> Tensor:
         """:meth:`score`, refused unless it gives one score per unit (what every caller reads)."""
-        scores = self.score(doc, question)
+        return self.checked(doc, self.score(doc, question))
+
+    def checked(self, doc: Document, scores: Tensor) -> Tensor:
+        """``scores``, refused unless there is one per unit of ``doc``."""
         if scores.shape != (len(doc.units),):
             raise MasklabError(f"router {self.name!r} returned scores of shape {tuple(scores.shape)} "
                                f"for {len(doc.units)} units; expected ({len(doc.units)},)")
         return scores
 
-    def resolve_keep(self, keep: float | str, scores: Tensor, lengths: list[int]) -> float:
-        """``keep`` as a fraction: :data:`~masklab.text.selection.AUTO` becomes the share of the
-        tokens in the units scoring at least :attr:`keep_auto`."""
+    def score_many(self, doc: Document, questions: list[str]) -> list[Tensor]:
+        """One ``(N,)`` score vector per question over ``doc``: :meth:`score` for each (a router
+        that reads several questions in one batch overrides this for speed, same scores)."""
+        return [self.score(doc, q) for q in questions]
+
+    @classmethod
+    def check_range(cls, threshold: float) -> None:
+        """A ``threshold`` needs a router whose scores have a range (one that decides how much
+        to keep), and a number within it."""
+        if cls.score_range is None:
+            raise MasklabError(f"a threshold needs a router that decides how much to keep (pruner, pruner-ctx); "
+                               f"{cls.name} does not: give a fraction")
+        lo, hi = cls.score_range
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not lo <= threshold <= hi:
+            raise MasklabError(f"the threshold of {cls.name} must be a number in [{lo:g}, {hi:g}] (its scores' range), "
+                               f"got {threshold!r}")
+
+    def check_threshold(self, threshold: float | None) -> None:
+        """:meth:`check_range` where a ``threshold`` is given."""
+        if threshold is not None:
+            self.check_range(threshold)
+
+    def resolve_keep(self, keep: float | str, scores: Tensor, lengths: list[int], threshold: float | None = None) -> float:
+        """``keep`` as a fraction: :data:`~masklab.text.selection.AUTO` (or a ``threshold``) becomes the
+        share of the tokens in the units scoring at least :attr:`keep_auto` (or ``threshold``)."""
+        if threshold is not None:
+            return auto_fraction(scores, lengths, threshold)
         if keep != AUTO:
             return keep
         if self.keep_auto is None:
@@ -121,32 +150,65 @@ class Router:
         return auto_fraction(scores, lengths, self.keep_auto)
 
     def choose(self, doc: Document, question: str, keep: float | str, fill: bool | None = None,
-               limit: int | None = None) -> Pruned:
-        """Score ``doc`` and keep its best units within ``keep`` of its tokens (and ``limit``).
-        The same for every router (no router overrides it): a router differs only in ``score``."""
+               limit: int | None = None, threshold: float | None = None) -> Pruned:
+        """Score ``doc`` and keep its best units within ``keep`` of its tokens (and ``limit``);
+        ``threshold``: instead, every unit scoring at least it (the top unit always). The same
+        for every router (no router overrides it): a router differs only in ``score``."""
+        return self.choose_many(doc, [question], keep, fill, limit, threshold)[0]
+
+    def choose_many(self, doc: Document, questions: list[str], keep: float | str, fill: bool | None = None,
+                    limit: int | None = None, threshold: float | None = None) -> list[Pruned]:
+        """:meth:`choose` for each of ``questions`` over one ``doc``, scored by :meth:`score_many`
+        (``seconds``: each question's share of the scoring)."""
         check_keep(keep)
+        self.check_threshold(threshold)
         if keep == AUTO:
             self.resolve_keep(keep, torch.zeros(1), [1])  # a router that cannot: refused before scoring
         if not doc.units:
             raise MasklabError("the document has no units to keep")
         lengths = doc.lengths(self.tokenizer)
         t0 = time.perf_counter()
-        scores = self.checked_score(doc, question)
-        keep = self.resolve_keep(keep, scores, lengths)
-        kept = select(scores, lengths, keep, fill=self.fill if fill is None else fill, limit=limit)
-        seconds = time.perf_counter() - t0
-        return Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name,
-                      list(self.notes))
+        many = self.score_many(doc, questions)
+        seconds = (time.perf_counter() - t0) / max(1, len(questions))
+        out = []
+        for scores in many:
+            fraction = self.resolve_keep(keep, self.checked(doc, scores), lengths, threshold)
+            kept = select(scores, lengths, fraction, fill=(self.fill if fill is None else fill) and threshold is None,
+                          limit=limit)
+            out.append(Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name, list(self.notes)))
+        return out
 
     def prune(self, text: str | Document, question: str, keep: float = 0.25, fill: bool | None = None,
-              unit_tokens: int = UNIT_TOKENS, limit: int | None = None) -> Pruned:
+              unit_tokens: int = UNIT_TOKENS, limit: int | None = None, threshold: float | None = None) -> Pruned:
         """``text`` (cut by :func:`~masklab.text.document.segment`) or a :class:`Document`,
-        pruned to ``keep`` of its tokens for ``question``."""
+        pruned to ``keep`` of its tokens for ``question`` (or to the units scoring at least
+        ``threshold``, for a router that decides how much to keep)."""
+        return self.prune_many([(question, text)], keep, fill, unit_tokens, limit, threshold)[0]
+
+    def prune_many(self, pairs: list[tuple[str, str | Document]], keep: float = 0.25, fill: bool | None = None,
+                   unit_tokens: int = UNIT_TOKENS, limit: int | None = None,
+                   threshold: float | None = None) -> list[Pruned]:
+        """:meth:`prune` for each ``(question, text)`` of ``pairs``, in order; the questions on
+        one text are scored together (:meth:`score_many`: one batch for a cross-encoder)."""
         from masklab.text.inputs import check_question
 
-        question = check_question(question)
-        doc = text if isinstance(text, Document) else segment(text, self.tokenizer, unit_tokens)
-        return self.choose(doc, question, keep, fill, limit)
+        groups: dict[int, tuple[Document, list[int]]] = {}
+        docs: dict[str, Document] = {}
+        for k, (question, text) in enumerate(pairs):
+            check_question(question)
+            if isinstance(text, Document):
+                doc = text
+            else:
+                if text not in docs:
+                    docs[text] = segment(text, self.tokenizer, unit_tokens)
+                doc = docs[text]
+            groups.setdefault(id(doc), (doc, []))[1].append(k)
+        out: list[Pruned | None] = [None] * len(pairs)
+        for doc, ks in groups.values():
+            qs = [check_question(pairs[k][0]) for k in ks]
+            for k, pruned in zip(ks, self.choose_many(doc, qs, keep, fill, limit, threshold)):
+                out[k] = pruned
+        return out
 
     def press(self, question: str, keep: float = 0.25, fill: bool | None = None):
         """A kvpress press that prefills only the units this router keeps of the context the

@@ -18,6 +18,16 @@ train-router`` has them).
 window's size and the number of ablations, so lines made otherwise are not reused, and
 records the code and precision that made it), with a
 progress bar and the seconds and passes of each question.
+
+Keep-set labels (``labels="keepset"``, :func:`keepset_label`) credit evidence made of
+several units, which the random ablations' linear surrogate underrates: the model reads
+*only* a few units (their text alone, nothing else of the window) and the written answer's
+log-likelihood is measured with none, with each unit alone (leave-one-in) and with each
+pair of the ``PAIR_TOP`` best single units. A pair that beats its best member by
+``PAIR_MARGIN`` nats credits both of its units (two sentences that answer together); a
+restatement earns what the statement it restates earns; a superseded statement read alone
+does not raise the current answer's likelihood, so only the current one is credited
+(:func:`keepset_target`).
 """
 
 from __future__ import annotations
@@ -35,6 +45,9 @@ from masklab.text.document import Document
 WINDOW_TOP = 8  # units each of bm25 and dense propose
 ABLATIONS = 20  # random variants per question (ContextCite uses 32-256 for longer contexts; the windows here have about 14 units)
 LASSO_ALPHA = 0.01  # ContextCite's regularisation
+LABELLERS = ("lasso", "keepset")
+PAIR_TOP = 5  # keep-set labels: pairs among this many best single units (10 pairs)
+PAIR_MARGIN = 1.0  # nats a pair must gain over its best member to credit both
 
 
 def window(doc: Document, question: str, top: int = WINDOW_TOP, embedder=None) -> list[int]:
@@ -79,8 +92,84 @@ def label(lm, units: list[str], question: str, answer: str, ablations: int = ABL
             "passes": oracle.passes + 2, "seconds": time.perf_counter() - t0}
 
 
-def stamp(lm, top: int, ablations: int) -> dict:
-    """What makes a label row: the model, the window and the ablations (rows record their code too)."""
+@torch.no_grad()
+def read_alone(lm, variants: list[list[str]], query: str, answer: torch.Tensor, batch: int = 16) -> torch.Tensor:
+    """``(V,)`` the log-likelihood of ``answer (A,)`` when the model reads only each variant's
+    units (their text, in the model's prompt format), ``batch`` variants a pass (left-padded)."""
+    from masklab.pretrained.lm import encode
+
+    seqs = [torch.cat([encode(lm, v, query).ids, answer]) for v in variants]
+    A, out = answer.numel(), []
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    for b in range(0, len(seqs), batch):
+        chunk = seqs[b:b + batch]
+        T = max(x.numel() for x in chunk)
+        ids = torch.full((len(chunk), T), pad, dtype=torch.long)
+        mask = torch.zeros(len(chunk), T, dtype=torch.long)
+        for r, x in enumerate(chunk):
+            ids[r, T - x.numel():], mask[r, T - x.numel():] = x, 1
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        dev = lm.model.device
+        logits = lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                          logits_to_keep=A + 1).logits[:, :A].float().cpu()
+        lp = torch.log_softmax(logits, -1).gather(-1, answer[None, :, None].expand(len(chunk), -1, 1))[..., 0]
+        out.append(lp.sum(-1))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def keepset_label(lm, units: list[str], question: str, answer: str, pair_top: int = PAIR_TOP) -> dict:
+    """Keep-set log-likelihoods of the written ``answer`` (module docstring): ``logp_empty``
+    (no unit read), ``logp_single`` (N,) (each unit read alone), ``pairs`` (``[i, j, logp]``
+    for each pair of the ``pair_top`` best single units), ``logp_full`` (the whole window),
+    ``gains`` (N,): how much the unit's best set (itself alone, or a pair with it that beats
+    both its units alone by ``PAIR_MARGIN``) raises the log-likelihood over none, in nats,
+    and ``passes`` and ``seconds``."""
+    from itertools import combinations
+
+    from masklab.lab.lm_evidence import SentenceOracle
+    from masklab.text.query import Query
+
+    t0 = time.perf_counter()
+    n = len(units)
+    query, ans = Query(question).text, answer_ids(lm, answer)
+    full = SentenceOracle(lm, units, query, hide="delete", answer_ids=ans).full_logp
+    lps = read_alone(lm, [[]] + [[u] for u in units], query, ans)
+    empty, single = float(lps[0]), lps[1:]
+    top = sorted(torch.argsort(single, descending=True, stable=True)[:pair_top].tolist())
+    pairs = list(combinations(top, 2))
+    pair_lp = read_alone(lm, [[units[i], units[j]] for i, j in pairs], query, ans).tolist() if pairs else []
+    best = single.clone()  # each unit's best set: alone, or a pair that beats both its units read alone
+    for (i, j), lp in zip(pairs, pair_lp):
+        if lp - max(single[i], single[j]) > PAIR_MARGIN:
+            best[i], best[j] = max(best[i], lp), max(best[j], lp)
+    return {"logp_empty": empty, "logp_single": [round(float(x), 4) for x in single],
+            "pairs": [[i, j, round(float(lp), 4)] for (i, j), lp in zip(pairs, pair_lp)],
+            "logp_full": full, "gains": [round(float(b) - empty, 4) for b in best],
+            "passes": 2 + n + len(pairs), "seconds": time.perf_counter() - t0}
+
+
+def keepset_target(row: dict, gain: float, margin: float = PAIR_MARGIN) -> list[int]:
+    """The units (indices into ``row["window"]``) a keep-set row credits: the best single unit
+    and every unit read alone within ``margin`` nats of it (restatements), and both units of
+    every pair that beats its best member by ``margin``; nothing when no set raises the
+    answer's log-likelihood by ``gain`` nats over reading none."""
+    single, empty = row["logp_single"], row["logp_empty"]
+    if not single:
+        return []
+    best = max(single)
+    out = {i for i, lp in enumerate(single) if lp >= best - margin and lp - empty > gain}
+    for i, j, lp in row["pairs"]:
+        if lp - max(single[i], single[j]) > margin and lp - empty > gain:
+            out |= {i, j}
+    return sorted(out)
+
+
+def stamp(lm, top: int, ablations: int, labels: str = "lasso") -> dict:
+    """What makes a label row: the model, the window and the ablations or the keep sets
+    (rows record their code too)."""
+    if labels == "keepset":
+        return {"model": lm.name, "top": top, "labels": labels, "pair_top": PAIR_TOP}
     return {"model": lm.name, "top": top, "ablations": ablations}
 
 
@@ -91,18 +180,22 @@ def question_key(q) -> str:
 
 
 def label_questions(lm, questions: list, path: Path, top: int = WINDOW_TOP, ablations: int = ABLATIONS,
-                    progress: bool = True, limit_seconds: float | None = None) -> list[dict]:
+                    progress: bool = True, limit_seconds: float | None = None, labels: str = "lasso") -> list[dict]:
     """Label ``questions`` (each with ``id``, ``question``, ``text``, ``answers``, ``evidence``)
     into ``path`` (JSON lines, resumable); returns every row made for them with this stamp.
     ``limit_seconds``: stop after the question that passes this much time (the rest wait
-    for the next run)."""
+    for the next run). ``labels``: ``lasso`` (random ablations, :func:`label`) or
+    ``keepset`` (:func:`keepset_label`)."""
     from masklab.lab.tasks.realdocs import answering_units
     from masklab.text.document import segment
     from masklab.util.files import append_jsonl, read_jsonl
 
     from masklab.lab.revision import code_hash
 
-    st = stamp(lm, top, ablations)
+    from masklab.util.errors import check_choices
+
+    check_choices("labels", [labels], LABELLERS)
+    st = stamp(lm, top, ablations, labels)
     done = {r["key"]: r for r in read_jsonl(path) if {k: r.get("stamp", {}).get(k) for k in st} == st}
     todo = [q for q in questions if question_key(q) not in done]
     docs: dict[str, Document] = {}
@@ -110,14 +203,16 @@ def label_questions(lm, questions: list, path: Path, top: int = WINDOW_TOP, abla
     if progress and todo:
         from tqdm import tqdm
 
-        it = tqdm(todo, desc=f"causal labels {lm.name}", file=sys.stderr)
+        it = tqdm(todo, desc=f"{labels} labels {lm.name}", file=sys.stderr)
     t0 = time.perf_counter()
     for q in it:
         if q.doc not in docs:
             docs[q.doc] = segment(q.text, lm.tokenizer)
         doc = docs[q.doc]
         win = window(doc, q.question, top)
-        res = label(lm, [doc.units[i] for i in win], q.question, q.answers[0], ablations)
+        units = [doc.units[i] for i in win]
+        res = (keepset_label(lm, units, q.question, q.answers[0]) if labels == "keepset"
+               else label(lm, units, q.question, q.answers[0], ablations))
         marked = sorted({u for g in answering_units(doc, q.spans()) for u in g})
         row = {"key": question_key(q), "id": q.id, "doc": q.doc, "kind": q.kind, "units": len(doc.units),
                "window": win, "marked": marked, **res, "precision": devices.precision(),

@@ -46,7 +46,7 @@ from masklab.text.query import Query
 ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
            "longllmlingua")
 CONTROL = "bm25"
-PAIRED = ("dense", "bm25+dense", "pruner", "pruner-attention")  # further paired tests: embeddings, their hybrid, the pruners
+PAIRED = ("dense", "bm25+dense", "pruner", "pruner-attention", "pruner-ctx-attention")  # further paired tests: embeddings, their hybrid, the pruners
 
 
 @dataclass

@@ -14,7 +14,7 @@ from masklab.util.registry import Registry
 
 TRAINED = ("evidence", "bm25+evidence")  # routers that read a trained router file (--router-file, --router-model)
 EMBEDDING = ("dense", "bm25+dense")  # routers that embed sentences (their embedder can be named)
-DECIDING = ("pruner",)  # routers that decide how much to keep (keep="auto"; --router-file takes a pruner file)
+DECIDING = ("pruner", "pruner-ctx")  # routers that decide how much to keep (keep="auto", --threshold; --router-file takes their file)
 
 
 def check_embedder(router: str, embedder: str | None, option: str = "embedder") -> None:

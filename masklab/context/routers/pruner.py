@@ -1,6 +1,7 @@
 """``pruner``: the sentence-embedding model trained on causal labels of real documents
-(:mod:`masklab.context.pruner`); the same model trained on other labels (``labels``) is the
-lab's control (:mod:`masklab.lab.routers.controls`)."""
+(:mod:`masklab.context.pruner`); ``pruner-ctx``: the same scores read beside each unit's
+neighbours (:mod:`masklab.context.contextual`). The same models trained on other labels are
+the lab's controls (:mod:`masklab.lab.routers.controls`)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class Pruner(Router):
     use = ("the default, any document: MiniLM fine-tuned (LoRA) on causal labels of real documents, above dense and "
            "bm25+dense on both real-document test splits; --keep auto decides how much; train-router --docs trains yours")
     labels = "causal"
+    score_range = (-1.0, 1.0)  # cosines
 
     def __init__(self, lm=None, path: str | Path | None = None) -> None:
         super().__init__(lm)
@@ -45,3 +47,38 @@ class Pruner(Router):
 
     def score(self, doc, question):
         return self.model.rank(question, doc.units)
+
+
+@lru_cache(maxsize=2)
+def _load_head(path: str):
+    from masklab.context.contextual import load_head
+
+    return load_head(Path(path))
+
+
+@ROUTERS.register("pruner-ctx")
+class ContextPruner(Router):
+    """``path``: a context head file (``scripts/train_ctx.py``; None: the shipped one), read on top of
+    the shipped round-5 pruner. Scores are keep probabilities in [0, 1]."""
+
+    use = ("any document, questions whose answer spans sentences or updates: the pruner's scores read beside each "
+           "unit's neighbours and the more relevant units, trained on causal keep-set labels; --threshold or --keep auto")
+    score_range = (0.0, 1.0)
+    labels = "union"
+
+    def __init__(self, lm=None, path: str | Path | None = None) -> None:
+        super().__init__(lm)
+        self.path = Path(path) if path is not None else WEIGHTS / f"ctx-{self.labels}.safetensors"
+        self.head, self.meta = _load_head(str(self.path))
+        self.pruner, _ = _load(str(WEIGHTS / "causal.safetensors"))
+        self.keep_auto = self.meta.get("keep_auto")
+
+    def score(self, doc, question):
+        return self.score_many(doc, [question])[0]
+
+    def score_many(self, doc, questions):
+        from masklab.context.contextual import probabilities
+
+        emb = self.pruner.embedder
+        units, qs = emb.units(doc.units), emb.encode(list(questions))  # one batch of questions
+        return [probabilities(self.head, units, q) for q in qs]

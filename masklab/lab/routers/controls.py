@@ -4,17 +4,17 @@
 most attended units; ``bm25+attention`` fuses it with BM25 as ``bm25+evidence`` fuses the
 evidence router; ``pruner-attention`` and ``pruner-marks`` are the pruner trained on
 attention labels and on the writers' marked answering sentences (weights shipped beside
-the pruner's)."""
+the pruner's); ``pruner-ctx-attention`` the context pruner's head trained on attention labels."""
 
 from __future__ import annotations
 
 from masklab.context.routers.fused import Fused
-from masklab.context.routers.pruner import Pruner
+from masklab.context.routers.pruner import ContextPruner, Pruner
 from masklab.context.routers.trained import TrainedRouter
 from masklab.lab.routers.registry import LAB_ROUTERS
 
 TRAINED = ("attention", "bm25+attention")
-DECIDING = ("pruner-attention", "pruner-marks")
+DECIDING = ("pruner-attention", "pruner-marks", "pruner-ctx-attention")
 
 
 @LAB_ROUTERS.register("attention")
@@ -49,3 +49,11 @@ class PrunerMarks(Pruner):
 
     use = "a research comparison: the pruner trained on the writers' marks"
     labels = "marks"
+
+
+@LAB_ROUTERS.register("pruner-ctx-attention")
+class ContextPrunerAttention(ContextPruner):
+    """The control: the same head and data, trained on attention labels."""
+
+    use = "a research control: the context pruner trained on attention labels"
+    labels = "attention"

@@ -1,0 +1,139 @@
+"""The context pruner's speed against the round-5 pruner's, dense's and the token-level cross-encoder's, from one
+interleaved run.
+
+    python benchmarks/ctx_speed.py [--tokens 2000] [--rounds 7] [--batch 32] [--threads 2] [--json benchmarks/ctx_speed.json]
+
+A real document (``pydoc-execmodel`` of the second test split, its leading units up to ``--tokens``
+SmolLM2 tokens) and the benchmark's questions about it. Each round, in turn, on a fresh document
+(every cache emptied):
+
+* ``dense_first``: dense's first question (the units embedded, then one cosine);
+* ``pruner_first``: the round-5 pruner's first question (its adapted encoder embeds the units);
+* ``ctx_first``: ``pruner-ctx``'s first question (the round-5 embeddings, then the context head);
+  ``ctx_int8_first``: the same with the encoder's linear layers in int8 (``torch.ao`` dynamic quantisation);
+* ``ctx_next``: one more question on the document it has embedded;
+* ``ctx_one_by_one`` / ``ctx_batch``: ``--batch`` questions on a fresh document, one call each or one
+  ``score_many`` call, per question;
+* ``cross_first``: the token-level cross-encoder of ``scripts/train_cross.py`` (every window of the document
+  read with the question), when ``results/cross/lasso.safetensors`` is there.
+
+Medians over rounds. The int8 path's ranking change is measured where it counts: the MRR on the benchmark's
+val split against float's. Goals (docs/context.md): the first question on a fresh 2,000-token document <= 0.5 s
+on two cores; a batch faster per question than one at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=2000, help="document length in SmolLM2 tokens")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians are reported)")
+    ap.add_argument("--batch", type=int, default=32, help="questions per batched call")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--json", help="also write the figures to this JSON file")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from masklab.context.embedder import load_embedder
+    from masklab.context.routers import load_router
+    from masklab.lab.tasks import realdocs
+    from masklab.lab.tasks.realdocs import answering_units
+    from masklab.lab.realdocs import rank_of
+    from masklab.pretrained.models import load
+    from masklab.text.document import Document, segment
+
+    tok = load("smollm2-135m", threads=args.threads).tokenizer
+    qs = [q for q in realdocs.load("test2") if q.doc == "pydoc-execmodel"]
+    full = segment(qs[0].text, tok)
+    lengths, n = full.lengths(tok), 0
+    while n < len(lengths) and sum(lengths[:n + 1]) <= args.tokens:
+        n += 1
+    doc = Document(units=full.units[:n], spans=full.spans[:n], source=full.source)
+    questions = [q.question for q in qs]
+    batch = (questions * (args.batch // len(questions) + 1))[:args.batch]
+    emb = load_embedder()
+    pruner, ctx = load_router("pruner"), load_router("pruner-ctx")
+    ctx8 = copy.copy(ctx)  # the same head over an int8 copy of the round-5 encoder
+    ctx8.pruner = copy.copy(ctx.pruner)
+    ctx8.pruner.embedder = copy.copy(ctx.pruner.embedder)
+    ctx8.pruner.embedder.model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(ctx.pruner.embedder.model),
+                                                                        {torch.nn.Linear}, dtype=torch.qint8)
+    ctx8.pruner.embedder._cache = type(ctx.pruner.embedder._cache)()
+    cross = None
+    if (ROOT / "results" / "cross" / "lasso.safetensors").is_file():
+        from masklab.lab.cross import load_cross
+
+        cross, _ = load_cross(ROOT / "results" / "cross" / "lasso.safetensors")
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def fresh():
+        for e in (emb, ctx.pruner.embedder, ctx8.pruner.embedder):
+            e._cache.clear()
+        if cross is not None:
+            cross._ids.clear()
+
+    times: dict[str, list[float]] = {k: [] for k in ("dense_first", "pruner_first", "ctx_first", "ctx_int8_first",
+                                                     "ctx_next", "ctx_one_by_one", "ctx_batch", "cross_first")}
+    for r in range(args.rounds):
+        q = questions[r % len(questions)]
+        fresh()
+        times["dense_first"].append(timed(lambda: emb.units(doc.units) @ emb.query(q)))
+        times["pruner_first"].append(timed(lambda: pruner.score(doc, q)))
+        fresh()
+        times["ctx_first"].append(timed(lambda: ctx.score(doc, q)))
+        times["ctx_next"].append(timed(lambda: ctx.score(doc, questions[(r + 1) % len(questions)])))
+        times["ctx_int8_first"].append(timed(lambda: ctx8.score(doc, q)))
+        fresh()
+        times["ctx_one_by_one"].append(timed(lambda: [ctx.score(doc, x) for x in batch]) / len(batch))
+        fresh()
+        times["ctx_batch"].append(timed(lambda: ctx.score_many(doc, batch)) / len(batch))
+        if cross is not None:
+            with torch.no_grad():
+                times["cross_first"].append(timed(lambda: cross.logits(q, doc.units)))
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    rr: dict[str, list[float]] = {"float": [], "int8": []}
+    for q in realdocs.load("val"):
+        d = segment(q.text, tok)
+        gold = answering_units(d, q.spans())
+        for name, router in (("float", ctx), ("int8", ctx8)):
+            rr[name].append(1 / rank_of(router.score(d, q.question), gold))
+    out = {"command": "python benchmarks/ctx_speed.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()
+                                                                 if k != "json" and v is not None),
+           "machine": platform.processor() or platform.machine(), "threads": args.threads,
+           "load_average": list(os.getloadavg()), "units": len(doc.units), "tokens": sum(lengths[:n]),
+           "rounds": args.rounds, "batch": len(batch), "seconds": med, "rounds_seconds": times,
+           "ratio_to_pruner_first": {k: v / med["pruner_first"] for k, v in med.items()},
+           "batch_over_one_by_one": med["ctx_batch"] / med["ctx_one_by_one"],
+           "val_mrr": {k: statistics.mean(v) for k, v in rr.items()}, "val_questions": len(rr["float"]),
+           "goals": {"first_s": 0.5}}
+    print(f"{len(doc.units)} units, {out['tokens']} tokens, {args.threads} thread(s), median of {args.rounds} rounds "
+          f"(load {out['load_average'][0]:.1f})")
+    for k, v in med.items():
+        print(f"  {k:<15} {v * 1000:8.1f} ms   {v / med['pruner_first']:5.2f}x the round-5 pruner's first")
+    print(f"  val MRR: int8 {out['val_mrr']['int8']:.3f} against float {out['val_mrr']['float']:.3f} (n={len(rr['float'])})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""The context-aware pruner ``pruner-ctx``: each unit judged beside its neighbours and the
+rest of the document, on top of the round-5 pruner's scores.
+
+The round-5 pruner (:mod:`masklab.context.pruner`) scores every unit alone: ``s_i``, the
+cosine of the question and the unit in its adapted MiniLM. Two-sentence answers and the
+current statement beside a superseded one need more: the sentence that follows a relevant
+one, a restatement of it, a later statement that replaces it. The context head reads, for
+each unit, features of its neighbourhood (``FEATURES``): its own score and its neighbours'
+(standardised within the document), how close it is to the document's best unit, how
+similar its embedding is to its neighbours' (a continuation) and to the more relevant units
+(a restatement or an update of them), and where it stands in the document. A small MLP maps
+them to a residual added to ``s_i`` (zero at the start: it begins as the round-5 pruner),
+and a logistic calibration turns the sum into a keep probability, so a threshold reads as
+Provence's does. The unit embeddings are the round-5 pruner's, cached per document: a
+further question on a document costs one question embedding and the head.
+
+Shapes: ``units`` (N, D) unit-length embeddings, ``q`` (D,); :func:`features` -> (N, F);
+:meth:`ContextHead.forward` -> (N,) logits.
+
+Training (:func:`train`): the listwise loss of round 5 (softmax over the document's units of
+``(s + residual) / TEMPERATURE`` against the uniform distribution on the target units), then
+the calibration fitted by logistic regression on the training units. The head is a few
+thousand numbers, stored as one safetensors file and a JSON file beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from masklab.util.errors import MasklabError
+
+TEMPERATURE = 0.05  # the round-5 pruner's listwise scale
+FEATURES = ("z", "z_prev", "z_next", "z_near_max", "gap_to_top", "sim_prev", "sim_next", "sim_better",
+            "sim_z_near", "later_like_better", "position", "s")
+NEAR = 2  # units on each side that count as neighbours
+HIDDEN = 32
+
+
+def features(units: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
+    """``(s (N,), x (N, F))``: the round-5 scores and each unit's neighbourhood features
+    (module docstring; the order of :data:`FEATURES`)."""
+    s = units @ q  # (N,)
+    n = s.numel()
+    z = (s - s.mean()) / (s.std() if n > 1 else torch.ones(())).clamp(min=1e-6)
+    pad = torch.full((NEAR,), float(z.min()))
+    zp = torch.cat([pad, z, pad])
+    prev, nxt = zp[NEAR - 1:NEAR - 1 + n], zp[NEAR + 1:NEAR + 1 + n]
+    near = torch.stack([zp[NEAR + k:NEAR + k + n] for k in range(-NEAR, NEAR + 1) if k != 0]).max(0).values
+    sim = units @ units.T  # (N, N) cosines between units
+    simp = torch.cat([torch.zeros(1), sim.diagonal(-1)])  # each unit with the one before it
+    simn = torch.cat([sim.diagonal(1), torch.zeros(1)])
+    better = z[None, :] > z[:, None]  # (i, j): unit j scores above unit i
+    sim_better = torch.where(better, sim, torch.full_like(sim, -1.0)).max(1).values.clamp(min=-1.0)
+    idx = torch.arange(n)
+    window = (idx[None, :] - idx[:, None]).abs().le(NEAR) & ~torch.eye(n, dtype=torch.bool)
+    sim_z = torch.where(window, sim * z[None, :], torch.full_like(sim, -10.0)).max(1).values.clamp(min=-10.0)
+    # a unit like a better one that comes after it in the text (an update below, as in a changelog appended to)
+    later = torch.where(better & (idx[None, :] < idx[:, None]), sim, torch.full_like(sim, -1.0)).max(1).values
+    pos = idx.float() / max(1, n - 1)
+    x = torch.stack([z, prev, nxt, near, z - z.max(), simp, simn, sim_better, sim_z, later, pos, s], dim=1)
+    return s, x
+
+
+class ContextHead(torch.nn.Module):
+    """``(s (N,), x (N, F)) -> (N,)`` logits ``a * (s + mlp(x)) + b`` (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(len(FEATURES), HIDDEN), torch.nn.Tanh(),
+                                       torch.nn.Linear(HIDDEN, 1))
+        torch.nn.init.zeros_(self.mlp[2].weight)  # the residual starts at zero: the round-5 pruner's ranking
+        torch.nn.init.zeros_(self.mlp[2].bias)
+        self.register_buffer("calibration", torch.tensor([1.0 / TEMPERATURE, 0.0]))  # a, b (fitted after training)
+
+    def rank_scores(self, s: Tensor, x: Tensor) -> Tensor:
+        """``(N,)`` the ranking score ``s + residual`` (cosine scale)."""
+        return s + self.mlp(x)[:, 0]
+
+    def forward(self, s: Tensor, x: Tensor) -> Tensor:
+        a, b = self.calibration
+        return a * self.rank_scores(s, x) + b
+
+
+@dataclass
+class Example:
+    """One training question: its document's unit embeddings, the question's, the targets."""
+
+    units: Tensor
+    q: Tensor
+    target: list[int]
+
+
+@dataclass
+class HeadConfig:
+    epochs: int = 60
+    lr: float = 3e-3
+    weight_decay: float = 1e-3
+    seed: int = 0
+
+
+def train(examples: list[Example], cfg: HeadConfig) -> tuple[ContextHead, dict]:
+    """Fit a :class:`ContextHead` (module docstring); returns it and a record (loss per epoch,
+    the calibration, seconds)."""
+    usable = [e for e in examples if e.target and e.units.shape[0] > 1]
+    if not usable:
+        raise MasklabError("no training question has a target unit: nothing to learn from")
+    torch.manual_seed(cfg.seed)
+    head = ContextHead()
+    feats = [features(e.units, e.q) for e in usable]
+    opt = torch.optim.AdamW(head.mlp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    rng = random.Random(cfg.seed)
+    order, losses, t0 = list(range(len(usable))), [], time.perf_counter()
+    for _ in range(cfg.epochs):
+        rng.shuffle(order)
+        total = 0.0
+        for b in range(0, len(order), 16):
+            opt.zero_grad()
+            loss = torch.zeros(())
+            for k in order[b:b + 16]:
+                s, x = feats[k]
+                logp = (head.rank_scores(s, x) / TEMPERATURE).log_softmax(-1)
+                loss = loss - logp[usable[k].target].mean()
+            (loss / len(order[b:b + 16])).backward()
+            opt.step()
+            total += float(loss.detach())
+        losses.append(total / len(order))
+    with torch.no_grad():  # the logistic calibration of the ranking score: keep probabilities
+        r = torch.cat([head.rank_scores(*f) for f in feats])
+        y = torch.cat([torch.zeros(e.units.shape[0]).index_fill_(0, torch.tensor(e.target), 1.0) for e in usable])
+    from sklearn.linear_model import LogisticRegression
+
+    lr = LogisticRegression(C=10.0).fit(r[:, None].numpy(), y.numpy())
+    head.calibration.copy_(torch.tensor([float(lr.coef_[0, 0]), float(lr.intercept_[0])]))
+    head.eval()
+    return head, {"examples": len(usable), "loss": losses, "calibration": head.calibration.tolist(),
+                  "seconds": time.perf_counter() - t0, "config": asdict(cfg)}
+
+
+def save(head: ContextHead, path: Path, meta: dict) -> None:
+    """``path`` (``.safetensors``: the head) and ``path.with_suffix(".json")``."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(path))
+    path.with_suffix(".json").write_text(json.dumps({"design": "context-head", "features": list(FEATURES), **meta},
+                                                    indent=1) + "\n")
+
+
+def load_head(path: Path) -> tuple[ContextHead, dict]:
+    """The :class:`ContextHead` of a file :func:`save` wrote, and its meta."""
+    from safetensors.torch import load_file
+
+    meta_path = path.with_suffix(".json")
+    if not path.is_file() or not meta_path.is_file():
+        raise MasklabError(f"no context pruner at {path} (it needs {path.name} and {meta_path.name})")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("features") != list(FEATURES):
+        raise MasklabError(f"{path} was trained on other features than this version computes: retrain it")
+    head = ContextHead()
+    head.load_state_dict(load_file(str(path)))
+    head.eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return head, meta
+
+
+def probabilities(head: ContextHead, units: Tensor, q: Tensor) -> Tensor:
+    """``(N,)`` keep probabilities of a document's units for a question."""
+    with torch.no_grad():
+        return torch.sigmoid(head(*features(units, q)))

@@ -1,0 +1,166 @@
+"""Train the context pruner's label variants (``pruner-ctx``) and measure them on val only.
+
+    python scripts/train_ctx.py [--model smollm2-135m] [--labels lasso,keepset,union,attention,marks] [--ship union,attention]
+
+The head (:mod:`masklab.context.contextual`) reads the shipped round-5 pruner's unit embeddings, so
+every document of the corpus and of the benchmark's val split is embedded once by that encoder and
+each variant trains in seconds. The label variants are those of ``scripts/train_cross.py``
+(:func:`train_cross.targets`): the same questions, head, steps and seed, only the target sets differ.
+Val (never trained on): the corpus's ``val`` documents and the benchmark's ``val`` split, the writers'
+marks as the truth (``scripts/train_pruner.py``'s figures: MRR, kept@0.1, kept@0.25); the round-5
+pruner is measured beside on the same questions, with paired tests (sign flips on MRR, McNemar on
+kept). ``--keep auto``'s threshold is the one on val whose mean kept fraction is the smallest keeping
+the answer at least as often as keep 0.25 does; with it, the fixed keep fraction of the same mean
+token share is measured too. Writes ``results/ctx/results.json`` (wall and CPU seconds included);
+``--ship`` copies the named variants to ``masklab/context/weights/pruner/ctx-VARIANT.safetensors``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def fixed_at(rows: list[dict], fraction: float) -> float:
+    """The share of questions whose answer a fixed keep of ``fraction`` keeps (highest scores first)."""
+    from masklab.text.selection import select
+
+    return sum(all(u in set(select(torch.tensor(r["scores"]), r["lengths"], fraction, fill=True)) for g in r["gold"] for u in g)
+               for r in rows) / len(rows)
+
+
+def main() -> int:
+    from masklab.context import contextual
+    from masklab.lab.train_pruner import shipped_recipe
+    from masklab.lab.realdocs import sign_flip_p
+    from masklab.context.routers.pruner import WEIGHTS, _load
+    from masklab.text.document import segment
+    from masklab.util.files import read_jsonl, write_json
+    from masklab.pretrained.models import load
+    from masklab.lab.revision import code_hash
+    from masklab.lab.stats import mcnemar, wilson
+    from masklab.lab.tasks import realdocs
+    from train_cross import KEEPSET_GAIN, VARIANTS, targets
+    from train_pruner import keep_auto, val_figures
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)")
+    ap.add_argument("--labels", default=",".join(VARIANTS), help="comma-separated variants: " + ", ".join(VARIANTS))
+    ap.add_argument("--epochs", type=int, default=contextual.HeadConfig.epochs, help="training epochs")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--ship", default="", help="comma-separated variants to copy into masklab/context/weights/pruner")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    variants = a.labels.split(",")
+    for v in variants + [x for x in a.ship.split(",") if x]:
+        if v not in VARIANTS:
+            raise SystemExit(f"unknown label variant {v!r}; choose from {', '.join(VARIANTS)}")
+    t_all, c_all = time.perf_counter(), time.process_time()
+    tok = load(a.model, threads=a.threads).tokenizer
+    labels = ROOT / "results" / "corpus-labels"
+    lasso = {r["id"]: r for f in sorted(labels.glob(f"labels-{a.model}-train*.jsonl")) for r in read_jsonl(f)}
+    keepset = {r["id"]: r for r in read_jsonl(labels / f"labels-keepset-{a.model}-train.jsonl")}
+    corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
+    val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
+    docs: dict = {}
+    for q in list(corpus.values()) + val:
+        if q.doc not in docs:
+            docs[q.doc] = segment(q.text, tok)
+    pruner, _ = _load(str(WEIGHTS / "causal.safetensors"))
+    emb = pruner.embedder
+    t0 = time.perf_counter()
+    needed = {corpus[i].doc for i in lasso} | {q.doc for q in val}
+    units = {d: emb.units(docs[d].units) for d in sorted(needed)}
+    qvec = {q.id: v for q, v in zip(list(corpus.values()) + val,
+                                    emb.encode([q.question for q in list(corpus.values()) + val]))}
+    embed_s = time.perf_counter() - t0
+    threshold = shipped_recipe()["threshold"]
+    print(f"{len(lasso)} labelled questions ({len(keepset)} with keep-set labels); val: {len(val)}; "
+          f"embedded in {embed_s:.0f} s", file=sys.stderr)
+
+    base = val_figures(lambda question, us: emb.units(us) @ emb.query(question), val, docs, tok)
+    base["keep_auto"] = None
+    cfg = contextual.HeadConfig(epochs=a.epochs)
+    res = {"command": "python scripts/train_ctx.py " + " ".join(sys.argv[1:]), "model": a.model,
+           "code": code_hash("masklab.context.contextual"), "config": cfg.__dict__, "lasso_threshold": threshold,
+           "keepset_gain": KEEPSET_GAIN, "labelled": len(lasso), "keepset_labelled": len(keepset),
+           "keepset_kinds": sorted({r["kind"] for r in keepset.values()}), "val_questions": len(val),
+           "embed_seconds": embed_s, "variants": {"pruner (round 5)": base}}
+    heads = {}
+    for v in variants:
+        ex = [contextual.Example(units[corpus[i].doc], qvec[i], targets(r, keepset.get(i), v, threshold))
+              for i, r in lasso.items()]
+        head, rec = contextual.train(ex, cfg)
+        heads[v] = head
+        t0, c0 = time.perf_counter(), time.process_time()
+        fig = val_figures(lambda question, us: contextual.probabilities(head, emb.units(us), emb.query(question)), val,
+                          docs, tok)
+        fig["keep_auto"] = keep_auto(fig["rows"], fig["kept@25"])
+        if fig["keep_auto"]:
+            fig["keep_auto"]["fixed_kept"] = fixed_at(fig["rows"], fig["keep_auto"]["fraction"])
+        res["variants"][v] = {"train": rec, "val_wall_s": time.perf_counter() - t0, "val_cpu_s": time.process_time() - c0,
+                              "targets_per_question": sum(len(e.target) for e in ex) / len(ex), **fig}
+        print(v, {k: round(fig[k], 3) for k in ("mrr", "kept@10", "kept@25")}, fig["keep_auto"], file=sys.stderr)
+    summary = []
+    b_rr = [1 / rank for rank in _ranks(base["rows"])]
+    for name, f in res["variants"].items():
+        s = {"task": "val", "method": name, "n": f["n"], "mrr": f["mrr"]}
+        for key in ("kept@10", "kept@25"):
+            k = round(f[key] * f["n"])
+            s[key], (s[f"{key}_lo"], s[f"{key}_hi"]) = f[key], wilson(k, f["n"])
+        if name != "pruner (round 5)":
+            rr = [1 / rank for rank in _ranks(f["rows"])]
+            s["p_mrr_vs_round5"] = sign_flip_p(rr, b_rr)
+            s["p_kept@10_vs_round5"] = mcnemar(_kept(f["rows"], 0.1), _kept(base["rows"], 0.1))
+            s["targets"] = f["targets_per_question"]
+            s["train_s"] = f["train"]["seconds"]
+            if f["keep_auto"]:
+                s.update({"auto_threshold": f["keep_auto"]["threshold"], "auto_fraction": f["keep_auto"]["fraction"],
+                          "auto_kept": f["keep_auto"]["kept"], "fixed_kept": f["keep_auto"]["fixed_kept"]})
+        summary.append(s)
+    res["summary"] = summary
+    compact(res)
+    res["seconds"] = {"wall": time.perf_counter() - t_all, "cpu": time.process_time() - c_all}
+    out = ROOT / "results" / "ctx"
+    write_json(out / "results.json", res)
+    for v in [x for x in a.ship.split(",") if x]:
+        f = res["variants"][v]
+        contextual.save(heads[v], WEIGHTS / f"ctx-{v}.safetensors",
+                        {"labels": v, "model": a.model, "train": f["train"], "keep_auto": f["keep_auto"] and
+                         f["keep_auto"]["threshold"], "val": {k: f[k] for k in ("n", "mrr", "kept@10", "kept@25")},
+                         "command": res["command"], "code": res["code"]})
+    for s in summary:
+        print({k: round(x, 3) if isinstance(x, float) else x for k, x in s.items()})
+    return 0
+
+
+def compact(res: dict) -> None:
+    """Each val question's lengths and marked units once (``val_rows``), each variant's scores to 4 digits."""
+    first = next(iter(res["variants"].values()))["rows"]
+    res["val_rows"] = [{"id": r["id"], "lengths": r["lengths"], "gold": r["gold"]} for r in first]
+    for f in res["variants"].values():
+        f["rows"] = [{"id": r["id"], "scores": [round(x, 4) for x in r["scores"]]} for r in f["rows"]]
+
+
+def _ranks(rows: list[dict]) -> list[int]:
+    from masklab.lab.realdocs import rank_of
+
+    return [rank_of(torch.tensor(r["scores"]), r["gold"]) for r in rows]
+
+
+def _kept(rows: list[dict], keep: float) -> list[bool]:
+    from masklab.text.selection import select
+
+    return [all(u in set(select(torch.tensor(r["scores"]), r["lengths"], keep, fill=True)) for g in r["gold"] for u in g)
+            for r in rows]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

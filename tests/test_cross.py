@@ -1,0 +1,237 @@
+"""The context-aware pruner (masklab.lab.cross) and the keep-set labels (masklab.lab.labels):
+windows tile any document with context on both sides, a unit's score reads its neighbours, training
+learns a target that only the context reveals, storing and loading keeps the scores, a killed
+training resumes, and the keep-set targets credit both units of a pair and the current statement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import needs_dense, needs_peft
+from masklab.util.errors import MasklabError
+
+
+@pytest.fixture(scope="module")
+def cross():
+    from conftest import HAVE_DENSE
+
+    if not HAVE_DENSE:
+        pytest.skip("needs sentence-transformers and MiniLM (scripts/install-pretrained.sh)")
+    from masklab.lab.cross import CrossPruner
+
+    torch.manual_seed(0)
+    return CrossPruner(max_tokens=256, carry=16)
+
+
+def test_windows_tile_every_unit_once_in_order_with_context_on_both_sides(cross):
+    units = [f"Sentence number {i} says that item {i} weighs {i * 3} grams." for i in range(120)]
+    units[5] = "word " * 400  # a unit longer than a unit may be: read by its first tokens
+    wins = cross.windows("Which item weighs 30 grams?", units)
+    assert len(wins) > 5  # no ceiling on the document: more windows
+    assert [w.start for w in wins] == [0] + [w.stop for w in wins[:-1]] and wins[-1].stop == len(units)
+    for w in wins:
+        assert w.ids.numel() <= cross.max_tokens and w.ids.shape == w.unit_of.shape
+        core = w.unit_of[w.unit_of >= 0]
+        assert sorted(set(core.tolist())) == list(range(w.start, w.stop))
+    middle = wins[2]
+    first_core = int((middle.unit_of >= 0).nonzero()[0])
+    q_end = int((middle.ids == cross.tokenizer.sep_token_id).nonzero()[0])
+    assert first_core - q_end - 1 == cross.carry  # the carried text before the core
+    assert int((middle.unit_of >= 0).nonzero()[-1]) == middle.ids.numel() - 2 - cross.carry  # and after it
+
+
+def test_a_units_score_reads_its_neighbours_where_the_unit_alone_pruner_does_not(cross):
+    units = ["The release notes list several changes.", "It was removed in version 2.", "Other tools stay."]
+    other = ["The release notes list several changes.", "It was removed in version 2.", "Bananas are yellow."]
+    with torch.no_grad():
+        a = cross.logits("What was removed?", units)
+        b = cross.logits("What was removed?", other)
+    assert a.shape == (3,)
+    assert abs(float(a[1] - b[1])) > 1e-4  # unit 1 is the same text; only its neighbour changed
+
+
+@needs_dense
+@needs_peft
+def test_training_learns_a_target_only_the_context_reveals_and_survives_save_load(tmp_path):
+    from masklab.lab.cross import CrossConfig, Example, load_cross, save, train
+
+    # the target is the sentence after "The next sentence is the answer.": the same sentence text
+    # elsewhere is not a target, so a pruner reading each unit alone cannot rank it first
+    filler = ["Grass is green.", "Snow is white.", "The sky is blue.", "Coal is black."]
+    examples = []
+    for k in range(4):
+        units = filler[:k] + ["The next sentence is the answer.", filler[k]] + filler[k + 1:]
+        examples.append(Example("Which sentence is the answer?", units, [k + 1]))
+    model, rec = train(examples * 3, CrossConfig(epochs=6, lr=2e-3, head_lr=2e-2, batch=4, negatives=0.0),
+                       progress=False)
+    assert rec["loss"][-1] < rec["loss"][0]
+    for e in examples:
+        assert int(model.rank(e.question, e.units).argmax()) == e.target[0]
+    save(model, tmp_path / "c.safetensors", {"labels": "test"})
+    loaded, meta = load_cross(tmp_path / "c.safetensors")  # adapters merged into the encoder
+    assert meta["design"] == "cross" and meta["labels"] == "test"
+    for e in examples:
+        torch.testing.assert_close(loaded.rank(e.question, e.units), model.rank(e.question, e.units), atol=1e-4, rtol=0)
+    with pytest.raises(MasklabError, match="no cross pruner"):
+        load_cross(tmp_path / "missing.safetensors")
+
+
+@needs_dense
+@needs_peft
+def test_a_killed_training_resumes_after_its_last_epoch(tmp_path):
+    from masklab.lab.cross import CrossConfig, Example, train
+
+    ex = [Example("Which is white?", ["Grass is green.", "Snow is white.", "The sky is blue."], [1])] * 2
+    cfg = CrossConfig(epochs=1, batch=2, negatives=0.0)
+    _, first = train(ex, cfg, checkpoint=tmp_path / "ck", progress=False)
+    _, both = train(ex, CrossConfig(epochs=2, batch=2, negatives=0.0), checkpoint=tmp_path / "ck2", progress=False)
+    _, resumed = train(ex, cfg, checkpoint=tmp_path / "ck", progress=False)  # nothing left to do
+    assert resumed["loss"] == first["loss"] and len(both["loss"]) == 2
+    assert both["loss"][0] == pytest.approx(first["loss"][0], abs=1e-6)  # the same first epoch
+    with pytest.raises(MasklabError, match="other settings"):
+        train(ex, CrossConfig(epochs=1, batch=1, negatives=0.0), checkpoint=tmp_path / "ck", progress=False)
+
+
+def test_keepset_targets_credit_both_units_of_a_pair_the_restatement_and_not_the_superseded():
+    from masklab.lab.labels import keepset_target
+
+    # unit 0 alone and unit 2 alone barely help; together they do (two sentences that answer together)
+    pair = {"logp_empty": -20.0, "logp_single": [-18.0, -19.5, -17.5, -19.0], "pairs": [[0, 2, -6.0], [0, 3, -17.0]]}
+    assert keepset_target(pair, gain=1.0) == [0, 2]
+    # unit 1 states the answer and unit 3 restates it: both; unit 0 is the superseded statement
+    latest = {"logp_empty": -20.0, "logp_single": [-15.0, -3.0, -19.0, -3.4], "pairs": [[0, 1, -3.2], [1, 3, -2.9]]}
+    assert keepset_target(latest, gain=1.0) == [1, 3]
+    nothing = {"logp_empty": -5.0, "logp_single": [-5.2, -4.8], "pairs": [[0, 1, -4.9]]}
+    assert keepset_target(nothing, gain=1.0) == []
+
+
+def test_keepset_labels_read_each_unit_alone_batched_as_one_by_one(tiny_folders):
+    from masklab.lab.labels import PAIR_TOP, answer_ids, keepset_label, read_alone
+    from masklab.pretrained.models import load
+    from masklab.text.query import Query
+
+    lm = load(str(tiny_folders["llama"]))
+    units = ["abc def.", "ghi jk lmnop.", "q.", "rst uvw xyz ab.", "cd ef gh.", "ij kl."]
+    q, ans = Query("what?").text, answer_ids(lm, "ab cd")
+    variants = [[]] + [[u] for u in units] + [[units[0], units[3]]]
+    torch.testing.assert_close(read_alone(lm, variants, q, ans, batch=16), read_alone(lm, variants, q, ans, batch=1),
+                               atol=1e-4, rtol=0)  # left padding changes nothing
+    row = keepset_label(lm, units, "what?", "ab cd")
+    assert len(row["logp_single"]) == len(units) and len(row["pairs"]) == PAIR_TOP * (PAIR_TOP - 1) // 2
+    assert row["passes"] == 2 + len(units) + len(row["pairs"])
+    single = torch.tensor(row["logp_single"])
+    top = set(torch.argsort(single, descending=True)[:PAIR_TOP].tolist())
+    assert {i for i, j, _ in row["pairs"]} | {j for i, j, _ in row["pairs"]} == top  # pairs of the best singles
+
+
+@pytest.fixture
+def decider():
+    """A throw-away router that decides how much to keep: a unit's score is its digit / 10,
+    counting the calls of score_many (one per document, however many questions)."""
+    from masklab.context.router import ROUTERS, Router
+    from masklab.context.api import _router
+
+    calls = []
+
+    @ROUTERS.register("test-decider")
+    class Decider(Router):
+        score_range = (0.0, 1.0)
+        keep_auto = 0.5
+
+        def score(self, doc, question):
+            return torch.tensor([int("".join(c for c in u if c.isdigit()) or 0) / 10 for u in doc.units])
+
+        def score_many(self, doc, questions):
+            calls.append(len(questions))
+            return super().score_many(doc, questions)
+
+    yield calls
+    del ROUTERS["test-decider"]
+    _router.cache_clear()
+
+
+TEXT = "Unit 1 is here. Unit 7 is here. Unit 3 is here. Unit 9 is here. Unit 5 is here."
+
+
+def test_prune_keeps_the_units_at_or_above_the_threshold_and_batches_one_document(decider):
+    from masklab.context import prune
+
+    out = prune("Which unit?", TEXT, threshold=0.5, router="test-decider")
+    assert out["kept"] == [1, 3, 4] and out["pruned_context"] == "Unit 7 is here. Unit 9 is here. Unit 5 is here."
+    assert out["scores"] == pytest.approx([0.1, 0.7, 0.3, 0.9, 0.5])
+    assert out["compression_rate"] == pytest.approx(1 - out["kept_fraction"]) and 0 < out["compression_rate"] < 1
+    assert prune("Which unit?", TEXT, threshold=0.95, router="test-decider")["kept"] == [3]  # the top unit always
+    assert prune("Which unit?", TEXT, router="test-decider")["kept"] == [1, 3, 4]  # keep auto: the router's own 0.5
+    decider.clear()
+    many = prune(["Which unit?", "Another?", "A third?"], [TEXT, TEXT, "Unit 2 alone."], threshold=0.5,
+                 router="test-decider")
+    assert sorted(decider) == [1, 2]  # the two questions on one text were scored in one call
+    assert [m["kept"] for m in many] == [[1, 3, 4], [1, 3, 4], [0]]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"threshold": 1.5}, r"must be a number in \[0, 1\]"),
+    ({"threshold": "high"}, r"must be a number in \[0, 1\]"),
+    ({"question": "   "}, "question is empty"),
+    ({"context": ""}, "context is empty"),
+    ({"context": "text\x00\x01binary"}, "looks binary"),
+    ({"context": ["a", "b"]}, "one question and one context"),
+    ({"question": ["a?", "b?"], "context": ["x."]}, "2 questions and 1 contexts"),
+])
+def test_prune_refuses_bad_input_with_one_message(decider, kwargs, message):
+    from masklab.context import prune
+
+    args = {"question": "Which unit?", "context": TEXT, "router": "test-decider", **kwargs}
+    with pytest.raises(MasklabError, match=message):
+        prune(**args)
+
+
+def test_a_threshold_needs_a_router_that_decides():
+    from masklab.context import prune
+
+    with pytest.raises(MasklabError, match="decides how much"):
+        prune("Which unit?", TEXT, threshold=0.5, router="bm25")
+
+
+def _doc(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    units = torch.nn.functional.normalize(torch.randn(n, 16, generator=g), dim=-1)
+    return units, torch.nn.functional.normalize(torch.randn(16, generator=g), dim=-1)
+
+
+def test_the_context_head_starts_as_the_round5_ranking_and_handles_a_one_unit_document():
+    from masklab.context.contextual import FEATURES, ContextHead, features, probabilities
+
+    units, q = _doc(9, 0)
+    s, x = features(units, q)
+    assert x.shape == (9, len(FEATURES)) and torch.isfinite(x).all()
+    head = ContextHead()
+    assert torch.equal(torch.argsort(probabilities(head, units, q)), torch.argsort(units @ q))  # zero residual
+    one = probabilities(head, units[:1], q)
+    assert one.shape == (1,) and torch.isfinite(one).all()
+
+
+def test_the_context_head_learns_the_unit_after_the_most_relevant_one():
+    from masklab.context.contextual import Example, HeadConfig, load_head, probabilities, save, train
+
+    # the target is the unit right after the best-scoring one: invisible to a score of each unit alone
+    examples = []
+    for seed in range(40):
+        units, q = _doc(12, seed)
+        best = int((units @ q)[:-1].argmax())
+        examples.append(Example(units, q, [best + 1]))
+    head, rec = train(examples[:30], HeadConfig(epochs=80, lr=1e-2))
+    assert rec["loss"][-1] < rec["loss"][0]
+    hits = [int(probabilities(head, e.units, e.q).argmax()) == e.target[0] for e in examples[30:]]
+    alone = [int((e.units @ e.q).argmax()) == e.target[0] for e in examples[30:]]
+    assert sum(hits) >= 7 and sum(alone) <= 2  # held-out documents: the head reads the neighbourhood
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        save(head, Path(d) / "h.safetensors", {"labels": "test", "keep_auto": 0.5})
+        loaded, meta = load_head(Path(d) / "h.safetensors")
+    assert meta["keep_auto"] == 0.5
+    e = examples[31]
+    torch.testing.assert_close(probabilities(loaded, e.units, e.q), probabilities(head, e.units, e.q))
