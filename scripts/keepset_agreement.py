@@ -43,7 +43,7 @@ def main() -> int:
         marked = {m for m in r["marked"] if m in r["window"]}
         for variant in ("lasso", "keepset", "union"):
             t = set(targets(r, keepset[i], variant, th))
-            for kind in ("all kinds", r["kind"]):
+            for kind in ("all", r["kind"]):
                 h = hits.setdefault(kind, {}).setdefault(variant, {"all": [], "any": [], "precision": [], "size": []})
                 h["all"].append(marked <= t)
                 h["any"].append(bool(marked & t))

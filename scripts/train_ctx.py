@@ -92,7 +92,7 @@ def main() -> int:
            "code": code_hash("masklab.context.contextual"), "config": cfg.__dict__, "lasso_threshold": threshold,
            "keepset_gain": KEEPSET_GAIN, "labelled": len(lasso), "keepset_labelled": len(keepset),
            "keepset_kinds": sorted({r["kind"] for r in keepset.values()}), "val_questions": len(val),
-           "embed_seconds": embed_s, "variants": {"pruner (round 5)": base}}
+           "embed_seconds": embed_s, "variants": {"pruner-round5": base}}
     heads = {}
     for v in variants:
         ex = [contextual.Example(units[corpus[i].doc], qvec[i], targets(r, keepset.get(i), v, threshold))
@@ -115,7 +115,7 @@ def main() -> int:
         for key in ("kept@10", "kept@25"):
             k = round(f[key] * f["n"])
             s[key], (s[f"{key}_lo"], s[f"{key}_hi"]) = f[key], wilson(k, f["n"])
-        if name != "pruner (round 5)":
+        if name != "pruner-round5":
             rr = [1 / rank for rank in _ranks(f["rows"])]
             s["p_mrr_vs_round5"] = sign_flip_p(rr, b_rr)
             s["p_kept@10_vs_round5"] = mcnemar(_kept(f["rows"], 0.1), _kept(base["rows"], 0.1))

@@ -137,6 +137,10 @@ def test_answer_is_generated_when_asked(server):
     ({"context": REPORT, "question": QUESTION, "max_new_tokens": 0}, 400, r"max_new_tokens must be in \[1, 512\]"),
     ({"context": REPORT, "question": QUESTION, "max_new_tokens": 10**9}, 400, r"max_new_tokens must be in \[1, 512\]"),
     ({"context": REPORT, "question": QUESTION, "budget": 3}, 400, "unknown field 'budget'"),
+    ({"context": REPORT, "question": QUESTION, "router": "bm25", "threshold": 0.5}, 400, "decides how much to keep"),
+    ({"context": REPORT, "question": QUESTION, "router": "pruner-ctx", "threshold": 2}, 400, r"must be a number in \[0, 1\]"),
+    ({"context": REPORT, "question": QUESTION, "threshold": "high"}, 400, "threshold must be a number"),
+    ({"context": [REPORT, REPORT], "question": QUESTION, "threshold": 0.5}, 400, "threshold prunes one context"),
     ("x" * 20_001, 413, "over the limit of 20,000 bytes"),
 ])
 def test_bad_requests_are_4xx_json_errors(server, body, status, match):

@@ -47,7 +47,7 @@ from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
 from masklab.text.inputs import MAX_CONTEXT_BYTES, check_context, check_question
 
 MAX_NEW_TOKENS = 512  # the longest answer a request may ask for (a bound on one request's decode time)
-FIELDS = ("context", "question", "router", "keep", "target_tokens", "answer", "max_new_tokens")
+FIELDS = ("context", "question", "router", "keep", "target_tokens", "threshold", "answer", "max_new_tokens")
 
 
 @dataclass
@@ -108,6 +108,7 @@ class CompressRequest:
     target_tokens: int | None
     answer: bool
     max_new_tokens: int
+    threshold: float | None = None  # keep the units scoring at least it (a router that decides how much)
 
 
 def _no_constant(name: str):
@@ -183,6 +184,11 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     target = body.get("target_tokens")
     if target is not None:
         check_target(target)
+    threshold = _number(body, "threshold", float, "a number")
+    if threshold is not None:
+        if len(contexts) > 1 or target is not None:
+            raise MasklabError("threshold prunes one context: give one context and no target_tokens")
+        ROUTERS[router].check_range(threshold)
     answer = body.get("answer", False)
     if not isinstance(answer, bool):
         raise MasklabError("answer must be true or false")
@@ -190,7 +196,7 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     new = cfg.max_new_tokens if new is None else new
     if not 1 <= new <= MAX_NEW_TOKENS:
         raise MasklabError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {new}")
-    return CompressRequest(contexts, question, router, keep, target, answer, new)
+    return CompressRequest(contexts, question, router, keep, target, answer, new, threshold)
 
 
 # --------------------------------------------------------------------------- the model's worker
@@ -356,7 +362,7 @@ def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict
     budget = {"keep": req.keep, "target_tokens": req.target_tokens, "unit_tokens": cfg.unit_tokens, "fill": cfg.fill,
               "max_new_tokens": req.max_new_tokens}
     if len(req.contexts) == 1:
-        _, out = prune_document(lm, router, req.contexts[0], req.question, **budget)
+        _, out = prune_document(lm, router, req.contexts[0], req.question, **budget, threshold=req.threshold)
     else:
         _, out = prune_passages(lm, router, req.contexts, req.question, **budget)
     if req.answer:
