@@ -1,13 +1,14 @@
 """``--keep auto`` against fixed keeps, recomputed from stored ``masklab realdocs`` rows (no model runs).
 
-    python scripts/keep_auto.py results/realdocs-pruner-smollm2-135m/results_test2.json [...]
+    python scripts/keep_auto.py [--out FILE] results/realdocs-pruner-smollm2-135m/results_test2.json [...]
 
 For each results file and each pruner router in it (``pruner``, ``pruner-attention``,
-``pruner-marks``): every unit whose stored score is at least the router's ``keep_auto`` threshold
+``pruner-marks``, ``pruner-ctx``, ``pruner-ctx-attention``): every unit whose stored score is at least the router's ``keep_auto`` threshold
 (from its shipped ``.json``, chosen on val; the top unit always) is kept, as ``Router.resolve_keep``
 does. Per question: every answering unit kept or not, and the kept fraction of the tokens; summed
 with Wilson intervals, beside the same router at the file's fixed keeps, with a McNemar test of
-auto against keep 0.25. Writes ``results/pruner/keep_auto.json``.
+auto against keep 0.25, and a fixed keep of auto's mean kept fraction (``kept@same``: the same mean
+tokens). Writes ``results/pruner/keep_auto.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUTERS = ("pruner", "pruner-attention", "pruner-marks")
+ROUTERS = {"pruner": "causal", "pruner-attention": "attention", "pruner-marks": "marks", "pruner-ctx": "ctx-union",
+           "pruner-ctx-attention": "ctx-attention"}  # router -> its shipped weights' name
 
 
 def main() -> int:
@@ -27,14 +29,17 @@ def main() -> int:
     from masklab.text.selection import auto_fraction, select
     from masklab.lab.stats import mcnemar, wilson
 
+    args = sys.argv[1:]
+    out = ROOT / "results" / "pruner" / "keep_auto.json"
+    if args[:1] == ["--out"]:
+        out, args = Path(args[1]), args[2:]
     summary = []
-    for f in sys.argv[1:]:
+    for f in args:
         res = json.loads(Path(f).read_text())
         for name in ROUTERS:
             if name not in res["rows"][0]:
                 continue
-            labels = name.split("-")[1] if "-" in name else "causal"
-            meta = json.loads((ROOT / "masklab" / "context" / "weights" / "pruner" / f"{labels}.json").read_text())
+            meta = json.loads((ROOT / "masklab" / "context" / "weights" / "pruner" / f"{ROUTERS[name]}.json").read_text())
             kept, frac = [], []
             for r in res["rows"]:
                 s = torch.tensor(r[name]["scores"])
@@ -44,14 +49,16 @@ def main() -> int:
             n = len(kept)
             lo, hi = wilson(sum(kept), n)
             fixed = [r[name]["0.25"]["kept"] for r in res["rows"]]
+            same = [all(u in set(select(torch.tensor(r[name]["scores"]), r["lengths"], sum(frac) / len(frac)))
+                        for g in r["gold"] for u in g) for r in res["rows"]]
             summary.append({"task": f"{res['split']}-{res['model']}", "method": name, "n": n, "threshold": meta["keep_auto"],
                             "kept@auto": sum(kept) / n, "kept@auto_lo": lo, "kept@auto_hi": hi,
                             "fraction@auto": sum(frac) / n, "kept@25": sum(fixed) / n,
                             "fraction@25": sum(r[name]["0.25"]["kept_fraction"] for r in res["rows"]) / n,
-                            "p_auto_vs_25": mcnemar(kept, fixed)})
+                            "p_auto_vs_25": mcnemar(kept, fixed), "kept@same": sum(same) / n,
+                            "p_auto_vs_same": mcnemar(kept, same)})
             print(summary[-1])
-    write_json(ROOT / "results" / "pruner" / "keep_auto.json",
-               {"command": "python scripts/keep_auto.py " + " ".join(sys.argv[1:]), "summary": summary})
+    write_json(out, {"command": "python scripts/keep_auto.py " + " ".join(sys.argv[1:]), "summary": summary})
     return 0
 
 

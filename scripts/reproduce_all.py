@@ -337,6 +337,19 @@ REPRODUCTIONS = [
          "bm25,dense,bm25+dense,bm25+evidence,pruner,pruner-attention,pruner-marks", "--keep", "0.1,0.25"]
         for split in ("test2", "test")
     ], explicit=True),
+    # the context pruner: keep-set labels of the corpus (resumable, about 9 s a question), their agreement with the
+    # marks, the token-level cross-encoder (lasso labels; CPU-hours to train), the context head's variants on val
+    Reproduction("cross", [["scripts/train_cross.py", "--labels", "lasso"]]),
+    Reproduction("ctx", [["scripts/label_corpus.py", "--labels", "keepset", "--split", "val"],
+                         ["scripts/label_corpus.py", "--labels", "keepset", "--split", "train"],
+                         ["scripts/keepset_agreement.py", "--split", "val"], ["scripts/keepset_agreement.py", "--split", "train"],
+                         ["scripts/train_ctx.py", "--threads", "2", "--ship", "union,attention"]]),
+    Reproduction("realdocs-ctx-smollm2-135m", [
+        ["realdocs", "--model", "smollm2-135m", "--split", split, "--routers",
+         "bm25,dense,bm25+dense,pruner,pruner-ctx,pruner-ctx-attention", "--threads", "2"]
+        for split in ("test2", "test")
+    ] + [["scripts/keep_auto.py", "--out", "results/realdocs-ctx-smollm2-135m/keep_auto.json",
+          "results/realdocs-ctx-smollm2-135m/results_test2.json"]], explicit=True),
     # the shipped routers and pruners on the generated held-out families and the long-context tasks
     Reproduction("heldout-routers-smollm2-135m", [["scripts/heldout_routers.py"]]),
     Reproduction("longctx-routers-smollm2-135m", [["scripts/heldout_routers.py", "--tasks", "longctx", "--lengths", "1024"]]),
