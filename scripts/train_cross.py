@@ -70,14 +70,31 @@ def summary(res: dict) -> list[dict]:
             for name, f in res["variants"].items()]
 
 
+def material(model: str, tok) -> tuple[dict, dict, dict, list, dict]:
+    """The training labels (round-5 and keep-set rows by question id), the corpus questions by id,
+    the val questions, and every one of their documents cut by ``tok``."""
+    from masklab.lab.tasks import realdocs
+    from masklab.text.document import segment
+    from masklab.util.files import read_jsonl
+
+    labels = ROOT / "results" / "corpus-labels"
+    lasso = {r["id"]: r for f in sorted(labels.glob(f"labels-{model}-train*.jsonl")) for r in read_jsonl(f)}
+    keepset = {r["id"]: r for r in read_jsonl(labels / f"labels-keepset-{model}-train.jsonl")}
+    corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
+    val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
+    docs: dict = {}
+    for q in list(corpus.values()) + val:
+        if q.doc not in docs:
+            docs[q.doc] = segment(q.text, tok)
+    return lasso, keepset, corpus, val, docs
+
+
 def main() -> int:
     from masklab.lab import cross
     from masklab.lab.train_pruner import shipped_recipe
-    from masklab.text.document import segment
-    from masklab.util.files import read_jsonl, write_json
+    from masklab.util.files import write_json
     from masklab.pretrained.models import load
     from masklab.lab.revision import code_hash
-    from masklab.lab.tasks import realdocs
     from train_pruner import keep_auto, val_figures
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -94,15 +111,7 @@ def main() -> int:
         if v not in VARIANTS:
             raise SystemExit(f"unknown label variant {v!r}; choose from {', '.join(VARIANTS)}")
     tok = load(a.model, threads=a.threads).tokenizer
-    labels = ROOT / "results" / "corpus-labels"
-    lasso = {r["id"]: r for f in sorted(labels.glob(f"labels-{a.model}-train*.jsonl")) for r in read_jsonl(f)}
-    keepset = {r["id"]: r for r in read_jsonl(labels / f"labels-keepset-{a.model}-train.jsonl")}
-    corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
-    val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
-    docs: dict = {}
-    for q in list(corpus.values()) + val:
-        if q.doc not in docs:
-            docs[q.doc] = segment(q.text, tok)
+    lasso, keepset, corpus, val, docs = material(a.model, tok)
     threshold = shipped_recipe()["threshold"]
     out_dir = ROOT / "results" / "cross"
     res_path = out_dir / "results.json"

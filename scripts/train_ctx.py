@@ -41,13 +41,11 @@ def main() -> int:
     from masklab.lab.train_pruner import shipped_recipe
     from masklab.lab.realdocs import sign_flip_p
     from masklab.context.routers.pruner import WEIGHTS, _load
-    from masklab.text.document import segment
-    from masklab.util.files import read_jsonl, write_json
+    from masklab.util.files import write_json
     from masklab.pretrained.models import load
     from masklab.lab.revision import code_hash
     from masklab.lab.stats import mcnemar, wilson
-    from masklab.lab.tasks import realdocs
-    from train_cross import KEEPSET_GAIN, VARIANTS, targets
+    from train_cross import KEEPSET_GAIN, VARIANTS, material, targets
     from train_pruner import keep_auto, val_figures
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -64,15 +62,7 @@ def main() -> int:
             raise SystemExit(f"unknown label variant {v!r}; choose from {', '.join(VARIANTS)}")
     t_all, c_all = time.perf_counter(), time.process_time()
     tok = load(a.model, threads=a.threads).tokenizer
-    labels = ROOT / "results" / "corpus-labels"
-    lasso = {r["id"]: r for f in sorted(labels.glob(f"labels-{a.model}-train*.jsonl")) for r in read_jsonl(f)}
-    keepset = {r["id"]: r for r in read_jsonl(labels / f"labels-keepset-{a.model}-train.jsonl")}
-    corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
-    val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
-    docs: dict = {}
-    for q in list(corpus.values()) + val:
-        if q.doc not in docs:
-            docs[q.doc] = segment(q.text, tok)
+    lasso, keepset, corpus, val, docs = material(a.model, tok)
     pruner, _ = _load(str(WEIGHTS / "causal.safetensors"))
     emb = pruner.embedder
     t0 = time.perf_counter()
