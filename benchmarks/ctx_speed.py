@@ -10,7 +10,7 @@ SmolLM2 tokens) and the benchmark's questions about it. Each round, in turn, on 
 * ``dense_first``: dense's first question (the units embedded, then one cosine);
 * ``pruner_first``: the round-5 pruner's first question (its adapted encoder embeds the units);
 * ``ctx_first``: ``pruner-ctx``'s first question (the round-5 embeddings, then the context head);
-  ``ctx_int8_first``: the same with the encoder's linear layers in int8 (``torch.ao`` dynamic quantisation);
+  ``ctx_int8_first``: the same with the encoder's linear layers in int8 (``load_router("pruner-ctx", int8=True)``);
 * ``ctx_next``: one more question on the document it has embedded;
 * ``ctx_one_by_one`` / ``ctx_batch``: ``--batch`` questions on a fresh document, one call each or one
   ``score_many`` call, per question;
@@ -25,7 +25,6 @@ on two cores; a batch faster per question than one at a time.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import platform
@@ -67,12 +66,7 @@ def main() -> int:
     batch = (questions * (args.batch // len(questions) + 1))[:args.batch]
     emb = load_embedder()
     pruner, ctx = load_router("pruner"), load_router("pruner-ctx")
-    ctx8 = copy.copy(ctx)  # the same head over an int8 copy of the round-5 encoder
-    ctx8.pruner = copy.copy(ctx.pruner)
-    ctx8.pruner.embedder = copy.copy(ctx.pruner.embedder)
-    ctx8.pruner.embedder.model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(ctx.pruner.embedder.model),
-                                                                        {torch.nn.Linear}, dtype=torch.qint8)
-    ctx8.pruner.embedder._cache = type(ctx.pruner.embedder._cache)()
+    ctx8 = load_router("pruner-ctx", int8=True)
     cross = None
     if (ROOT / "results" / "cross" / "lasso.safetensors").is_file():
         from masklab.lab.cross import load_cross
@@ -86,7 +80,7 @@ def main() -> int:
 
     def fresh():
         for e in (emb, ctx.pruner.embedder, ctx8.pruner.embedder):
-            e._cache.clear()
+            e.clear_cache()
         if cross is not None:
             cross._ids.clear()
 

@@ -235,3 +235,20 @@ def test_the_context_head_learns_the_unit_after_the_most_relevant_one():
     assert meta["keep_auto"] == 0.5
     e = examples[31]
     torch.testing.assert_close(probabilities(loaded, e.units, e.q), probabilities(head, e.units, e.q))
+
+
+@needs_dense
+def test_the_int8_context_pruner_ranks_as_the_float_one_does():
+    from scipy.stats import spearmanr
+
+    from masklab.context.routers import load_router
+    from masklab.text.document import segment
+
+    doc = segment(" ".join(f"Release {i} changed the {w} option to default to {i * 7}." for i, w in
+                           enumerate(["colour", "width", "depth", "cache", "retry", "timeout", "proxy", "quiet"])))
+    q = "What does the timeout option default to now?"
+    f, i8 = load_router("pruner-ctx"), load_router("pruner-ctx", int8=True)
+    assert i8.pruner is not f.pruner  # its own encoder: the float router is not quantised
+    a, b = f.score(doc, q), i8.score(doc, q)
+    assert int(a.argmax()) == int(b.argmax()) and spearmanr(a.numpy(), b.numpy())[0] > 0.8
+    assert not torch.equal(a, b)  # a different path really ran

@@ -348,6 +348,7 @@ def clear_model_caches() -> None:
 
     embedder.load_embedder.cache_clear()
     pruner._load.cache_clear()
+    pruner._load_int8.cache_clear()
     import gc
 
     gc.collect()
