@@ -293,7 +293,8 @@ def test_loaded_routers_are_bounded(server, monkeypatch):
         assert len(health(url)["routers_loaded"]) <= 2
     h = health(url)
     assert h["routers_loaded"] == ["bm25", DEFAULT_ROUTER] and h["caches"]["routers"]["max_entries"] == 2
-    assert service.counts["routers_evicted"] >= evicted + 2
+    # lexical was loaded during the loop and is gone: at least one eviction, whatever other tests had loaded before
+    assert service.counts["routers_evicted"] >= evicted + 1
 
 
 @pytest.fixture
