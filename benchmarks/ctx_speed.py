@@ -53,16 +53,10 @@ def main() -> int:
     from masklab.lab.tasks.realdocs import answering_units
     from masklab.lab.realdocs import rank_of
     from masklab.pretrained.models import load
-    from masklab.text.document import Document, segment
+    from masklab.text.document import segment
 
     tok = load("smollm2-135m", threads=args.threads).tokenizer
-    qs = [q for q in realdocs.load("test2") if q.doc == "pydoc-execmodel"]
-    full = segment(qs[0].text, tok)
-    lengths, n = full.lengths(tok), 0
-    while n < len(lengths) and sum(lengths[:n + 1]) <= args.tokens:
-        n += 1
-    doc = Document(units=full.units[:n], spans=full.spans[:n], source=full.source)
-    questions = [q.question for q in qs]
+    doc, questions = realdocs.speed_document(args.tokens, tok)
     batch = (questions * (args.batch // len(questions) + 1))[:args.batch]
     emb = load_embedder()
     pruner, ctx = load_router("pruner"), load_router("pruner-ctx")
@@ -112,7 +106,7 @@ def main() -> int:
     out = {"command": "python benchmarks/ctx_speed.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()
                                                                  if k != "json" and v is not None),
            "machine": platform.processor() or platform.machine(), "threads": args.threads,
-           "load_average": list(os.getloadavg()), "units": len(doc.units), "tokens": sum(lengths[:n]),
+           "load_average": list(os.getloadavg()), "units": len(doc.units), "tokens": sum(doc.lengths(tok)),
            "rounds": args.rounds, "batch": len(batch), "seconds": med, "rounds_seconds": times,
            "ratio_to_pruner_first": {k: v / med["pruner_first"] for k, v in med.items()},
            "batch_over_one_by_one": med["ctx_batch"] / med["ctx_one_by_one"],

@@ -46,18 +46,13 @@ def main() -> int:
 
     from masklab.context.embedder import load_embedder
     from masklab.context.routers.bm25 import BM25
-    from masklab.text.document import Document, segment
+    from masklab.text.document import segment
     from masklab.pretrained.models import load
     from masklab.lab.tasks import realdocs
 
     tok = load("smollm2-135m", threads=args.threads).tokenizer
-    qs = [q for q in realdocs.load("test2") if q.doc == "pydoc-execmodel"]
-    full = segment(qs[0].text, tok)
-    lengths, n = full.lengths(tok), 0
-    while n < len(lengths) and sum(lengths[:n + 1]) <= args.tokens:
-        n += 1
-    doc = Document(units=full.units[:n], spans=full.spans[:n], source=full.source)
-    units, questions = doc.units, [q.question for q in qs]
+    doc, questions = realdocs.speed_document(args.tokens, tok)
+    units = doc.units
     fp32 = load_embedder()
     int8 = copy.copy(fp32)  # fp32 is the shared embedder (load_embedder) that dense and bm25+dense read
     int8.model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(fp32.model), {torch.nn.Linear}, dtype=torch.qint8)
@@ -103,7 +98,7 @@ def main() -> int:
     out = {"command": "python benchmarks/dense_speed.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()
                                                                    if k != "json" and v is not None),
            "machine": platform.processor() or platform.machine(), "threads": args.threads,
-           "units": len(units), "tokens": sum(lengths[:n]), "questions": len(questions), "rounds": args.rounds,
+           "units": len(units), "tokens": sum(doc.lengths(tok)), "questions": len(questions), "rounds": args.rounds,
            "seconds": med, "ratio_to_bm25": {k: v / med["bm25"] for k, v in med.items()},
            "int8_spearman": statistics.mean(rho), "int8_top10_overlap": statistics.mean(top),
            "val_mrr": {k: statistics.mean(v) for k, v in val_rr.items()}, "val_questions": len(val_rr["fp32"]),

@@ -270,3 +270,17 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def speed_document(tokens: int, tokenizer, name: str = "pydoc-execmodel", split: str = "test2"):
+    """``(doc, questions)``: the leading units of benchmark document ``name`` up to ``tokens``
+    tokens of ``tokenizer`` (a :class:`~masklab.text.document.Document`) and the split's questions
+    about it: the document the speed benchmarks time."""
+    from masklab.text.document import Document, segment
+
+    qs = [q for q in load(split) if q.doc == name]
+    full = segment(qs[0].text, tokenizer)
+    lengths, n = full.lengths(tokenizer), 0
+    while n < len(lengths) and sum(lengths[:n + 1]) <= tokens:
+        n += 1
+    return Document(units=full.units[:n], spans=full.spans[:n], source=full.source), [q.question for q in qs]
