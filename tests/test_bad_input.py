@@ -314,6 +314,7 @@ def compress(files: Path, *extra: str) -> list[str]:
     (["--threshold", "-2", "--router", "pruner"], "the threshold of pruner must be a number in [-1, 1]"),
     (["--threshold", "x"], "argument --threshold: invalid float value: 'x'"),
     (["--threshold", "0.5", "--target-tokens", "40", "--router", "pruner"], "--threshold and --target-tokens"),
+    (["--int8", "--router", "bm25"], "--int8 quantises the pruner's encoder"),
 ])
 def test_compress_options_are_one_line(files, capsys, extra, match):
     refused(compress(files, *extra), capsys, match)
@@ -322,7 +323,6 @@ def test_compress_options_are_one_line(files, capsys, extra, match):
 @pytest.mark.parametrize("context,extra,match", [
     (["{d}"], ["--router", "snapkv", "--answer"], "snapkv prunes the model cache and keeps no units"),
     (["{d}"], ["--html", "page.html"], "--html shows one document"),
-    (["{d}"], ["--threshold", "0.5", "--router", "pruner"], "--threshold prunes one document"),
     (["{t}/empty"], [], "holds no text files"),
     (["{t}/bad.json"], [], "starts with [ but is not a valid JSON list"),
     (["{t}/numbers.json"], [], "passage 1 is a JSON int, not a string"),

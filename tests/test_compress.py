@@ -152,6 +152,26 @@ def test_json_has_every_field(tmp_path, capsys):
 
 @needs_smol
 @shares_smol
+def test_int8_scores_with_the_quantised_encoder(tmp_path, capsys):
+    from masklab.context.routers import load_router
+    from masklab.text.document import segment
+
+    path = tmp_path / "ctx.txt"
+    path.write_text(REPORT)
+    code, out, _ = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--router",
+                       "pruner-ctx", "--int8", "--threshold", "0.2", "--json")
+    res = json.loads(out)
+    doc = segment(REPORT, load_router("pruner-ctx", "smollm2-135m").tokenizer)
+    assert code == 0 and res["units"] == doc.units
+    int8 = load_router("pruner-ctx", int8=True).score(doc, "Who approved the budget?").tolist()
+    float_ = load_router("pruner-ctx").score(doc, "Who approved the budget?").tolist()
+    assert res["scores"] == pytest.approx(int8) and res["scores"] != pytest.approx(float_, abs=1e-6)
+    assert all(res["scores"][i] >= 0.2 or i == max(range(len(doc.units)), key=res["scores"].__getitem__)
+               for i in res["kept"])
+
+
+@needs_smol
+@shares_smol
 def test_text_without_sentence_punctuation_is_chunked_not_refused(tmp_path, capsys):
     path = tmp_path / "table.txt"
     path.write_text("\n".join(f"row {i} | item-{i} | owner {'Dana' if i == 37 else 'Sam'} | shelf {i % 7}" for i in range(80)))
@@ -216,6 +236,23 @@ def test_answer_from_the_pruned_text_is_right(tmp_path, capsys, model):
                        "In which village did my sister lose her passport?", "--keep", "0.25", "--answer", "--json")
     res = json.loads(out)
     assert code == 0 and "Vila Nova" in res["answer"], res["answer"]
+
+
+@needs_smol
+@shares_smol
+@pytest.mark.parametrize("budget", [["--keep", "auto"], ["--threshold", "0.3"]])
+def test_several_passages_where_the_pruner_decides_how_much(tmp_path, capsys, budget):
+    paths = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    paths[0].write_text(TRAVEL)
+    paths[1].write_text(REPORT)
+    code, out, _ = run(capsys, "--context", *map(str, paths), "--question", "Who approved the budget?", "--router",
+                       "pruner-ctx", *budget, "--json")
+    res = json.loads(out)
+    cut = 0.3 if budget[0] == "--threshold" else load_router("pruner-ctx").keep_auto
+    assert code == 0 and ANSWERING in res["pruned_text"] and res["kept"]
+    top = max(range(len(res["scores"])), key=res["scores"].__getitem__)
+    assert all(res["scores"][i] >= cut or i == top for i in res["kept"])  # nothing below the threshold
+    assert res["kept_fraction"] < 1 and not any(n.startswith("the passages are") for n in res["notes"])
 
 
 @needs_smol

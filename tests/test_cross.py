@@ -187,6 +187,36 @@ def test_prune_refuses_bad_input_with_one_message(decider, kwargs, message):
         prune(**args)
 
 
+PASSAGES = ["Unit 1 is here. Unit 7 is here.", "Unit 3 is here. Unit 2 is here.", "Unit 9 is here."]
+
+
+def test_a_threshold_keeps_the_units_at_or_above_it_across_passages(decider):
+    from masklab.context import compress_passages
+    from masklab.integrations import Pruner
+
+    out = compress_passages(PASSAGES, "Which unit?", "test-decider", threshold=0.5)
+    assert out.kept == [[1], [], [0]] and out.texts == ["Unit 7 is here.", "", "Unit 9 is here."]
+    assert out.to_json()["threshold"] == 0.5
+    assert compress_passages(PASSAGES, "Which unit?", "test-decider", threshold=0.95).kept == [[], [], [0]]  # the top unit
+    assert compress_passages(PASSAGES, "Which unit?", "test-decider", keep="auto").kept == [[1], [], [0]]  # its own 0.5
+    assert compress_passages(PASSAGES, "Which unit?", "test-decider", keep=0.25).kept == [[], [], [0]]  # a fraction
+    kept = Pruner("test-decider", threshold=0.25).kept(PASSAGES, "Which unit?")
+    assert [(i, text) for i, text, _ in kept] == [(0, "Unit 7 is here."), (1, "Unit 3 is here."), (2, "Unit 9 is here.")]
+    with pytest.raises(MasklabError, match="each set the budget"):
+        compress_passages(PASSAGES, "Which unit?", "test-decider", threshold=0.5, target_tokens=10)
+
+
+def test_the_framework_adapters_take_a_threshold(decider):
+    pytest.importorskip("langchain_core")
+    from langchain_core.documents import Document
+
+    from masklab.integrations.langchain import MasklabCompressor
+
+    docs = [Document(page_content=t, metadata={"n": i}) for i, t in enumerate(PASSAGES)]
+    out = MasklabCompressor(router="test-decider", threshold=0.5).compress_documents(docs, "Which unit?")
+    assert [(d.metadata["n"], d.page_content) for d in out] == [(0, "Unit 7 is here."), (2, "Unit 9 is here.")]
+
+
 def test_a_threshold_needs_a_router_that_decides():
     from masklab.context import prune
 

@@ -61,6 +61,9 @@ def test_llamaindex_postprocessor_prunes_nodes_for_the_query():
     ({"keep": 0}, r"keep must be a fraction in \(0, 1\]"),
     ({"target_tokens": 0}, "target_tokens must be at least 1"),
     ({"unit_tokens": 0}, "unit_tokens must be a whole number"),
+    ({"router": "bm25", "threshold": 0.5}, "needs a router that decides how much to keep"),
+    ({"router": "pruner-ctx", "threshold": 1.5}, r"must be a number in \[0, 1\]"),
+    ({"router": "pruner-ctx", "threshold": 0.5, "target_tokens": 30}, "each set the budget"),
 ])
 @pytest.mark.parametrize("which", ["langchain", "llamaindex"])
 def test_bad_settings_are_one_clear_error_at_construction(which, kwargs, match):

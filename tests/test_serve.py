@@ -140,7 +140,7 @@ def test_answer_is_generated_when_asked(server):
     ({"context": REPORT, "question": QUESTION, "router": "bm25", "threshold": 0.5}, 400, "decides how much to keep"),
     ({"context": REPORT, "question": QUESTION, "router": "pruner-ctx", "threshold": 2}, 400, r"must be a number in \[0, 1\]"),
     ({"context": REPORT, "question": QUESTION, "threshold": "high"}, 400, "threshold must be a number"),
-    ({"context": [REPORT, REPORT], "question": QUESTION, "threshold": 0.5}, 400, "threshold prunes one context"),
+    ({"context": [REPORT, REPORT], "question": QUESTION, "threshold": 0.5, "target_tokens": 9}, 400, "each set the budget"),
     ("x" * 20_001, 413, "over the limit of 20,000 bytes"),
 ])
 def test_bad_requests_are_4xx_json_errors(server, body, status, match):

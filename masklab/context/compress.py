@@ -53,17 +53,20 @@ def prune_document(lm, router, text: str | Document, question: str, *, keep: flo
 
 
 def prune_passages(lm, router, passages: list[str], question: str, *, keep: float, target_tokens: int | None,
-                   unit_tokens: int, fill: bool | None, max_new_tokens: int) -> tuple[PrunedPassages, dict]:
-    """``passages`` pruned within one budget (:func:`~masklab.context.passages.compress_passages`);
+                   unit_tokens: int, fill: bool | None, max_new_tokens: int,
+                   threshold: float | None = None) -> tuple[PrunedPassages, dict]:
+    """``passages`` pruned within one budget (:func:`~masklab.context.passages.compress_passages`;
+    ``threshold``: the units scoring at least it, over all the passages);
     ``units``, ``kept``, ``scores`` and ``unit_tokens`` of the JSON run over every passage's
     units in order, ``passages`` has each passage's counts."""
     window, overhead = answer_budget(lm, question, max_new_tokens)
     limit = window - overhead - len(passages)  # the blank lines between the kept passages
     pruned = compress_passages(passages, question, router, keep=keep, target_tokens=target_tokens,
-                               unit_tokens=unit_tokens, fill=fill, limit=limit)
+                               unit_tokens=unit_tokens, fill=fill, limit=limit, threshold=threshold)
     total = pruned.origin_tokens
-    budget = target_tokens if target_tokens is not None else keep * total
-    if budget > limit:
+    decides = keep == AUTO or threshold is not None  # the router decides how much
+    budget = target_tokens if target_tokens is not None else total if decides else keep * total
+    if budget > limit and (not decides or pruned.compressed_tokens >= limit - max(max(n) for n in pruned.lengths)):
         pruned.notes.insert(0, f"the passages are {total} tokens: the kept units were capped at {limit} tokens to fit "
                                f"{lm.name}'s {window}-token window with the question and answer")
     if router.last_windows > 1:

@@ -10,7 +10,9 @@
 The budget is ``keep`` (a fraction of all the passages' tokens) or ``target_tokens`` (at most
 that many tokens kept, counted with the router's tokenizer: the answering model's when the
 router was loaded with it, else words and punctuation marks); ``target_tokens`` wins when
-both are given, and neither means ``keep=0.25``. It is spent across the passages:
+both are given, and neither means ``keep=0.25``; ``keep="auto"`` or a ``threshold`` lets a router
+that decides how much (``pruner-ctx``, ``pruner``) keep every unit scoring at least its val threshold
+or the one given, over all the passages. It is spent across the passages:
 
 * coarse: the router scores every unit of every passage in one call (the passages' units as
   one document, so a score means the same in every passage: BM25's idf, for one, is taken
@@ -58,6 +60,7 @@ class PrunedPassages:
     router: str
     keep: float | None = None
     target_tokens: int | None = None
+    threshold: float | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -90,6 +93,7 @@ class PrunedPassages:
     def to_json(self) -> dict:
         ranks = {p: r for r, p in enumerate(self.rank)}
         return {"router": self.router, "keep": self.keep, "target_tokens": self.target_tokens,
+                **({"threshold": self.threshold} if self.threshold is not None else {}),
                 "origin_tokens": self.origin_tokens, "compressed_tokens": self.compressed_tokens,
                 "ratio": self.ratio, "kept_fraction": self.kept_fraction, "pruned_text": self.text,
                 "router_seconds": self.seconds, "notes": self.notes,
@@ -109,13 +113,14 @@ def check_target(target_tokens) -> int:
 
 def compress_passages(passages: list[str], question: str, router, keep: float | None = None,
                       target_tokens: int | None = None, unit_tokens=UNIT_TOKENS, fill=None, *,
-                      limit: int | None = None) -> PrunedPassages:
+                      limit: int | None = None, threshold: float | None = None) -> PrunedPassages:
     """``passages`` pruned for ``question`` by ``router`` (a :class:`Router`, or a router name
     for :func:`~masklab.context.routers.load_router` without a model) within one budget:
     ``keep`` of all their tokens or at most ``target_tokens`` tokens (module docstring).
     ``unit_tokens``: the longest unit (:func:`~masklab.text.document.segment`); ``fill``:
     as :meth:`Router.choose` (None: the router's default); ``limit``: a further cap in tokens
-    (the CLI's model window)."""
+    (the CLI's model window); ``threshold``: instead of ``keep``, every unit scoring at least it
+    (a router that decides how much; the top unit always)."""
     from masklab.text.inputs import check_question
 
     if isinstance(router, str):
@@ -134,6 +139,9 @@ def compress_passages(passages: list[str], question: str, router, keep: float | 
     question = check_question(question)
     if target_tokens is not None:
         target_tokens = check_target(target_tokens)
+        if threshold is not None:
+            raise MasklabError("threshold and target_tokens each set the budget: give one")
+    router.check_threshold(threshold)
     keep = check_keep(DEFAULT_KEEP if keep is None else keep)
     docs = [segment(p, router.tokenizer, unit_tokens) for p in passages]
     lengths = [doc.lengths(router.tokenizer) for doc in docs]
@@ -146,12 +154,12 @@ def compress_passages(passages: list[str], question: str, router, keep: float | 
     rank = sorted(range(len(docs)), key=lambda p: (-float(per[p].max()), p))
     order = [(p, i) for p in rank for i in range(len(docs[p].units))]  # units of the best passage first
     budget_keep, cap = (1.0, target_tokens) if target_tokens is not None else (keep, None)
-    if budget_keep == AUTO:
-        budget_keep = router.resolve_keep(AUTO, scores, [n for ns in lengths for n in ns])
+    if budget_keep == AUTO or threshold is not None:
+        budget_keep = router.resolve_keep(budget_keep, scores, [n for ns in lengths for n in ns], threshold)
     if limit is not None:
         cap = limit if cap is None else min(cap, limit)
     chosen = select(torch.stack([per[p][i] for p, i in order]), [lengths[p][i] for p, i in order], budget_keep,
-                    fill=router.fill if fill is None else fill, limit=cap)
+                    fill=(router.fill if fill is None else fill) and threshold is None, limit=cap)
     seconds = time.perf_counter() - t0
     kept: list[list[int]] = [[] for _ in docs]
     for j in chosen:
@@ -159,7 +167,7 @@ def compress_passages(passages: list[str], question: str, router, keep: float | 
         kept[p].append(i)
     out = PrunedPassages(docs, [sorted(k) for k in kept], [[float(s) for s in x] for x in per], lengths, rank,
                          seconds, router.name, keep=None if target_tokens is not None else keep,
-                         target_tokens=target_tokens)
+                         target_tokens=target_tokens, threshold=threshold)
     budget = target_tokens if target_tokens is not None else budget_keep * out.origin_tokens
     if out.compressed_tokens > budget and len(chosen) == 1:
         out.notes.append(f"the top unit alone is {out.compressed_tokens} tokens, over the budget of "

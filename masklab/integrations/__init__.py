@@ -24,11 +24,14 @@ class Pruner:
     registered model name, a model directory, a loaded model, or None: words are counted and
     only routers that read no model work), loaded the first time it prunes; one budget of
     ``keep`` of all the passages' tokens or ``target_tokens`` tokens (which wins when both are
-    given; neither: keep 0.25); ``embedder``: a sentence-transformers folder for the ``dense``
-    routers (None: the packaged all-MiniLM-L6-v2)."""
+    given; neither: keep 0.25; ``keep="auto"``: the router's own val threshold) or, for a router
+    that decides how much (``pruner-ctx``, ``pruner``), every unit scoring at least ``threshold``;
+    ``embedder``: a sentence-transformers folder for the ``dense`` routers (None: the packaged
+    all-MiniLM-L6-v2)."""
 
-    def __init__(self, router: str = DEFAULT_ROUTER, model=None, keep: float | None = None, target_tokens: int | None = None,
-                 unit_tokens: int = UNIT_TOKENS, embedder: str | None = None) -> None:
+    def __init__(self, router: str = DEFAULT_ROUTER, model=None, keep: float | str | None = None,
+                 target_tokens: int | None = None, unit_tokens: int = UNIT_TOKENS, embedder: str | None = None,
+                 threshold: float | None = None) -> None:
         from masklab.context.routers import ROUTERS, check_embedder
 
         ROUTERS[router]  # noqa: B018  (unknown router: one clear error now, not at the first query)
@@ -36,6 +39,11 @@ class Pruner:
         self.name, self.model, self.embedder = router, model, embedder
         self.keep = check_keep(DEFAULT_KEEP if keep is None else keep)
         self.target_tokens = None if target_tokens is None else check_target(target_tokens)
+        if threshold is not None and target_tokens is not None:
+            raise MasklabError("threshold and target_tokens each set the budget: give one")
+        if threshold is not None:
+            ROUTERS[router].check_range(threshold)  # a router that decides how much, the threshold in its scores' range
+        self.threshold = threshold
         if isinstance(unit_tokens, bool) or not isinstance(unit_tokens, int) or unit_tokens < 1:
             raise MasklabError(f"unit_tokens must be a whole number >= 1, got {unit_tokens!r}")
         self.unit_tokens = unit_tokens
@@ -51,7 +59,7 @@ class Pruner:
 
     def prune(self, texts: list[str], query: str) -> PrunedPassages:
         return compress_passages(list(texts), query, self.router, keep=self.keep, target_tokens=self.target_tokens,
-                                 unit_tokens=self.unit_tokens)
+                                 unit_tokens=self.unit_tokens, threshold=self.threshold)
 
     def kept(self, texts: list[str], query: str) -> list[tuple[int, str, dict]]:
         """``(index, kept text, counts)`` of each passage that keeps anything, in the given

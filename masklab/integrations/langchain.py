@@ -33,21 +33,23 @@ from pydantic import ConfigDict, PrivateAttr
 
 class MasklabCompressor(BaseDocumentCompressor):
     """Prune retrieved documents for the query with masklab router ``router`` (for ``model``
-    when it reads one), keeping ``keep`` of all their tokens or ``target_tokens`` tokens."""
+    when it reads one), keeping ``keep`` of all their tokens, ``target_tokens`` tokens, or every unit scoring at
+    least ``threshold`` (a router that decides how much: ``pruner-ctx``, ``pruner``)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     router: str = DEFAULT_ROUTER
     model: Any = None
-    keep: float | None = None
+    keep: float | str | None = None  # a fraction of the tokens, or "auto": a deciding router's val threshold
     target_tokens: int | None = None
+    threshold: float | None = None  # pruner-ctx, pruner: keep every unit scoring at least it (Provence's rule)
     unit_tokens: int = UNIT_TOKENS
     embedder: str | None = None  # dense, bm25+dense: a sentence-transformers folder (None: all-MiniLM-L6-v2)
     _pruner: Pruner = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
         self._pruner = Pruner(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens,
-                              self.embedder)
+                              self.embedder, self.threshold)
 
     def compress_documents(self, documents: Sequence[Document], query: str, callbacks=None) -> Sequence[Document]:
         kept = self._pruner.kept([d.page_content for d in documents], query)

@@ -32,17 +32,18 @@ def _load(path: str):
 
 @ROUTERS.register("pruner")
 class Pruner(Router):
-    """``path``: a pruner file (``masklab train-router --docs``; None: the shipped one of these labels)."""
+    """``path``: a pruner file (``masklab train-router --docs``; None: the shipped one of these labels);
+    ``int8``: its encoder's linear layers in int8 (as :class:`ContextPruner`'s)."""
 
     use = ("the default, any document: MiniLM fine-tuned (LoRA) on causal labels of real documents, above dense and "
            "bm25+dense on both real-document test splits; --keep auto decides how much; train-router --docs trains yours")
     labels = "causal"
     score_range = (-1.0, 1.0)  # cosines
 
-    def __init__(self, lm=None, path: str | Path | None = None) -> None:
+    def __init__(self, lm=None, path: str | Path | None = None, int8: bool = False) -> None:
         super().__init__(lm)
         self.path = Path(path) if path is not None else WEIGHTS / f"{self.labels}.safetensors"
-        self.model, self.meta = _load(str(self.path))
+        self.model, self.meta = (_load_int8 if int8 else _load)(str(self.path))
         self.keep_auto = self.meta.get("keep_auto")  # the score from which --keep auto keeps a unit
 
     def score(self, doc, question):
