@@ -3,8 +3,9 @@
     python scripts/keep_auto.py [--out FILE] results/realdocs-pruner-smollm2-135m/results_test2.json [...]
 
 For each results file and each pruner router in it (``pruner``, ``pruner-attention``,
-``pruner-marks``, ``pruner-ctx``, ``pruner-ctx-attention``): every unit whose stored score is at least the router's ``keep_auto`` threshold
-(from its shipped ``.json``, chosen on val; the top unit always) is kept, as ``Router.resolve_keep``
+``pruner-marks``, ``pruner-ctx``, ``pruner-ctx-attention``): every unit whose stored score the
+router's ``keep_auto`` value keeps by its ``keep_rule`` (a score, or a share of the best unit's score;
+both from its shipped ``.json``, chosen on val; the top unit always) is kept, as ``Router.resolve_keep``
 does. Per question: every answering unit kept or not, and the kept fraction of the tokens; summed
 with Wilson intervals, beside the same router at the file's fixed keeps, with a McNemar test of
 auto against keep 0.25, and a fixed keep of auto's mean kept fraction (``kept@same``: the same mean
@@ -43,7 +44,8 @@ def main() -> int:
             kept, frac = [], []
             for r in res["rows"]:
                 s = torch.tensor(r[name]["scores"])
-                k = set(select(s, r["lengths"], auto_fraction(s, r["lengths"], meta["keep_auto"])))
+                rule = meta.get("keep_rule", "threshold")
+                k = set(select(s, r["lengths"], auto_fraction(s, r["lengths"], meta["keep_auto"], rule)))
                 kept.append(all(u in k for g in r["gold"] for u in g))
                 frac.append(sum(r["lengths"][i] for i in k) / sum(r["lengths"]))
             n = len(kept)
@@ -52,6 +54,7 @@ def main() -> int:
             same = [all(u in set(select(torch.tensor(r[name]["scores"]), r["lengths"], sum(frac) / len(frac)))
                         for g in r["gold"] for u in g) for r in res["rows"]]
             summary.append({"task": f"{res['split']}-{res['model']}", "method": name, "n": n, "threshold": meta["keep_auto"],
+                            "rule": rule,
                             "kept@auto": sum(kept) / n, "kept@auto_lo": lo, "kept@auto_hi": hi,
                             "fraction@auto": sum(frac) / n, "kept@25": sum(fixed) / n,
                             "fraction@25": sum(r[name]["0.25"]["kept_fraction"] for r in res["rows"]) / n,

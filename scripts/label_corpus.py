@@ -10,6 +10,8 @@ covers every document.
 
 ``--shard I/N`` labels every N-th question from the I-th on into a file of its own
 (``labels-MODEL-SPLIT-I.jsonl``), so N processes label apart; ``scripts/train_pruner.py`` reads them all.
+A question already labelled in another file of the same labels (an earlier run's shards) is not
+labelled again: questions added to the corpus later land in the file this run writes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 
 
 def main() -> int:
-    from masklab.lab.labels import ABLATIONS, LABELLERS, WINDOW_TOP, label_questions
+    from masklab.lab.labels import ABLATIONS, LABELLERS, WINDOW_TOP, label_questions, question_key
+    from masklab.util.files import read_jsonl
     from masklab.lab.realdocs import in_turn
     from masklab.pretrained.models import load
     from masklab.lab.tasks import realdocs
@@ -53,6 +56,9 @@ def main() -> int:
     if a.shard:
         i, n = (int(x) for x in a.shard.split("/"))
         qs, name = qs[i::n], f"{name}-{i}"
+    base = name if not a.shard else name.rsplit("-", 1)[0]
+    elsewhere = {r["key"] for f in out.glob(f"{base}*.jsonl") if f.name != f"{name}.jsonl" for r in read_jsonl(f)}
+    qs = [q for q in qs if question_key(q) not in elsewhere]
     t0, c0 = time.perf_counter(), time.process_time()
     from masklab.util import device as devices
 

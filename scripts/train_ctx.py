@@ -9,9 +9,11 @@ each variant trains in seconds. The label variants are those of ``scripts/train_
 Val (never trained on): the corpus's ``val`` documents and the benchmark's ``val`` split, the writers'
 marks as the truth (``scripts/train_pruner.py``'s figures: MRR, kept@0.1, kept@0.25); the round-5
 pruner is measured beside on the same questions, with paired tests (sign flips on MRR, McNemar on
-kept). ``--keep auto``'s threshold is the one on val whose mean kept fraction is the smallest keeping
-the answer at least as often as keep 0.25 does; with it, the fixed keep fraction of the same mean
-token share is measured too. Writes ``results/ctx/results.json`` (wall and CPU seconds included);
+kept). ``--keep auto``'s rule: each rule of :data:`RULES` (a plain score threshold, a share of the
+best unit's score, a share of the scores' sum) at its parameter whose mean kept fraction on val is
+the smallest keeping the answer at least as often as keep 0.25 does; the rule that needs the fewest
+tokens ships (``keep_rule`` and ``keep_auto`` in its ``.json``), and a fixed keep of each rule's
+mean token share is measured beside it (McNemar). Writes ``results/ctx/results.json`` (wall and CPU seconds included);
 ``--ship`` copies the named variants to ``masklab/context/weights/pruner/ctx-VARIANT.safetensors``.
 """
 
@@ -28,12 +30,47 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def fixed_at(rows: list[dict], fraction: float) -> float:
-    """The share of questions whose answer a fixed keep of ``fraction`` keeps (highest scores first)."""
-    from masklab.text.selection import select
+def _mass(s: torch.Tensor, p: float) -> torch.Tensor:
+    """``(N,)`` the best units until they hold a share ``p`` of the scores' sum."""
+    order = torch.argsort(s, descending=True, stable=True)
+    n = int((s[order].cumsum(0) / s.sum() < p).sum()) + 1
+    return torch.zeros_like(s, dtype=torch.bool).index_fill_(0, order[:n], True)
 
-    return sum(all(u in set(select(torch.tensor(r["scores"]), r["lengths"], fraction, fill=True)) for g in r["gold"] for u in g)
-               for r in rows) / len(rows)
+
+RULES = {  # --keep auto's candidate rules: the units kept for a parameter p of each question's scores (N,)
+    "threshold": lambda s, p: s >= p,  # Provence's: every unit scoring at least p
+    "relative": lambda s, p: s >= p * s.max(),  # every unit within a share p of the best unit's score
+    "mass": _mass,  # more units where the scores are spread, fewer where one stands out
+}
+GRIDS = {"relative": [i / 100 for i in range(1, 100)], "mass": [i / 100 for i in range(5, 100)]}
+
+
+def keep_rules(rows: list[dict], target: float) -> list[dict]:
+    """Each rule of :data:`RULES` at its parameter whose mean kept fraction is the smallest keeping the
+    answer for at least ``target`` of the questions (``keep_auto``'s choice, made for every rule), beside
+    a fixed keep of the same mean fraction (``fixed_kept``) and McNemar's p between the two."""
+    from masklab.lab.stats import mcnemar
+
+    scores = [torch.tensor(r["scores"]) for r in rows]
+    out = []
+    for name, rule in RULES.items():
+        grid = GRIDS.get(name) or sorted({round(x, 3) for r in rows for x in r["scores"]})
+        best = None
+        for p in grid:
+            kept, frac = [], 0.0
+            for r, s in zip(rows, scores):
+                keep = set(rule(s, p).nonzero().flatten().tolist()) | {int(s.argmax())}
+                kept.append(all(u in keep for g in r["gold"] for u in g))
+                frac += sum(r["lengths"][i] for i in keep) / sum(r["lengths"]) / len(rows)
+            if sum(kept) >= target * len(rows) and (best is None or frac < best[2]):
+                best = (p, kept, frac)
+        if best is None:
+            continue
+        p, kept, frac = best
+        fixed = _kept(rows, frac)
+        out.append({"rule": name, "param": p, "kept": sum(kept) / len(rows), "fraction": frac,
+                    "fixed_kept": sum(fixed) / len(rows), "p_vs_fixed": mcnemar(kept, fixed)})
+    return out
 
 
 def main() -> int:
@@ -46,7 +83,7 @@ def main() -> int:
     from masklab.lab.revision import code_hash
     from masklab.lab.stats import mcnemar, wilson
     from train_cross import KEEPSET_GAIN, VARIANTS, material, targets
-    from train_pruner import keep_auto, val_figures
+    from train_pruner import val_figures
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)")
@@ -92,9 +129,8 @@ def main() -> int:
         t0, c0 = time.perf_counter(), time.process_time()
         fig = val_figures(lambda question, us: contextual.probabilities(head, emb.units(us), emb.query(question)), val,
                           docs, tok)
-        fig["keep_auto"] = keep_auto(fig["rows"], fig["kept@25"])
-        if fig["keep_auto"]:
-            fig["keep_auto"]["fixed_kept"] = fixed_at(fig["rows"], fig["keep_auto"]["fraction"])
+        fig["keep_rules"] = keep_rules(fig["rows"], fig["kept@25"])
+        fig["keep_auto"] = min(fig["keep_rules"], key=lambda r: r["fraction"], default=None)  # the fewest tokens
         res["variants"][v] = {"train": rec, "val_wall_s": time.perf_counter() - t0, "val_cpu_s": time.process_time() - c0,
                               "targets_per_question": sum(len(e.target) for e in ex) / len(ex), **fig}
         print(v, {k: round(fig[k], 3) for k in ("mrr", "kept@10", "kept@25")}, fig["keep_auto"], file=sys.stderr)
@@ -112,9 +148,11 @@ def main() -> int:
             s["targets"] = f["targets_per_question"]
             s["train_s"] = f["train"]["seconds"]
             if f["keep_auto"]:
-                s.update({"auto_threshold": f["keep_auto"]["threshold"], "auto_fraction": f["keep_auto"]["fraction"],
-                          "auto_kept": f["keep_auto"]["kept"], "fixed_kept": f["keep_auto"]["fixed_kept"]})
+                s.update({"auto_rule": f["keep_auto"]["rule"], "auto_threshold": f["keep_auto"]["param"],
+                          "auto_fraction": f["keep_auto"]["fraction"], "auto_kept": f["keep_auto"]["kept"],
+                          "fixed_kept": f["keep_auto"]["fixed_kept"]})
         summary.append(s)
+        summary += [{"task": "keep", "method": f"{name} {r['rule']}", "n": f["n"], **r} for r in f.get("keep_rules", [])]
     res["summary"] = summary
     compact(res)
     res["seconds"] = {"wall": time.perf_counter() - t_all, "cpu": time.process_time() - c_all}
@@ -124,7 +162,8 @@ def main() -> int:
         f = res["variants"][v]
         contextual.save(heads[v], WEIGHTS / f"ctx-{v}.safetensors",
                         {"labels": v, "model": a.model, "train": f["train"], "keep_auto": f["keep_auto"] and
-                         f["keep_auto"]["threshold"], "val": {k: f[k] for k in ("n", "mrr", "kept@10", "kept@25")},
+                         f["keep_auto"]["param"], "keep_rule": f["keep_auto"] and f["keep_auto"]["rule"],
+                         "val": {k: f[k] for k in ("n", "mrr", "kept@10", "kept@25")},
                          "command": res["command"], "code": res["code"]})
     for s in summary:
         print({k: round(x, 3) if isinstance(x, float) else x for k, x in s.items()})

@@ -75,6 +75,27 @@ def test_keep_auto_keeps_the_units_above_the_threshold():
         Router.choose(type("R", (Router,), {"score": lambda s, d, q: torch.zeros(4), "name": "r"})(), doc, "q?", "auto")
 
 
+def test_the_relative_keep_rule_keeps_more_where_no_unit_stands_out():
+    from masklab.context.router import Router
+    from masklab.text.document import Document
+    from masklab.text.selection import auto_fraction
+
+    class Relative(Router):
+        name, keep_auto, keep_rule, score_range = "relative", 0.5, "relative", (0.0, 1.0)
+        scores = torch.tensor([0.9, 0.1, 0.6, 0.2])
+
+        def score(self, doc, question):
+            return self.scores
+
+    doc = Document(units=["one two", "three four", "five six", "seven eight"])
+    assert Relative().choose(doc, "q?", "auto").kept == [0, 2]  # at least 0.45
+    Relative.scores = torch.tensor([0.09, 0.01, 0.12, 0.2])  # no unit stands out: the cut falls with the best score
+    assert Relative().choose(doc, "q?", "auto").kept == [2, 3]  # at least 0.1, where a plain 0.5 keeps one unit
+    assert Relative().choose(doc, "q?", 0.25, threshold=0.5).kept == [3]  # --threshold stays a plain score
+    with pytest.raises(MasklabError, match="unknown keep rule 'median'"):
+        auto_fraction(torch.ones(2), [1, 1], 0.5, "median")
+
+
 def _pairs(tmp_path, n):
     docs = tmp_path / "docs"
     docs.mkdir(exist_ok=True)

@@ -87,6 +87,7 @@ class Router:
     fill = True
     use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
     keep_auto: float | None = None  # the score from which keep="auto" keeps a unit (routers that decide how much)
+    keep_rule = "threshold"  # how keep_auto cuts (selection.KEEP_RULES): a score, or a share of the best unit's score
     last_windows = 1  # how many windows the last score() read (a trained router reads a long document in several)
     score_range: tuple[float, float] | None = None  # the bounds of the scores (where a threshold may lie), if any
 
@@ -139,7 +140,8 @@ class Router:
 
     def resolve_keep(self, keep: float | str, scores: Tensor, lengths: list[int], threshold: float | None = None) -> float:
         """``keep`` as a fraction: :data:`~masklab.text.selection.AUTO` (or a ``threshold``) becomes the
-        share of the tokens in the units scoring at least :attr:`keep_auto` (or ``threshold``)."""
+        share of the tokens in the units :attr:`keep_auto` keeps by :attr:`keep_rule` (or scoring at least
+        ``threshold``)."""
         if threshold is not None:
             return auto_fraction(scores, lengths, threshold)
         if keep != AUTO:
@@ -147,7 +149,7 @@ class Router:
         if self.keep_auto is None:
             raise MasklabError(f"keep auto needs a router that decides how much to keep (pruner); {self.name} "
                                "does not: give a fraction")
-        return auto_fraction(scores, lengths, self.keep_auto)
+        return auto_fraction(scores, lengths, self.keep_auto, self.keep_rule)
 
     def choose(self, doc: Document, question: str, keep: float | str, fill: bool | None = None,
                limit: int | None = None, threshold: float | None = None) -> Pruned:

@@ -11,6 +11,7 @@ from masklab.util.errors import MasklabError
 
 
 AUTO = "auto"  # keep "auto": the router decides how much (a pruner's score threshold, chosen on val)
+KEEP_RULES = ("threshold", "relative")  # how a router's keep-auto value cuts: a score, or a share of the best score
 
 
 def check_keep(keep: float | str) -> float | str:
@@ -32,10 +33,13 @@ def parse_keep(text: str) -> float | str:
         raise MasklabError(f"--keep takes a fraction in (0, 1] or auto, got {text!r}") from None
 
 
-def auto_fraction(scores: Tensor, lengths: Sequence[int], threshold: float) -> float:
-    """The share of the tokens in the units scoring at least ``threshold`` (the top unit always
-    counts): the fraction :func:`select` keeps for ``keep="auto"``."""
-    above = scores >= threshold
+def auto_fraction(scores: Tensor, lengths: Sequence[int], threshold: float, rule: str = "threshold") -> float:
+    """The share of the tokens in the units scoring at least ``threshold`` (``rule="relative"``:
+    at least ``threshold`` times the best unit's score, so more units are kept where no unit
+    stands out; the top unit always counts): the fraction :func:`select` keeps for ``keep="auto"``."""
+    if rule not in KEEP_RULES:
+        raise MasklabError(f"unknown keep rule {rule!r}; choose from {', '.join(KEEP_RULES)}")
+    above = scores >= (threshold * float(scores.max()) if rule == "relative" else threshold)
     above[int(scores.argmax())] = True
     return sum(n for n, a in zip(lengths, above.tolist()) if a) / max(1, sum(lengths))
 
