@@ -5,8 +5,8 @@
 For each results file and each pruner router in it (``pruner``, ``pruner-attention``,
 ``pruner-marks``, ``pruner-ctx``, ``pruner-ctx-attention``): every unit whose stored score the
 router's ``keep_auto`` value keeps by its ``keep_rule`` (a score, or a share of the best unit's score;
-both from its shipped ``.json``, chosen on val; the top unit always) is kept, as ``Router.resolve_keep``
-does. Per question: every answering unit kept or not, and the kept fraction of the tokens; summed
+both from its shipped ``.json``, chosen on val; the top unit and its ``context`` neighbours always) is
+kept, as ``Router.resolve_keep`` does. Per question: every answering unit kept or not, and the kept fraction of the tokens; summed
 with Wilson intervals, beside the same router at the file's fixed keeps, with a McNemar test of
 auto against keep 0.25, and a fixed keep of auto's mean kept fraction (``kept@same``: the same mean
 tokens). Writes ``results/pruner/keep_auto.json`` (or ``--out``).
@@ -41,17 +41,19 @@ def main() -> int:
             if name not in res["rows"][0]:
                 continue
             meta = json.loads((ROOT / "masklab" / "context" / "weights" / "pruner" / f"{ROUTERS[name]}.json").read_text())
+            rule, context = meta.get("keep_rule", "threshold"), meta.get("context", 0)
             kept, frac = [], []
             for r in res["rows"]:
                 s = torch.tensor(r[name]["scores"])
-                rule = meta.get("keep_rule", "threshold")
-                k = set(select(s, r["lengths"], auto_fraction(s, r["lengths"], meta["keep_auto"], rule)))
+                k = set(select(s, r["lengths"], auto_fraction(s, r["lengths"], meta["keep_auto"], rule, context),
+                               context=context))
                 kept.append(all(u in k for g in r["gold"] for u in g))
                 frac.append(sum(r["lengths"][i] for i in k) / sum(r["lengths"]))
             n = len(kept)
             lo, hi = wilson(sum(kept), n)
             fixed = [r[name]["0.25"]["kept"] for r in res["rows"]]
-            same = [all(u in set(select(torch.tensor(r[name]["scores"]), r["lengths"], sum(frac) / len(frac)))
+            same = [all(u in set(select(torch.tensor(r[name]["scores"]), r["lengths"], sum(frac) / len(frac),
+                                        context=context))
                         for g in r["gold"] for u in g) for r in res["rows"]]
             summary.append({"task": f"{res['split']}-{res['model']}", "method": name, "n": n, "threshold": meta["keep_auto"],
                             "rule": rule,

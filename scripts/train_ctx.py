@@ -9,7 +9,9 @@ each variant trains in seconds. The label variants are those of ``scripts/train_
 Val (never trained on): the corpus's ``val`` documents and the benchmark's ``val`` split, the writers'
 marks as the truth (``scripts/train_pruner.py``'s figures: MRR, kept@0.1, kept@0.25); the round-5
 pruner is measured beside on the same questions, with paired tests (sign flips on MRR, McNemar on
-kept). ``--keep auto``'s rule: each rule of :data:`RULES` (a plain score threshold, a share of the
+kept). The selection's ``context`` (0, 1 or 2 units on each side of the best one kept right after it) is
+the one with the best val kept@0.1, per variant (the round-5 pruner's is measured too: a rule any ranker
+can use). ``--keep auto``'s rule: each rule of :data:`RULES` (a plain score threshold, a share of the
 best unit's score, a share of the scores' sum) at its parameter whose mean kept fraction on val is
 the smallest keeping the answer at least as often as keep 0.25 does; the rule that needs the fewest
 tokens ships (``keep_rule`` and ``keep_auto`` in its ``.json``), and a fixed keep of each rule's
@@ -43,13 +45,17 @@ RULES = {  # --keep auto's candidate rules: the units kept for a parameter p of 
     "mass": _mass,  # more units where the scores are spread, fewer where one stands out
 }
 GRIDS = {"relative": [i / 100 for i in range(1, 100)], "mass": [i / 100 for i in range(5, 100)]}
+CONTEXTS = (0, 1, 2)  # units on each side of the best one that may be kept right after it
 
 
-def keep_rules(rows: list[dict], target: float) -> list[dict]:
+def keep_rules(rows: list[dict], target: float, context: int = 0) -> list[dict]:
     """Each rule of :data:`RULES` at its parameter whose mean kept fraction is the smallest keeping the
     answer for at least ``target`` of the questions (``keep_auto``'s choice, made for every rule), beside
-    a fixed keep of the same mean fraction (``fixed_kept``) and McNemar's p between the two."""
+    a fixed keep of the same mean fraction (``fixed_kept``) and McNemar's p between the two. A rule's
+    units (the top one and its ``context`` neighbours always) give a fraction that :func:`select` keeps,
+    as ``Router.resolve_keep`` has it."""
     from masklab.lab.stats import mcnemar
+    from masklab.text.selection import around_top, select
 
     scores = [torch.tensor(r["scores"]) for r in rows]
     out = []
@@ -59,18 +65,30 @@ def keep_rules(rows: list[dict], target: float) -> list[dict]:
         for p in grid:
             kept, frac = [], 0.0
             for r, s in zip(rows, scores):
-                keep = set(rule(s, p).nonzero().flatten().tolist()) | {int(s.argmax())}
+                mask = rule(s, p)
+                mask[[int(torch.argsort(s, descending=True, stable=True)[0]), *around_top(s, context)]] = True
+                f = sum(n for n, m in zip(r["lengths"], mask.tolist()) if m) / sum(r["lengths"])
+                keep = set(select(s, r["lengths"], f, context=context))
                 kept.append(all(u in keep for g in r["gold"] for u in g))
-                frac += sum(r["lengths"][i] for i in keep) / sum(r["lengths"]) / len(rows)
+                frac += f / len(rows)
             if sum(kept) >= target * len(rows) and (best is None or frac < best[2]):
                 best = (p, kept, frac)
         if best is None:
             continue
         p, kept, frac = best
-        fixed = _kept(rows, frac)
+        fixed = _kept(rows, frac, context)
         out.append({"rule": name, "param": p, "kept": sum(kept) / len(rows), "fraction": frac,
                     "fixed_kept": sum(fixed) / len(rows), "p_vs_fixed": mcnemar(kept, fixed)})
     return out
+
+
+def choose_context(rows: list[dict]) -> dict:
+    """kept@0.1 and kept@0.25 with each of :data:`CONTEXTS` (the units on each side of the best one kept
+    right after it, :func:`masklab.text.selection.select`), and the one chosen: the best kept@0.1 (ties:
+    the fewer units)."""
+    figs = {k: {f"kept@{round(keep * 100)}": sum(_kept(rows, keep, k)) / len(rows) for keep in (0.1, 0.25)}
+            for k in CONTEXTS}
+    return {"by_context": figs, "context": max(CONTEXTS, key=lambda k: (figs[k]["kept@10"], -k))}
 
 
 def main() -> int:
@@ -114,6 +132,7 @@ def main() -> int:
 
     base = val_figures(lambda question, us: emb.units(us) @ emb.query(question), val, docs, tok)
     base["keep_auto"] = None
+    base.update(choose_context(base["rows"]))  # the same selection rule on the round-5 pruner (a control)
     cfg = contextual.HeadConfig(epochs=a.epochs)
     res = {"command": "python scripts/train_ctx.py " + " ".join(sys.argv[1:]), "model": a.model,
            "code": code_hash("masklab.context.contextual"), "config": cfg.__dict__, "lasso_threshold": threshold,
@@ -129,7 +148,8 @@ def main() -> int:
         t0, c0 = time.perf_counter(), time.process_time()
         fig = val_figures(lambda question, us: contextual.probabilities(head, emb.units(us), emb.query(question)), val,
                           docs, tok)
-        fig["keep_rules"] = keep_rules(fig["rows"], fig["kept@25"])
+        fig.update(choose_context(fig["rows"]))
+        fig["keep_rules"] = keep_rules(fig["rows"], fig["by_context"][fig["context"]]["kept@25"], fig["context"])
         fig["keep_auto"] = min(fig["keep_rules"], key=lambda r: r["fraction"], default=None)  # the fewest tokens
         res["variants"][v] = {"train": rec, "val_wall_s": time.perf_counter() - t0, "val_cpu_s": time.process_time() - c0,
                               "targets_per_question": sum(len(e.target) for e in ex) / len(ex), **fig}
@@ -151,6 +171,10 @@ def main() -> int:
                 s.update({"auto_rule": f["keep_auto"]["rule"], "auto_threshold": f["keep_auto"]["param"],
                           "auto_fraction": f["keep_auto"]["fraction"], "auto_kept": f["keep_auto"]["kept"],
                           "fixed_kept": f["keep_auto"]["fixed_kept"]})
+        s["context"] = f["context"]
+        for k, fig in f["by_context"].items():  # the selection with k units beside the best: a rule any ranker can use
+            s.update({f"{key}_context{k}": x for key, x in fig.items()})
+        s["p_kept@10_context_vs_0"] = mcnemar(_kept(f["rows"], 0.1, f["context"]), _kept(f["rows"], 0.1))
         summary.append(s)
         summary += [{"task": "keep", "method": f"{name} {r['rule']}", "n": f["n"], **r} for r in f.get("keep_rules", [])]
     res["summary"] = summary
@@ -163,6 +187,7 @@ def main() -> int:
         contextual.save(heads[v], WEIGHTS / f"ctx-{v}.safetensors",
                         {"labels": v, "model": a.model, "train": f["train"], "keep_auto": f["keep_auto"] and
                          f["keep_auto"]["param"], "keep_rule": f["keep_auto"] and f["keep_auto"]["rule"],
+                         "context": f["context"],
                          "val": {k: f[k] for k in ("n", "mrr", "kept@10", "kept@25")},
                          "command": res["command"], "code": res["code"]})
     for s in summary:
@@ -184,11 +209,11 @@ def _ranks(rows: list[dict]) -> list[int]:
     return [rank_of(torch.tensor(r["scores"]), r["gold"]) for r in rows]
 
 
-def _kept(rows: list[dict], keep: float) -> list[bool]:
+def _kept(rows: list[dict], keep: float, context: int = 0) -> list[bool]:
     from masklab.text.selection import select
 
-    return [all(u in set(select(torch.tensor(r["scores"]), r["lengths"], keep, fill=True)) for g in r["gold"] for u in g)
-            for r in rows]
+    return [all(u in set(select(torch.tensor(r["scores"]), r["lengths"], keep, fill=True, context=context))
+                for g in r["gold"] for u in g) for r in rows]
 
 
 if __name__ == "__main__":

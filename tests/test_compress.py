@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from masklab.context.router import DEFAULT_ROUTER
 
@@ -47,6 +48,17 @@ def test_word_routers_keep_the_answering_sentence(router, text, question, answer
     assert answering in pruned.text
     assert pruned.kept_fraction <= 0.2 + 1e-9 or len(pruned.kept) == 1
     assert pruned.scores[pruned.doc.units.index(next(u for u in pruned.doc.units if answering in u))] == max(pruned.scores)
+
+
+def test_select_keeps_the_best_units_neighbours_right_after_it():
+    s, lengths = torch.tensor([0.1, 0.2, 0.9, 0.05, 0.3, 0.8]), [10] * 6
+    assert select(s, lengths, 0.34) == [2, 5]
+    assert select(s, lengths, 0.34, context=1) == [2, 3]  # the next unit before the previous, then the next best
+    assert select(s, lengths, 0.5, context=1) == [1, 2, 3]
+    assert select(s, lengths, 0.34, context=1, within=3) == [1, 2]  # unit 3 is another passage's
+    below = torch.tensor([-0.5, 0.9, -0.2, 0.4])
+    assert select(below, [10] * 4, 1.0, fill=False) == [1, 3]  # stops at the first unit below 0
+    assert select(below, [10] * 4, 1.0, fill=False, context=1) == [0, 1, 2, 3]  # the best unit's neighbours stay
 
 
 def test_segment_keeps_spans_and_chunks_text_without_punctuation():

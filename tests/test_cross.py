@@ -206,6 +206,18 @@ def test_a_threshold_keeps_the_units_at_or_above_it_across_passages(decider):
         compress_passages(PASSAGES, "Which unit?", "test-decider", threshold=0.5, target_tokens=10)
 
 
+def test_a_router_with_context_keeps_the_best_units_neighbours_within_its_own_passage(decider, monkeypatch):
+    from masklab.context import compress_passages, prune
+    from masklab.context.router import ROUTERS
+
+    assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [1, 3]
+    monkeypatch.setattr(ROUTERS["test-decider"], "context", 1)
+    assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [3, 4]  # Unit 9 and the next
+    assert prune("Which unit?", TEXT, threshold=0.8, router="test-decider")["kept"] == [2, 3, 4]  # and both beside it
+    out = compress_passages(PASSAGES, "Which unit?", "test-decider", keep=0.4)
+    assert out.kept == [[1], [], [0]]  # Unit 9's passage has no other unit: no neighbour is taken from another
+
+
 def test_the_framework_adapters_take_a_threshold(decider):
     pytest.importorskip("langchain_core")
     from langchain_core.documents import Document

@@ -19,6 +19,15 @@ def test_the_packaged_benchmark_is_frozen_and_complete():
             assert q.text[a:b] in q.evidence
 
 
+def test_the_training_corpus_is_frozen_and_shares_no_document_with_the_benchmark():
+    train, val = realdocs.load("train", realdocs.CORPUS), realdocs.load("val", realdocs.CORPUS)
+    bench = {q.doc for q in realdocs.load("all")}
+    corpus_texts = {q.text for q in train + val}
+    assert not ({q.doc for q in train + val} & bench) and not corpus_texts & {q.text for q in realdocs.load("all")}
+    assert not {q.doc for q in train} & {q.doc for q in val}
+    assert sum(q.kind == "two" for q in train) >= 250 and sum(q.kind == "latest" for q in train) >= 35
+
+
 @pytest.fixture
 def copy(tmp_path):
     root = tmp_path / "realdocs"

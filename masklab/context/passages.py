@@ -153,13 +153,15 @@ def compress_passages(passages: list[str], question: str, router, keep: float | 
     per = [scores[a:b] for a, b in zip(starts, starts[1:])]
     rank = sorted(range(len(docs)), key=lambda p: (-float(per[p].max()), p))
     order = [(p, i) for p in rank for i in range(len(docs[p].units))]  # units of the best passage first
+    ordered, ordered_lengths = torch.stack([per[p][i] for p, i in order]), [lengths[p][i] for p, i in order]
+    within = len(docs[rank[0]].units)  # the top unit's neighbours are its own passage's
     budget_keep, cap = (1.0, target_tokens) if target_tokens is not None else (keep, None)
     if budget_keep == AUTO or threshold is not None:
-        budget_keep = router.resolve_keep(budget_keep, scores, [n for ns in lengths for n in ns], threshold)
+        budget_keep = router.resolve_keep(budget_keep, ordered, ordered_lengths, threshold, within)
     if limit is not None:
         cap = limit if cap is None else min(cap, limit)
-    chosen = select(torch.stack([per[p][i] for p, i in order]), [lengths[p][i] for p, i in order], budget_keep,
-                    fill=(router.fill if fill is None else fill) and threshold is None, limit=cap)
+    chosen = select(ordered, ordered_lengths, budget_keep, fill=(router.fill if fill is None else fill) and threshold is None,
+                    limit=cap, context=router.context, within=within)
     seconds = time.perf_counter() - t0
     kept: list[list[int]] = [[] for _ in docs]
     for j in chosen:

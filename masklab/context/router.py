@@ -88,6 +88,7 @@ class Router:
     use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
     keep_auto: float | None = None  # the score from which keep="auto" keeps a unit (routers that decide how much)
     keep_rule = "threshold"  # how keep_auto cuts (selection.KEEP_RULES): a score, or a share of the best unit's score
+    context = 0  # units on each side of the best unit kept right after it (selection.select)
     last_windows = 1  # how many windows the last score() read (a trained router reads a long document in several)
     score_range: tuple[float, float] | None = None  # the bounds of the scores (where a threshold may lie), if any
 
@@ -138,18 +139,20 @@ class Router:
         if threshold is not None:
             self.check_range(threshold)
 
-    def resolve_keep(self, keep: float | str, scores: Tensor, lengths: list[int], threshold: float | None = None) -> float:
+    def resolve_keep(self, keep: float | str, scores: Tensor, lengths: list[int], threshold: float | None = None,
+                     within: int | None = None) -> float:
         """``keep`` as a fraction: :data:`~masklab.text.selection.AUTO` (or a ``threshold``) becomes the
         share of the tokens in the units :attr:`keep_auto` keeps by :attr:`keep_rule` (or scoring at least
-        ``threshold``)."""
+        ``threshold``), with the :attr:`context` units around the best one (``within``: as
+        :func:`~masklab.text.selection.select`)."""
         if threshold is not None:
-            return auto_fraction(scores, lengths, threshold)
+            return auto_fraction(scores, lengths, threshold, context=self.context, within=within)
         if keep != AUTO:
             return keep
         if self.keep_auto is None:
             raise MasklabError(f"keep auto needs a router that decides how much to keep (pruner); {self.name} "
                                "does not: give a fraction")
-        return auto_fraction(scores, lengths, self.keep_auto, self.keep_rule)
+        return auto_fraction(scores, lengths, self.keep_auto, self.keep_rule, self.context, within)
 
     def choose(self, doc: Document, question: str, keep: float | str, fill: bool | None = None,
                limit: int | None = None, threshold: float | None = None) -> Pruned:
@@ -176,7 +179,7 @@ class Router:
         for scores in many:
             fraction = self.resolve_keep(keep, self.checked(doc, scores), lengths, threshold)
             kept = select(scores, lengths, fraction, fill=(self.fill if fill is None else fill) and threshold is None,
-                          limit=limit)
+                          limit=limit, context=self.context)
             out.append(Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name, list(self.notes)))
         return out
 

@@ -88,6 +88,7 @@ class ContextPruner(Router):
         self.head, self.meta = _load_head(str(self.path))
         self.pruner = (_load_int8 if int8 else _load)(str(WEIGHTS / "causal.safetensors"))[0]
         self.keep_auto, self.keep_rule = self.meta.get("keep_auto"), self.meta.get("keep_rule", "threshold")
+        self.context = self.meta.get("context", 0)  # units beside the best one kept with it (chosen on val)
 
     def score(self, doc, question):
         return self.score_many(doc, [question])[0]
