@@ -9,7 +9,10 @@ both from its shipped ``.json``, chosen on val; the top unit and its ``context``
 kept, as ``Router.resolve_keep`` does. Per question: every answering unit kept or not, and the kept fraction of the tokens; summed
 with Wilson intervals, beside the same router at the file's fixed keeps, with a McNemar test of
 auto against keep 0.25, and a fixed keep of auto's mean kept fraction (``kept@same``: the same mean
-tokens). Writes ``results/pruner/keep_auto.json`` (or ``--out``).
+tokens). And for every router in the file, the selection with the best unit's neighbours (``context``
+1: the unit on each side of the best one kept right after it) against without (``context`` 0), at
+keep 0.1 and 0.25 (McNemar at 0.1): rows of task ``context-SPLIT-MODEL``. Writes
+``results/pruner/keep_auto.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -63,8 +66,29 @@ def main() -> int:
                             "p_auto_vs_25": mcnemar(kept, fixed), "kept@same": sum(same) / n,
                             "p_auto_vs_same": mcnemar(kept, same)})
             print(summary[-1])
+        summary += context_rows(res)
     write_json(out, {"command": "python scripts/keep_auto.py " + " ".join(sys.argv[1:]), "summary": summary})
     return 0
+
+
+def context_rows(res: dict) -> list[dict]:
+    """kept@0.1 and @0.25 of every router of a results file with 0 and 1 units beside the best one kept."""
+    from masklab.lab.stats import mcnemar
+    from masklab.text.selection import select
+
+    out = []
+    for name in [k for k, v in res["rows"][0].items() if isinstance(v, dict) and "scores" in v]:
+        row = {"task": f"context-{res['split']}-{res['model']}", "method": name, "n": len(res["rows"])}
+        kept = {}
+        for keep in (0.1, 0.25):
+            for context in (0, 1):
+                kept[keep, context] = [all(u in set(select(torch.tensor(r[name]["scores"]), r["lengths"], keep,
+                                                           context=context)) for g in r["gold"] for u in g)
+                                       for r in res["rows"]]
+                row[f"kept@{round(keep * 100)}_context{context}"] = sum(kept[keep, context]) / row["n"]
+        row["p_kept@10_context1_vs_0"] = mcnemar(kept[0.1, 1], kept[0.1, 0])
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":
