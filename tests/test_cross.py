@@ -162,6 +162,7 @@ def test_prune_keeps_the_units_at_or_above_the_threshold_and_batches_one_documen
     assert out["scores"] == pytest.approx([0.1, 0.7, 0.3, 0.9, 0.5])
     assert out["compression_rate"] == pytest.approx(1 - out["kept_fraction"]) and 0 < out["compression_rate"] < 1
     assert prune("Which unit?", TEXT, threshold=0.95, router="test-decider")["kept"] == [3]  # the top unit always
+    assert prune("Which unit?", "Unit 2 alone.", threshold=0.95, router="test-decider")["kept"] == [0]  # one unit
     assert prune("Which unit?", TEXT, router="test-decider")["kept"] == [1, 3, 4]  # keep auto: the router's own 0.5
     decider.clear()
     many = prune(["Which unit?", "Another?", "A third?"], [TEXT, TEXT, "Unit 2 alone."], threshold=0.5,
