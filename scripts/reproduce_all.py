@@ -318,6 +318,7 @@ REPRODUCTIONS = [
     Reproduction("realdocs-fusion", [["scripts/choose_fusion.py"]]),
     # the pruner: causal and attention labels of the training corpus (resumable, CPU-hours), then its training
     Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shard", "0/2"], ["scripts/label_corpus.py", "--shard", "1/2"],
+                                   ["scripts/label_corpus.py"],  # questions added after the shards ran
                                    ["scripts/label_corpus.py", "--split", "val"], ["scripts/label_agreement.py"],
                                    ["scripts/label_agreement.py", "--split", "val"],
                                    ["scripts/label_corpus.py", "--model", "gemma3-270m", "--split", "val"],

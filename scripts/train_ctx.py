@@ -138,6 +138,7 @@ def main() -> int:
            "code": code_hash("masklab.context.contextual"), "config": cfg.__dict__, "lasso_threshold": threshold,
            "keepset_gain": KEEPSET_GAIN, "labelled": len(lasso), "keepset_labelled": len(keepset),
            "keepset_kinds": sorted({r["kind"] for r in keepset.values()}), "val_questions": len(val),
+           "train_kinds": {k: sum(corpus[i].kind == k for i in lasso) for k in ("single", "two", "latest")},
            "embed_seconds": embed_s, "variants": {"pruner-round5": base}}
     heads = {}
     for v in variants:
@@ -176,7 +177,7 @@ def main() -> int:
             s.update({f"{key}_context{k}": x for key, x in fig.items()})
         s["p_kept@10_context_vs_0"] = mcnemar(_kept(f["rows"], 0.1, f["context"]), _kept(f["rows"], 0.1))
         summary.append(s)
-        summary += [{"task": "keep", "method": f"{name} {r['rule']}", "n": f["n"], **r} for r in f.get("keep_rules", [])]
+        summary += [{"task": f"keep-{name}", "method": r["rule"], "n": f["n"], **r} for r in f.get("keep_rules", [])]
     res["summary"] = summary
     compact(res)
     res["seconds"] = {"wall": time.perf_counter() - t_all, "cpu": time.process_time() - c_all}
