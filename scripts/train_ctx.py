@@ -101,6 +101,7 @@ def main() -> int:
     from masklab.lab.revision import code_hash
     from masklab.lab.stats import mcnemar, wilson
     from train_cross import KEEPSET_GAIN, VARIANTS, material, targets
+    from masklab.text.selection import KEEP_RULES
     from train_pruner import val_figures
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -151,7 +152,8 @@ def main() -> int:
                           docs, tok)
         fig.update(choose_context(fig["rows"]))
         fig["keep_rules"] = keep_rules(fig["rows"], fig["by_context"][fig["context"]]["kept@25"], fig["context"])
-        fig["keep_auto"] = min(fig["keep_rules"], key=lambda r: r["fraction"], default=None)  # the fewest tokens
+        fig["keep_auto"] = min((r for r in fig["keep_rules"] if r["rule"] in KEEP_RULES), key=lambda r: r["fraction"],
+                               default=None)  # of the rules a router reads, the one needing the fewest tokens
         res["variants"][v] = {"train": rec, "val_wall_s": time.perf_counter() - t0, "val_cpu_s": time.process_time() - c0,
                               "targets_per_question": sum(len(e.target) for e in ex) / len(ex), **fig}
         print(v, {k: round(fig[k], 3) for k in ("mrr", "kept@10", "kept@25")}, fig["keep_auto"], file=sys.stderr)
