@@ -56,7 +56,7 @@ class CompressConfig:
                                 "question and the units")
     int8: bool = flag(False, help="pruner, pruner-ctx: the pruner's encoder with its linear layers in int8 (torch "
                       "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
-                      "MRR within 0.01 (docs/context.md)")
+                      "MRR close to float's (docs/context.md)")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where they score below 0 "
                       "(--no-fill: stop at the first unit scored below 0: a cosine below 0 for the embedding "
                       "routers and the pruner, \"not evidence\" for a trained router)")

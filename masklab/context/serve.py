@@ -66,7 +66,7 @@ class ServeConfig:
                                 help="the dense routers' sentence-transformers model folder")
     int8: bool = flag(False, help="pruner, pruner-ctx: the pruner's encoder with its linear layers in int8 (torch "
                       "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
-                      "MRR within 0.01 (docs/context.md)")
+                      "MRR close to float's (docs/context.md)")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
                       "scores them as not evidence (--no-fill: stop at its decision boundary)")
     unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens (as masklab compress --unit-tokens)")

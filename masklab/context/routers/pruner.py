@@ -82,7 +82,7 @@ class ContextPruner(Router):
 
     def __init__(self, lm=None, path: str | Path | None = None, int8: bool = False) -> None:
         """``int8``: the round-5 encoder's linear layers in int8 (``torch.ao`` dynamic quantisation):
-        about half the first question's time on a CPU, val MRR within 0.01 (docs/context.md)."""
+        about half the first question's time on a CPU, val MRR close to float's (docs/context.md)."""
         super().__init__(lm)
         self.path = Path(path) if path is not None else WEIGHTS / f"ctx-{self.labels}.safetensors"
         self.head, self.meta = _load_head(str(self.path))
