@@ -178,8 +178,8 @@ def test_int8_scores_with_the_quantised_encoder(tmp_path, capsys):
     int8 = load_router("pruner-ctx", int8=True).score(doc, "Who approved the budget?").tolist()
     float_ = load_router("pruner-ctx").score(doc, "Who approved the budget?").tolist()
     assert res["scores"] == pytest.approx(int8) and res["scores"] != pytest.approx(float_, abs=1e-6)
-    assert all(res["scores"][i] >= 0.2 or i == max(range(len(doc.units)), key=res["scores"].__getitem__)
-               for i in res["kept"])
+    top, context = max(range(len(doc.units)), key=res["scores"].__getitem__), load_router("pruner-ctx").context
+    assert all(res["scores"][i] >= 0.2 or abs(i - top) <= context for i in res["kept"])
 
 
 @needs_smol
@@ -260,10 +260,13 @@ def test_several_passages_where_the_pruner_decides_how_much(tmp_path, capsys, bu
     code, out, _ = run(capsys, "--context", *map(str, paths), "--question", "Who approved the budget?", "--router",
                        "pruner-ctx", *budget, "--json")
     res = json.loads(out)
-    cut = 0.3 if budget[0] == "--threshold" else load_router("pruner-ctx").keep_auto
-    assert code == 0 and ANSWERING in res["pruned_text"] and res["kept"]
+    r = load_router("pruner-ctx")
     top = max(range(len(res["scores"])), key=res["scores"].__getitem__)
-    assert all(res["scores"][i] >= cut or i == top for i in res["kept"])  # nothing below the threshold
+    relative = budget[0] == "--keep" and r.keep_rule == "relative"
+    cut = 0.3 if budget[0] == "--threshold" else r.keep_auto * (res["scores"][top] if relative else 1)
+    assert code == 0 and ANSWERING in res["pruned_text"] and res["kept"]
+    near = range(top - r.context, top + r.context + 1)  # the best unit and the neighbours kept with it
+    assert all(res["scores"][i] >= cut or i in near for i in res["kept"])  # nothing else below the cut
     assert res["kept_fraction"] < 1 and not any(n.startswith("the passages are") for n in res["notes"])
 
 
