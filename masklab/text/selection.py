@@ -76,9 +76,10 @@ def select(scores: Tensor, lengths: Sequence[int], keep: float, fill: bool = Tru
     kept: list[int] = []
     used = 0
     order = torch.argsort(scores, descending=True, stable=True).tolist()
-    near = set(around_top(scores, context, within)) if context else set()
+    beside = around_top(scores, context, within)
+    near = set(beside)
     if near:
-        order = order[:1] + around_top(scores, context, within) + [i for i in order[1:] if i not in near]
+        order = order[:1] + beside + [i for i in order[1:] if i not in near]
     for i in order:
         if kept and not fill and scores[i] < 0 and i not in near:
             break
