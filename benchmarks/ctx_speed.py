@@ -13,7 +13,7 @@ SmolLM2 tokens) and the benchmark's questions about it. Each round, in turn, on 
   ``ctx_int8_first``: the same with the encoder's linear layers in int8 (``load_router("pruner-ctx", int8=True)``);
 * ``ctx_next``: one more question on the document it has embedded;
 * ``ctx_one_by_one`` / ``ctx_batch``: ``--batch`` questions on a fresh document, one call each or one
-  ``score_many`` call, per question;
+  ``read`` call, per question;
 * ``cross_first``: the token-level cross-encoder of ``scripts/train_cross.py`` (every window of the document
   read with the question), when ``results/cross/lasso.safetensors`` is there.
 
@@ -92,7 +92,7 @@ def main() -> int:
         fresh()
         times["ctx_one_by_one"].append(timed(lambda: [ctx.score(doc, x) for x in batch]) / len(batch))
         fresh()
-        times["ctx_batch"].append(timed(lambda: ctx.score_many(doc, batch)) / len(batch))
+        times["ctx_batch"].append(timed(lambda: ctx.read(doc, batch)) / len(batch))
         if cross is not None:
             with torch.no_grad():
                 times["cross_first"].append(timed(lambda: cross.logits(q, doc.units)))

@@ -95,7 +95,7 @@ def main() -> int:
     from masklab.context import contextual
     from masklab.lab.train_pruner import shipped_recipe
     from masklab.lab.realdocs import sign_flip_p
-    from masklab.context.routers.pruner import WEIGHTS, _load
+    from masklab.context.routers.pruner import WEIGHTS, cached_pruner
     from masklab.util.files import write_json
     from masklab.pretrained.models import load
     from masklab.lab.revision import code_hash
@@ -119,7 +119,7 @@ def main() -> int:
     t_all, c_all = time.perf_counter(), time.process_time()
     tok = load(a.model, threads=a.threads).tokenizer
     lasso, keepset, corpus, val, docs = material(a.model, tok)
-    pruner, _ = _load(str(WEIGHTS / "causal.safetensors"))
+    pruner, _ = cached_pruner(str(WEIGHTS / "causal.safetensors"))
     emb = pruner.embedder
     t0 = time.perf_counter()
     needed = {corpus[i].doc for i in lasso} | {q.doc for q in val}

@@ -15,7 +15,7 @@ from masklab.context.router import DEFAULT_ROUTER
 
 from conftest import HAVE_GEMMA, needs_smol
 from masklab.cli import main
-from masklab.context import Document, load_router, segment, select
+from masklab.context import Document, Request, load_router, segment, select
 
 REPORT = """Minutes of the Riverside Library board meeting, held on the third of March.
 
@@ -44,7 +44,7 @@ shares_smol = pytest.mark.usefixtures("shared_loads")
     (TRAVEL, "Who works as a baker?", "In Porto we stayed with an old friend who works as a baker."),
 ])
 def test_word_routers_keep_the_answering_sentence(router, text, question, answering):
-    pruned = load_router(router).prune(text, question, keep=0.2)
+    pruned = load_router(router).prune(Request(question, text, fraction=0.2))
     assert answering in pruned.text
     assert pruned.kept_fraction <= 0.2 + 1e-9 or len(pruned.kept) == 1
     assert pruned.scores[pruned.doc.units.index(next(u for u in pruned.doc.units if answering in u))] == max(pruned.scores)
@@ -229,7 +229,7 @@ def test_html_page_highlights_the_kept_units_in_a_browser(tmp_path, capsys):
         return int(((a[..., 0] > 240) & (a[..., 1] > 200) & (a[..., 1] < 235) & (a[..., 2] < 130)).sum())  # the kept units' yellow
 
     assert highlighted(tmp_path / "p.html") > 2000
-    pruned = load_router("bm25").prune(REPORT, "Who approved the budget?", keep=0.2)
+    pruned = load_router("bm25").prune(Request("Who approved the budget?", REPORT, fraction=0.2))
     pruned.kept = []  # the same page with nothing kept has no highlight
     (tmp_path / "none.html").write_text(page(pruned, "Who approved the budget?"))
     assert highlighted(tmp_path / "none.html") == 0

@@ -128,7 +128,7 @@ def test_keepset_labels_read_each_unit_alone_batched_as_one_by_one(tiny_folders)
 @pytest.fixture
 def decider():
     """A throw-away router that decides how much to keep: a unit's score is its digit / 10,
-    counting the calls of score_many (one per document, however many questions)."""
+    counting the calls of read (one per document, however many questions)."""
     from masklab.context.router import ROUTERS, Router
     from masklab.context.api import _router
 
@@ -142,9 +142,9 @@ def decider():
         def score(self, doc, question):
             return torch.tensor([int("".join(c for c in u if c.isdigit()) or 0) / 10 for u in doc.units])
 
-        def score_many(self, doc, questions):
+        def read(self, doc, questions):
             calls.append(len(questions))
-            return super().score_many(doc, questions)
+            return super().read(doc, questions)
 
     yield calls
     del ROUTERS["test-decider"]
@@ -191,32 +191,38 @@ def test_prune_refuses_bad_input_with_one_message(decider, kwargs, message):
 PASSAGES = ["Unit 1 is here. Unit 7 is here.", "Unit 3 is here. Unit 2 is here.", "Unit 9 is here."]
 
 
-def test_a_threshold_keeps_the_units_at_or_above_it_across_passages(decider):
-    from masklab.context import compress_passages
-    from masklab.integrations import Pruner
+def passages_pruned(**budget):
+    """:data:`PASSAGES` pruned within one budget by the decider."""
+    from masklab.context import Request, load_router
 
-    out = compress_passages(PASSAGES, "Which unit?", "test-decider", threshold=0.5)
-    assert out.kept == [[1], [], [0]] and out.texts == ["Unit 7 is here.", "", "Unit 9 is here."]
+    return load_router("test-decider").prune(Request.of("Which unit?", PASSAGES, router="test-decider", **budget))
+
+
+def test_a_threshold_keeps_the_units_at_or_above_it_across_passages(decider):
+    from masklab.integrations import Adapter
+
+    out = passages_pruned(threshold=0.5)
+    assert out.passage_kept == [[1], [], [0]] and out.texts == ["Unit 7 is here.", "", "Unit 9 is here."]
     assert out.to_json()["threshold"] == 0.5
-    assert compress_passages(PASSAGES, "Which unit?", "test-decider", threshold=0.95).kept == [[], [], [0]]  # the top unit
-    assert compress_passages(PASSAGES, "Which unit?", "test-decider", keep="auto").kept == [[1], [], [0]]  # its own 0.5
-    assert compress_passages(PASSAGES, "Which unit?", "test-decider", keep=0.25).kept == [[], [], [0]]  # a fraction
-    kept = Pruner("test-decider", threshold=0.25).kept(PASSAGES, "Which unit?")
+    assert passages_pruned(threshold=0.95).passage_kept == [[], [], [0]]  # the top unit
+    assert passages_pruned(keep="auto").passage_kept == [[1], [], [0]]  # its own 0.5
+    assert passages_pruned(keep=0.25).passage_kept == [[], [], [0]]  # a fraction
+    kept = Adapter("test-decider", threshold=0.25).kept(PASSAGES, "Which unit?")
     assert [(i, text) for i, text, _ in kept] == [(0, "Unit 7 is here."), (1, "Unit 3 is here."), (2, "Unit 9 is here.")]
     with pytest.raises(MasklabError, match="each set the budget"):
-        compress_passages(PASSAGES, "Which unit?", "test-decider", threshold=0.5, target_tokens=10)
+        passages_pruned(threshold=0.5, target_tokens=10)
 
 
 def test_a_router_with_context_keeps_the_best_units_neighbours_within_its_own_passage(decider, monkeypatch):
-    from masklab.context import compress_passages, prune
+    from masklab.context import prune
     from masklab.context.router import ROUTERS
 
     assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [1, 3]
     monkeypatch.setattr(ROUTERS["test-decider"], "context", 1)
     assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [3, 4]  # Unit 9 and the next
     assert prune("Which unit?", TEXT, threshold=0.8, router="test-decider")["kept"] == [2, 3, 4]  # and both beside it
-    out = compress_passages(PASSAGES, "Which unit?", "test-decider", keep=0.4)
-    assert out.kept == [[1], [], [0]]  # Unit 9's passage has no other unit: no neighbour is taken from another
+    out = passages_pruned(keep=0.4)
+    assert out.passage_kept == [[1], [], [0]]  # Unit 9's passage has no other unit: no neighbour is taken from another
 
 
 def test_the_framework_adapters_take_a_threshold(decider):

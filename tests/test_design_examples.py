@@ -170,13 +170,13 @@ def test_architecture_example_makes_a_new_model_type_work():
 
 
 def test_context_router_example_prunes_a_text():
-    from masklab.context import load_router
+    from masklab.context import Request, load_router
     from masklab.context.router import ROUTERS
 
     run_example("context-router")
     try:
-        pruned = load_router("shortest").prune("A much longer first sentence than the rest here. Short one. Tiny.",
-                                               "anything?", keep=0.3)
+        pruned = load_router("shortest").prune(Request("anything?", "A much longer first sentence than the rest here. "
+                                                       "Short one. Tiny.", fraction=0.3))
         assert pruned.doc.units[pruned.kept[0]] == "Tiny." and pruned.kept_fraction <= 0.3 + 1e-9
     finally:
         del ROUTERS["shortest"]

@@ -46,7 +46,7 @@ class Fixed(Router):
 
 
 class FusedFixed(Fused):
-    needs_model = False
+    reads_model = False
     other_cls = Fixed
 
 

@@ -1,4 +1,4 @@
-"""One router contract: every router ranks units through ``score`` (``Router.choose`` is the
+"""One router contract: every router ranks units through ``score`` (``Router.prune`` is the
 same for all), the product's registry holds only product routers (the lab's controls and
 references register in masklab.lab.routers), and no caller branches on a router's name or
 probes a router's attributes."""
@@ -66,10 +66,11 @@ def attribute_probes(tree: ast.AST) -> list[str]:
             and n.args and "router" in ast.unparse(n.args[0]).lower()]
 
 
-def test_no_router_overrides_choose():
+def test_no_router_overrides_how_a_request_is_pruned():
     every = [ROUTERS[n] for n in ROUTERS] + [LAB_ROUTERS[n] for n in LAB_ROUTERS]
     assert all(issubclass(cls, Router) for cls in every)
-    assert [cls.name for cls in every if cls.choose is not Router.choose] == []
+    for method in ("choose", "prune", "prune_all", "checked"):
+        assert [cls.name for cls in every if getattr(cls, method) is not getattr(Router, method)] == [], method
     assert not any(issubclass(REWRITERS[n], Router) for n in REWRITERS)  # a rewriter ranks no units: no Router
 
 
@@ -114,7 +115,7 @@ def test_the_checks_find_what_they_look_for():
 def test_one_score_per_unit_is_checked_for_one_document_and_for_passages():
     import torch
 
-    from masklab.context import compress_passages
+    from masklab.context import Request
     from masklab.text.document import Document
     from masklab.util.errors import MasklabError
 
@@ -127,4 +128,4 @@ def test_one_score_per_unit_is_checked_for_one_document_and_for_passages():
     with pytest.raises(MasklabError, match=r"returned scores of shape \(1,\) for 2 units; expected \(2,\)"):
         Short().choose(Document(units=["One fact.", "Two facts."]), "Which?", 0.5)
     with pytest.raises(MasklabError, match=r"returned scores of shape \(1,\) for 2 units; expected \(2,\)"):
-        compress_passages(["One fact.", "Two facts."], "Which?", Short())
+        Short().prune(Request("Which?", ["One fact.", "Two facts."], router=Short))

@@ -87,8 +87,9 @@ def test_scores_equal_the_transformers_attention_path(models, kind, features, la
 
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, arch.LONG_ATTN,
                         lambda *a, **kw: calls.append(kw.get("sliding_window")) or real(*a, **kw))
-    fast = r.score(doc, QUESTION)
-    assert r.last_windows == 1 and len(calls) == layers  # the fast function ran in every layer read
+    read = r.read(doc, [QUESTION])
+    fast = read.values[0]
+    assert read.windows == 1 and len(calls) == layers  # the fast function ran in every layer read
     if kind == "gemma3_text":
         assert calls[0] == 4  # Gemma's first layer slides
     monkeypatch.setattr(arch, "_fast_pass", lambda model: False)
@@ -111,9 +112,10 @@ def test_a_bar_counts_the_windows_of_a_long_document_only_with_progress(models, 
     quiet = router(lm, "v3-relative", 1).score(doc, QUESTION)
     assert "window" not in capsys.readouterr().err
     r = router(lm, "v3-relative", 1, progress=True)
-    loud = r.score(doc, QUESTION)
+    read = r.read(doc, [QUESTION])
+    loud, n = read.values[0], read.windows
     err = capsys.readouterr().err
-    assert r.last_windows > 2 and f"{r.last_windows}/{r.last_windows}" in err and "window" in err
+    assert n > 2 and f"{n}/{n}" in err and "window" in err
     assert torch.equal(quiet, loud)
     r.score(Document(units=UNITS[:3]), QUESTION)  # one window: no bar
     assert capsys.readouterr().err == ""

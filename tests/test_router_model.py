@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 from conftest import needs_smol, save_tiny_folder as save_folder  # noqa: E402
 from masklab.cli import main  # noqa: E402
-from masklab.context import Document, load_router  # noqa: E402
+from masklab.context import Document, Request, load_router  # noqa: E402
 from masklab.util.errors import MasklabError  # noqa: E402
 from masklab.pretrained.models import load  # noqa: E402
 
@@ -50,7 +50,7 @@ def test_a_folder_without_a_router_is_ranked_by_smollm2_and_counts_its_own_token
     assert res["scores"] == pytest.approx(load_router("evidence", smol).score(doc, QUESTION).tolist(), abs=1e-6)
     r = load_router("evidence", mine, router_model="smollm2-135m")  # the Python API, explicitly
     assert r.reader.name == "smollm2-135m" and r.tokenizer is mine.tokenizer and "ships no" not in r.notes[0]
-    pruned = r.prune(TEXT, QUESTION, keep=0.4)
+    pruned = r.prune(Request(QUESTION, TEXT, fraction=0.4))
     assert pruned.notes == r.notes and pruned.lengths == res["unit_tokens"]
 
 

@@ -18,61 +18,53 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from masklab.text.document import UNIT_TOKENS
-from masklab.pretrained.models import DEFAULT_MODEL
-from masklab.util.errors import MasklabError
-from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
+from masklab.context.compress import SharedFlags
 from masklab.context.router import DEFAULT_ROUTER
 from masklab.text.inputs import MAX_CONTEXT_BYTES, check_question, read_passages
-from masklab.text.selection import AUTO, parse_keep
+from masklab.text.selection import parse_keep
+from masklab.util.errors import MasklabError
+from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
 
 LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole document says so on stderr first
+ROUTER_HELP = (f"the router (default {DEFAULT_ROUTER}): pruner-ctx, pruner, dense, bm25+dense, bm25, lexical, evidence, "
+               "bm25+evidence, or a kvpress press (snapkv, ...: only with --answer); `masklab compress --list-routers` "
+               "lists them")  # tests/test_compress.py: every router named here is accepted
+# how the CLI names a request's fields in its messages (masklab.context.router.Request.names)
+FLAG_NAMES = {"fraction": "--keep", "tokens": "--target-tokens", "threshold": "--threshold", "auto": "--keep auto",
+              "path": "--router-file", "int8": "--int8", "embedder": "--embedder", "router_model": "--router-model"}
 
 
 @dataclass
-class CompressConfig:
+class CompressConfig(SharedFlags):
     context: list[str] = dataclasses.field(default_factory=list)  # --context (add_parser): files, folders, JSON, -
     question: str = flag("", help="the question the kept text must answer")
-    model: str = flag(DEFAULT_MODEL, help="registered model (see `masklab models`) or a model directory")
     keep: float | str = flag(0.25, above=0, max=1, parse=parse_keep, metavar="FRACTION|auto",
-                             help="kept fraction of the context's tokens, or auto: the pruner keeps the units it "
-                             "labels as needed (--target-tokens, when given, is the budget instead)")
+                             help="kept fraction of the context's tokens, or auto: the router keeps the units it "
+                             "labels as needed (a router that decides how much; --target-tokens or --threshold, when "
+                             "given, is the budget instead)")
     target_tokens: int | None = flag(None, min=1, metavar="N", help="keep at most N tokens of context (counted with "
                                      "the model's tokenizer) instead of a fraction; wins over --keep")
     threshold: float | None = flag(None, metavar="T", help="keep every unit the router scores at least T (the top unit "
                                    "always), as Provence does; for the routers that decide how much (pruner-ctx: keep "
                                    "probabilities in [0, 1]; pruner: cosines in [-1, 1]); wins over --keep")
-    router: str = flag(DEFAULT_ROUTER, help="pruner, dense, bm25, bm25+dense, lexical, evidence, attention, or a kvpress press (snapkv, ...: only "
-                       "with --answer); `masklab compress --list-routers` lists them")
-    router_file: str | None = flag(None, metavar="PATH", help="evidence/attention/pruner: a router file made by "
-                                   "`masklab train-router` (the OUT/NAME.safetensors it prints) instead of the one "
-                                   "masklab ships")
+    router: str = flag(DEFAULT_ROUTER, help=ROUTER_HELP)
+    router_file: str | None = flag(None, metavar="PATH", help="pruner, pruner-ctx, evidence, bm25+evidence: a router "
+                                   "file made by `masklab train-router` (the OUT/NAME.safetensors it prints) instead of "
+                                   "the one masklab ships")
     router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router, else smollm2-135m's",
-                                    help="evidence/attention: the packaged model (or model directory with a "
+                                    help="evidence, bm25+evidence: the packaged model (or model directory with a "
                                     "--router-file) whose first layers and router rank the units; --model still "
                                     "answers and counts the budget's tokens")
-    embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
-                                help="dense, bm25+dense: a local sentence-transformers model folder that embeds the "
-                                "question and the units")
-    int8: bool = flag(False, help="pruner, pruner-ctx: the pruner's encoder with its linear layers in int8 (torch "
-                      "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
-                      "MRR close to float's (docs/context.md)")
-    fill: bool = flag(True, help="fill the kept fraction with the next-best units even where they score below 0 "
-                      "(--no-fill: stop at the first unit scored below 0: a cosine below 0 for the embedding "
-                      "routers and the pruner, \"not evidence\" for a trained router)")
-    unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: list items, tables and code stay whole up to "
-                            "this many; longer sentences and blocks are cut into chunks of at most this many")
     answer: bool = flag(False, help="also answer the question from the pruned text (greedy) and time it")
     compare_full: bool = flag(False, help="also answer from the whole document and time it")
-    max_new_tokens: int = flag(48, min=1, help="longest answer in tokens (answers stop at the end of their first sentence)")
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="the model's own",
-                                     help="raw completion or the model's chat turns")
+    max_new_tokens: int = flag(48, min=1, help="longest answer in tokens (answers stop at the end of their first "
+                               "sentence)")
     encoding: str | None = flag(None, default_text="utf-8", help="text encoding of the document, e.g. latin-1")
-    max_context_bytes: int = flag(MAX_CONTEXT_BYTES, min=1, help="refuse larger documents (a guard against the wrong file)")
+    max_context_bytes: int = flag(MAX_CONTEXT_BYTES, min=1, help="refuse larger documents (a guard against the wrong "
+                                  "file)")
     json: bool = flag(False, help="print one JSON object instead of text")
     html: str | None = flag(None, metavar="FILE", help="also write a page showing the document with the kept "
                             "units highlighted and every unit's score")
-    threads: int = flag(1, min=1, help="torch threads")
     progress: bool = flag(True, help="a progress bar on standard error while a trained router reads a long document "
                           "window by window")
 
@@ -91,37 +83,32 @@ def add_parser(sub) -> None:
 
 
 def check(cfg: CompressConfig) -> None:
-    """Every option, before anything is read or loaded."""
+    """Every option that needs no document, before anything is read or loaded."""
     from masklab.context.presses import PRESSES
-    from masklab.context.routers import DECIDING, ROUTERS, TRAINED, check_embedder
+    from masklab.context.router import router_class
 
     if not cfg.context:
         raise MasklabError("--context is required (a text file, several, a folder, a JSON list, or - for standard input)")
     check_question(cfg.question)
     check_ranges(cfg)
-    if cfg.router not in PRESSES:
-        ROUTERS[cfg.router]  # noqa: B018  (unknown router: one clear error)
-    if cfg.router_file and cfg.router not in TRAINED + DECIDING:
-        raise MasklabError(f"--router-file is for the trained routers (--router {', '.join(TRAINED + DECIDING)})")
-    if cfg.router_model and cfg.router not in TRAINED:
-        raise MasklabError(f"--router-model is for the trained routers (--router {', '.join(TRAINED)})")
-    check_embedder(cfg.router, cfg.embedder, "--embedder")
-    if cfg.threshold is not None:
-        if cfg.router not in DECIDING:
-            raise MasklabError(f"--threshold needs a router that decides how much to keep (--router {', '.join(DECIDING)})")
-        if cfg.target_tokens is not None:
-            raise MasklabError("--threshold and --target-tokens each set the budget: give one")
-        ROUTERS[cfg.router].check_range(cfg.threshold)
-    if cfg.int8 and cfg.router not in DECIDING:
-        raise MasklabError(f"--int8 quantises the pruner's encoder (--router {', '.join(DECIDING)})")
-    if cfg.keep == AUTO and cfg.router not in DECIDING:
-        raise MasklabError(f"--keep auto needs a router that decides how much to keep (--router {', '.join(DECIDING)})")
+    router_class(cfg.router)  # an unknown router: one clear error
     if cfg.router in PRESSES and not cfg.answer:
         raise MasklabError(f"{cfg.router} is a KV-cache press: it prunes the model's cache, not the text; add --answer")
     if cfg.html and not Path(cfg.html).expanduser().resolve().parent.is_dir():
         raise MasklabError(f"cannot write the page {cfg.html}: its folder does not exist")
     if cfg.html and cfg.router in PRESSES:
         raise MasklabError(f"--html highlights the kept units; {cfg.router} keeps none (it prunes the cache)")
+
+
+def request_of(cfg: CompressConfig, passages: list[str]):
+    """The :class:`~masklab.context.router.Request` of ``cfg`` on ``passages``: its budget and
+    options checked against what the router declares."""
+    from masklab.context.router import Request
+
+    options = {"path": cfg.router_file, "int8": cfg.int8, "embedder": cfg.embedder, "router_model": cfg.router_model,
+               "progress": cfg.progress}
+    return Request.of(cfg.question, passages, keep=cfg.keep, target_tokens=cfg.target_tokens, threshold=cfg.threshold,
+                      fill=cfg.fill, options=options, unit_tokens=cfg.unit_tokens, router=cfg.router, names=FLAG_NAMES)
 
 
 def check_passages(cfg: CompressConfig) -> None:
@@ -142,7 +129,7 @@ def list_routers() -> None:
 
     for name in ROUTERS:
         cls = ROUTERS[name]
-        what = "reads the model" if cls.needs_model else "reads no model (only its tokenizer, to count tokens)"
+        what = "reads the model" if cls.reads_model else "reads no model (only its tokenizer, to count tokens)"
         use = cls.use
         print(f"{name:<26}{what}" + (f"\n{'':<26}for: {use}" if use else ""))
     for name in PRESSES:
@@ -150,8 +137,8 @@ def list_routers() -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from masklab.util import device as devices
     from masklab.pretrained.models import check_models, check_prompt_format, load
+    from masklab.util import device as devices
 
     if args.list_routers:
         list_routers()
@@ -163,69 +150,59 @@ def main(args: argparse.Namespace) -> int:
     texts, several = read_passages(cfg.context, cfg.encoding, cfg.max_context_bytes)
     if several:
         check_passages(cfg)
+    req = request_of(cfg, texts)
     check_models([cfg.model] + ([cfg.router_model] if cfg.router_model else []))
-    question = check_question(cfg.question)
     lm = load(cfg.model, threads=cfg.threads, prompt_format=cfg.prompt_format, device=dev)
     with devices.autocast(dev, args.precision):
-        return compress(cfg, lm, texts if several else texts[0], question)
+        return compress(cfg, lm, req)
 
 
-def compress(cfg: CompressConfig, lm, text: str | list[str], question: str) -> int:
-    """Prune ``text`` (one document, or a list of passages) for ``question`` with ``lm``
-    loaded (:mod:`masklab.context.compress`); print what ``cfg`` asks for. In text mode the
-    pruned text and its answer are printed before the whole document is answered
-    (``--compare-full``)."""
-    from masklab.context.answer import answer_budget
-    from masklab.context.compress import prune_document, prune_passages
+def compress(cfg: CompressConfig, lm, req) -> int:
+    """Prune ``req`` (one document, or several passages) with ``lm`` loaded; print what ``cfg``
+    asks for. In text mode the pruned text and its answer are printed before the whole document
+    is answered (``--compare-full``)."""
+    from masklab.context.compress import fit_window, render
     from masklab.context.presses import PRESSES
-    from masklab.context.routers import DECIDING, TRAINED, load_router
-    from masklab.text.document import segment
+    from masklab.context.router import router_class, router_options
+    from masklab.context.routers import load_router
 
-    window, overhead = answer_budget(lm, question, cfg.max_new_tokens)
-    budget = {"keep": cfg.keep, "target_tokens": cfg.target_tokens, "unit_tokens": cfg.unit_tokens, "fill": cfg.fill,
-              "max_new_tokens": cfg.max_new_tokens}
-
-    def check_full(total: int, what: str, whole: str = "it") -> None:
-        if cfg.compare_full and total + overhead > window:
-            raise MasklabError(f"{what} and {lm.name} reads {window} at once: --compare-full cannot answer from "
-                               f"{whole} (drop --compare-full)")
-
-    doc = None if isinstance(text, list) else segment(text, lm.tokenizer, cfg.unit_tokens)
-    if doc is not None:
-        total = sum(doc.lengths(lm.tokenizer))
-        check_full(total, f"the whole document is {total} tokens")
-        if cfg.router in PRESSES:
-            return compress_press(cfg, lm, PRESSES[cfg.router](lm), doc, total, question, window, overhead)
-    trained = {"progress": cfg.progress, "router_model": cfg.router_model,
-               **({"path": cfg.router_file} if cfg.router_file else {})}
-    own = {**({"path": cfg.router_file} if cfg.router_file else {}), **({"int8": True} if cfg.int8 else {})}
-    router = load_router(cfg.router, lm, embedder=cfg.embedder,
-                         **(trained if cfg.router in TRAINED else own if cfg.router in DECIDING else {}))
-    if doc is None:
-        pruned, out = prune_passages(lm, router, text, question, **budget, threshold=cfg.threshold)
-        total = pruned.origin_tokens
-        check_full(total + len(text), f"the passages are {total} tokens together", "all of them")
-        summary = (f"kept {len(out['kept'])} of {len(out['units'])} units in {sum(1 for k in pruned.kept if k)} of "
-                   f"{len(text)} passages, {pruned.compressed_tokens:,} of {total:,} tokens ({pruned.ratio:.1f}x; "
+    req, window, overhead = fit_window(req, lm, cfg.max_new_tokens)
+    if cfg.router in PRESSES:
+        return compress_press(cfg, lm, PRESSES[cfg.router](lm), req, window, overhead)
+    router = load_router(cfg.router, lm, **router_options(router_class(cfg.router), req.options))
+    pruned = router.prune(req)
+    out, total, n = render(pruned, lm, window), pruned.origin_tokens, len(req.passages)
+    if cfg.compare_full and total + (n if n > 1 else 0) + overhead > window:
+        what = f"the whole document is {total} tokens" if n == 1 else f"the passages are {total} tokens together"
+        raise MasklabError(f"{what} and {lm.name} reads {window} at once: --compare-full cannot answer from "
+                           f"{'it' if n == 1 else 'all of them'} (drop --compare-full)")
+    if n > 1:
+        summary = (f"kept {len(pruned.kept)} of {len(pruned.doc.units)} units in {sum(1 for k in pruned.passage_kept if k)}"
+                   f" of {n} passages, {pruned.kept_tokens:,} of {total:,} tokens ({pruned.ratio:.1f}x; "
                    f"router {cfg.router}, {pruned.seconds:.3f} s)")
     else:
-        pruned, out = prune_document(lm, router, doc, question, **budget, threshold=cfg.threshold)
-        summary = (f"kept {len(out['kept'])} of {len(doc.units)} units, {out['kept_fraction']:.0%} of {total} tokens (router {cfg.router}, "
-                   f"{out['router_seconds']:.3f} s)")
+        summary = (f"kept {len(pruned.kept)} of {len(pruned.doc.units)} units, {pruned.kept_fraction:.0%} of {total} "
+                   f"tokens (router {cfg.router}, {pruned.seconds:.3f} s)")
     if not cfg.json:
-        print_pruned(out["pruned_text"], summary, out["notes"])
+        print_pruned(pruned.text, summary, pruned.notes)
     if cfg.answer:
-        answer_into(out, "answer", "answer_seconds", lm, out["pruned_text"], question, cfg)
-    source = "\n\n".join(text) if doc is None else doc.source
-    return finish(cfg, lm, out, source, total, question, out["notes"], pruned=None if doc is None else pruned)
+        answer_into(out, "answer", "answer_seconds", lm, pruned.text, req, cfg)
+    source = "\n\n".join(d.source for d in pruned.docs)
+    return finish(cfg, lm, out, source, total, req, pruned.notes, pruned=pruned if n == 1 else None)
 
 
-def compress_press(cfg: CompressConfig, lm, press, doc, total: int, question: str, window: int, overhead: int) -> int:
+def compress_press(cfg: CompressConfig, lm, press, req, window: int, overhead: int) -> int:
     """``masklab compress --router <press> --answer``: the press answers from the whole document
     (it prefills all of it, dropping key/value pairs inside the model); no text is kept."""
     from masklab.context.answer import first_answer
+    from masklab.text.document import segment
     from masklab.text.query import Query
 
+    doc, question = segment(req.passages[0], lm.tokenizer, cfg.unit_tokens), req.question
+    total = sum(doc.lengths(lm.tokenizer))
+    if cfg.compare_full and total + overhead > window:
+        raise MasklabError(f"the whole document is {total} tokens and {lm.name} reads {window} at once: "
+                           "--compare-full cannot answer from it (drop --compare-full)")
     if total + overhead > window:
         raise MasklabError(f"the document is {total} tokens; a KV-cache press prefills all of it, past "
                            f"{lm.name}'s {window}-token window: use a router that prunes the text")
@@ -235,7 +212,7 @@ def compress_press(cfg: CompressConfig, lm, press, doc, total: int, question: st
            "target_tokens": cfg.target_tokens, "context_tokens": total, "model_window": window, "units": doc.units,
            "kept": None, "pruned_text": None, "kept_fraction": keep, "router_seconds": None, "answer": first_answer(ans),
            "answer_seconds": secs, "notes": []}
-    return finish(cfg, lm, out, doc.source, total, question, [], pruned=None)
+    return finish(cfg, lm, out, doc.source, total, req, [], pruned=None)
 
 
 def print_pruned(text: str, summary: str, notes: list[str]) -> None:
@@ -247,34 +224,30 @@ def print_pruned(text: str, summary: str, notes: list[str]) -> None:
     sys.stdout.flush()
 
 
-def budget_text(cfg: CompressConfig) -> str:
-    return f"--target-tokens {cfg.target_tokens}" if cfg.target_tokens is not None else f"--keep {cfg.keep}"
-
-
-def answer_into(out: dict, key: str, seconds_key: str, lm, context: str, question: str, cfg: CompressConfig) -> None:
-    """Answer ``question`` from ``context`` into ``out[key]`` (its first line or sentence) and its seconds."""
+def answer_into(out: dict, key: str, seconds_key: str, lm, context: str, req, cfg: CompressConfig) -> None:
+    """Answer ``req``'s question from ``context`` into ``out[key]`` (its first line or sentence) and its seconds."""
     from masklab.context.compress import answer
 
-    out[key], out[seconds_key] = answer(lm, context, question, cfg.max_new_tokens)
+    out[key], out[seconds_key] = answer(lm, context, req.question, cfg.max_new_tokens)
     if not cfg.json and key == "answer":
-        print_answer(f"answer ({cfg.router} at {budget_text(cfg)[2:]}, {out[seconds_key]:.2f} s)", out[key])
+        print_answer(f"answer ({cfg.router} at {req.budget_text()[2:]}, {out[seconds_key]:.2f} s)", out[key])
 
 
 def print_answer(label: str, answer: str) -> None:
     print(f"{label}: {answer or '(empty answer)'}", flush=True)
 
 
-def finish(cfg: CompressConfig, lm, out: dict, source: str, total: int, question: str, notes: list[str], pruned) -> int:
+def finish(cfg: CompressConfig, lm, out: dict, source: str, total: int, req, notes: list[str], pruned) -> int:
     """The answer from the whole document (``--compare-full``), the page and the rest of the
     output (in text mode the pruned text, its notes and its answer are already printed)."""
     if not cfg.json and "answer" in out and out.get("pruned_text") is None:  # a press: answered, no text kept
         for n in notes:
             print(f"note: {n}")
-        print_answer(f"answer ({cfg.router} at {budget_text(cfg)[2:]}, {out['answer_seconds']:.2f} s)", out["answer"])
+        print_answer(f"answer ({cfg.router} at {req.budget_text()[2:]}, {out['answer_seconds']:.2f} s)", out["answer"])
     if cfg.compare_full:
         if total >= LONG_DOCUMENT_TOKENS:
             print(f"answering from the whole document ({total:,} tokens)...", file=sys.stderr, flush=True)
-        answer_into(out, "full_answer", "full_seconds", lm, source, question, cfg)
+        answer_into(out, "full_answer", "full_seconds", lm, source, req, cfg)
         if not cfg.json:
             print_answer(f"answer (full document, {out['full_seconds']:.2f} s)", out["full_answer"])
     if cfg.html:

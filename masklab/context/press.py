@@ -31,9 +31,9 @@ from torch import Tensor
 from masklab.text.document import Document, segment
 from masklab.util.errors import MasklabError
 from masklab.pretrained.arch import base_model
-from masklab.pretrained.models import PRETRAINED_EXTRA, _require
+from masklab.pretrained.models import PRETRAINED_EXTRA, require
 
-_require("kvpress", PRETRAINED_EXTRA)
+require("kvpress", PRETRAINED_EXTRA)
 from kvpress.presses.base_press import BasePress  # noqa: E402
 
 

@@ -25,7 +25,7 @@ import time
 from functools import partial
 
 from masklab.util.errors import MasklabError
-from masklab.pretrained.models import PRETRAINED_EXTRA, _require
+from masklab.pretrained.models import PRETRAINED_EXTRA, require
 from masklab.text.query import Query
 from masklab.util.registry import Registry
 
@@ -33,7 +33,7 @@ SNAPKV_WINDOW = 8
 
 
 def _kvpress():
-    _require("kvpress", PRETRAINED_EXTRA)
+    require("kvpress", PRETRAINED_EXTRA)
     import kvpress
 
     return kvpress

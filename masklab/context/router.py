@@ -1,4 +1,4 @@
-"""The router base class, its registry and :func:`load_router`.
+"""The router base class, its registry, the one request and the one result.
 
 A router scores the units of a document for a question; :func:`~masklab.text.selection.select`
 keeps the best within a token budget. A new router is one small registered class with one
@@ -10,20 +10,38 @@ method to override (as a kvpress press overrides ``score``)::
             return torch.tensor(doc.lengths(self.tokenizer), dtype=torch.float32)
 
 Every router is registered by importing :mod:`masklab.context.routers`, which also holds
-:func:`~masklab.context.routers.load_router`. ``Router.prune(text, question, keep)`` segments a text (or takes a :class:`Document`),
-scores it, selects and returns a :class:`Pruned`; ``Router.press(question, keep)`` wraps
-the same choice as a kvpress press that deletes the other units' tokens before prefill.
+:func:`~masklab.context.routers.load_router`.
+
+One request, one result: every front end (``masklab compress``, ``masklab serve``,
+:func:`masklab.context.prune`, the LangChain and LlamaIndex adapters) builds a :class:`Request`
+and renders the :class:`Pruned` that ``Router.prune(request)`` returns::
+
+    router = load_router("bm25")
+    out = router.prune(Request("Who approved the budget?", [text], fraction=0.25))
+    out.text, out.kept, out.scores, out.to_json()
+
+A :class:`Request` is a question, its passages (one document is one passage) and one budget:
+exactly one of ``fraction`` (of the passages' tokens), ``tokens`` (at most that many),
+``threshold`` (every unit scoring at least it) or ``auto`` (the router's own rule); none
+means ``fraction=0.25``. It is checked once, when it is made, against what its router declares
+(:class:`Router`'s fields ``score_range``, ``keep_auto``, ``options``). Adding a budget mode or
+an option touches :class:`Request` and :func:`select_units`, which reads it.
+``Router.press(question, keep)`` wraps the same choice as a kvpress press that deletes the other
+units' tokens before prefill.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any
 
-import torch
 from torch import Tensor
 
 from masklab.text.document import UNIT_TOKENS, Document, segment
+from masklab.text.inputs import check_context, check_question
 from masklab.text.selection import AUTO, auto_fraction, check_keep, select
 from masklab.util.errors import MasklabError
 from masklab.util.registry import Registry
@@ -33,15 +51,170 @@ ROUTERS: Registry = Registry("router")
 # benchmark, kept only if it is not below bm25 on either test split (docs/context.md): dense until the LoRA pruner,
 # the LoRA pruner until the context pruner (val MRR, results/ctx/results.json).
 DEFAULT_ROUTER = "pruner-ctx"
+DEFAULT_KEEP = 0.25  # the fraction kept when a request sets no budget
+BUDGETS = ("fraction", "tokens", "threshold", "auto")
+# how each field is named to a Python caller; the CLI passes its flags (``names=``) so its messages name them
+PYTHON_NAMES = {"fraction": "keep", "tokens": "target_tokens", "threshold": "threshold", "auto": "keep auto",
+                "path": "path", "int8": "int8", "embedder": "embedder", "router_model": "router_model"}
+# what each router option is for, in its refusal (a router declares the options it takes: Router.options)
+OPTION_USE = {"path": "is for the trained routers", "int8": "quantises the pruner's encoder",
+              "embedder": "is for the routers that embed sentences", "router_model": "is for the trained routers"}
+SOFT_OPTIONS = ("progress",)  # given to the routers that take them, never refused
+
+
+def router_class(router: str | type):
+    """The class of product router ``router`` (a name of :data:`~masklab.context.router.ROUTERS`;
+    a kvpress press, which keeps no units, declares no option and no score range), or ``router``
+    itself (a class, e.g. one of the lab's)."""
+    if not isinstance(router, str):
+        return router
+    from masklab.context.presses import PRESSES
+
+    if router in PRESSES:
+        return SimpleNamespace(name=router, options=(), score_range=None, keep_auto=None)
+    return ROUTERS[router]
+
+
+def takers(option: str) -> list[str]:
+    """The product routers that declare ``option`` (``score_range``: those that decide how much)."""
+    if option == "score_range":
+        return [n for n in ROUTERS if ROUTERS[n].score_range is not None]
+    return [n for n in ROUTERS if option in ROUTERS[n].options]
+
+
+def router_options(cls: type, options: Mapping[str, Any], names: Mapping[str, str] = PYTHON_NAMES) -> dict:
+    """The keyword options router class ``cls`` is built with: every given one (not None or
+    False), each refused unless ``cls`` declares it, except :data:`SOFT_OPTIONS`, given only where
+    declared; an ``embedder`` must be a sentence-transformers folder."""
+    out = {}
+    for key, value in options.items():
+        if value is None or value is False:
+            continue
+        if key not in cls.options:
+            if key in SOFT_OPTIONS:
+                continue
+            raise MasklabError(f"{names.get(key, key)} {OPTION_USE.get(key, 'is not an option of')} "
+                               f"({', '.join(takers(key))}), not {cls.name}")
+        if key == "embedder":
+            from masklab.context.embedder import check_folder
+
+            check_folder(value)
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Request:
+    """A ``question`` on ``passages`` (a string or :class:`Document`, or a list of them: one
+    budget over all), the budget (module docstring), ``fill`` (None: the router's default),
+    ``cap`` (at most this many tokens kept whatever the budget, e.g. the model's window; ``fits``
+    says what it fits, in the note when it caps), the router's ``options`` (``path``, ``int8``,
+    ``embedder``, ``router_model``, ``progress``) and ``unit_tokens`` (the longest unit).
+    ``router``: the router name (or class) it is checked against; ``names``: how the fields are
+    named in its messages (the CLI's flags)."""
+
+    question: str
+    passages: Sequence[str | Document]
+    fraction: float | None = None
+    tokens: int | None = None
+    threshold: float | None = None
+    auto: bool = False
+    fill: bool | None = None
+    cap: int | None = None
+    fits: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    unit_tokens: int = UNIT_TOKENS
+    router: str | type = ""
+    names: Mapping[str, str] = field(default_factory=lambda: PYTHON_NAMES, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "question", check_question(self.question))
+        set_(self, "passages", check_passages(self.passages))
+        set_(self, "router", self.router or DEFAULT_ROUTER)
+        cls = router_class(self.router)
+        given = [b for b in BUDGETS if getattr(self, b) not in (None, False)]
+        if len(given) > 1:
+            raise MasklabError(f"{self.names[given[-1]]} and {self.names[given[-2]]} each set the budget: give one")
+        if not given:
+            set_(self, "fraction", DEFAULT_KEEP)
+        if self.fraction is not None:
+            check_keep(self.fraction)
+        if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(self.tokens, int)):
+            raise MasklabError(f"{self.names['tokens']} must be a whole number of tokens, got {self.tokens!r}")
+        if self.tokens is not None and self.tokens < 1:
+            raise MasklabError(f"{self.names['tokens']} must be at least 1, got {self.tokens}")
+        decides = cls.score_range is not None or cls.keep_auto is not None
+        if (self.threshold is not None and cls.score_range is None) or (self.auto and not decides):
+            what = self.names["threshold" if self.threshold is not None else "auto"]
+            raise MasklabError(f"{what} needs a router that decides how much to keep ({', '.join(takers('score_range'))}); "
+                               f"{cls.name} does not: give a fraction")
+        if self.threshold is not None:
+            lo, hi = cls.score_range
+            t = self.threshold
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not lo <= t <= hi:
+                raise MasklabError(f"the threshold of {cls.name} must be a number in [{lo:g}, {hi:g}] (its scores' "
+                                   f"range), got {t!r}")
+        if isinstance(self.unit_tokens, bool) or not isinstance(self.unit_tokens, int) or self.unit_tokens < 1:
+            raise MasklabError(f"unit_tokens must be a whole number >= 1, got {self.unit_tokens!r}")
+        router_options(cls, self.options, self.names)
+
+    @classmethod
+    def of(cls, question: str, passages, keep: float | str | None = None, target_tokens: int | None = None,
+           threshold: float | None = None, **rest) -> Request:
+        """The request of the front ends' ``keep`` / ``target_tokens`` / ``threshold``:
+        ``target_tokens`` or ``threshold`` wins over ``keep`` (a fraction, or ``"auto"``), and
+        ``target_tokens`` with ``threshold`` is refused."""
+        if target_tokens is not None or threshold is not None:
+            keep = None
+        if keep is not None:
+            check_keep(keep)
+        return cls(question, passages, fraction=None if keep in (None, AUTO) else keep, tokens=target_tokens,
+                   threshold=threshold, auto=keep == AUTO, **rest)
+
+    @property
+    def decides(self) -> bool:
+        """Whether the router decides how much to keep (a threshold, or its own rule)."""
+        return self.auto or self.threshold is not None
+
+    @property
+    def keep(self) -> float | str | None:
+        """The budget as a ``keep`` (a fraction or ``"auto"``; None for tokens or a threshold)."""
+        return AUTO if self.auto else self.fraction
+
+    def budget_text(self) -> str:
+        """The budget as the caller gave it: ``--keep 0.25``, ``--target-tokens 40``, ..."""
+        b = next(b for b in BUDGETS if getattr(self, b) not in (None, False))
+        return self.names[b] if b == "auto" else f"{self.names[b]} {getattr(self, b)}"
+
+
+def check_passages(passages) -> tuple:
+    """``passages`` as a tuple: one string or :class:`Document` is one passage; a list must be
+    non-empty, of strings (each a text: :func:`~masklab.text.inputs.check_context`) or documents."""
+    if isinstance(passages, (str, Document)):
+        passages = [passages]
+    if not isinstance(passages, (list, tuple)) or not passages:
+        raise MasklabError("passages must be a non-empty list of strings")
+    for i, p in enumerate(passages):
+        if isinstance(p, Document):
+            if not p.units:
+                raise MasklabError("the document has no units to keep")
+            continue
+        if not isinstance(p, str):
+            raise MasklabError(f"passage {i} is a {type(p).__name__}, not a string")
+        check_context(p, "the context" if len(passages) == 1 else f"passage {i}", float("inf"))
+    return tuple(passages)
 
 
 @dataclass
 class Pruned:
-    """What a router kept of a document: ``kept`` unit indices (ascending), every unit's
-    ``scores``, the pruned ``text`` (kept units in reading order), ``kept_fraction`` of the
-    context's tokens, the router's ``seconds`` (segmenting excluded) and ``notes`` on what
-    happened (windows, a budget capped to fit the model). A compressor that rewrites the
-    text instead of keeping units sets ``compressed`` (the text) and ``compressed_tokens``."""
+    """What a router kept for one request, the one result every front end renders:
+    ``doc`` (the passages' units as one document; the document itself for one passage),
+    ``kept`` unit indices of ``doc`` (ascending), every unit's ``scores`` and token ``lengths``,
+    the router's ``seconds`` (segmenting excluded) and ``notes`` on what happened (windows, a
+    capped budget, a top unit over the budget); ``passages``: each passage's :class:`Document`,
+    ``rank``: the passages best first (by their best unit). A compressor that rewrites the text
+    instead of keeping units (the lab's LongLLMLingua) sets ``compressed`` and ``compressed_tokens``."""
 
     doc: Document
     kept: list[int]
@@ -50,12 +223,44 @@ class Pruned:
     seconds: float
     router: str
     notes: list[str] = field(default_factory=list)
-    compressed: str | None = None  # a compressor that rewrites the text (LongLLMLingua) keeps no units
+    compressed: str | None = None
     compressed_tokens: int | None = None
+    passages: list[Document] | None = None
+    rank: list[int] = field(default_factory=lambda: [0])
+    request: Request | None = None
+
+    @property
+    def docs(self) -> list[Document]:
+        return self.passages or [self.doc]
+
+    @property
+    def starts(self) -> list[int]:
+        """Where each passage's units start in :attr:`doc`, and the end."""
+        out = [0]
+        for d in self.docs:
+            out.append(out[-1] + len(d.units))
+        return out
+
+    @property
+    def passage_kept(self) -> list[list[int]]:
+        """Each passage's kept unit indices (its own numbering)."""
+        return [[i - a for i in self.kept if a <= i < b] for a, b in zip(self.starts, self.starts[1:])]
+
+    @property
+    def texts(self) -> list[str]:
+        """Each passage's kept text (units in reading order), ``""`` where none was kept."""
+        return [d.text_of(k) if k else "" for d, k in zip(self.docs, self.passage_kept)]
 
     @property
     def text(self) -> str:
-        return self.compressed if self.compressed is not None else self.doc.text_of(self.kept)
+        """The kept text of every passage that keeps anything, in order, blank-line separated."""
+        if self.compressed is not None:
+            return self.compressed
+        return "\n\n".join(t for t in self.texts if t)
+
+    @property
+    def origin_tokens(self) -> int:
+        return sum(self.lengths)
 
     @property
     def kept_tokens(self) -> int:
@@ -65,50 +270,133 @@ class Pruned:
     def kept_fraction(self) -> float:
         return self.kept_tokens / max(1, sum(self.lengths))
 
+    @property
+    def ratio(self) -> float:
+        """``origin_tokens / compressed_tokens`` (LLMLingua's ratio, as a number)."""
+        return self.origin_tokens / max(1, self.kept_tokens)
+
     def to_json(self) -> dict:
-        """Everything above; ``origin_tokens`` / ``compressed_tokens`` (the document's tokens and
-        the kept ones) and their ``ratio`` as :class:`~masklab.context.passages.PrunedPassages` has them."""
-        units = self.compressed is None
-        return {"router": self.router, "units": self.doc.units, "kept": self.kept if units else None,
-                "scores": self.scores if units else None,
-                "unit_tokens": self.lengths, "pruned_text": self.text, "kept_fraction": self.kept_fraction,
-                "origin_tokens": sum(self.lengths), "compressed_tokens": self.kept_tokens,
-                "ratio": sum(self.lengths) / max(1, self.kept_tokens),
-                "router_seconds": self.seconds, "notes": self.notes}
+        """The one JSON shape of a result (its keys are listed once, in docs/context.md)."""
+        units, req = self.compressed is None, self.request
+        ranks = {p: r for r, p in enumerate(self.rank)}
+        out = {"router": self.router, "keep": None if req is None else req.keep,
+               "target_tokens": None if req is None else req.tokens,
+               **({"threshold": req.threshold} if req is not None and req.threshold is not None else {}),
+               "units": self.doc.units, "kept": self.kept if units else None, "scores": self.scores if units else None,
+               "unit_tokens": self.lengths, "pruned_text": self.text, "kept_fraction": self.kept_fraction,
+               "origin_tokens": self.origin_tokens, "compressed_tokens": self.kept_tokens, "ratio": self.ratio,
+               "router_seconds": self.seconds, "notes": self.notes,
+               "passages": [{"index": p, "rank": ranks.get(p, p), "units": len(d.units), "kept_units": len(k),
+                             "tokens": sum(self.lengths[a:b]), "kept_tokens": sum(self.lengths[a + i] for i in k),
+                             "kept": k, "text": t}
+                            for p, (d, k, t, a, b) in enumerate(zip(self.docs, self.passage_kept, self.texts,
+                                                                     self.starts, self.starts[1:]))] if units else None}
+        # the names prune() gave before one result type (kept beside the new ones: docs/context.md)
+        out.update(pruned_context=out["pruned_text"], compression_rate=1 - self.kept_fraction, seconds=self.seconds)
+        return out
+
+
+def select_units(router, docs: list[Document], scores: Tensor, lengths: list[int], req: Request) -> tuple[list[int], list[int]]:
+    """``(kept, rank)``: the units of ``docs`` (indices over all their units, ascending) that
+    ``router`` keeps for ``req`` from ``scores`` (one per unit of every passage), and the
+    passages best first. The units of the best passage come first in the order
+    :func:`~masklab.text.selection.select` sees, so a tie goes to the better passage and the top
+    unit's neighbours are its own passage's."""
+    starts = [0]
+    for d in docs:
+        starts.append(starts[-1] + len(d.units))
+    rank = sorted(range(len(docs)), key=lambda p: (-float(scores[starts[p]:starts[p + 1]].max()), p))
+    order = [i for p in rank for i in range(starts[p], starts[p + 1])]
+    ordered, ordered_lengths = scores[order], [lengths[i] for i in order]
+    within = len(docs[rank[0]].units)
+    keep, cap = (1.0, req.tokens) if req.tokens is not None else (req.fraction, None)
+    if req.threshold is not None:
+        keep = auto_fraction(ordered, ordered_lengths, req.threshold, context=router.context, within=within)
+    elif req.auto:
+        if router.keep_auto is None:
+            raise MasklabError(f"{req.names['auto']} needs a router that decides how much to keep; {router.name} "
+                               "has no rule of its own: give a fraction")
+        keep = auto_fraction(ordered, ordered_lengths, router.keep_auto, router.keep_rule, router.context, within)
+    if req.cap is not None:
+        cap = req.cap if cap is None else min(cap, req.cap)
+    fill = (router.fill if req.fill is None else req.fill) and req.threshold is None
+    chosen = select(ordered, ordered_lengths, keep, fill=fill, limit=cap, context=router.context, within=within)
+    return sorted(order[j] for j in chosen), rank
+
+
+def notes_of(pruned: Pruned, req: Request, windows: int) -> list[str]:
+    """What a user should know about one result: a budget capped to ``req.cap``, the windows the
+    router read, a top unit alone over the budget."""
+    total, what = pruned.origin_tokens, "document is" if len(pruned.docs) == 1 else "passages are"
+    budget = req.tokens if req.tokens is not None else total if req.decides else req.fraction * total
+    notes = []
+    if req.cap is not None and budget > req.cap and (not req.decides
+                                                     or pruned.kept_tokens >= req.cap - max(pruned.lengths)):
+        notes.append(f"the {what} {total} tokens: the kept units were capped at {req.cap} tokens to fit "
+                     f"{req.fits or 'the cap'}")
+    if windows > 1:
+        notes.append(f"the router read the {what.split()[0]} in {windows} windows")
+    if len(pruned.kept) == 1 and pruned.kept_tokens > budget and not req.decides:
+        notes.append(f"{req.budget_text()} kept {pruned.kept_fraction:.0%} of the tokens: the top unit alone is "
+                     f"{pruned.kept_tokens} tokens, over the budget of {budget:.0f}, and the top unit is always kept")
+    return notes
+
+
+def stack(docs: list[Document]) -> Document:
+    """The passages' units as one document (the document itself for one passage)."""
+    return docs[0] if len(docs) == 1 else Document(units=[u for d in docs for u in d.units])
+
+
+@dataclass(frozen=True)
+class Scores:
+    """What one read of a document gives: one ``(N,)`` tensor of scores per question, how many
+    ``windows`` the router read (a trained router reads a long document in several) and
+    ``notes`` a user should know."""
+
+    values: list[Tensor]
+    windows: int = 1
+    notes: tuple[str, ...] = ()
 
 
 class Router:
     """Scores units for a question. ``lm``: the :class:`~masklab.pretrained.models.LoadedModel`
-    whose tokenizer counts tokens (and whose layers a trained router reads); None counts
-    words. ``fill``: the default of :meth:`prune` (True: fill the budget)."""
+    whose tokenizer counts tokens (and whose layers a router that reads a model reads); None
+    counts words.
+
+    What a router supports is declared in its fields, which every front end reads (no list of
+    names): ``reads_model`` (it needs ``lm``), ``options`` (the keyword options its constructor
+    takes: ``path`` a trained file, ``int8``, ``embedder`` a sentence-transformers folder,
+    ``router_model``, ``progress``), ``score_range`` (its scores' bounds: a router with one decides
+    how much to keep, so it takes a threshold, and ``keep="auto"`` where it has a ``keep_auto``)."""
 
     name = ""
-    needs_model = False
-    fill = True
     use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
+    reads_model = False  # reads the answering model's layers (a model must be given)
+    options: tuple[str, ...] = ()  # keyword options its constructor takes (Request.options, the CLI's flags)
+    score_range: tuple[float, float] | None = None  # the bounds of the scores (where a threshold may lie), if any
+    fill = True  # the default of Request.fill (True: fill the budget)
     keep_auto: float | None = None  # the score from which keep="auto" keeps a unit (routers that decide how much)
     keep_rule = "threshold"  # how keep_auto cuts (selection.KEEP_RULES): a score, or a share of the best unit's score
     context = 0  # units on each side of the best unit kept right after it (selection.select)
-    last_windows = 1  # how many windows the last score() read (a trained router reads a long document in several)
-    score_range: tuple[float, float] | None = None  # the bounds of the scores (where a threshold may lie), if any
 
     def __init__(self, lm=None) -> None:
-        if self.needs_model and lm is None:
+        if self.reads_model and lm is None:
             raise MasklabError(f"the {self.name} router reads a language model: give one (--model / model=...)")
         self.lm = lm
-        self.notes: list[str] = []  # what a user should know about this router's choices (Pruned.notes)
+        self.notes: list[str] = []  # set once when it is built: what a user should know (which model ranked, ...)
 
     @property
     def tokenizer(self):
         return None if self.lm is None else self.lm.tokenizer
 
     def score(self, doc: Document, question: str) -> Tensor:
-        """``(N,)``: one score per unit of ``doc``, higher = keep first."""
+        """``(N,)``: one score per unit of ``doc``, higher = keep first (the one method to override)."""
         raise NotImplementedError
 
-    def checked_score(self, doc: Document, question: str) -> Tensor:
-        """:meth:`score`, refused unless it gives one score per unit (what every caller reads)."""
-        return self.checked(doc, self.score(doc, question))
+    def read(self, doc: Document, questions: list[str]) -> Scores:
+        """The scores of ``doc`` for each of ``questions`` and what the caller should know: :meth:`score`
+        for each (a router that reads several questions in one batch, or in windows, overrides this)."""
+        return Scores([self.score(doc, q) for q in questions])
 
     def checked(self, doc: Document, scores: Tensor) -> Tensor:
         """``scores``, refused unless there is one per unit of ``doc``."""
@@ -117,103 +405,43 @@ class Router:
                                f"for {len(doc.units)} units; expected ({len(doc.units)},)")
         return scores
 
-    def score_many(self, doc: Document, questions: list[str]) -> list[Tensor]:
-        """One ``(N,)`` score vector per question over ``doc``: :meth:`score` for each (a router
-        that reads several questions in one batch overrides this for speed, same scores)."""
-        return [self.score(doc, q) for q in questions]
+    def prune(self, request: Request) -> Pruned:
+        """What this router keeps for ``request`` (:mod:`masklab.context.router`)."""
+        return self.prune_all([request])[0]
 
-    @classmethod
-    def check_range(cls, threshold: float) -> None:
-        """A ``threshold`` needs a router whose scores have a range (one that decides how much
-        to keep), and a number within it."""
-        if cls.score_range is None:
-            raise MasklabError(f"a threshold needs a router that decides how much to keep (pruner, pruner-ctx); "
-                               f"{cls.name} does not: give a fraction")
-        lo, hi = cls.score_range
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not lo <= threshold <= hi:
-            raise MasklabError(f"the threshold of {cls.name} must be a number in [{lo:g}, {hi:g}] (its scores' range), "
-                               f"got {threshold!r}")
-
-    def check_threshold(self, threshold: float | None) -> None:
-        """:meth:`check_range` where a ``threshold`` is given."""
-        if threshold is not None:
-            self.check_range(threshold)
-
-    def resolve_keep(self, keep: float | str, scores: Tensor, lengths: list[int], threshold: float | None = None,
-                     within: int | None = None) -> float:
-        """``keep`` as a fraction: :data:`~masklab.text.selection.AUTO` (or a ``threshold``) becomes the
-        share of the tokens in the units :attr:`keep_auto` keeps by :attr:`keep_rule` (or scoring at least
-        ``threshold``), with the :attr:`context` units around the best one (``within``: as
-        :func:`~masklab.text.selection.select`)."""
-        if threshold is not None:
-            return auto_fraction(scores, lengths, threshold, context=self.context, within=within)
-        if keep != AUTO:
-            return keep
-        if self.keep_auto is None:
-            raise MasklabError(f"keep auto needs a router that decides how much to keep (pruner); {self.name} "
-                               "does not: give a fraction")
-        return auto_fraction(scores, lengths, self.keep_auto, self.keep_rule, self.context, within)
+    def prune_all(self, requests: list[Request]) -> list[Pruned]:
+        """:meth:`prune` for each of ``requests``, in order (each checked against this router); the
+        questions on the same passages are read together (:meth:`read`: one batch for a
+        cross-encoder), their units cut once."""
+        requests = [r if router_class(r.router) is type(self) else replace(r, router=type(self)) for r in requests]
+        groups: dict[tuple, list[int]] = {}
+        for k, r in enumerate(requests):
+            key = (r.unit_tokens, *(p if isinstance(p, str) else id(p) for p in r.passages))
+            groups.setdefault(key, []).append(k)
+        out: list[Pruned | None] = [None] * len(requests)
+        for ks in groups.values():
+            first = requests[ks[0]]
+            docs = [p if isinstance(p, Document) else segment(p, self.tokenizer, first.unit_tokens)
+                    for p in first.passages]
+            doc = stack(docs)
+            lengths = doc.lengths(self.tokenizer)
+            t0 = time.perf_counter()
+            read = self.read(doc, [requests[k].question for k in ks])
+            seconds = (time.perf_counter() - t0) / len(ks)
+            for k, scores in zip(ks, read.values):
+                req, scores = requests[k], self.checked(doc, scores)
+                kept, rank = select_units(self, docs, scores, lengths, req)
+                out[k] = Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name,
+                                passages=docs if len(docs) > 1 else None, rank=rank, request=req)
+                out[k].notes = [*self.notes, *read.notes, *notes_of(out[k], req, read.windows)]
+        return out
 
     def choose(self, doc: Document, question: str, keep: float | str, fill: bool | None = None,
                limit: int | None = None, threshold: float | None = None) -> Pruned:
-        """Score ``doc`` and keep its best units within ``keep`` of its tokens (and ``limit``);
-        ``threshold``: instead, every unit scoring at least it (the top unit always). The same
-        for every router (no router overrides it): a router differs only in ``score``."""
-        return self.choose_many(doc, [question], keep, fill, limit, threshold)[0]
-
-    def choose_many(self, doc: Document, questions: list[str], keep: float | str, fill: bool | None = None,
-                    limit: int | None = None, threshold: float | None = None) -> list[Pruned]:
-        """:meth:`choose` for each of ``questions`` over one ``doc``, scored by :meth:`score_many`
-        (``seconds``: each question's share of the scoring)."""
-        check_keep(keep)
-        self.check_threshold(threshold)
-        if keep == AUTO:
-            self.resolve_keep(keep, torch.zeros(1), [1])  # a router that cannot: refused before scoring
-        if not doc.units:
-            raise MasklabError("the document has no units to keep")
-        lengths = doc.lengths(self.tokenizer)
-        t0 = time.perf_counter()
-        many = self.score_many(doc, questions)
-        seconds = (time.perf_counter() - t0) / max(1, len(questions))
-        out = []
-        for scores in many:
-            fraction = self.resolve_keep(keep, self.checked(doc, scores), lengths, threshold)
-            kept = select(scores, lengths, fraction, fill=(self.fill if fill is None else fill) and threshold is None,
-                          limit=limit, context=self.context)
-            out.append(Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name, list(self.notes)))
-        return out
-
-    def prune(self, text: str | Document, question: str, keep: float = 0.25, fill: bool | None = None,
-              unit_tokens: int = UNIT_TOKENS, limit: int | None = None, threshold: float | None = None) -> Pruned:
-        """``text`` (cut by :func:`~masklab.text.document.segment`) or a :class:`Document`,
-        pruned to ``keep`` of its tokens for ``question`` (or to the units scoring at least
-        ``threshold``, for a router that decides how much to keep)."""
-        return self.prune_many([(question, text)], keep, fill, unit_tokens, limit, threshold)[0]
-
-    def prune_many(self, pairs: list[tuple[str, str | Document]], keep: float = 0.25, fill: bool | None = None,
-                   unit_tokens: int = UNIT_TOKENS, limit: int | None = None,
-                   threshold: float | None = None) -> list[Pruned]:
-        """:meth:`prune` for each ``(question, text)`` of ``pairs``, in order; the questions on
-        one text are scored together (:meth:`score_many`: one batch for a cross-encoder)."""
-        from masklab.text.inputs import check_question
-
-        groups: dict[int, tuple[Document, list[int]]] = {}
-        docs: dict[str, Document] = {}
-        for k, (question, text) in enumerate(pairs):
-            check_question(question)
-            if isinstance(text, Document):
-                doc = text
-            else:
-                if text not in docs:
-                    docs[text] = segment(text, self.tokenizer, unit_tokens)
-                doc = docs[text]
-            groups.setdefault(id(doc), (doc, []))[1].append(k)
-        out: list[Pruned | None] = [None] * len(pairs)
-        for doc, ks in groups.values():
-            qs = [check_question(pairs[k][0]) for k in ks]
-            for k, pruned in zip(ks, self.choose_many(doc, qs, keep, fill, limit, threshold)):
-                out[k] = pruned
-        return out
+        """:meth:`prune` of ``doc`` (already cut) for ``question`` within ``keep`` of its tokens (or
+        ``threshold``) and ``limit`` tokens: the lab's shorthand."""
+        return self.prune(Request.of(question, [doc], keep=keep, threshold=threshold, fill=fill, cap=limit,
+                                     router=type(self)))
 
     def press(self, question: str, keep: float = 0.25, fill: bool | None = None):
         """A kvpress press that prefills only the units this router keeps of the context the

@@ -39,37 +39,27 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from masklab.context.router import DEFAULT_ROUTER
+from masklab.context.compress import SharedFlags
+from masklab.context.router import DEFAULT_ROUTER, Request
 from masklab.text.selection import parse_keep
-from masklab.text.document import UNIT_TOKENS
 from masklab.util.errors import MasklabError
 from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
-from masklab.text.inputs import MAX_CONTEXT_BYTES, check_context, check_question
+from masklab.text.inputs import MAX_CONTEXT_BYTES, check_context
 
 MAX_NEW_TOKENS = 512  # the longest answer a request may ask for (a bound on one request's decode time)
 FIELDS = ("context", "question", "router", "keep", "target_tokens", "threshold", "answer", "max_new_tokens")
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(SharedFlags):
     host: str = flag("127.0.0.1", help="address to listen on (0.0.0.0: every interface; the service has no "
                      "authentication, so expose it only behind one)")
     port: int = flag(8000, min=1, max=65535, help="TCP port to listen on")
-    model: str = flag("smollm2-135m", help="registered model (see `masklab models`) or a model directory: loaded "
-                      "once at start; it counts tokens, answers, and is read by the trained routers")
     router: str = flag(DEFAULT_ROUTER, help="the router of requests that name none, loaded at start (others load once, "
                        "the first time a request names them); `masklab compress --list-routers` lists them")
     keep: float | str = flag(0.25, above=0, max=1, parse=parse_keep, metavar="FRACTION|auto",
                              help="kept fraction of requests that give neither keep nor target_tokens (auto: the "
                              "pruner decides)")
-    embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
-                                help="the dense routers' sentence-transformers model folder")
-    int8: bool = flag(False, help="pruner, pruner-ctx: the pruner's encoder with its linear layers in int8 (torch "
-                      "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
-                      "MRR close to float's (docs/context.md)")
-    fill: bool = flag(True, help="fill the kept fraction with the next-best units even where a trained router "
-                      "scores them as not evidence (--no-fill: stop at its decision boundary)")
-    unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens (as masklab compress --unit-tokens)")
     max_new_tokens: int = flag(48, min=1, max=MAX_NEW_TOKENS, help="longest answer in tokens of requests that "
                                "give no max_new_tokens")
     max_request_bytes: int = flag(4_000_000, min=1, help="refuse request bodies larger than this (413)")
@@ -77,9 +67,6 @@ class ServeConfig:
                                   "passages together (as masklab compress --max-context-bytes)")
     request_seconds: float = flag(60.0, above=0, help="answer 503 to a request not done within this many seconds "
                                   "of its arrival (waiting in the queue included)")
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="the model's own",
-                                     help="raw completion or the model's chat turns (for answers)")
-    threads: int = flag(1, min=1, help="torch threads of the one worker that runs the model")
     max_queue: int = flag(16, min=1, help="requests admitted at once, running and waiting for the worker; one more "
                           "is answered 503 with Retry-After at once")
     cache_documents: int = flag(256, min=0, help="documents whose unit embeddings each embedder keeps (least "
@@ -99,19 +86,22 @@ def add_parser(sub) -> None:
 
 
 # --------------------------------------------------------------------------- requests
-@dataclass
+@dataclass(frozen=True)
 class CompressRequest:
-    """One checked ``POST /v1/compress`` body (``target_tokens``, when set, wins over ``keep``,
-    as in :func:`~masklab.context.passages.compress_passages`)."""
+    """One checked ``POST /v1/compress`` body: the :class:`~masklab.context.router.Request` and
+    whether (and how long) to answer from the pruned text."""
 
-    contexts: list[str]
-    question: str
-    router: str
-    keep: float
-    target_tokens: int | None
+    request: Request
     answer: bool
     max_new_tokens: int
-    threshold: float | None = None  # keep the units scoring at least it (a router that decides how much)
+
+    @property
+    def router(self) -> str:
+        return self.request.router
+
+    @property
+    def question(self) -> str:
+        return self.request.question
 
 
 def _no_constant(name: str):
@@ -129,14 +119,39 @@ def _number(body: dict, key: str, kind: type, what: str):
 
 def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     """The request body ``raw`` checked, with one :class:`MasklabError` for the first thing
-    wrong: not JSON, not an object, an unknown field, a wrong type, an empty question or
-    context, a context over ``--max-context-bytes``, a keep outside (0, 1], an unknown
-    router or a KV-cache press (it prunes the cache, not the text)."""
-    from masklab.context.passages import check_target
+    wrong: not JSON, not an object, an unknown field, a wrong type, a context over
+    ``--max-context-bytes``, a KV-cache press (it prunes the cache, not the text), and what
+    :class:`~masklab.context.router.Request` refuses (an empty question or context, a keep
+    outside (0, 1], an unknown router, a budget the router cannot take)."""
     from masklab.context.presses import PRESSES
-    from masklab.context.routers import ROUTERS
-    from masklab.text.selection import check_keep
 
+    body = json_body(raw)
+    contexts = body_contexts(body, cfg.max_context_bytes)
+    question = body.get("question")
+    if question is not None and not isinstance(question, str):
+        raise MasklabError("question must be a string")
+    router = body.get("router", cfg.router)
+    if not isinstance(router, str):
+        raise MasklabError("router must be a string (a router name)")
+    if router in PRESSES:
+        raise MasklabError(f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
+                           "returns pruned text, so name a router that prunes the text")
+    keep = body.get("keep") if body.get("keep") == "auto" else _number(body, "keep", float, "a number in (0, 1] or \"auto\"")
+    threshold = _number(body, "threshold", float, "a number")
+    answer = body.get("answer", False)
+    if not isinstance(answer, bool):
+        raise MasklabError("answer must be true or false")
+    new = _number(body, "max_new_tokens", int, "a whole number")
+    new = cfg.max_new_tokens if new is None else new
+    if not 1 <= new <= MAX_NEW_TOKENS:
+        raise MasklabError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {new}")
+    req = Request.of(question, contexts, keep=cfg.keep if keep is None else keep, target_tokens=body.get("target_tokens"),
+                     threshold=threshold, fill=cfg.fill, unit_tokens=cfg.unit_tokens, router=router)
+    return CompressRequest(req, answer, new)
+
+
+def json_body(raw: bytes) -> dict:
+    """The request body: UTF-8 JSON (no NaN), an object of the known :data:`FIELDS`."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -150,6 +165,11 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     unknown = [k for k in body if k not in FIELDS]
     if unknown:
         raise MasklabError(f"unknown field {unknown[0]!r}; the fields are {', '.join(FIELDS)}")
+    return body
+
+
+def body_contexts(body: dict, max_bytes: int) -> list[str]:
+    """The body's context as a list of passages, each and all together within ``max_bytes``."""
     ctx = body.get("context")
     if ctx is None:
         raise MasklabError("context is required (a string, or a list of strings: the passages)")
@@ -159,47 +179,12 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
         contexts = ctx
     else:
         raise MasklabError("context must be a string or a non-empty list of strings")
-    if len(contexts) == 1:
-        check_context(contexts[0], "the context", cfg.max_context_bytes)
-    else:
-        for i, c in enumerate(contexts):
-            check_context(c, f"passage {i} of the context", cfg.max_context_bytes)
-        size = sum(len(c.encode("utf-8")) for c in contexts)
-        if size > cfg.max_context_bytes:
-            raise MasklabError(f"the context is {size:,} bytes, over the limit of {cfg.max_context_bytes:,}")
-    question = body.get("question")
-    if question is not None and not isinstance(question, str):
-        raise MasklabError("question must be a string")
-    question = check_question(question)
-    try:
-        question.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise MasklabError(f"the question is not valid Unicode text (a lone surrogate at character {e.start})") from None
-    router = body.get("router", cfg.router)
-    if not isinstance(router, str):
-        raise MasklabError("router must be a string (a router name)")
-    if router in PRESSES:
-        raise MasklabError(f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
-                           "returns pruned text, so name a router that prunes the text")
-    ROUTERS[router]  # noqa: B018  (unknown router: one clear error)
-    keep = body.get("keep") if body.get("keep") == "auto" else _number(body, "keep", float, "a number in (0, 1] or \"auto\"")
-    keep = cfg.keep if keep is None else check_keep(keep)
-    target = body.get("target_tokens")
-    if target is not None:
-        check_target(target)
-    threshold = _number(body, "threshold", float, "a number")
-    if threshold is not None:
-        if target is not None:
-            raise MasklabError("threshold and target_tokens each set the budget: give one")
-        ROUTERS[router].check_range(threshold)
-    answer = body.get("answer", False)
-    if not isinstance(answer, bool):
-        raise MasklabError("answer must be true or false")
-    new = _number(body, "max_new_tokens", int, "a whole number")
-    new = cfg.max_new_tokens if new is None else new
-    if not 1 <= new <= MAX_NEW_TOKENS:
-        raise MasklabError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {new}")
-    return CompressRequest(contexts, question, router, keep, target, answer, new, threshold)
+    for i, c in enumerate(contexts):
+        check_context(c, "the context" if len(contexts) == 1 else f"passage {i} of the context", max_bytes)
+    size = sum(len(c.encode("utf-8")) for c in contexts)
+    if size > max_bytes:
+        raise MasklabError(f"the context is {size:,} bytes, over the limit of {max_bytes:,}")
+    return contexts
 
 
 # --------------------------------------------------------------------------- the model's worker
@@ -273,14 +258,14 @@ class Service:
         if name in self.routers:
             self.routers.move_to_end(name)
             return self.routers[name]
-        from masklab.context.routers import DECIDING, EMBEDDING, load_router
+        from masklab.context.routers import ROUTERS, load_router
 
         while len(self.routers) >= self.cfg.max_routers:
             self.routers.popitem(last=False)
             self.counts["routers_evicted"] += 1
             clear_model_caches()  # so the evicted router's models are freed, not kept by a cache
-        self.routers[name] = load_router(name, self.lm, embedder=self.cfg.embedder if name in EMBEDDING else None,
-                                         **({"int8": True} if self.cfg.int8 and name in DECIDING else {}))
+        given = {"embedder": self.cfg.embedder, "int8": self.cfg.int8}  # the server's, for the routers that take them
+        self.routers[name] = load_router(name, self.lm, **{k: v for k, v in given.items() if k in ROUTERS[name].options})
         return self.routers[name]
 
     def submit(self, fn, *args):
@@ -331,7 +316,7 @@ class Service:
                     "embeddings": sorted((e.cache_stats() for e in embedder.live_embedders()),
                                          key=lambda c: (c["embedder"], -c["misses"])),
                     "embedders_loaded": _lru_stats(embedder.load_embedder),
-                    "pruners_loaded": _lru_stats(pruner._load),
+                    "pruners_loaded": _lru_stats(pruner.cached_pruner),
                     "documents": {"entries": 0, "max_entries": 0,
                                   "note": "not cached: each request's context is cut into units anew"}}}
 
@@ -351,8 +336,7 @@ def clear_model_caches() -> None:
     from masklab.context.routers import pruner
 
     embedder.load_embedder.cache_clear()
-    pruner._load.cache_clear()
-    pruner._load_int8.cache_clear()
+    pruner.clear_caches()
     import gc
 
     gc.collect()
@@ -360,16 +344,11 @@ def clear_model_caches() -> None:
 
 def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict:
     """What ``masklab compress --json`` prints for one request (:mod:`masklab.context.compress`):
-    one context pruned as one document, several as passages within one budget, and the answer
-    from the pruned text when asked."""
-    from masklab.context.compress import answer, prune_document, prune_passages
+    its passages pruned within one budget, and the answer from the pruned text when asked."""
+    from masklab.context.compress import answer, fit_window, render
 
-    budget = {"keep": req.keep, "target_tokens": req.target_tokens, "unit_tokens": cfg.unit_tokens, "fill": cfg.fill,
-              "max_new_tokens": req.max_new_tokens}
-    if len(req.contexts) == 1:
-        _, out = prune_document(lm, router, req.contexts[0], req.question, **budget, threshold=req.threshold)
-    else:
-        _, out = prune_passages(lm, router, req.contexts, req.question, **budget, threshold=req.threshold)
+    request, window, _ = fit_window(req.request, lm, req.max_new_tokens)
+    out = render(router.prune(request), lm, window)
     if req.answer:
         out["answer"], out["answer_seconds"] = answer(lm, out["pruned_text"], req.question, req.max_new_tokens)
     return out

@@ -8,7 +8,7 @@
 
 With ``langchain``'s ``ContextualCompressionRetriever(base_compressor=compressor,
 base_retriever=...)`` it prunes what a retriever returns. Each document keeps its best
-units for the query within one budget over all of them (:class:`masklab.integrations.Pruner`),
+units for the query within one budget over all of them (:class:`masklab.integrations.Adapter`),
 in reading order, with its metadata and ``metadata["masklab"]`` (``rank`` of the document by
 its best unit, ``tokens``, ``kept_tokens``, ``router``); a document that keeps nothing is
 dropped; the others stay in the order given. Needs the ``langchain`` extra (``langchain-core``).
@@ -22,7 +22,7 @@ from typing import Any
 from masklab.text.document import UNIT_TOKENS
 from masklab.util.errors import MasklabError
 from masklab.context.router import DEFAULT_ROUTER
-from masklab.integrations import Pruner
+from masklab.integrations import Adapter
 
 try:
     from langchain_core.documents import BaseDocumentCompressor, Document
@@ -45,13 +45,13 @@ class MasklabCompressor(BaseDocumentCompressor):
     threshold: float | None = None  # pruner-ctx, pruner: keep every unit scoring at least it (Provence's rule)
     unit_tokens: int = UNIT_TOKENS
     embedder: str | None = None  # dense, bm25+dense: a sentence-transformers folder (None: all-MiniLM-L6-v2)
-    _pruner: Pruner = PrivateAttr()
+    _adapter: Adapter = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
-        self._pruner = Pruner(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens,
+        self._adapter = Adapter(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens,
                               self.embedder, self.threshold)
 
     def compress_documents(self, documents: Sequence[Document], query: str, callbacks=None) -> Sequence[Document]:
-        kept = self._pruner.kept([d.page_content for d in documents], query)
+        kept = self._adapter.kept([d.page_content for d in documents], query)
         return [Document(page_content=text, metadata={**documents[i].metadata, "masklab": info}, id=documents[i].id)
                 for i, text, info in kept]

@@ -9,7 +9,7 @@
 
 As ``index.as_query_engine(node_postprocessors=[post])`` it prunes what the retriever
 returns before the LLM reads it. Each node keeps its best units for the query within one
-budget over all of them (:class:`masklab.integrations.Pruner`), in reading order: a copy of
+budget over all of them (:class:`masklab.integrations.Adapter`), in reading order: a copy of
 the node with the kept text, its score and metadata, and ``metadata["masklab"]`` (``rank``
 by its best unit, ``tokens``, ``kept_tokens``, ``router``); a node that keeps nothing is
 dropped; the others stay in the order given. Needs the ``llamaindex`` extra
@@ -23,7 +23,7 @@ from typing import Any
 from masklab.text.document import UNIT_TOKENS
 from masklab.util.errors import MasklabError
 from masklab.context.router import DEFAULT_ROUTER
-from masklab.integrations import Pruner
+from masklab.integrations import Adapter
 
 try:
     from llama_index.core.bridge.pydantic import PrivateAttr
@@ -45,10 +45,10 @@ class MasklabPostprocessor(BaseNodePostprocessor):
     threshold: float | None = None  # pruner-ctx, pruner: keep every unit scoring at least it (Provence's rule)
     unit_tokens: int = UNIT_TOKENS
     embedder: str | None = None  # dense, bm25+dense: a sentence-transformers folder (None: all-MiniLM-L6-v2)
-    _pruner: Pruner = PrivateAttr()
+    _adapter: Adapter = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
-        self._pruner = Pruner(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens,
+        self._adapter = Adapter(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens,
                               self.embedder, self.threshold)
 
     @classmethod
@@ -60,7 +60,7 @@ class MasklabPostprocessor(BaseNodePostprocessor):
             raise MasklabError("MasklabPostprocessor prunes for a query: pass query_str= or query_bundle=")
         texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
         out = []
-        for i, text, info in self._pruner.kept(texts, query_bundle.query_str):
+        for i, text, info in self._adapter.kept(texts, query_bundle.query_str):
             node = nodes[i].node.model_copy(deep=True)
             node.set_content(text)
             node.metadata = {**node.metadata, "masklab": info}

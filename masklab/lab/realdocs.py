@@ -314,10 +314,11 @@ def weights_digest(name: str, routers: list[str]) -> str:
     """What names the routers' weights: the digest of the trained routers shipped for model
     ``name`` and, where a pruner is measured, ``+pruner-`` the shipped pruners' (or none)."""
     from masklab.context.routers import pruner, trained
-    from masklab.lab.routers import DECIDING, TRAINED
+    from masklab.lab.routers import names, takes
 
-    parts = [trained.shipped_digest(name) or "none"] if set(routers) & set(TRAINED) else []
-    if set(routers) & set(DECIDING):
+    known = [n for n in routers if n in names()]  # (an anchor is no router)
+    parts = [trained.shipped_digest(name) or "none"] if any(takes(n, "router_model") for n in known) else []
+    if any(takes(n, "score_range") for n in known):
         parts.append(f"pruner-{pruner.shipped_digest()}")
     return "+".join(parts) or "none"
 
@@ -340,8 +341,7 @@ def in_turn(questions: list) -> list:
 def run(cfg: RealDocsConfig) -> int:
     from masklab.lab import anchors
     from masklab.context.embedder import check_folder
-    from masklab.context.routers import EMBEDDING
-    from masklab.lab.routers import TRAINED, check, load_router
+    from masklab.lab.routers import check, load_router, takes
     from masklab.util.files import write_json
     from masklab.util.flags import check_ranges
     from masklab.pretrained.models import check_models, load
@@ -362,10 +362,9 @@ def run(cfg: RealDocsConfig) -> int:
         questions = in_turn(questions)[:cfg.questions]
     out = make_out_dir(cfg.out)
     lm = load(cfg.model, threads=cfg.threads, device=dev)
-    reader = {"router_model": cfg.router_model} if cfg.router_model else {}
+    given = {"embedder": cfg.embedder, "router_model": cfg.router_model}  # for the routers that take them
     routers = {n: anchors.load_anchor(n, lm, cfg.embedder) if n in ANCHORS else
-               load_router(n, lm, embedder=cfg.embedder if n in EMBEDDING else None, **(reader if n in TRAINED else {}))
-               for n in cfg.routers}
+               load_router(n, lm, **{k: v for k, v in given.items() if takes(n, k)}) for n in cfg.routers}
     stamp = {"benchmark": realdocs.benchmark_digest(cfg.split), "model": lm.name,
              "router_model": cfg.router_model or lm.name, "embedder": cfg.embedder,
              "weights": weights_digest(cfg.router_model or lm.name, cfg.routers),

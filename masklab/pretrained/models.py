@@ -53,7 +53,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("MASKLAB_CACHE", Path.home() / ".cache" / "masklab"))
 
 
-def _require(module: str, install: str) -> None:
+def require(module: str, install: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise MasklabError(f"the Python package for {module!r} is not installed; install it with: {install}")
 
@@ -112,8 +112,8 @@ def check_models(names: list[str]) -> None:
     """Fail early (one clear message) for an unknown model or a missing package."""
     for name in names:
         if name in MODELS:
-            _require(MODELS[name].package, MODELS[name].install)
-            _require("transformers", PRETRAINED_EXTRA)
+            require(MODELS[name].package, MODELS[name].install)
+            require("transformers", PRETRAINED_EXTRA)
         elif Path(name).expanduser().is_dir():
             _check_folder(Path(name).expanduser())
         elif not (name.endswith(".gguf") and Path(name).expanduser().is_file()):
@@ -149,8 +149,8 @@ def sentencepiece_bpe_from_gguf(gguf_path: Path, out_file: Path) -> Path:
     normaliser is Gemma's: identity, no dummy prefix, whitespace kept and escaped as
     U+2581, digits split, byte fallback.
     """
-    _require("sentencepiece", PRETRAINED_EXTRA)
-    _require("google.protobuf", PRETRAINED_EXTRA)
+    require("sentencepiece", PRETRAINED_EXTRA)
+    require("google.protobuf", PRETRAINED_EXTRA)
     from gguf import GGUFReader
     from sentencepiece import sentencepiece_model_pb2 as spm
 
@@ -265,8 +265,8 @@ def _build_cache(spec: PretrainedSpec, target: Path) -> None:
     """De-quantise the package's GGUF into ``target`` (written to a temp dir, then renamed),
     with its progress bar and warnings kept off standard output and error (see the module
     docstring); call it holding the lock of :func:`_ensure_cache`."""
-    _require("transformers", PRETRAINED_EXTRA)
-    _require("gguf", PRETRAINED_EXTRA)
+    require("transformers", PRETRAINED_EXTRA)
+    require("gguf", PRETRAINED_EXTRA)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -354,8 +354,8 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     path = Path(name).expanduser()
     if name in MODELS:
         spec = MODELS[name]
-        _require(spec.package, spec.install)
-        _require("transformers", PRETRAINED_EXTRA)
+        require(spec.package, spec.install)
+        require("transformers", PRETRAINED_EXTRA)
         target = (cache_dir or cache_root() / "models") / name
         source = "gguf" if _ensure_cache(spec, target) else "cache"
         folder, gguf_file = target, None
@@ -367,7 +367,7 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
     else:
         known = ", ".join(MODELS)
         raise MasklabError(f"unknown model {name!r}: use one of {known}, a local Hugging Face model directory, or a .gguf file")
-    _require("transformers", PRETRAINED_EXTRA)
+    require("transformers", PRETRAINED_EXTRA)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

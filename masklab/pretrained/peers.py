@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 
-from masklab.pretrained.models import PRETRAINED_EXTRA, LoadedModel, _require
+from masklab.pretrained.models import PRETRAINED_EXTRA, LoadedModel, require
 
 PLAIN_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
@@ -32,7 +32,7 @@ def chat_template_set(tokenizer, template: str | None):
 
 
 def _import_context_cite():
-    _require("context_cite", PRETRAINED_EXTRA)
+    require("context_cite", PRETRAINED_EXTRA)
     import nltk
 
     real = nltk.download

@@ -164,6 +164,10 @@ def check_question(question: str | None, what: str = "question") -> str:
     q = (question or "").strip()
     if not q:
         raise MasklabError(f"the {what} is empty: give the question the context should answer")
+    try:
+        q.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise MasklabError(f"the {what} is not valid Unicode text (a lone surrogate at character {e.start})") from None
     return q
 
 

@@ -16,6 +16,8 @@ class Dense(Router):
     use = ("any document, above all questions worded unlike their answer: a 22M sentence-embedding model "
            "(docs/context.md: above bm25 on the paraphrased test split, below the pruner); --embedder names another")
 
+    options = ("embedder",)
+
     def __init__(self, lm=None, embedder: str | None = None) -> None:
         super().__init__(lm)
         self.embedder = load_embedder(embedder)

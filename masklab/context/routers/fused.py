@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from masklab.context.router import ROUTERS, Router
+from masklab.context.router import ROUTERS, Router, Scores
 from masklab.context.routers.bm25 import BM25
 from masklab.context.routers.dense import Dense
 from masklab.context.routers.trained import EvidenceRouter
@@ -69,7 +69,8 @@ class Fused(Router):
     ``weight`` (the class's chosen fusion unless given); ``options`` go to the other router
     (a trained one's ``path``, ``progress``, ``router_model``; dense's ``embedder``)."""
 
-    needs_model = True
+    reads_model = True
+    options = EvidenceRouter.options
     fill = True
     other_cls: type = EvidenceRouter
     how, weight = HOW, WEIGHT
@@ -83,9 +84,13 @@ class Fused(Router):
         self.weight = self.weight if weight is None else weight
 
     def score(self, doc, question):
-        t = self.other.score(doc, question)
-        self.last_windows = self.other.last_windows
-        return fuse(self.bm25.score(doc, question), t, self.how, self.weight)
+        return self.read(doc, [question]).values[0]
+
+    def read(self, doc, questions):
+        """The other router's read of ``doc`` (its windows) fused with BM25's scores."""
+        other = self.other.read(doc, questions)
+        values = [fuse(self.bm25.score(doc, q), t, self.how, self.weight) for q, t in zip(questions, other.values)]
+        return Scores(values, other.windows, other.notes)
 
 
 @ROUTERS.register("bm25+evidence")
@@ -105,6 +110,7 @@ class BM25Dense(Fused):
     use = ("questions that repeat the document's words (names, options, messages) and paraphrases: the best MRR on "
            "the first test split as measured, not above dense on the second")
 
-    needs_model = False
+    reads_model = False
+    options = Dense.options
     other_cls = Dense
     how, weight = "z", 2.0  # chosen on val by a rule fixed first (scripts/choose_fusion.py)

@@ -9,7 +9,7 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
-from masklab.context.router import ROUTERS, Router
+from masklab.context.router import ROUTERS, Router, Scores
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "pruner"
 
@@ -24,7 +24,8 @@ def shipped_digest() -> str:
 
 
 @lru_cache(maxsize=4)
-def _load(path: str):
+def cached_pruner(path: str):
+    """The pruner file ``path`` loaded, once per process (4 at most)."""
     from masklab.context.pruner import load_pruner
 
     return load_pruner(Path(path))
@@ -38,12 +39,13 @@ class Pruner(Router):
     use = ("the default, any document: MiniLM fine-tuned (LoRA) on causal labels of real documents, above dense and "
            "bm25+dense on both real-document test splits; --keep auto decides how much; train-router --docs trains yours")
     labels = "causal"
+    options = ("path", "int8")
     score_range = (-1.0, 1.0)  # cosines
 
     def __init__(self, lm=None, path: str | Path | None = None, int8: bool = False) -> None:
         super().__init__(lm)
         self.path = Path(path) if path is not None else WEIGHTS / f"{self.labels}.safetensors"
-        self.model, self.meta = (_load_int8 if int8 else _load)(str(self.path))
+        self.model, self.meta = (cached_int8_pruner if int8 else cached_pruner)(str(self.path))
         self.keep_auto = self.meta.get("keep_auto")  # the score from which --keep auto keeps a unit
 
     def score(self, doc, question):
@@ -51,7 +53,7 @@ class Pruner(Router):
 
 
 @lru_cache(maxsize=1)
-def _load_int8(path: str):
+def cached_int8_pruner(path: str):
     """A pruner of its own (its own embedder and cache) with its encoder's linear layers in int8."""
     import torch
 
@@ -70,6 +72,12 @@ def _load_head(path: str):
     return load_head(Path(path))
 
 
+def clear_caches() -> None:
+    """Forget the loaded pruners (a router that holds one keeps it; one no router holds is freed)."""
+    for cache in (cached_pruner, cached_int8_pruner, _load_head):
+        cache.cache_clear()
+
+
 @ROUTERS.register("pruner-ctx")
 class ContextPruner(Router):
     """``path``: a context head file (``scripts/train_ctx.py``; None: the shipped one), read on top of
@@ -78,6 +86,7 @@ class ContextPruner(Router):
     use = ("any document, questions whose answer spans sentences or updates: the pruner's scores read beside each "
            "unit's neighbours and the more relevant units, trained on causal keep-set labels; --threshold or --keep auto")
     score_range = (0.0, 1.0)
+    options = ("path", "int8")
     labels = "union"
 
     def __init__(self, lm=None, path: str | Path | None = None, int8: bool = False) -> None:
@@ -86,16 +95,16 @@ class ContextPruner(Router):
         super().__init__(lm)
         self.path = Path(path) if path is not None else WEIGHTS / f"ctx-{self.labels}.safetensors"
         self.head, self.meta = _load_head(str(self.path))
-        self.pruner = (_load_int8 if int8 else _load)(str(WEIGHTS / "causal.safetensors"))[0]
+        self.pruner = (cached_int8_pruner if int8 else cached_pruner)(str(WEIGHTS / "causal.safetensors"))[0]
         self.keep_auto, self.keep_rule = self.meta.get("keep_auto"), self.meta.get("keep_rule", "threshold")
         self.context = self.meta.get("context", 0)  # units beside the best one kept with it (chosen on val)
 
     def score(self, doc, question):
-        return self.score_many(doc, [question])[0]
+        return self.read(doc, [question]).values[0]
 
-    def score_many(self, doc, questions):
+    def read(self, doc, questions):
         from masklab.context.contextual import probabilities
 
         emb = self.pruner.embedder
         units, qs = emb.units(doc.units), emb.encode(list(questions))  # one batch of questions
-        return [probabilities(self.head, units, q) for q in qs]
+        return Scores([probabilities(self.head, units, q) for q in qs])

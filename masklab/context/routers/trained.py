@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from masklab.context.router import ROUTERS, Router
+from masklab.context.router import ROUTERS, Router, Scores
 from masklab.context.routers.features import ROUTER_LAYERS, features, load_routers, router_stem, same_model
 from masklab.util.errors import MasklabError
 
@@ -59,7 +59,8 @@ class TrainedRouter(Router):
     ``notes``: which model ranked when it is not ``lm``, and a warning for a router fitted on
     few examples (they reach :attr:`Pruned.notes`)."""
 
-    needs_model = True
+    reads_model = True
+    options = ("path", "router_model", "progress")
     fill = True
     kind = ""
 
@@ -123,12 +124,18 @@ class TrainedRouter(Router):
         return out
 
     def score(self, doc, question):
-        wins = self.windows(doc.lengths(self.reader.tokenizer), question)
+        return self.read(doc, [question]).values[0]
+
+    def read(self, doc, questions):
+        """Each question's scores, read window by window (:meth:`windows`); ``windows``: how many."""
         kind = {"kind": self.feature_set} if self.feature_set else {}
-        parts = [self.router.score(features(self.reader, doc.units[w.start:w.stop], question, self.layers, **kind))
-                 for w in self._bar(wins)]
-        self.last_windows = len(wins)
-        return torch.cat(parts)
+        values, most = [], 1
+        for question in questions:
+            wins = self.windows(doc.lengths(self.reader.tokenizer), question)
+            most = max(most, len(wins))
+            values.append(torch.cat([self.router.score(features(self.reader, doc.units[w.start:w.stop], question,
+                                                                self.layers, **kind)) for w in self._bar(wins)]))
+        return Scores(values, windows=most)
 
     def _bar(self, wins: list[range]):
         if not self.progress or len(wins) < 2:  # one window: one pass, nothing to count

@@ -17,16 +17,10 @@ own registries hold the rest:
 
 from __future__ import annotations
 
-from masklab.context.routers import DECIDING as PRODUCT_DECIDING
 from masklab.context.routers import ROUTERS
-from masklab.context.routers import TRAINED as PRODUCT_TRAINED
 from masklab.context.routers import load_router as load_product_router
 from masklab.lab.routers import controls, longllmlingua, oracle  # noqa: F401  (they register themselves)
 from masklab.lab.routers.registry import LAB_ROUTERS, REWRITERS, Rewriter  # noqa: F401  (the lab's router API)
-
-TRAINED = PRODUCT_TRAINED + controls.TRAINED  # routers that read a trained router file (``router_model=``)
-DECIDING = PRODUCT_DECIDING + controls.DECIDING  # routers that decide how much to keep (their weights name runs)
-
 
 def names() -> list[str]:
     """Every router the lab can run: the product's, then the lab's routers and rewriters."""
@@ -47,11 +41,17 @@ def factory(name: str):
     return next(reg[name] for reg in (ROUTERS, LAB_ROUTERS, REWRITERS) if name in reg)
 
 
-def load_router(name: str, model=None, embedder: str | None = None, **kwargs):
+def load_router(name: str, model=None, **options):
     """The router (or rewriter) ``name``, as :func:`masklab.context.routers.load_router`
     builds a product one (``model``: a name, a folder, a loaded model or None)."""
     check(name)
-    if name in ROUTERS:
-        return load_product_router(name, model, embedder=embedder, **kwargs)
-    return load_product_router(name, model, embedder=embedder, registry=LAB_ROUTERS if name in LAB_ROUTERS else REWRITERS,
-                               **kwargs)
+    registry = next(reg for reg in (ROUTERS, LAB_ROUTERS, REWRITERS) if name in reg)
+    return load_product_router(name, model, registry=registry, **options)
+
+
+def takes(name: str, option: str) -> bool:
+    """Whether router ``name`` declares ``option`` (``score_range``: whether it decides how much)."""
+    cls = factory(name)
+    if option == "score_range":
+        return getattr(cls, "score_range", None) is not None
+    return option in getattr(cls, "options", ())

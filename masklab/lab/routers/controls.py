@@ -13,9 +13,6 @@ from masklab.context.routers.pruner import ContextPruner, Pruner
 from masklab.context.routers.trained import TrainedRouter
 from masklab.lab.routers.registry import LAB_ROUTERS
 
-TRAINED = ("attention", "bm25+attention")
-DECIDING = ("pruner-attention", "pruner-marks", "pruner-ctx-attention")
-
 
 @LAB_ROUTERS.register("attention")
 class AttentionRouter(TrainedRouter):

@@ -26,7 +26,7 @@ import time
 from masklab.context.router import Pruned
 from masklab.lab.routers.registry import REWRITERS, Rewriter
 from masklab.util.errors import MasklabError
-from masklab.pretrained.models import PRETRAINED_EXTRA, _require
+from masklab.pretrained.models import PRETRAINED_EXTRA, require
 
 
 PASSAGE_TOKENS = 128  # its documents: consecutive units of at most this many tokens (it ranks passages, not sentences)
@@ -47,7 +47,7 @@ class ModelTokenizerEncoding:
 
 def compressor(lm):
     """A ``llmlingua.PromptCompressor`` over ``lm``'s model and a copy of its tokenizer."""
-    _require("llmlingua", f"{PRETRAINED_EXTRA}   (or: pip install llmlingua==0.2.2)")
+    require("llmlingua", f"{PRETRAINED_EXTRA}   (or: pip install llmlingua==0.2.2)")
     import llmlingua.prompt_compressor as pc
     from transformers import DynamicCache
 
@@ -82,7 +82,7 @@ def compressor(lm):
 class LongLLMLingua(Rewriter):
     """LongLLMLingua (module docstring)."""
 
-    needs_model = True
+    reads_model = True
     use = "the question-aware peer, for comparison: it rewrites the text token by token (slow on a CPU)"
 
     def __init__(self, lm=None) -> None:

@@ -16,11 +16,11 @@ class Rewriter:
     :meth:`choose` returns a :class:`~masklab.context.router.Pruned` with ``compressed`` set."""
 
     name = ""
-    needs_model = False
+    reads_model = False
     use = ""
 
     def __init__(self, lm=None) -> None:
-        if self.needs_model and lm is None:
+        if self.reads_model and lm is None:
             raise MasklabError(f"the {self.name} router reads a language model: give one")
         self.lm = lm
         self.notes: list[str] = []

@@ -396,13 +396,13 @@ def validate(cfg: Config) -> None:
     check_model_paths(cfg.models)
     check_prompt_format(cfg.prompt_format)
     if "lora" in cfg.methods:
-        from masklab.pretrained.models import _require
+        from masklab.pretrained.models import require
 
         bad = [t for t in cfg.lora_targets if t not in LORA_TARGETS]
         if not cfg.lora_targets or (bad and all(m in MODELS for m in cfg.models)):
             raise MasklabError(f"--lora-targets: unknown projection(s) {', '.join(bad) or '(none)'}; "
                                f"the packaged models' attention has {', '.join(LORA_TARGETS)}")
-        _require("peft", "pip install peft==0.21.2 (the pretrained extra)")
+        require("peft", "pip install peft==0.21.2 (the pretrained extra)")
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab tune-prior") -> dict:
