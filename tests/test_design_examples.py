@@ -37,7 +37,7 @@ def run_example(name: str, module: str = "masklab.design_example") -> types.Modu
 def test_every_example_is_tested():
     names = re.findall(r"^# example: ([\w-]+)$", DOC.read_text(), flags=re.M)
     assert sorted(names) == sorted(["study", "design", "qk-init", "search", "router", "selector", "architecture",
-                                   "context-router"])
+                                   "context-router", "context-deciding-router"])
 
 
 def test_study_example_runs_resumes_and_takes_its_flags(tmp_path):
@@ -180,3 +180,25 @@ def test_context_router_example_prunes_a_text():
         assert pruned.doc.units[pruned.kept[0]] == "Tiny." and pruned.kept_fraction <= 0.3 + 1e-9
     finally:
         del ROUTERS["shortest"]
+
+
+def test_a_router_with_a_score_range_takes_a_threshold_and_keep_auto_everywhere(tmp_path, capsys):
+    from masklab.cli import main
+    from masklab.context import prune
+    from masklab.context.api import _router
+    from masklab.context.router import ROUTERS
+
+    run_example("context-deciding-router")
+    try:
+        text = "One fact. Two facts. Three facts. Four facts."
+        assert prune("Which?", text, threshold=0.5, router="first-half")["kept"] == [0, 1]
+        assert prune("Which?", text, router="first-half")["kept"] == [0, 1]  # keep auto: its own 0.5
+        doc = tmp_path / "d.txt"
+        doc.write_text(text)
+        for budget in (["--threshold", "0.5"], ["--keep", "auto"]):  # accepted: refused only at the unknown model
+            assert main(["compress", "--context", str(doc), "--question", "Which?", "--router", "first-half",
+                         *budget, "--model", "no-such"]) == 2
+            assert "no-such" in capsys.readouterr().err
+    finally:
+        del ROUTERS["first-half"]
+        _router.cache_clear()
