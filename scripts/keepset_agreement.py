@@ -19,14 +19,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def main() -> int:
     from masklab.lab.train_pruner import shipped_recipe
     from masklab.util.files import read_jsonl, write_json
     from masklab.lab.stats import mcnemar, wilson
-    from train_cross import KEEPSET_GAIN, targets
+    from masklab.lab.train_ctx import KEEPSET_GAIN, targets
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="whose labels")

@@ -35,32 +35,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-VARIANTS = ("lasso", "keepset", "union", "attention", "marks")
-KEEPSET_GAIN = 1.0  # nats over reading nothing for a keep set to credit its units
-
-
-def targets(lasso: dict, keepset: dict | None, variant: str, threshold: float) -> list[int]:
-    """The target units of one question (document unit indices) for ``variant``."""
-    from masklab.lab.labels import keepset_target
-    from masklab.lab.train_pruner import target_set
-
-    win = lasso["window"]
-    causal = {win[i] for i in target_set(lasso, "causal", threshold)}
-    if variant == "lasso":
-        return sorted(causal)
-    if variant == "attention":
-        return sorted(win[i] for i in target_set(lasso, "attention", threshold))
-    if variant == "marks":
-        return sorted(lasso["marked"])
-    ks = {keepset["window"][i] for i in keepset_target(keepset, KEEPSET_GAIN)} if keepset else None
-    if variant == "keepset":
-        return sorted(causal if ks is None else ks)
-    if variant == "union":
-        return sorted(causal | (ks or set()))
-    raise SystemExit(f"unknown label variant {variant!r}; choose from {', '.join(VARIANTS)}")
-
-
 def summary(res: dict) -> list[dict]:
     """One row per measured variant (the generated tables' rows)."""
     return [{"task": "val", "method": name, "n": f["n"], "mrr": f["mrr"], "kept@10": f["kept@10"], "kept@25": f["kept@25"],
@@ -70,32 +44,14 @@ def summary(res: dict) -> list[dict]:
             for name, f in res["variants"].items()]
 
 
-def material(model: str, tok) -> tuple[dict, dict, dict, list, dict]:
-    """The training labels (round-5 and keep-set rows by question id), the corpus questions by id,
-    the val questions, and every one of their documents cut by ``tok``."""
-    from masklab.lab.tasks import realdocs
-    from masklab.text.document import segment
-    from masklab.util.files import read_jsonl
-
-    labels = ROOT / "results" / "corpus-labels"
-    lasso = {r["id"]: r for f in sorted(labels.glob(f"labels-{model}-train*.jsonl")) for r in read_jsonl(f)}
-    keepset = {r["id"]: r for r in read_jsonl(labels / f"labels-keepset-{model}-train.jsonl")}
-    corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
-    val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
-    docs: dict = {}
-    for q in list(corpus.values()) + val:
-        if q.doc not in docs:
-            docs[q.doc] = segment(q.text, tok)
-    return lasso, keepset, corpus, val, docs
-
-
 def main() -> int:
     from masklab.lab import cross
     from masklab.lab.train_pruner import shipped_recipe
     from masklab.util.files import write_json
     from masklab.pretrained.models import load
     from masklab.lab.revision import code_hash
-    from train_pruner import keep_auto, val_figures
+    from masklab.lab.train_ctx import KEEPSET_GAIN, VARIANTS, material, targets
+    from masklab.lab.train_pruner import keep_auto, val_figures
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)")

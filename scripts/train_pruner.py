@@ -30,47 +30,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def val_figures(rank, val: list, docs: dict, tokenizer) -> dict:
-    """MRR and kept@0.1 / @0.25 of ``rank(question, units)`` over the val questions, and the
-    scores of each question (for ``--keep auto``'s threshold)."""
-    from masklab.lab.realdocs import answering_units, rank_of
-    from masklab.text.selection import select
-
-    rr, kept10, kept25, rows = [], [], [], []
-    for q in val:
-        doc = docs[q.doc]
-        gold = answering_units(doc, q.spans())
-        s = rank(q.question, doc.units)
-        lengths = doc.lengths(tokenizer)
-        rr.append(1 / rank_of(s, gold))
-        for keep, acc in ((0.1, kept10), (0.25, kept25)):
-            k = set(select(s, lengths, keep, fill=True))
-            acc.append(all(u in k for g in gold for u in g))
-        rows.append({"id": q.id, "scores": s.tolist(), "lengths": lengths, "gold": gold})
-    n = len(val)
-    return {"n": n, "mrr": sum(rr) / n, "kept@10": sum(kept10) / n, "kept@25": sum(kept25) / n, "rows": rows}
-
-
-def keep_auto(rows: list[dict], target: float) -> dict:
-    """The score threshold whose kept fraction is smallest among those keeping the answer for at
-    least ``target`` of the questions (every unit scoring at least it is kept; the top unit always)."""
-    cands = sorted({round(x, 3) for r in rows for x in r["scores"]})
-    best = None
-    for t in cands:
-        kept, frac = 0, 0.0
-        for r in rows:
-            s = torch.tensor(r["scores"])
-            keep = set((s >= t).nonzero().flatten().tolist()) | {int(s.argmax())}
-            kept += all(u in keep for g in r["gold"] for u in g)
-            frac += sum(r["lengths"][i] for i in keep) / sum(r["lengths"])
-        kept, frac = kept / len(rows), frac / len(rows)
-        if kept >= target and (best is None or frac < best["fraction"]):
-            best = {"threshold": t, "kept": kept, "fraction": frac}
-    return best
-
-
 def main() -> int:
-    from masklab.lab.train_pruner import TrainConfig, examples_of, save, train
+    from masklab.lab.train_pruner import TrainConfig, examples_of, keep_auto, save, train, val_figures
     from masklab.text.document import segment
     from masklab.pretrained.models import load
     from masklab.lab.revision import code_hash

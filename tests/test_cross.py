@@ -262,7 +262,8 @@ def test_the_context_head_starts_as_the_round5_ranking_and_handles_a_one_unit_do
 
 
 def test_the_context_head_learns_the_unit_after_the_most_relevant_one():
-    from masklab.context.contextual import Example, HeadConfig, load_head, probabilities, save, train
+    from masklab.context.contextual import load_head, probabilities
+    from masklab.lab.train_ctx import Example, HeadConfig, save, train
 
     # the target is the unit right after the best-scoring one: invisible to a score of each unit alone
     examples = []

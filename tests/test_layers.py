@@ -24,7 +24,7 @@ LAYERS = {
                           "lab.report", "lab.doctables", "lab.stats"],
     "lab tasks and evidence": ["lab.tasks", "lab.evidence", "lab.routing", "lab.lm_evidence"],
     "lab routers": ["lab.routers", "lab.anchors", "lab.pipeline", "lab.labels", "lab.realdocs", "lab.train_router",
-                    "lab.train_pruner", "lab.linear_routers"],
+                    "lab.train_pruner", "lab.train_ctx", "lab.linear_routers"],
     "training loop": ["lab.train"],
     "studies": ["lab.studies"],
     "CLI": ["cli", "pretrained.cli", "context.cli", "__main__"],

@@ -163,6 +163,29 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
 
     shipped = load_router("pruner").score(Document(units=got["units"]), question)
     assert not torch.allclose(torch.tensor(got["scores"]), shipped.float(), atol=1e-4)
+    # the default router's kind, on the same labels (read again, not relabelled), through the same command
+    assert main(args + ["--kind", "pruner-ctx"]) == 0
+    assert (out / "labels.jsonl").read_bytes() == labelled and "ctx-causal.safetensors" in capsys.readouterr().out
+    assert main(["compress", "--context", str(ctx), "--question", question, "--model", str(model), "--router",
+                 "pruner-ctx", "--router-file", str(out / "ctx-causal.safetensors"), "--keep", "auto", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    mine = load_router("pruner-ctx", path=out / "ctx-causal.safetensors").score(Document(units=got["units"]), question)
+    assert got["kept"] and got["scores"] == pytest.approx(mine.tolist(), abs=1e-5)
+    assert mine.tolist() != pytest.approx(load_router("pruner-ctx").score(Document(units=got["units"]), question).tolist(),
+                                          abs=1e-4)  # its own head, not the shipped one
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--kind", "evidence", "--docs", "d", "--questions", "q.jsonl"], "--kind evidence trains on the generated families"),
+    (["--kind", "pruner-ctx", "--docs", "d"], "--docs and --questions go together"),
+    (["--kind", "pruner", "--model", "no-such-model"], "no corpus labels for no-such-model"),
+])
+def test_train_router_kinds_refuse_what_they_cannot_train(tmp_path, capsys, argv, match):
+    from masklab.cli import main
+
+    assert main(["train-router", "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
 
 
 @needs_dense

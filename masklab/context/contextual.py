@@ -17,18 +17,14 @@ further question on a document costs one question embedding and the head.
 Shapes: ``units`` (N, D) unit-length embeddings, ``q`` (D,); :func:`features` -> (N, F);
 :meth:`ContextHead.forward` -> (N,) logits.
 
-Training (:func:`train`): the listwise loss of round 5 (softmax over the document's units of
-``(s + residual) / TEMPERATURE`` against the uniform distribution on the target units), then
-the calibration fitted by logistic regression on the training units. The head is a few
-thousand numbers, stored as one safetensors file and a JSON file beside it.
+Training (:mod:`masklab.lab.train_ctx`, ``masklab train-router --kind pruner-ctx``): the listwise
+loss of round 5, then the calibration fitted by logistic regression on the training units. The
+head is a few thousand numbers, stored as one safetensors file and a JSON file beside it.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -86,71 +82,6 @@ class ContextHead(torch.nn.Module):
     def forward(self, s: Tensor, x: Tensor) -> Tensor:
         a, b = self.calibration
         return a * self.rank_scores(s, x) + b
-
-
-@dataclass
-class Example:
-    """One training question: its document's unit embeddings, the question's, the targets."""
-
-    units: Tensor
-    q: Tensor
-    target: list[int]
-
-
-@dataclass
-class HeadConfig:
-    epochs: int = 60
-    lr: float = 3e-3
-    weight_decay: float = 1e-3
-    seed: int = 0
-
-
-def train(examples: list[Example], cfg: HeadConfig) -> tuple[ContextHead, dict]:
-    """Fit a :class:`ContextHead` (module docstring); returns it and a record (loss per epoch,
-    the calibration, seconds)."""
-    usable = [e for e in examples if e.target and e.units.shape[0] > 1]
-    if not usable:
-        raise MasklabError("no training question has a target unit: nothing to learn from")
-    torch.manual_seed(cfg.seed)
-    head = ContextHead()
-    feats = [features(e.units, e.q) for e in usable]
-    opt = torch.optim.AdamW(head.mlp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    rng = random.Random(cfg.seed)
-    order, losses, t0 = list(range(len(usable))), [], time.perf_counter()
-    for _ in range(cfg.epochs):
-        rng.shuffle(order)
-        total = 0.0
-        for b in range(0, len(order), 16):
-            opt.zero_grad()
-            loss = torch.zeros(())
-            for k in order[b:b + 16]:
-                s, x = feats[k]
-                logp = (head.rank_scores(s, x) / TEMPERATURE).log_softmax(-1)
-                loss = loss - logp[usable[k].target].mean()
-            (loss / len(order[b:b + 16])).backward()
-            opt.step()
-            total += float(loss.detach())
-        losses.append(total / len(order))
-    with torch.no_grad():  # the logistic calibration of the ranking score: keep probabilities
-        r = torch.cat([head.rank_scores(*f) for f in feats])
-        y = torch.cat([torch.zeros(e.units.shape[0]).index_fill_(0, torch.tensor(e.target), 1.0) for e in usable])
-    from sklearn.linear_model import LogisticRegression
-
-    lr = LogisticRegression(C=10.0).fit(r[:, None].numpy(), y.numpy())
-    head.calibration.copy_(torch.tensor([float(lr.coef_[0, 0]), float(lr.intercept_[0])]))
-    head.eval()
-    return head, {"examples": len(usable), "loss": losses, "calibration": head.calibration.tolist(),
-                  "seconds": time.perf_counter() - t0, "config": asdict(cfg)}
-
-
-def save(head: ContextHead, path: Path, meta: dict) -> None:
-    """``path`` (``.safetensors``: the head) and ``path.with_suffix(".json")``."""
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(path))
-    path.with_suffix(".json").write_text(json.dumps({"design": "context-head", "features": list(FEATURES), **meta},
-                                                    indent=1) + "\n")
 
 
 def load_head(path: Path) -> tuple[ContextHead, dict]:

@@ -1,4 +1,15 @@
-"""``masklab train-router``: label, fit and measure the trained routers on held-out families.
+"""``masklab train-router``: train every shipped router kind (``--kind``) from the corpus or your documents.
+
+* ``--kind evidence`` (the default without ``--docs``): the evidence and attention routers of a model,
+  labelled on the generated families and measured on held-out ones (below);
+* ``--kind pruner`` (the default with ``--docs``): the pruner (:mod:`masklab.lab.train_pruner`) on causal
+  labels of your question / answer pairs (``--docs``, ``--questions``), or without them on the stored
+  corpus labels (``results/corpus-labels``);
+* ``--kind pruner-ctx``: the context pruner's head (:mod:`masklab.lab.train_ctx`) on the same labels of
+  your pairs, or without them on the corpus (the shipped head's recipe: the ``union`` labels, its
+  selection and ``--keep auto`` rule chosen on val).
+
+The evidence routers:
 
 1. **Labels** on the ``train`` families of :mod:`masklab.lab.tasks.families` at ``--length``
    tokens (short contexts make labels cheap; what a router learns from a unit and its
@@ -55,6 +66,7 @@ from masklab.util.files import append_jsonl, atomic_write_text, make_out_dir, re
 from masklab.util.flags import add_flags, config_from_args, flag, int_list, str_list
 
 EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
+KINDS = ("evidence", "pruner", "pruner-ctx")  # what --kind trains (run)
 MIN_LABELLED = 20  # fewer rightly answered training examples: no router is fitted (--quick: 2)
 
 
@@ -79,6 +91,10 @@ class TrainConfig:
     eval_kinds: list[str] = flag(factory=list, parse=str_list, default_text="every kind of the split",
                                  help="task kinds to evaluate (single, multikey, update, chain, multi)")
     keep: float = flag(0.25, above=0, max=1, help="kept fraction in the evaluation")
+    kind: str | None = flag(None, choices=list(KINDS), default_text="pruner with --docs, else evidence",
+                            help="what to train: evidence (the evidence and attention routers, on generated "
+                            "families), pruner or pruner-ctx (on your --docs and --questions, else on the corpus "
+                            "labels)")
     docs: str | None = flag(None, metavar="DIR", help="your own documents (text files): with --questions, label "
                             "them with causal evidence and train a pruner for your domain instead of the routers")
     questions: str | None = flag(None, metavar="FILE", help="with --docs: JSON lines {doc, question, answers, "
@@ -339,12 +355,23 @@ def markdown(res: dict) -> str:
 
 
 def run(cfg: TrainConfig) -> int:
+    check(cfg)
+    return {"evidence": run_families, "pruner": run_pruner, "pruner-ctx": run_ctx}[kind_of(cfg)](cfg)
+
+
+def kind_of(cfg: TrainConfig) -> str:
+    """The kind to train (``--kind``; without it, a pruner where documents are given)."""
+    return cfg.kind or ("pruner" if cfg.docs or cfg.questions else "evidence")
+
+
+def run_families(cfg: TrainConfig) -> int:
+    """``--kind evidence``: the evidence and attention routers (module docstring)."""
     from masklab.context.routers.features import load_routers, router_stem
     from masklab.pretrained.models import check_models, load
 
-    check(cfg)
     if cfg.docs or cfg.questions:
-        return run_docs(cfg)
+        raise MasklabError("--kind evidence trains on the generated families; --docs and --questions train a pruner "
+                           "(--kind pruner or pruner-ctx)")
     stamp = code_stamp()  # before labelling, which takes hours: the code that runs, not the code at the end
     dev = devices.resolve(cfg.device)  # one clear error for cuda without a GPU, before anything is written
     devices.check_precision(cfg.precision)
@@ -420,24 +447,23 @@ def read_pairs(docs: str, questions: str) -> list:
     return out
 
 
-def run_docs(cfg: TrainConfig) -> int:
-    """``--docs DIR --questions FILE``: causal labels of your pairs with ``--model`` (resumable,
-    ``OUT/labels.jsonl``, a cost estimate after the first), then a pruner of the shipped design
-    trained on them (``OUT/pruner-causal.safetensors``)."""
+def pruner_labels(cfg: TrainConfig):
+    """``(tokenizer, label rows, questions by id)`` for the pruner kinds: causal labels of your pairs with
+    ``--model`` (``--docs``, ``--questions``; resumable, ``OUT/labels.jsonl``, a cost estimate after the
+    first), or the stored corpus labels of ``--model`` (``results/corpus-labels``)."""
     from masklab.lab.labels import label_questions
-    from masklab.lab.train_pruner import TrainConfig as PrunerConfig
-    from masklab.lab.train_pruner import examples_of, save, shipped_recipe, train
     from masklab.pretrained.models import check_models, load
 
-    if not (cfg.docs and cfg.questions):
+    if bool(cfg.docs) != bool(cfg.questions):
         raise MasklabError("--docs and --questions go together (your documents and your questions about them)")
+    if not cfg.docs:
+        return corpus_labels(cfg)
     pairs = read_pairs(cfg.docs, cfg.questions)
     dev = devices.resolve(cfg.device)
     check_models([cfg.model])
     out = make_out_dir(cfg.out)
     lm = load(cfg.model, threads=cfg.threads, device=dev)
     path = out / "labels.jsonl"
-    t0 = time.perf_counter()
     with devices.autocast(dev, cfg.precision):
         first = label_questions(lm, pairs[:1], path, progress=False)
         if len(first) == 1 and len(pairs) > 1:
@@ -445,15 +471,41 @@ def run_docs(cfg: TrainConfig) -> int:
             print(f"labelling cost estimate: {len(pairs)} pairs x {first[0]['passes']} passes, {s:.1f} s each = "
                   f"about {len(pairs) * s / 60:.0f} min", file=sys.stderr, flush=True)
         rows = label_questions(lm, pairs, path, progress=cfg.progress)
+    return lm.tokenizer, rows, {q.id: q for q in pairs}
+
+
+def corpus_labels(cfg: TrainConfig):
+    """:func:`pruner_labels` from the stored corpus labels of ``--model`` (one error where none are stored)."""
+    from masklab.lab.tasks import realdocs
+    from masklab.lab.train_ctx import CORPUS_LABELS
+    from masklab.pretrained.models import check_models, load
+
+    files = sorted(CORPUS_LABELS.glob(f"labels-{cfg.model}-train*.jsonl"))
+    if not files:
+        raise MasklabError(f"no corpus labels for {cfg.model} in {CORPUS_LABELS} (scripts/label_corpus.py makes "
+                           "them): train on your own documents instead (--docs, --questions)")
+    check_models([cfg.model])
+    rows = list({r["key"]: r for f in files for r in read_jsonl(f)}.values())
+    corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
+    return load(cfg.model, threads=cfg.threads).tokenizer, rows, {r["id"]: corpus[r["id"]] for r in rows}
+
+
+def run_pruner(cfg: TrainConfig) -> int:
+    """``--kind pruner``: a pruner of the shipped design trained on causal labels
+    (:func:`pruner_labels`): ``OUT/pruner-causal.safetensors``."""
+    from masklab.lab.train_pruner import TrainConfig as PrunerConfig
+    from masklab.lab.train_pruner import examples_of, save, shipped_recipe, train
+
+    t0 = time.perf_counter()
+    tokenizer, rows, questions = pruner_labels(cfg)
     recipe = shipped_recipe()
     if cfg.causal_threshold is not None:
         recipe["threshold"] = cfg.causal_threshold
-    by_id = {q.id: q for q in pairs}
-    model, rec = train(examples_of(rows, by_id, lm.tokenizer, "causal", recipe["threshold"]),
+    model, rec = train(examples_of(rows, questions, tokenizer, "causal", recipe["threshold"]),
                        PrunerConfig(design=recipe["design"], labels="causal", threshold=recipe["threshold"]),
                        cfg.progress)
-    target = out / "pruner-causal.safetensors"
-    save(model, target, {"labels": "causal", "threshold": recipe["threshold"], "model": lm.name,
+    target = make_out_dir(cfg.out) / "pruner-causal.safetensors"
+    save(model, target, {"labels": "causal", "threshold": recipe["threshold"], "model": cfg.model,
                          "labelled": len(rows), "train_examples": rec["examples"], "keep_auto": recipe["keep_auto"],
                          "docs": cfg.docs, "questions": cfg.questions, "command": cfg.command, "loss": rec["loss"]})
     print(f"pruner: {target} ({len(rows)} pairs labelled, {rec['examples']} with a causal set; "
@@ -462,9 +514,45 @@ def run_docs(cfg: TrainConfig) -> int:
     return 0
 
 
+def run_ctx(cfg: TrainConfig) -> int:
+    """``--kind pruner-ctx``: the context pruner's head. On the corpus, the shipped recipe
+    (:func:`masklab.lab.train_ctx.run_corpus` for the ``union`` labels: ``OUT/ctx-union.safetensors``
+    and ``OUT/results.json``); on your pairs, the head trained on their causal sets over the shipped
+    pruner's embeddings, with the shipped head's selection and ``--keep auto`` rule
+    (``OUT/ctx-causal.safetensors``)."""
+    from masklab.context.contextual import load_head
+    from masklab.context.routers.pruner import WEIGHTS, ContextPruner, cached_pruner
+    from masklab.lab.train_ctx import Example, HeadConfig, run_corpus, save, targets, train
+    from masklab.lab.train_pruner import shipped_recipe
+    from masklab.text.document import segment
+
+    t0 = time.perf_counter()
+    if not cfg.docs and not cfg.questions:
+        run_corpus(cfg.model, [ContextPruner.labels], make_out_dir(cfg.out), cfg.command, threads=cfg.threads)
+        target = Path(cfg.out) / f"ctx-{ContextPruner.labels}.safetensors"
+    else:
+        tokenizer, rows, questions = pruner_labels(cfg)
+        threshold = shipped_recipe()["threshold"] if cfg.causal_threshold is None else cfg.causal_threshold
+        emb = cached_pruner(str(WEIGHTS / "causal.safetensors"))[0].embedder
+        units = {q.doc: emb.units(segment(q.text, tokenizer).units) for q in questions.values()}
+        qvec = dict(zip(questions, emb.encode([q.question for q in questions.values()])))
+        examples = [Example(units[questions[r["id"]].doc], qvec[r["id"]], targets(r, None, "lasso", threshold))
+                    for r in rows]
+        head, rec = train(examples, HeadConfig())
+        shipped = load_head(WEIGHTS / f"ctx-{ContextPruner.labels}.safetensors")[1]
+        target = make_out_dir(cfg.out) / "ctx-causal.safetensors"
+        save(head, target, {"labels": "causal", "threshold": threshold, "model": cfg.model, "labelled": len(rows),
+                            "train": rec, "docs": cfg.docs, "questions": cfg.questions, "command": cfg.command,
+                            **{k: shipped.get(k) for k in ("keep_auto", "keep_rule", "context")}})
+    print(f"context pruner: {target} ({time.perf_counter() - t0:.0f} s)")
+    print(f"use it: masklab compress --router pruner-ctx --router-file {target} --keep auto ...")
+    return 0
+
+
 def add_parser(sub) -> None:
     """The ``masklab train-router`` subcommand."""
-    p = sub.add_parser("train-router", help="label, fit and measure the evidence and attention routers of a model",
+    p = sub.add_parser("train-router", help="train a router of each shipped kind (--kind evidence, pruner, "
+                       "pruner-ctx) from the corpus or your documents",
                        description=__doc__.splitlines()[0])
     add_flags(p, TrainConfig)
     p.set_defaults(handler=main)
