@@ -41,7 +41,7 @@ def digest(ex) -> str:
 
 def main() -> int:
     from masklab.lab import pipeline
-    from masklab.lab.routers import load_router
+    from masklab.lab.routers import load_any
     from masklab.lab.train_router import markdown, summarise
     from masklab.util.files import write_json
     from masklab.pretrained.models import load
@@ -70,7 +70,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     lm = load(a.model, threads=a.threads)
     names = tuple(a.routers.split(","))
-    routers = {n: load_router(n, lm) for n in names}
+    routers = {n: load_any(n, lm) for n in names}
     lengths = [int(n) for n in a.lengths.split(",")]
     if a.tasks == "families":
         cells = [(n, ex.kind, ex) for n in lengths

@@ -109,10 +109,10 @@ def test_8_prior_factory_with_the_wrong_head_count():
 
 
 def test_9_a_router_trained_for_another_model_is_refused_by_its_width():
-    from masklab.context.routers.features import LinearRouter
+    from masklab.lab.linear_routers import fit_linear
 
     X, y = torch.randn(20, 6, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1] * 10)
-    router = LinearRouter.fit(X, y, steps=5)  # 6 features per unit (one model's width)
+    router = fit_linear(X, y, steps=5)  # 6 features per unit (one model's width)
     with pytest.raises(MasklabError, match="this router takes 6 features per unit, got 9: it was trained for another model"):
         router.score(torch.randn(3, 9))
 

@@ -250,10 +250,10 @@ def _doc(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_the_context_head_starts_as_the_round5_ranking_and_handles_a_one_unit_document():
-    from masklab.context.contextual import FEATURES, ContextHead, features, probabilities
+    from masklab.context.contextual import FEATURES, ContextHead, neighbourhood, probabilities
 
     units, q = _doc(9, 0)
-    s, x = features(units, q)
+    s, x = neighbourhood(units, q)
     assert x.shape == (9, len(FEATURES)) and torch.isfinite(x).all()
     head = ContextHead()
     assert torch.equal(torch.argsort(probabilities(head, units, q)), torch.argsort(units @ q))  # zero residual

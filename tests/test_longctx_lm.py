@@ -28,7 +28,7 @@ def test_oracle_keep_holds_gold_within_budget():
 
 
 def test_chunks_cover_the_sentences_in_order():
-    from masklab.context.routers.features import chunk_units as chunk_sentences
+    from masklab.lab.linear_routers import chunk_units as chunk_sentences
 
     lengths = [5, 9, 3, 20, 4, 4, 4]
     chunks = chunk_sentences(lengths, 12)

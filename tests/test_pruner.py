@@ -190,17 +190,17 @@ def test_train_router_kinds_refuse_what_they_cannot_train(tmp_path, capsys, argv
 
 @needs_dense
 def test_the_shipped_pruners_load_with_their_labels_and_keep_auto():
-    from masklab.lab.routers import load_router
+    from masklab.lab.routers import load_any
     from masklab.text.document import Document
 
-    chosen = load_router("pruner").meta
+    chosen = load_any("pruner").meta
     for name, labels in (("pruner", "causal"), ("pruner-attention", "attention"), ("pruner-marks", "marks")):
-        r = load_router(name)
+        r = load_any(name)
         assert r.meta["labels"] == labels and r.keep_auto is not None
         # the variants differ only in their labels
         assert (r.meta["design"], r.meta["threshold"], r.meta["epochs"]) == (chosen["design"], chosen["threshold"],
                                                                             chosen["epochs"])
         assert r.path.name == f"{labels}.safetensors"  # each reads its own shipped file
     doc = Document(units=["Bananas are yellow.", "The sky is blue.", "Snow is white."])
-    causal, attention = (load_router(n).score(doc, "Which fruit is yellow?") for n in ("pruner", "pruner-attention"))
+    causal, attention = (load_any(n).score(doc, "Which fruit is yellow?") for n in ("pruner", "pruner-attention"))
     assert not torch.allclose(causal, attention) and int(causal.argmax()) == 0  # the shipped pruner finds the answer

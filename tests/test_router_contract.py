@@ -129,3 +129,34 @@ def test_one_score_per_unit_is_checked_for_one_document_and_for_passages():
         Short().choose(Document(units=["One fact.", "Two facts."]), "Which?", 0.5)
     with pytest.raises(MasklabError, match=r"returned scores of shape \(1,\) for 2 units; expected \(2,\)"):
         Short().prune(Request("Which?", ["One fact.", "Two facts."], router=Short))
+
+
+def help_texts(command: str) -> dict[str, str]:
+    """``--flag`` -> its help line, of ``masklab COMMAND``."""
+    from masklab.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.choices and command in a.choices).choices[command]
+    return {a.option_strings[0]: a.help or "" for a in sub._actions if a.option_strings}
+
+
+@pytest.mark.parametrize("command", ["compress", "serve"])
+def test_every_router_a_help_text_names_is_accepted_and_takes_what_it_names(command):
+    """The help names only routers the command accepts (no lab router), the default router,
+    and for an option, exactly the routers that declare it."""
+    import re
+
+    from masklab.context.presses import PRESSES
+    from masklab.context.router import DEFAULT_ROUTER, takers
+
+    helps = help_texts(command)
+    every = set(names()) | set(PRESSES) | {"attention"}
+    for flag, text in helps.items():
+        named = {w for w in re.findall(r"[a-z0-9]+(?:[-+][a-z0-9]+)*", text) if w in every}
+        assert named <= set(ROUTERS) | set(PRESSES), (flag, named - set(ROUTERS) - set(PRESSES))
+    if command == "compress":
+        router = helps["--router"]
+        assert f"default {DEFAULT_ROUTER}" in router and all(n in router for n in ROUTERS)
+        for flag, option in (("--router-file", "path"), ("--router-model", "router_model"), ("--int8", "int8"),
+                             ("--embedder", "embedder")):
+            lead = helps[flag].split(":")[0]  # "pruner, pruner-ctx: ..." names the routers that take it
+            assert sorted(w.strip() for w in lead.split(",")) == sorted(takers(option)), flag

@@ -1,11 +1,8 @@
-"""Answer from a (pruned) context: greedy decoding timed apart from the router, and the
-resources a long-context run uses."""
+"""Answer from a (pruned) context: greedy decoding timed apart from the router."""
 
 from __future__ import annotations
 
 import re
-import resource
-import sys
 import time
 
 import torch
@@ -18,11 +15,6 @@ LINE_END = re.compile(r"\S.*\n")  # a first line with text, ended
 NEXT_TURN = re.compile(r"\b(?:Question|Context)\s*:", re.I)  # the model starting the next turn of the prompt
 ANSWER_ROOM = 16  # tokens kept free for the chat turns around the question
 
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB (monotone over a run)."""
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / 2**20 if sys.platform == "darwin" else r / 1024
 
 
 @torch.no_grad()
@@ -69,18 +61,6 @@ def first_answer(text: str) -> str:
     m = re.search(r"(?<!\d)[.!?](?=\s|$)", t)
     return (t[:m.end()] if m else t).strip()
 
-
-def kv_cache_mb(lm, tokens: float) -> float:
-    """KV-cache size by formula for ``tokens`` cached positions: layers x 2 (K, V) x KV heads
-    x head dim x tokens x bytes per value, in MiB (every layer full length: Gemma 3's
-    sliding-window layers would cap theirs at the window)."""
-    from masklab.pretrained.arch import kv_heads as kv_heads_of
-
-    c = lm.model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = kv_heads_of(lm.model)
-    size = next(lm.model.parameters()).element_size()
-    return c.num_hidden_layers * 2 * kv_heads * head_dim * tokens * size / 2**20
 
 
 def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[int, int]:

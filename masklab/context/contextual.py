@@ -1,7 +1,7 @@
 """The context-aware pruner ``pruner-ctx``: each unit judged beside its neighbours and the
-rest of the document, on top of the round-5 pruner's scores.
+rest of the document, on top of the `pruner` router's scores.
 
-The round-5 pruner (:mod:`masklab.context.pruner`) scores every unit alone: ``s_i``, the
+The `pruner` router (:mod:`masklab.context.pruner`) scores every unit alone: ``s_i``, the
 cosine of the question and the unit in its adapted MiniLM. Two-sentence answers and the
 current statement beside a superseded one need more: the sentence that follows a relevant
 one, a restatement of it, a later statement that replaces it. The context head reads, for
@@ -9,16 +9,16 @@ each unit, features of its neighbourhood (``FEATURES``): its own score and its n
 (standardised within the document), how close it is to the document's best unit, how
 similar its embedding is to its neighbours' (a continuation) and to the more relevant units
 (a restatement or an update of them), and where it stands in the document. A small MLP maps
-them to a residual added to ``s_i`` (zero at the start: it begins as the round-5 pruner),
+them to a residual added to ``s_i`` (zero at the start: it begins as the pruner),
 and a logistic calibration turns the sum into a keep probability, so a threshold reads as
-Provence's does. The unit embeddings are the round-5 pruner's, cached per document: a
+Provence's does. The unit embeddings are the pruner's, cached per document: a
 further question on a document costs one question embedding and the head.
 
 Shapes: ``units`` (N, D) unit-length embeddings, ``q`` (D,); :func:`features` -> (N, F);
 :meth:`ContextHead.forward` -> (N,) logits.
 
 Training (:mod:`masklab.lab.train_ctx`, ``masklab train-router --kind pruner-ctx``): the listwise
-loss of round 5, then the calibration fitted by logistic regression on the training units. The
+loss the pruner was trained with, then the calibration fitted by logistic regression on the training units. The
 head is a few thousand numbers, stored as one safetensors file and a JSON file beside it.
 """
 
@@ -32,15 +32,15 @@ from torch import Tensor
 
 from masklab.util.errors import MasklabError
 
-TEMPERATURE = 0.05  # the round-5 pruner's listwise scale
+TEMPERATURE = 0.05  # the pruner's listwise scale
 FEATURES = ("z", "z_prev", "z_next", "z_near_max", "gap_to_top", "sim_prev", "sim_next", "sim_better",
             "sim_z_near", "later_like_better", "position", "s")
 NEAR = 2  # units on each side that count as neighbours
 HIDDEN = 32
 
 
-def features(units: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
-    """``(s (N,), x (N, F))``: the round-5 scores and each unit's neighbourhood features
+def neighbourhood(units: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
+    """``(s (N,), x (N, F))``: the pruner's scores and each unit's neighbourhood features
     (module docstring; the order of :data:`FEATURES`)."""
     s = units @ q  # (N,)
     n = s.numel()
@@ -71,7 +71,7 @@ class ContextHead(torch.nn.Module):
         super().__init__()
         self.mlp = torch.nn.Sequential(torch.nn.Linear(len(FEATURES), HIDDEN), torch.nn.Tanh(),
                                        torch.nn.Linear(HIDDEN, 1))
-        torch.nn.init.zeros_(self.mlp[2].weight)  # the residual starts at zero: the round-5 pruner's ranking
+        torch.nn.init.zeros_(self.mlp[2].weight)  # the residual starts at zero: the pruner's ranking
         torch.nn.init.zeros_(self.mlp[2].bias)
         self.register_buffer("calibration", torch.tensor([1.0 / TEMPERATURE, 0.0]))  # a, b (fitted after training)
 
@@ -105,4 +105,4 @@ def load_head(path: Path) -> tuple[ContextHead, dict]:
 def probabilities(head: ContextHead, units: Tensor, q: Tensor) -> Tensor:
     """``(N,)`` keep probabilities of a document's units for a question."""
     with torch.no_grad():
-        return torch.sigmoid(head(*features(units, q)))
+        return torch.sigmoid(head(*neighbourhood(units, q)))

@@ -75,7 +75,7 @@ def label(lm, units: list[str], question: str, answer: str, ablations: int = ABL
     surrogate on its variants, ``passes`` and ``seconds``."""
     from sklearn.linear_model import Lasso
 
-    from masklab.context.routers.features import attention_per_unit
+    from masklab.lab.linear_routers import attention_per_unit
     from masklab.lab.lm_evidence import SentenceOracle
     from masklab.text.query import Query
 

@@ -22,17 +22,70 @@ import torch
 from torch import Tensor
 
 from masklab.context.routers.features import (
-    FEATURES,
+    DEFAULT_FEATURE_SET,
     LABELS,
     ROUTER_LAYERS,
     LinearRouter,
-    attention_per_unit,
-    chunk_units,
     features,
     load_routers,
 )
 from masklab.text.document import Document
 from masklab.util.errors import MasklabError
+
+
+@torch.no_grad()
+def attention_per_unit(lm, ids: Tensor, unit: Tensor, n: int, prefix: list | None = None) -> Tensor:
+    """``(N,)`` attention mass from the last position of ``ids (T,)`` on each unit (``unit
+    (T,)`` = unit index per token, < 0 elsewhere), mean over layers and heads. Switches the
+    model to eager attention for the pass; ``prefix`` (the context's cached keys and values,
+    :func:`~masklab.pretrained.lm.context_cache`): only the last token is read."""
+    from masklab.pretrained.lm import last_token_attention
+    from masklab.pretrained.models import set_attention
+
+    set_attention(lm, "eager")
+    try:
+        a = last_token_attention(lm, ids, prefix).mean((0, 1))  # (T,)
+    finally:
+        set_attention(lm, "sdpa")
+    out = torch.zeros(n)
+    m = unit >= 0
+    out.index_add_(0, unit[m], a[m])
+    return out
+
+
+def chunk_units(lengths: list[int], chunk_tokens: int | None) -> list[list[int]]:
+    """Consecutive units grouped into chunks of at most ``chunk_tokens`` tokens (a longer
+    unit is a chunk alone); None: one chunk per unit. Returns unit indices per chunk."""
+    if chunk_tokens is None:
+        return [[i] for i in range(len(lengths))]
+    chunks: list[list[int]] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if chunks and used + n <= chunk_tokens:
+            chunks[-1].append(i)
+            used += n
+        else:
+            chunks.append([i])
+            used = n
+    return chunks
+
+
+def fit_linear(X: Tensor, y: Tensor, steps: int = 300, lr: float = 0.05, l2: float = 1e-2, seed: int = 0) -> LinearRouter:
+    """A :class:`LinearRouter` fitted on ``X (M, F)``, ``y (M,)`` in {0, 1}; positives are re-weighted to balance classes."""
+    g = torch.Generator().manual_seed(seed)
+    mean, std = X.mean(0), X.std(0).clamp(min=1e-4)
+    Z = (X - mean) / std
+    w = (torch.randn(X.shape[1], generator=g) * 0.01).requires_grad_()
+    b = torch.zeros(1, requires_grad=True)
+    pos = float(y.sum().clamp(min=1))
+    pw = torch.tensor((len(y) - pos) / pos)
+    opt = torch.optim.Adam([w, b], lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(Z @ w + b, y.float(), pos_weight=pw) + l2 * (w ** 2).sum()
+        loss.backward()
+        opt.step()
+    return LinearRouter(w.detach(), b.detach(), mean, std)
 
 
 def make_labels(lm, doc: Document, query: str, accept: Callable[[str], bool], search: str = "group-testing",
@@ -82,7 +135,7 @@ def fit_routers(feats: list[Tensor], labels: dict[str, list[list[int]]], seed: i
                        for f, idx in zip(feats, per_doc)])
         if y.sum() == 0:
             raise MasklabError(f"no positive {kind} labels to train a router on")
-        out[kind] = LinearRouter.fit(X, y, seed=seed)
+        out[kind] = fit_linear(X, y, seed=seed)
     return out
 
 
@@ -129,7 +182,7 @@ def train_or_load(lm, model: str, tasks: list[str], length: int, n_per_task: int
     from masklab.lab.tasks.longctx import make_examples, score
 
     task_kw = task_kw or {}
-    params = {"n_per_task": n_per_task, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens, "features": FEATURES,
+    params = {"n_per_task": n_per_task, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens, "features": DEFAULT_FEATURE_SET,
               "chunk_tokens": chunk_tokens, **task_kw}
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / router_key(model, tasks, length, params)

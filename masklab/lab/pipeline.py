@@ -29,22 +29,44 @@ measures, each defined once:
 * ``seconds`` - router + tokenise + prefill + decode; ``prefill_s`` - tokenise + prefill;
   ``router_s`` - the router's own seconds, and ``router_share`` their share of the same
   example's full-context prefill (when ``full`` is among the methods);
-* ``kv_mb`` - the KV cache after the answer, by formula (:func:`~masklab.context.answer.kv_cache_mb`).
+* ``kv_mb`` - the KV cache after the answer, by formula (:func:`kv_cache_mb`).
 """
 
 from __future__ import annotations
 
+import resource
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
-from masklab.context.answer import generate_answer, kv_cache_mb
+from masklab.context.answer import generate_answer
 from masklab.context.router import Pruned
 from masklab.util.files import append_jsonl, read_jsonl
 from masklab.text.query import Query
 
 Step = Callable[[object], tuple[dict, str]]
+
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (monotone over a run)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / 2**20 if sys.platform == "darwin" else r / 1024
+
+
+def kv_cache_mb(lm, tokens: float) -> float:
+    """KV-cache size by formula for ``tokens`` cached positions: layers x 2 (K, V) x KV heads
+    x head dim x tokens x bytes per value, in MiB (every layer full length: Gemma 3's
+    sliding-window layers would cap theirs at the window)."""
+    from masklab.pretrained.arch import kv_heads as kv_heads_of
+
+    c = lm.model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = kv_heads_of(lm.model)
+    size = next(lm.model.parameters()).element_size()
+    return c.num_hidden_layers * 2 * kv_heads * head_dim * tokens * size / 2**20
 
 
 def gold_kept(example, pruned: Pruned) -> float:

@@ -38,12 +38,11 @@ from masklab.util import device as devices
 from masklab.lab.anchors import ANCHORS, LANGCHAIN, LLAMAINDEX
 from masklab.lab.tasks.realdocs import answering_units
 from masklab.pretrained.models import DEFAULT_MODEL
-from masklab.util.errors import MasklabError
 from masklab.util.files import append_jsonl, make_out_dir, read_jsonl
 from masklab.util.flags import flag, float_list, str_list
 from masklab.text.query import Query
 
-ROUTERS = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
+MEASURED = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
            "longllmlingua")
 CONTROL = "bm25"
 PAIRED = ("dense", "bm25+dense", "pruner", "pruner-attention", "pruner-ctx-attention")  # further paired tests: embeddings, their hybrid, the pruners
@@ -58,7 +57,7 @@ class RealDocsConfig:
                                     "trained routers (--model still answers and counts the tokens)")
     split: str = flag("val", choices=["val", "test", "test2"], help="val (choose methods), test or test2 (report; "
                       "test2 is the second test split, written later; every run is logged in OUT/reads.jsonl)")
-    routers: list[str] = flag(factory=lambda: list(ROUTERS[:8]), parse=str_list, default_text=",".join(ROUTERS[:8]),
+    routers: list[str] = flag(factory=lambda: list(MEASURED[:8]), parse=str_list, default_text=",".join(MEASURED[:8]),
                               help="comma-separated routers: the product's (`masklab compress --list-routers`; "
                               "the default leaves out the pruner, which is measured by name), the lab's controls "
                               "and references (masklab.lab.routers: attention, bm25+attention, pruner-attention, "
@@ -319,7 +318,7 @@ def weights_digest(name: str, routers: list[str]) -> str:
     known = [n for n in routers if n in names()]  # (an anchor is no router)
     parts = [trained.shipped_digest(name) or "none"] if any(takes(n, "router_model") for n in known) else []
     if any(takes(n, "score_range") for n in known):
-        parts.append(f"pruner-{pruner.shipped_digest()}")
+        parts.append(f"pruner-{pruner.pruners_digest()}")
     return "+".join(parts) or "none"
 
 
@@ -341,7 +340,7 @@ def in_turn(questions: list) -> list:
 def run(cfg: RealDocsConfig) -> int:
     from masklab.lab import anchors
     from masklab.context.embedder import check_folder
-    from masklab.lab.routers import check, load_router, takes
+    from masklab.lab.routers import check, load_any, takes
     from masklab.util.files import write_json
     from masklab.util.flags import check_ranges
     from masklab.pretrained.models import check_models, load
@@ -364,7 +363,7 @@ def run(cfg: RealDocsConfig) -> int:
     lm = load(cfg.model, threads=cfg.threads, device=dev)
     given = {"embedder": cfg.embedder, "router_model": cfg.router_model}  # for the routers that take them
     routers = {n: anchors.load_anchor(n, lm, cfg.embedder) if n in ANCHORS else
-               load_router(n, lm, **{k: v for k, v in given.items() if takes(n, k)}) for n in cfg.routers}
+               load_any(n, lm, **{k: v for k, v in given.items() if takes(n, k)}) for n in cfg.routers}
     stamp = {"benchmark": realdocs.benchmark_digest(cfg.split), "model": lm.name,
              "router_model": cfg.router_model or lm.name, "embedder": cfg.embedder,
              "weights": weights_digest(cfg.router_model or lm.name, cfg.routers),

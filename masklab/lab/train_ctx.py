@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from masklab.context.contextual import FEATURES, TEMPERATURE, ContextHead, features, probabilities
+from masklab.context.contextual import FEATURES, TEMPERATURE, ContextHead, neighbourhood, probabilities
 from masklab.util.errors import MasklabError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (results/ lives there)
@@ -62,7 +62,7 @@ def train(examples: list[Example], cfg: HeadConfig) -> tuple[ContextHead, dict]:
         raise MasklabError("no training question has a target unit: nothing to learn from")
     torch.manual_seed(cfg.seed)
     head = ContextHead()
-    feats = [features(e.units, e.q) for e in usable]
+    feats = [neighbourhood(e.units, e.q) for e in usable]
     opt = torch.optim.AdamW(head.mlp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
     order, losses, t0 = list(range(len(usable))), [], time.perf_counter()

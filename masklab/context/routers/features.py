@@ -26,7 +26,8 @@ Features of unit ``i`` (:func:`features`, ``(N, F)``), by feature set:
   another one (chains): the anchor (the unit with the best BM25) has words the question
   lacks; the units that hold them and do not match the question themselves score high.
 
-Labels, fitting and saving are the lab's (:mod:`masklab.lab.linear_routers`).
+Labels, fitting and saving are the lab's (:mod:`masklab.lab.linear_routers`: ``fit_linear``,
+``attention_per_unit``, ``chunk_units``).
 
 The router (:class:`LinearRouter`) is a logistic regression on standardised features,
 stored as safetensors + JSON (read by :func:`load_routers`).
@@ -47,7 +48,7 @@ from masklab.pretrained.arch import first_layers
 
 LABELS = ("evidence", "attention")
 ROUTER_LAYERS = 2
-FEATURES = "v2-superseded"  # the longctx reproduction's; each shipped router file names its own set
+DEFAULT_FEATURE_SET = "v2-superseded"  # the longctx reproduction's; each shipped router file names its own set
 FEATURE_SETS = ("v2-superseded", "v3-relative", "v4-hop")
 
 
@@ -89,7 +90,7 @@ def superseded(overlap: list[float]) -> list[float]:
 
 
 @torch.no_grad()
-def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, kind: str = FEATURES) -> Tensor:
+def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, kind: str = DEFAULT_FEATURE_SET) -> Tensor:
     """``(N, F)`` features of ``units`` from the first ``layers`` layers over
     ``question + "\\n" + context`` (module docstring); ``question`` without answer prefix."""
     from masklab.context.routers.lexical import question_overlap
@@ -142,7 +143,6 @@ def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, k
 
 def bm25_scores(units: list[str], question: str) -> Tensor:
     """``(N,)`` BM25 of ``question`` against each unit (the ``bm25`` router's score)."""
-    from masklab.text.document import Document
     from masklab.context.routers.bm25 import BM25
 
     return BM25().score(Document(units=units), question)
@@ -179,44 +179,6 @@ def hop(units: list[str], question: str, bm: Tensor, overlap: Tensor) -> Tensor:
     return out * (1 - overlap)
 
 
-# --------------------------------------------------------------------------- labels
-@torch.no_grad()
-def attention_per_unit(lm, ids: Tensor, unit: Tensor, n: int, prefix: list | None = None) -> Tensor:
-    """``(N,)`` attention mass from the last position of ``ids (T,)`` on each unit (``unit
-    (T,)`` = unit index per token, < 0 elsewhere), mean over layers and heads. Switches the
-    model to eager attention for the pass; ``prefix`` (the context's cached keys and values,
-    :func:`~masklab.pretrained.lm.context_cache`): only the last token is read."""
-    from masklab.pretrained.lm import last_token_attention
-    from masklab.pretrained.models import set_attention
-
-    set_attention(lm, "eager")
-    try:
-        a = last_token_attention(lm, ids, prefix).mean((0, 1))  # (T,)
-    finally:
-        set_attention(lm, "sdpa")
-    out = torch.zeros(n)
-    m = unit >= 0
-    out.index_add_(0, unit[m], a[m])
-    return out
-
-
-def chunk_units(lengths: list[int], chunk_tokens: int | None) -> list[list[int]]:
-    """Consecutive units grouped into chunks of at most ``chunk_tokens`` tokens (a longer
-    unit is a chunk alone); None: one chunk per unit. Returns unit indices per chunk."""
-    if chunk_tokens is None:
-        return [[i] for i in range(len(lengths))]
-    chunks: list[list[int]] = []
-    used = 0
-    for i, n in enumerate(lengths):
-        if chunks and used + n <= chunk_tokens:
-            chunks[-1].append(i)
-            used += n
-        else:
-            chunks.append([i])
-            used = n
-    return chunks
-
-
 # --------------------------------------------------------------------------- the router
 @dataclass
 class LinearRouter:
@@ -226,24 +188,6 @@ class LinearRouter:
     bias: Tensor
     mean: Tensor
     std: Tensor
-
-    @classmethod
-    def fit(cls, X: Tensor, y: Tensor, steps: int = 300, lr: float = 0.05, l2: float = 1e-2, seed: int = 0) -> "LinearRouter":
-        """``X (M, F)``, ``y (M,)`` in {0, 1}; positives are re-weighted to balance classes."""
-        g = torch.Generator().manual_seed(seed)
-        mean, std = X.mean(0), X.std(0).clamp(min=1e-4)
-        Z = (X - mean) / std
-        w = (torch.randn(X.shape[1], generator=g) * 0.01).requires_grad_()
-        b = torch.zeros(1, requires_grad=True)
-        pos = float(y.sum().clamp(min=1))
-        pw = torch.tensor((len(y) - pos) / pos)
-        opt = torch.optim.Adam([w, b], lr=lr)
-        for _ in range(steps):
-            opt.zero_grad()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(Z @ w + b, y.float(), pos_weight=pw) + l2 * (w ** 2).sum()
-            loss.backward()
-            opt.step()
-        return cls(w.detach(), b.detach(), mean, std)
 
     def score(self, X: Tensor) -> Tensor:
         """``X (N, F)`` -> ``(N,)`` logits."""

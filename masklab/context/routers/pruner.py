@@ -14,7 +14,7 @@ from masklab.context.router import ROUTERS, Router, Scores
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "pruner"
 
 
-def shipped_digest() -> str:
+def pruners_digest() -> str:
     """12 hex digits of sha256 over the shipped pruners' weights: what names them in a run's
     settings, so shipping new weights redoes the runs."""
     h = hashlib.sha256()
@@ -33,11 +33,11 @@ def cached_pruner(path: str):
 
 @ROUTERS.register("pruner")
 class Pruner(Router):
-    """``path``: a pruner file (``masklab train-router --docs``; None: the shipped one of these labels);
+    """``path``: a pruner file (``masklab train-router --kind pruner``; None: the shipped one of these labels);
     ``int8``: its encoder's linear layers in int8 (as :class:`ContextPruner`'s)."""
 
-    use = ("the default, any document: MiniLM fine-tuned (LoRA) on causal labels of real documents, above dense and "
-           "bm25+dense on both real-document test splits; --keep auto decides how much; train-router --docs trains yours")
+    use = ("any document: MiniLM fine-tuned (LoRA) on causal labels of real documents, above dense and bm25+dense on "
+           "both real-document test splits; --keep auto decides how much; train-router --kind pruner trains yours")
     labels = "causal"
     options = ("path", "int8")
     score_range = (-1.0, 1.0)  # cosines
@@ -80,8 +80,8 @@ def clear_caches() -> None:
 
 @ROUTERS.register("pruner-ctx")
 class ContextPruner(Router):
-    """``path``: a context head file (``scripts/train_ctx.py``; None: the shipped one), read on top of
-    the shipped round-5 pruner. Scores are keep probabilities in [0, 1]."""
+    """``path``: a context head file (``masklab train-router --kind pruner-ctx``; None: the shipped one), read on top of
+    the shipped `pruner`. Scores are keep probabilities in [0, 1]."""
 
     use = ("any document, questions whose answer spans sentences or updates: the pruner's scores read beside each "
            "unit's neighbours and the more relevant units, trained on causal keep-set labels; --threshold or --keep auto")
@@ -90,7 +90,7 @@ class ContextPruner(Router):
     labels = "union"
 
     def __init__(self, lm=None, path: str | Path | None = None, int8: bool = False) -> None:
-        """``int8``: the round-5 encoder's linear layers in int8 (``torch.ao`` dynamic quantisation):
+        """``int8``: the pruner's encoder's linear layers in int8 (``torch.ao`` dynamic quantisation):
         about half the first question's time on a CPU, val MRR close to float's (docs/context.md)."""
         super().__init__(lm)
         self.path = Path(path) if path is not None else WEIGHTS / f"ctx-{self.labels}.safetensors"

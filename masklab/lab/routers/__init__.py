@@ -11,14 +11,14 @@ own registries hold the rest:
 * :data:`REWRITERS`: compressors that rewrite the text instead of ranking units
   (``longllmlingua``, the peer), each a :class:`Rewriter`.
 
-:func:`load_router` builds any of them, or a product router, by name (``masklab realdocs
+:func:`load_any` builds any of them, or a product router, by name (``masklab realdocs
 --routers`` and the ``longctx`` study take every name of :func:`names`).
 """
 
 from __future__ import annotations
 
 from masklab.context.routers import ROUTERS
-from masklab.context.routers import load_router as load_product_router
+from masklab.context.routers import load_router
 from masklab.lab.routers import controls, longllmlingua, oracle  # noqa: F401  (they register themselves)
 from masklab.lab.routers.registry import LAB_ROUTERS, REWRITERS, Rewriter  # noqa: F401  (the lab's router API)
 
@@ -41,12 +41,12 @@ def factory(name: str):
     return next(reg[name] for reg in (ROUTERS, LAB_ROUTERS, REWRITERS) if name in reg)
 
 
-def load_router(name: str, model=None, **options):
+def load_any(name: str, model=None, **options):
     """The router (or rewriter) ``name``, as :func:`masklab.context.routers.load_router`
     builds a product one (``model``: a name, a folder, a loaded model or None)."""
     check(name)
     registry = next(reg for reg in (ROUTERS, LAB_ROUTERS, REWRITERS) if name in reg)
-    return load_product_router(name, model, registry=registry, **options)
+    return load_router(name, model, registry=registry, **options)
 
 
 def takes(name: str, option: str) -> bool:

@@ -92,7 +92,7 @@ class LongLLMLingua(Rewriter):
     def choose(self, doc, question, keep, fill=None, limit=None) -> Pruned:
         if self._compressor is None:
             self._compressor = compressor(self.lm)
-        from masklab.context.routers.features import chunk_units
+        from masklab.lab.linear_routers import chunk_units
 
         lengths = doc.lengths(self.tokenizer)
         passages = [" ".join(doc.units[i] for i in c) for c in chunk_units(lengths, PASSAGE_TOKENS)]

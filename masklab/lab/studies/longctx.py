@@ -140,7 +140,7 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
     from masklab.util import device as devices
     from masklab.lab import pipeline
-    from masklab.context.answer import peak_rss_mb
+    from masklab.lab.pipeline import peak_rss_mb
     from masklab.pretrained.models import load
     from masklab.lab.tasks.longctx import make_examples
 
@@ -184,13 +184,13 @@ def make_routers(lm, spec: dict, task_kw: dict, cache: Path) -> tuple[dict, dict
     import sys
 
     from masklab.lab.linear_routers import train_or_load
-    from masklab.lab.routers import factory, load_router
+    from masklab.lab.routers import factory, load_any
 
     p = spec["params"]
     trained = [r for r in p["routers"] if r in ROUTER_METHODS]
-    routers = {r: load_router(r, lm) for r in p["routers"] if r not in ROUTER_METHODS}
+    routers = {r: load_any(r, lm) for r in p["routers"] if r not in ROUTER_METHODS}
     if trained and p.get("router_source", "train") == "shipped":
-        routers.update({kind: load_router(kind, lm, router_model=p.get("router_model")) for kind in trained})
+        routers.update({kind: load_any(kind, lm, router_model=p.get("router_model")) for kind in trained})
         return routers, routers[trained[0]].meta
     if not trained:
         return routers, None
@@ -233,7 +233,7 @@ def add_evidence(lm, p: dict, i: int, ex, record: dict) -> None:
     """With ``--evidence N``, the first N examples' group-testing evidence sets (over sentences,
     or ``--chunk-tokens`` chunks) on the model's own full-context answer: a row ``evidence``
     and the sets in ``record["evidence"]``."""
-    from masklab.context.routers.features import chunk_units
+    from masklab.lab.linear_routers import chunk_units
     from masklab.lab.lm_evidence import cite
 
     if i >= p["evidence"]:

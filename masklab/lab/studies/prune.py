@@ -180,7 +180,8 @@ def methods(lm, p: dict, routers: dict, randoms: list[list[float]]):
     from masklab.lab import pipeline
     from masklab.context.presses import PRESSES, KVPressRunner
     from masklab.context.router import Pruned
-    from masklab.context.routers.features import attention_per_unit, features
+    from masklab.context.routers.features import features
+    from masklab.lab.linear_routers import attention_per_unit
     from masklab.pretrained.lm import encode
     from masklab.text.selection import select
 
