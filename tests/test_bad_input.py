@@ -436,7 +436,10 @@ def test_list_routers_says_what_each_router_reads_and_needs(capsys):
     assert "reads the model" in lines["snapkv"] and "needs --answer" in lines["snapkv"] and "needs --answer" in lines["finch"]
     assert not {"oracle-gold", "longllmlingua", "attention", "pruner-attention", "pruner-marks"} & set(lines)  # the lab's
     assert "reads no model" in lines["dense"] and "reads no model" in lines["pruner"]
-    assert "for: the default, any document: MiniLM fine-tuned" in out and out.count("the default") == 1
+    from masklab.context.router import DEFAULT_ROUTER
+
+    assert "for: any document: MiniLM fine-tuned" in out  # the pruner's use
+    assert lines[DEFAULT_ROUTER].endswith("; the default") and out.count("the default") == 1  # named once, rightly
     assert "for: real documents where facts are restated" in out
 
 

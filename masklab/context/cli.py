@@ -26,9 +26,9 @@ from masklab.util.errors import MasklabError
 from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
 
 LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole document says so on stderr first
-ROUTER_HELP = (f"the router (default {DEFAULT_ROUTER}): pruner-ctx, pruner, dense, bm25+dense, bm25, lexical, evidence, "
-               "bm25+evidence, or a kvpress press (snapkv, ...: only with --answer); `masklab compress --list-routers` "
-               "lists them")  # tests/test_compress.py: every router named here is accepted
+ROUTER_HELP = (f"the router (default {DEFAULT_ROUTER}): pruner-ctx, pruner, dense, bm25+dense, bm25, lexical, "
+               "evidence, bm25+evidence, or a kvpress press (snapkv, ...: only with --answer); "
+               "`masklab compress --list-routers` lists them")  # tests/test_router_contract.py checks the names
 # how the CLI names a request's fields in its messages (masklab.context.router.Request.names)
 FLAG_NAMES = {"fraction": "--keep", "tokens": "--target-tokens", "threshold": "--threshold", "auto": "--keep auto",
               "path": "--router-file", "int8": "--int8", "embedder": "--embedder", "router_model": "--router-model"}
@@ -48,9 +48,9 @@ class CompressConfig(SharedFlags):
                                    "always), as Provence does; for the routers that decide how much (pruner-ctx: keep "
                                    "probabilities in [0, 1]; pruner: cosines in [-1, 1]); wins over --keep")
     router: str = flag(DEFAULT_ROUTER, help=ROUTER_HELP)
-    router_file: str | None = flag(None, metavar="PATH", help="pruner, pruner-ctx, evidence, bm25+evidence: a router "
-                                   "file made by `masklab train-router` (the OUT/NAME.safetensors it prints) instead of "
-                                   "the one masklab ships")
+    router_file: str | None = flag(None, metavar="PATH", help="pruner, pruner-ctx, evidence, bm25+evidence: a "
+                                   "router file made by `masklab train-router` (the OUT/NAME.safetensors it prints) "
+                                   "instead of the one masklab ships")
     router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router, else smollm2-135m's",
                                     help="evidence, bm25+evidence: the packaged model (or model directory with a "
                                     "--router-file) whose first layers and router rank the units; --model still "
@@ -88,7 +88,8 @@ def check(cfg: CompressConfig) -> None:
     from masklab.context.router import router_class
 
     if not cfg.context:
-        raise MasklabError("--context is required (a text file, several, a folder, a JSON list, or - for standard input)")
+        raise MasklabError("--context is required (a text file, several, a folder, a JSON list, or - for standard "
+                           "input)")
     check_question(cfg.question)
     check_ranges(cfg)
     router_class(cfg.router)  # an unknown router: one clear error
@@ -130,8 +131,8 @@ def list_routers() -> None:
     for name in ROUTERS:
         cls = ROUTERS[name]
         what = "reads the model" if cls.reads_model else "reads no model (only its tokenizer, to count tokens)"
-        use = cls.use
-        print(f"{name:<26}{what}" + (f"\n{'':<26}for: {use}" if use else ""))
+        default = "; the default" if name == DEFAULT_ROUTER else ""
+        print(f"{name:<26}{what}{default}" + (f"\n{'':<26}for: {cls.use}" if cls.use else ""))
     for name in PRESSES:
         print(f"{name:<26}reads the model; a KV-cache press: needs --answer, keeps no text")
 
@@ -177,9 +178,10 @@ def compress(cfg: CompressConfig, lm, req) -> int:
         raise MasklabError(f"{what} and {lm.name} reads {window} at once: --compare-full cannot answer from "
                            f"{'it' if n == 1 else 'all of them'} (drop --compare-full)")
     if n > 1:
-        summary = (f"kept {len(pruned.kept)} of {len(pruned.doc.units)} units in {sum(1 for k in pruned.passage_kept if k)}"
-                   f" of {n} passages, {pruned.kept_tokens:,} of {total:,} tokens ({pruned.ratio:.1f}x; "
-                   f"router {cfg.router}, {pruned.seconds:.3f} s)")
+        keeping = sum(1 for k in pruned.passage_kept if k)
+        summary = (f"kept {len(pruned.kept)} of {len(pruned.doc.units)} units in {keeping} of {n} passages, "
+                   f"{pruned.kept_tokens:,} of {total:,} tokens ({pruned.ratio:.1f}x; router {cfg.router}, "
+                   f"{pruned.seconds:.3f} s)")
     else:
         summary = (f"kept {len(pruned.kept)} of {len(pruned.doc.units)} units, {pruned.kept_fraction:.0%} of {total} "
                    f"tokens (router {cfg.router}, {pruned.seconds:.3f} s)")
@@ -210,8 +212,8 @@ def compress_press(cfg: CompressConfig, lm, press, req, window: int, overhead: i
     ans, secs = press.answer(doc.source, Query(question), keep, cfg.max_new_tokens)
     out = {"model": lm.name, "question": question, "router": cfg.router, "keep": cfg.keep,
            "target_tokens": cfg.target_tokens, "context_tokens": total, "model_window": window, "units": doc.units,
-           "kept": None, "pruned_text": None, "kept_fraction": keep, "router_seconds": None, "answer": first_answer(ans),
-           "answer_seconds": secs, "notes": []}
+           "kept": None, "pruned_text": None, "kept_fraction": keep, "router_seconds": None,
+           "answer": first_answer(ans), "answer_seconds": secs, "notes": []}
     return finish(cfg, lm, out, doc.source, total, req, [], pruned=None)
 
 

@@ -84,7 +84,8 @@ class PrunerModel(torch.nn.Module):
 
 
 def load_pruner(path: Path) -> tuple[PrunerModel, dict]:
-    """The :class:`PrunerModel` of a file :func:`masklab.lab.train_pruner.save` wrote (adapters merged), and its meta."""
+    """The :class:`PrunerModel` of a file :func:`masklab.lab.train_pruner.save` wrote (adapters merged), and its
+    meta."""
     from safetensors.torch import load_file
 
     meta_path = path.with_suffix(".json")

@@ -147,8 +147,9 @@ class Request:
         decides = cls.score_range is not None or cls.keep_auto is not None
         if (self.threshold is not None and cls.score_range is None) or (self.auto and not decides):
             what = self.names["threshold" if self.threshold is not None else "auto"]
-            raise MasklabError(f"{what} needs a router that decides how much to keep ({', '.join(takers('score_range'))}); "
-                               f"{cls.name} does not: give a fraction")
+            deciders = ", ".join(takers("score_range"))
+            raise MasklabError(f"{what} needs a router that decides how much to keep ({deciders}); {cls.name} does "
+                               "not: give a fraction")
         if self.threshold is not None:
             lo, hi = cls.score_range
             t = self.threshold
@@ -296,7 +297,8 @@ class Pruned:
         return out
 
 
-def select_units(router, docs: list[Document], scores: Tensor, lengths: list[int], req: Request) -> tuple[list[int], list[int]]:
+def select_units(router, docs: list[Document], scores: Tensor, lengths: list[int],
+                 req: Request) -> tuple[list[int], list[int]]:
     """``(kept, rank)``: the units of ``docs`` (indices over all their units, ascending) that
     ``router`` keeps for ``req`` from ``scores`` (one per unit of every passage), and the
     passages best first. The units of the best passage come first in the order

@@ -136,7 +136,8 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     if router in PRESSES:
         raise MasklabError(f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
                            "returns pruned text, so name a router that prunes the text")
-    keep = body.get("keep") if body.get("keep") == "auto" else _number(body, "keep", float, "a number in (0, 1] or \"auto\"")
+    keep = body.get("keep")
+    keep = keep if keep == "auto" else _number(body, "keep", float, "a number in (0, 1] or \"auto\"")
     threshold = _number(body, "threshold", float, "a number")
     answer = body.get("answer", False)
     if not isinstance(answer, bool):
@@ -145,8 +146,9 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     new = cfg.max_new_tokens if new is None else new
     if not 1 <= new <= MAX_NEW_TOKENS:
         raise MasklabError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {new}")
-    req = Request.of(question, contexts, keep=cfg.keep if keep is None else keep, target_tokens=body.get("target_tokens"),
-                     threshold=threshold, fill=cfg.fill, unit_tokens=cfg.unit_tokens, router=router)
+    req = Request.of(question, contexts, keep=cfg.keep if keep is None else keep,
+                     target_tokens=body.get("target_tokens"), threshold=threshold, fill=cfg.fill,
+                     unit_tokens=cfg.unit_tokens, router=router)
     return CompressRequest(req, answer, new)
 
 
@@ -159,7 +161,8 @@ def json_body(raw: bytes) -> dict:
     try:
         body = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
-        raise MasklabError(f"the request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise MasklabError(f"the request body is not valid JSON ({e.msg} at line {e.lineno} column "
+                           f"{e.colno})") from None
     if not isinstance(body, dict):
         raise MasklabError("the request body must be a JSON object with context and question")
     unknown = [k for k in body if k not in FIELDS]
@@ -265,7 +268,8 @@ class Service:
             self.counts["routers_evicted"] += 1
             clear_model_caches()  # so the evicted router's models are freed, not kept by a cache
         given = {"embedder": self.cfg.embedder, "int8": self.cfg.int8}  # the server's, for the routers that take them
-        self.routers[name] = load_router(name, self.lm, **{k: v for k, v in given.items() if k in ROUTERS[name].options})
+        taken = {k: v for k, v in given.items() if k in ROUTERS[name].options}
+        self.routers[name] = load_router(name, self.lm, **taken)
         return self.routers[name]
 
     def submit(self, fn, *args):

@@ -55,6 +55,6 @@ class Adapter:
         if not live:
             return []
         out = self.router.prune(replace(self.request, question=query, passages=[texts[i] for i in live])).to_json()
-        return [(live[p["index"]], p["text"], {"rank": p["rank"], "tokens": p["tokens"], "kept_tokens": p["kept_tokens"],
-                                                "router": out["router"]})
+        return [(live[p["index"]], p["text"], {"rank": p["rank"], "tokens": p["tokens"],
+                                                "kept_tokens": p["kept_tokens"], "router": out["router"]})
                 for p in out["passages"] if p["kept_units"]]

@@ -27,7 +27,8 @@ from masklab.integrations import Adapter
 try:
     from langchain_core.documents import BaseDocumentCompressor, Document
 except ImportError:  # pragma: no cover (the extra is missing)
-    raise MasklabError("masklab.integrations.langchain needs langchain-core: pip install 'masklab[langchain]'") from None
+    raise MasklabError("masklab.integrations.langchain needs langchain-core: "
+                       "pip install 'masklab[langchain]'") from None
 from pydantic import ConfigDict, PrivateAttr
 
 

@@ -30,7 +30,8 @@ try:
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
     from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 except ImportError:  # pragma: no cover (the extra is missing)
-    raise MasklabError("masklab.integrations.llamaindex needs llama-index-core: pip install 'masklab[llamaindex]'") from None
+    raise MasklabError("masklab.integrations.llamaindex needs llama-index-core: "
+                       "pip install 'masklab[llamaindex]'") from None
 
 
 class MasklabPostprocessor(BaseNodePostprocessor):
@@ -55,7 +56,8 @@ class MasklabPostprocessor(BaseNodePostprocessor):
     def class_name(cls) -> str:
         return "MasklabPostprocessor"
 
-    def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+    def _postprocess_nodes(self, nodes: list[NodeWithScore],
+                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
         if query_bundle is None:
             raise MasklabError("MasklabPostprocessor prunes for a query: pass query_str= or query_bundle=")
         texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]

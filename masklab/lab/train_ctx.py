@@ -215,9 +215,7 @@ def run_corpus(model: str, variants: list[str], out: Path, command: str, epochs:
     val (module docstring): ``out/results.json``, and ``out/ctx-VARIANT.safetensors`` (+ ``.json``) for
     each variant (``ship``: also into ``masklab/context/weights/pruner``). Returns the results."""
     from masklab.context.routers.pruner import WEIGHTS, cached_pruner
-    from masklab.lab.realdocs import sign_flip_p
     from masklab.lab.revision import code_hash
-    from masklab.lab.stats import mcnemar, wilson
     from masklab.lab.train_pruner import shipped_recipe, val_figures
     from masklab.pretrained.models import load
     from masklab.text.selection import KEEP_RULES
@@ -245,8 +243,9 @@ def run_corpus(model: str, variants: list[str], out: Path, command: str, epochs:
     base["keep_auto"] = None
     base.update(choose_context(base["rows"]))  # the same selection rule on the round-5 pruner (a control)
     cfg = HeadConfig(epochs=epochs)
-    res = {"command": command, "model": model, "code": code_hash("masklab.lab.train_ctx"), "config": cfg.__dict__, "lasso_threshold": threshold,
-           "keepset_gain": KEEPSET_GAIN, "labelled": len(lasso), "keepset_labelled": len(keepset),
+    res = {"command": command, "model": model, "code": code_hash("masklab.lab.train_ctx"), "config": cfg.__dict__,
+           "lasso_threshold": threshold, "keepset_gain": KEEPSET_GAIN, "labelled": len(lasso),
+           "keepset_labelled": len(keepset),
            "keepset_kinds": sorted({r["kind"] for r in keepset.values()}), "val_questions": len(val),
            "train_kinds": {k: sum(corpus[i].kind == k for i in lasso) for k in ("single", "two", "latest")},
            "embed_seconds": embed_s, "variants": {"pruner-round5": base}}
@@ -263,10 +262,32 @@ def run_corpus(model: str, variants: list[str], out: Path, command: str, epochs:
         fig["keep_rules"] = keep_rules(fig["rows"], fig["by_context"][fig["context"]]["kept@25"], fig["context"])
         fig["keep_auto"] = min((r for r in fig["keep_rules"] if r["rule"] in KEEP_RULES), key=lambda r: r["fraction"],
                                default=None)  # of the rules a router reads, the one needing the fewest tokens
-        res["variants"][v] = {"train": rec, "val_wall_s": time.perf_counter() - t0, "val_cpu_s": time.process_time() - c0,
+        res["variants"][v] = {"train": rec, "val_wall_s": time.perf_counter() - t0,
+                              "val_cpu_s": time.process_time() - c0,
                               "targets_per_question": sum(len(e.target) for e in ex) / len(ex), **fig}
         print(v, {k: round(fig[k], 3) for k in ("mrr", "kept@10", "kept@25")}, fig["keep_auto"], file=sys.stderr)
+    res["summary"] = summary_rows(res)
+    compact(res)
+    res["seconds"] = {"wall": time.perf_counter() - t_all, "cpu": time.process_time() - c_all}
+    write_json(out / "results.json", res)
+    for v in variants:
+        f = res["variants"][v]
+        auto = f["keep_auto"] or {}
+        meta = {"labels": v, "model": model, "train": f["train"], "keep_auto": auto.get("param"),
+                "keep_rule": auto.get("rule"), "context": f["context"],
+                "val": {k: f[k] for k in ("n", "mrr", "kept@10", "kept@25")}, "command": command, "code": res["code"]}
+        for folder in (out, *([WEIGHTS] if v in ship else [])):
+            save(heads[v], folder / f"ctx-{v}.safetensors", meta)
+    return res
+
+
+def summary_rows(res: dict) -> list[dict]:
+    """One row per variant (and per keep rule): val figures, intervals and paired tests against round 5."""
+    from masklab.lab.realdocs import sign_flip_p
+    from masklab.lab.stats import mcnemar, wilson
+
     summary = []
+    base = res["variants"]["pruner-round5"]
     b_rr = [1 / rank for rank in ranks(base["rows"])]
     for name, f in res["variants"].items():
         s = {"task": "val", "method": name, "n": f["n"], "mrr": f["mrr"]}
@@ -284,23 +305,13 @@ def run_corpus(model: str, variants: list[str], out: Path, command: str, epochs:
                           "auto_fraction": f["keep_auto"]["fraction"], "auto_kept": f["keep_auto"]["kept"],
                           "fixed_kept": f["keep_auto"]["fixed_kept"]})
         s["context"] = f["context"]
-        for k, fig in f["by_context"].items():  # the selection with k units beside the best: a rule any ranker can use
+        for k, fig in f["by_context"].items():  # k units beside the best: a rule any ranker can use
             s.update({f"{key}_context{k}": x for key, x in fig.items()})
         s["p_kept@10_context_vs_0"] = mcnemar(kept_at(f["rows"], 0.1, f["context"]), kept_at(f["rows"], 0.1))
         summary.append(s)
-        summary += [{"task": f"keep-{name}", "method": r["rule"], "n": f["n"], **r} for r in f.get("keep_rules", [])]
-    res["summary"] = summary
-    compact(res)
-    res["seconds"] = {"wall": time.perf_counter() - t_all, "cpu": time.process_time() - c_all}
-    write_json(out / "results.json", res)
-    for v in variants:
-        f = res["variants"][v]
-        meta = {"labels": v, "model": model, "train": f["train"], "keep_auto": f["keep_auto"] and f["keep_auto"]["param"],
-                "keep_rule": f["keep_auto"] and f["keep_auto"]["rule"], "context": f["context"],
-                "val": {k: f[k] for k in ("n", "mrr", "kept@10", "kept@25")}, "command": command, "code": res["code"]}
-        for folder in (out, *([WEIGHTS] if v in ship else [])):
-            save(heads[v], folder / f"ctx-{v}.safetensors", meta)
-    return res
+        summary += [{"task": f"keep-{name}", "method": r["rule"], "n": f["n"], **r}
+                    for r in f.get("keep_rules", [])]
+    return summary
 
 
 def compact(res: dict) -> None:

@@ -35,7 +35,8 @@ def wide_encoding(encoding: str | None, data: bytes) -> str | None:
     return next((enc for bom, enc in BOMS if data.startswith(bom)), None)
 
 
-def read_text(source: str, encoding: str | None = None, max_bytes: int = MAX_CONTEXT_BYTES, what: str = "context") -> str:
+def read_text(source: str, encoding: str | None = None, max_bytes: int = MAX_CONTEXT_BYTES,
+              what: str = "context") -> str:
     """The text of file ``source`` (``-``: standard input), decoded as ``encoding`` (default
     strict UTF-8, a leading BOM dropped). Raises :class:`MasklabError` for a missing or
     unreadable file, a file larger than ``max_bytes``, binary data (NUL bytes), text that is
@@ -58,7 +59,8 @@ def read_text(source: str, encoding: str | None = None, max_bytes: int = MAX_CON
         except OSError as e:
             raise MasklabError(f"cannot read {what} file {name}: {e.strerror or e}") from None
     if len(data) > max_bytes:
-        raise MasklabError(f"{what} on {name} is over the limit of {max_bytes:,} bytes (raise it with --max-context-bytes)")
+        raise MasklabError(f"{what} on {name} is over the limit of {max_bytes:,} bytes (raise it with "
+                           "--max-context-bytes)")
     wide = wide_encoding(encoding, data)
     if wide is None and b"\x00" in data[:BINARY_SNIFF]:
         raise MasklabError(f"{what} file {name} looks binary (it holds NUL bytes); give a text file "
@@ -70,7 +72,8 @@ def read_text(source: str, encoding: str | None = None, max_bytes: int = MAX_CON
         raise MasklabError(f"unknown text encoding {encoding!r} (e.g. utf-8, latin-1, cp1252)") from None
     except UnicodeDecodeError as e:
         raise MasklabError(f"{what} file {name} is not valid {encoding or 'UTF-8'} text (byte {e.start}: "
-                           f"{data[e.start:e.start + 1]!r}); convert it or pass --encoding, e.g. --encoding latin-1") from None
+                           f"{data[e.start:e.start + 1]!r}); convert it or pass --encoding, e.g. --encoding "
+                           "latin-1") from None
     text = text.removeprefix("\ufeff")  # a BOM the codec kept (utf-16-le/-be, utf-32-le/-be)
     if "\x00" in text[:BINARY_SNIFF]:
         raise MasklabError(f"{what} file {name} looks binary (it holds NUL characters as {enc}); give a text file")
@@ -178,6 +181,7 @@ def check_model_paths(names: list[str]) -> None:
         path = Path(name).expanduser()
         if path.is_dir() and not (path / "config.json").is_file():
             raise MasklabError(f"--model {name}: the directory holds no config.json, so it is not a Hugging Face "
-                               "model directory (give a registered name, see `masklab models`, a model directory or a .gguf file)")
+                               "model directory (give a registered name, see `masklab models`, a model directory or "
+                               "a .gguf file)")
         if name.endswith(".gguf") and path.exists() and not path.is_file():
             raise MasklabError(f"--model {name}: not a .gguf file")

@@ -90,7 +90,8 @@ def superseded(overlap: list[float]) -> list[float]:
 
 
 @torch.no_grad()
-def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, kind: str = DEFAULT_FEATURE_SET) -> Tensor:
+def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS,
+             kind: str = DEFAULT_FEATURE_SET) -> Tensor:
     """``(N, F)`` features of ``units`` from the first ``layers`` layers over
     ``question + "\\n" + context`` (module docstring); ``question`` without answer prefix."""
     from masklab.context.routers.lexical import question_overlap
@@ -118,10 +119,12 @@ def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, k
     rel_len = count / count.mean().clamp(min=1)
     overlap = question_overlap(units, question)
     if kind == "v2-superseded":
-        extra = torch.stack([cos_mean, cos_max, pos, rel_len, torch.tensor(overlap), torch.tensor(superseded(overlap))], dim=1)
+        extra = torch.stack([cos_mean, cos_max, pos, rel_len, torch.tensor(overlap), torch.tensor(superseded(overlap))],
+                            dim=1)
         return torch.cat([mean - mean.mean(0, keepdim=True), extra], dim=1)
     h1 = out.hidden_states[1][0].float().cpu()  # after the first layer (not normed)
-    cos1 = torch.nn.functional.cosine_similarity(unit_mean(h1), (h1[isq].mean(0) if isq.any() else h1.mean(0))[None], dim=1)
+    q1 = h1[isq].mean(0) if isq.any() else h1.mean(0)
+    cos1 = torch.nn.functional.cosine_similarity(unit_mean(h1), q1[None], dim=1)
     hn = torch.nn.functional.normalize(h, dim=1)
     sim = hn[m] @ hn[isq].T if isq.any() else torch.zeros(int(m.sum()), 1)  # (T_ctx, Q) token cosines
     best = torch.full((n, sim.shape[1]), -1.0).scatter_reduce_(0, unit[m][:, None].expand_as(sim), sim, reduce="amax")

@@ -80,11 +80,12 @@ def clear_caches() -> None:
 
 @ROUTERS.register("pruner-ctx")
 class ContextPruner(Router):
-    """``path``: a context head file (``masklab train-router --kind pruner-ctx``; None: the shipped one), read on top of
-    the shipped `pruner`. Scores are keep probabilities in [0, 1]."""
+    """``path``: a context head file (``masklab train-router --kind pruner-ctx``; None: the shipped one), read
+    on top of the shipped `pruner`. Scores are keep probabilities in [0, 1]."""
 
     use = ("any document, questions whose answer spans sentences or updates: the pruner's scores read beside each "
-           "unit's neighbours and the more relevant units, trained on causal keep-set labels; --threshold or --keep auto")
+           "unit's neighbours and the more relevant units, trained on causal keep-set labels; --threshold or "
+           "--keep auto")
     score_range = (0.0, 1.0)
     options = ("path", "int8")
     labels = "union"

@@ -74,7 +74,8 @@ class TrainedRouter(Router):
             if path is None and not ships(name):
                 raise MasklabError(f"no {self.kind} router ships for model {name!r}: route with a packaged one "
                                    f"(--router-model {DEFAULT_ROUTER_MODEL}), or train one with `masklab train-router "
-                                   f"--model {name} --out DIR` and pass --router-file DIR/{router_stem(name)}.safetensors")
+                                   f"--model {name} --out DIR` and pass --router-file "
+                                   f"DIR/{router_stem(name)}.safetensors")
             routers, meta = load_routers(Path(path) if path is not None else shipped(name))
         if self.kind not in routers:
             raise MasklabError(f"the router file holds {', '.join(routers)}, not {self.kind}")
