@@ -178,7 +178,7 @@ def test_int8_scores_with_the_quantised_encoder(tmp_path, capsys):
     int8 = load_router("pruner-ctx", int8=True).score(doc, "Who approved the budget?").tolist()
     float_ = load_router("pruner-ctx").score(doc, "Who approved the budget?").tolist()
     assert res["scores"] == pytest.approx(int8) and res["scores"] != pytest.approx(float_, abs=1e-6)
-    top, context = max(range(len(doc.units)), key=res["scores"].__getitem__), load_router("pruner-ctx").context
+    top, context = max(range(len(doc.units)), key=res["scores"].__getitem__), load_router("pruner-ctx").neighbours
     assert all(res["scores"][i] >= 0.2 or abs(i - top) <= context for i in res["kept"])
 
 
@@ -265,7 +265,7 @@ def test_several_passages_where_the_pruner_decides_how_much(tmp_path, capsys, bu
     relative = budget[0] == "--keep" and r.keep_rule == "relative"
     cut = 0.3 if budget[0] == "--threshold" else r.keep_auto * (res["scores"][top] if relative else 1)
     assert code == 0 and ANSWERING in res["pruned_text"] and res["kept"]
-    near = range(top - r.context, top + r.context + 1)  # the best unit and the neighbours kept with it
+    near = range(top - r.neighbours, top + r.neighbours + 1)  # the best unit and the neighbours kept with it
     assert all(res["scores"][i] >= cut or i in near for i in res["kept"])  # nothing else below the cut
     assert res["kept_fraction"] < 1 and not any(n.startswith("the passages are") for n in res["notes"])
 

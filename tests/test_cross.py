@@ -218,7 +218,7 @@ def test_a_router_with_context_keeps_the_best_units_neighbours_within_its_own_pa
     from masklab.context.router import ROUTERS
 
     assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [1, 3]
-    monkeypatch.setattr(ROUTERS["test-decider"], "context", 1)
+    monkeypatch.setattr(ROUTERS["test-decider"], "neighbours", 1)
     assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [3, 4]  # Unit 9 and the next
     assert prune("Which unit?", TEXT, threshold=0.8, router="test-decider")["kept"] == [2, 3, 4]  # and both beside it
     out = passages_pruned(keep=0.4)

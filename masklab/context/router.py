@@ -313,16 +313,16 @@ def select_units(router, docs: list[Document], scores: Tensor, lengths: list[int
     within = len(docs[rank[0]].units)
     keep, cap = (1.0, req.tokens) if req.tokens is not None else (req.fraction, None)
     if req.threshold is not None:
-        keep = auto_fraction(ordered, ordered_lengths, req.threshold, context=router.context, within=within)
+        keep = auto_fraction(ordered, ordered_lengths, req.threshold, context=router.neighbours, within=within)
     elif req.auto:
         if router.keep_auto is None:
             raise MasklabError(f"{req.names['auto']} needs a router that decides how much to keep; {router.name} "
                                "has no rule of its own: give a fraction")
-        keep = auto_fraction(ordered, ordered_lengths, router.keep_auto, router.keep_rule, router.context, within)
+        keep = auto_fraction(ordered, ordered_lengths, router.keep_auto, router.keep_rule, router.neighbours, within)
     if req.cap is not None:
         cap = req.cap if cap is None else min(cap, req.cap)
     fill = (router.fill if req.fill is None else req.fill) and req.threshold is None
-    chosen = select(ordered, ordered_lengths, keep, fill=fill, limit=cap, context=router.context, within=within)
+    chosen = select(ordered, ordered_lengths, keep, fill=fill, limit=cap, context=router.neighbours, within=within)
     return sorted(order[j] for j in chosen), rank
 
 
@@ -379,7 +379,7 @@ class Router:
     fill = True  # the default of Request.fill (True: fill the budget)
     keep_auto: float | None = None  # the score from which keep="auto" keeps a unit (routers that decide how much)
     keep_rule = "threshold"  # how keep_auto cuts (selection.KEEP_RULES): a score, or a share of the best unit's score
-    context = 0  # units on each side of the best unit kept right after it (selection.select)
+    neighbours = 0  # units on each side of the best unit kept right after it (selection.select's context)
 
     def __init__(self, lm=None) -> None:
         if self.reads_model and lm is None:

@@ -167,7 +167,7 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
         if name == LANGCHAIN:
             rec["default"] = router.default(doc, q.question, gold, lengths)
         for k in keeps:
-            kept = set(select(scores, lengths, k, fill=True, context=router.context))
+            kept = set(select(scores, lengths, k, fill=True, context=router.neighbours))
             cell = {"kept": all(u in kept for g in gold for u in g),
                     "kept_fraction": sum(lengths[i] for i in kept) / sum(lengths)}
             if answers:

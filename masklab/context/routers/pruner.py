@@ -98,7 +98,7 @@ class ContextPruner(Router):
         self.head, self.meta = _load_head(str(self.path))
         self.pruner = (cached_int8_pruner if int8 else cached_pruner)(str(WEIGHTS / "causal.safetensors"))[0]
         self.keep_auto, self.keep_rule = self.meta.get("keep_auto"), self.meta.get("keep_rule", "threshold")
-        self.context = self.meta.get("context", 0)  # units beside the best one kept with it (chosen on val)
+        self.neighbours = self.meta.get("context", 0)  # units beside the best one kept with it (chosen on val)
 
     def score(self, doc, question):
         return self.read(doc, [question]).values[0]
