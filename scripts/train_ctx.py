@@ -1,6 +1,7 @@
 """Train the context pruner's label variants (``pruner-ctx``) on the corpus labels and measure them on val only.
 
-    python scripts/train_ctx.py [--model smollm2-135m] [--labels lasso,keepset,union,attention,marks] [--ship union,attention]
+    python scripts/train_ctx.py [--model smollm2-135m] [--labels lasso,keepset,union,attention,marks]
+                                [--ship union,attention]
 
 What it runs is :func:`masklab.lab.train_ctx.run_corpus` (its module docstring has the method); the
 shipped default comes from ``masklab train-router --kind pruner-ctx``, which runs the same function for
@@ -24,7 +25,9 @@ def main() -> int:
     from masklab.lab.train_ctx import VARIANTS, HeadConfig, run_corpus
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)")
+    ap.add_argument(
+        "--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)"
+    )
     ap.add_argument("--labels", default=",".join(VARIANTS), help="comma-separated variants: " + ", ".join(VARIANTS))
     ap.add_argument("--epochs", type=int, default=HeadConfig.epochs, help="training epochs")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")

@@ -43,7 +43,8 @@ from masklab.util import device as devices
 from masklab.text.document import Document
 
 WINDOW_TOP = 8  # units each of bm25 and dense propose
-ABLATIONS = 20  # random variants per question (ContextCite uses 32-256 for longer contexts; the windows here have about 14 units)
+# random variants per question (ContextCite uses 32-256 for longer contexts; the windows here have about 14 units)
+ABLATIONS = 20
 LASSO_ALPHA = 0.01  # ContextCite's regularisation
 LABELLERS = ("lasso", "keepset")
 PAIR_TOP = 5  # keep-set labels: pairs among this many best single units (10 pairs)

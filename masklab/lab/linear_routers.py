@@ -70,8 +70,11 @@ def chunk_units(lengths: list[int], chunk_tokens: int | None) -> list[list[int]]
     return chunks
 
 
-def fit_linear(X: Tensor, y: Tensor, steps: int = 300, lr: float = 0.05, l2: float = 1e-2, seed: int = 0) -> LinearRouter:
-    """A :class:`LinearRouter` fitted on ``X (M, F)``, ``y (M,)`` in {0, 1}; positives are re-weighted to balance classes."""
+def fit_linear(
+    X: Tensor, y: Tensor, steps: int = 300, lr: float = 0.05, l2: float = 1e-2, seed: int = 0
+) -> LinearRouter:
+    """A :class:`LinearRouter` fitted on ``X (M, F)``, ``y (M,)`` in {0, 1}; positives are re-weighted to balance
+    classes."""
     g = torch.Generator().manual_seed(seed)
     mean, std = X.mean(0), X.std(0).clamp(min=1e-4)
     Z = (X - mean) / std
@@ -82,7 +85,10 @@ def fit_linear(X: Tensor, y: Tensor, steps: int = 300, lr: float = 0.05, l2: flo
     opt = torch.optim.Adam([w, b], lr=lr)
     for _ in range(steps):
         opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(Z @ w + b, y.float(), pos_weight=pw) + l2 * (w ** 2).sum()
+        loss = (
+            torch.nn.functional.binary_cross_entropy_with_logits(Z @ w + b, y.float(), pos_weight=pw)
+            + l2 * (w**2).sum()
+        )
         loss.backward()
         opt.step()
     return LinearRouter(w.detach(), b.detach(), mean, std)
@@ -147,7 +153,9 @@ def save_routers(path: Path, routers: dict[str, LinearRouter], meta: dict) -> No
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {f"{k}.{f}": getattr(r, f).contiguous() for k, r in routers.items() for f in ("weight", "bias", "mean", "std")}
+    tensors = {
+        f"{k}.{f}": getattr(r, f).contiguous() for k, r in routers.items() for f in ("weight", "bias", "mean", "std")
+    }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(tensors, str(tmp))
     os.replace(tmp, path.with_suffix(".safetensors"))
@@ -182,8 +190,15 @@ def train_or_load(lm, model: str, tasks: list[str], length: int, n_per_task: int
     from masklab.lab.tasks.longctx import make_examples, score
 
     task_kw = task_kw or {}
-    params = {"n_per_task": n_per_task, "seed": seed, "layers": layers, "max_new_tokens": max_new_tokens, "features": DEFAULT_FEATURE_SET,
-              "chunk_tokens": chunk_tokens, **task_kw}
+    params = {
+        "n_per_task": n_per_task,
+        "seed": seed,
+        "layers": layers,
+        "max_new_tokens": max_new_tokens,
+        "features": DEFAULT_FEATURE_SET,
+        "chunk_tokens": chunk_tokens,
+        **task_kw,
+    }
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / router_key(model, tasks, length, params)
     with open(cache_dir / ".lock", "w") as lock:
@@ -194,7 +209,9 @@ def train_or_load(lm, model: str, tasks: list[str], length: int, n_per_task: int
         feats, labels = [], {k: [] for k in LABELS}
         passes, per_task = 0, {}
         for task in tasks:
-            exs = make_examples(task, length, n_per_task, seed=TRAIN_SEED_BASE + seed, tokenizer=lm.tokenizer, **task_kw)
+            exs = make_examples(
+                task, length, n_per_task, seed=TRAIN_SEED_BASE + seed, tokenizer=lm.tokenizer, **task_kw
+            )
             got = 0
             for ex in exs:
                 lab = make_labels(lm, ex, ex.query, accept=lambda text, ex=ex: score(text, ex),

@@ -86,8 +86,15 @@ def full(lm, new_tokens: int, stop_at_sentence: bool = False) -> Step:
     """The whole context."""
     def step(ex) -> tuple[dict, str]:
         r = generate_answer(lm, ex.units, ex.query, new_tokens, stop_at_sentence=stop_at_sentence)
-        return {"acc": float(ex.is_correct(r["generated"])), "seconds": r["seconds"], "kept": 1.0, "gold_kept": 1.0,
-                "prefill_s": r["prefill_seconds"], "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}, r["generated"]
+        return {
+            "acc": float(ex.is_correct(r["generated"])),
+            "seconds": r["seconds"],
+            "kept": 1.0,
+            "gold_kept": 1.0,
+            "prefill_s": r["prefill_seconds"],
+            "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"]),
+        }, r["generated"]
+
     return step
 
 
@@ -123,14 +130,24 @@ def pressed(lm, press, keep: float, new_tokens: int) -> Step:
         n_ctx = sum(ex.lengths(lm.tokenizer))
         ctx = n_ctx if press.masks else round(keep * n_ctx)
         rest = len(lm.tokenizer(ex.query)["input_ids"]) + new_tokens
-        return {"acc": float(ex.is_correct(text)), "seconds": secs, "kept": keep, "cache_tokens": press.last_cache_tokens,
-                "kv_mb": kv_cache_mb(lm, ctx + rest)}, text
+        return {
+            "acc": float(ex.is_correct(text)),
+            "seconds": secs,
+            "kept": keep,
+            "cache_tokens": press.last_cache_tokens,
+            "kv_mb": kv_cache_mb(lm, ctx + rest),
+        }, text
     return step
 
 
-def evaluate(examples: Sequence, methods: Callable[[int, object], list[tuple[str, Step]]], log: Path,
-             key: Callable[[int, object], object] | None = None, after: Callable[[int, object, dict], None] | None = None,
-             progress: Callable | None = None) -> list[dict]:
+def evaluate(
+    examples: Sequence,
+    methods: Callable[[int, object], list[tuple[str, Step]]],
+    log: Path,
+    key: Callable[[int, object], object] | None = None,
+    after: Callable[[int, object, dict], None] | None = None,
+    progress: Callable | None = None,
+) -> list[dict]:
     """Every method of ``methods(i, example)`` on every example, interleaved (module docstring).
 
     One record per example, ``{"key", "rows": {method: row}, "answers": {method: answer}}``,

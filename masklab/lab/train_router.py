@@ -85,7 +85,9 @@ class TrainConfig:
     eval: bool = flag(False, help="measure the routers on held-out families")
     eval_split: str = flag("test", choices=["val", "test"], help="families to measure on: val (choose features) or "
                            "test (report)")
-    eval_lengths: list[int] = flag(factory=lambda: [1024, 2048], parse=int_list, min=256, max=8192, help="evaluation context lengths")
+    eval_lengths: list[int] = flag(
+        factory=lambda: [1024, 2048], parse=int_list, min=256, max=8192, help="evaluation context lengths"
+    )
     eval_examples: int = flag(30, min=1, help="evaluation examples per task kind and length")
     eval_answers: bool = flag(False, help="also answer from the kept text and from the full context (slow)")
     eval_kinds: list[str] = flag(factory=list, parse=str_list, default_text="every kind of the split",
@@ -209,10 +211,12 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = 
     labelled = [r for r in rows if r["correct"]]
     least = 2 if cfg.quick else MIN_LABELLED
     if len(labelled) < least:
-        raise MasklabError(f"{lm.name} answered {len(labelled)} of {len(rows)} training examples rightly; a router needs "
-                           f"at least {least}: label more (--examples, now {cfg.examples} per kind), use a stronger "
-                           f"model, or rank with a packaged model's router (masklab compress --router-model "
-                           f"{DEFAULT_ROUTER_MODEL})")
+        raise MasklabError(
+            f"{lm.name} answered {len(labelled)} of {len(rows)} training examples rightly; a router needs "
+            f"at least {least}: label more (--examples, now {cfg.examples} per kind), use a stronger "
+            f"model, or rank with a packaged model's router (masklab compress --router-model "
+            f"{DEFAULT_ROUTER_MODEL})"
+        )
     feats, labels = [], {k: [] for k in LABELS}
     for r in labelled:
         ex = make_example(r["filler"], r["template"], r["wording"], r["kind"], cfg.length, r["seed"], lm.tokenizer)
@@ -220,17 +224,30 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = 
         for k in LABELS:
             labels[k].append(r[k])
     routers = fit_routers(feats, labels, seed=cfg.seed)
-    meta = {"model": lm.name, "features": cfg.features, "layers": cfg.layers, "command": cfg.command,
-            "data": {"families": "train split of masklab.lab.tasks.families", "length": cfg.length, "examples": len(rows),
-                     "labels": labels_digest(rows),
-                     "labelled": len(labelled), "per_kind": {k: sum(r["kind"] == k for r in labelled)
-                                                             for k in sorted({r["kind"] for r in rows})}},
-            "label_cost": {"passes": sum(r["passes"] for r in rows), "seconds": sum(r["seconds"] for r in rows),
-                           "passes_per_labelled": sum(r["passes"] for r in rows) / len(labelled),
-                           "seconds_per_labelled": sum(r["seconds"] for r in rows) / len(labelled)},
-            "evidence_matches_gold": sum(sorted(r["evidence"]) == sorted(r["gold"]) for r in labelled) / len(labelled),
-            **(stamp or code_stamp()), "search": "group-testing",
-            "device": devices.describe(lm.model.device, cfg.precision)}
+    meta = {
+        "model": lm.name,
+        "features": cfg.features,
+        "layers": cfg.layers,
+        "command": cfg.command,
+        "data": {
+            "families": "train split of masklab.lab.tasks.families",
+            "length": cfg.length,
+            "examples": len(rows),
+            "labels": labels_digest(rows),
+            "labelled": len(labelled),
+            "per_kind": {k: sum(r["kind"] == k for r in labelled) for k in sorted({r["kind"] for r in rows})},
+        },
+        "label_cost": {
+            "passes": sum(r["passes"] for r in rows),
+            "seconds": sum(r["seconds"] for r in rows),
+            "passes_per_labelled": sum(r["passes"] for r in rows) / len(labelled),
+            "seconds_per_labelled": sum(r["seconds"] for r in rows) / len(labelled),
+        },
+        "evidence_matches_gold": sum(sorted(r["evidence"]) == sorted(r["gold"]) for r in labelled) / len(labelled),
+        **(stamp or code_stamp()),
+        "search": "group-testing",
+        "device": devices.describe(lm.model.device, cfg.precision),
+    }
     if len(labelled) < FEW_LABELLED:
         meta["warning"] = (f"fitted on only {len(labelled)} labelled examples (fewer than {FEW_LABELLED}): "
                            "its ranking may be poor")
@@ -252,9 +269,13 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     kinds = cfg.eval_kinds or SPLITS[cfg.eval_split]["kind"]
     tag = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
     weights = hashlib.sha256((out / f"{router_stem(lm.name)}.safetensors").read_bytes()).hexdigest()[:12]
-    cells = [(n, ex) for n in cfg.eval_lengths
-             for ex in split_examples(cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer,
-                                      kinds=kinds)]
+    cells = [
+        (n, ex)
+        for n in cfg.eval_lengths
+        for ex in split_examples(
+            cfg.eval_split, cfg.eval_examples, n, seed=10_000 + cfg.seed, tokenizer=lm.tokenizer, kinds=kinds
+        )
+    ]
     length = [n for n, _ in cells]  # the asked length of example i (its own n_tokens is what it came to)
 
     def methods(i: int, ex) -> list:
@@ -262,7 +283,9 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
         if not cfg.eval_answers:
             return [(name, pipeline.ranked(c)) for name, c in choose.items()]
         answer = {"stop_at_sentence": True, "new_tokens": cfg.max_new_tokens}
-        return [("full", pipeline.full(lm, **answer))] + [(n, pipeline.routed(lm, c, **answer)) for n, c in choose.items()]
+        return [("full", pipeline.full(lm, **answer))] + [
+            (n, pipeline.routed(lm, c, **answer)) for n, c in choose.items()
+        ]
 
     def describe(i: int, ex, record: dict) -> None:
         record.update({"length": length[i], "kind": ex.kind, "seed": ex.seed, "example": ex.digest,
@@ -286,7 +309,10 @@ def _kept_rates(rows: list[dict]) -> dict:
     from masklab.lab.stats import wilson
 
     out = {}
-    for metric, hits in (("all_gold_kept", [r["gold_kept"] == 1.0 for r in rows]), ("gold_top", [r["gold_top"] == 1.0 for r in rows])):
+    for metric, hits in (
+        ("all_gold_kept", [r["gold_kept"] == 1.0 for r in rows]),
+        ("gold_top", [r["gold_top"] == 1.0 for r in rows]),
+    ):
         k = sum(hits)
         lo, hi = wilson(k, len(rows))
         out.update({metric: k / len(rows), f"{metric}_lo": lo, f"{metric}_hi": hi})
@@ -329,10 +355,16 @@ def summarise(records: list[dict], answers: bool, methods: tuple[str, ...] = EVA
                 if m == "evidence" and all(o in cell[0] for o in ("attention", "lexical", "bm25")):
                     for other in ("attention", "lexical", "bm25"):
                         theirs = [c[other] for c in cell]
-                        s[f"p_gold_vs_{other}"] = mcnemar([r["gold_kept"] == 1 for r in rows], [r["gold_kept"] == 1 for r in theirs])
-                        s[f"p_top_vs_{other}"] = mcnemar([r["gold_top"] == 1 for r in rows], [r["gold_top"] == 1 for r in theirs])
+                        s[f"p_gold_vs_{other}"] = mcnemar(
+                            [r["gold_kept"] == 1 for r in rows], [r["gold_kept"] == 1 for r in theirs]
+                        )
+                        s[f"p_top_vs_{other}"] = mcnemar(
+                            [r["gold_top"] == 1 for r in rows], [r["gold_top"] == 1 for r in theirs]
+                        )
                         if "acc" in rows[0]:
-                            s[f"p_acc_vs_{other}"] = mcnemar([r["acc"] == 1 for r in rows], [r["acc"] == 1 for r in theirs])
+                            s[f"p_acc_vs_{other}"] = mcnemar(
+                                [r["acc"] == 1 for r in rows], [r["acc"] == 1 for r in theirs]
+                            )
                 out.append(s)
     if answers:
         return out
@@ -343,10 +375,18 @@ def summarise(records: list[dict], answers: bool, methods: tuple[str, ...] = EVA
 
 
 def markdown(res: dict) -> str:
-    lines = [f"# Held-out routers: {res['model']} on the {res['split']} families, keep {res['keep']}", "",
-             "| task | method | n | all_gold_kept [95% CI] | gold_top [95% CI] | kept | acc [95% CI] |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Held-out routers: {res['model']} on the {res['split']} families, keep {res['keep']}",
+        "",
+        "| task | method | n | all_gold_kept [95% CI] | gold_top [95% CI] | kept | acc [95% CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in res["summary"]:
-        g = f"{s['all_gold_kept']:.3f} [{s['all_gold_kept_lo']:.2f}, {s['all_gold_kept_hi']:.2f}]" if "all_gold_kept" in s else "-"
+        g = (
+            f"{s['all_gold_kept']:.3f} [{s['all_gold_kept_lo']:.2f}, {s['all_gold_kept_hi']:.2f}]"
+            if "all_gold_kept" in s
+            else "-"
+        )
         t = f"{s['gold_top']:.3f} [{s['gold_top_lo']:.2f}, {s['gold_top_hi']:.2f}]" if "gold_top" in s else "-"
         a = f"{s['acc']:.3f} [{s['acc_lo']:.2f}, {s['acc_hi']:.2f}]" if "acc" in s else "-"
         k = f"{s['kept']:.3f}" if "kept" in s else "-" if s["task"] == "all" else "1.000"
@@ -383,13 +423,19 @@ def run_families(cfg: TrainConfig) -> int:
         rows = label(lm, cfg, out)
         stem = out / router_stem(lm.name)
         routers, meta = load_routers(stem) if stem.with_suffix(".safetensors").exists() else (None, {})
-        if cfg.quick or (meta.get("features"), meta.get("layers"), meta.get("data", {}).get("labels"),
-                         meta.get("data", {}).get("length")) != (cfg.features, cfg.layers, labels_digest(rows), cfg.length):
+        if cfg.quick or (
+            meta.get("features"),
+            meta.get("layers"),
+            meta.get("data", {}).get("labels"),
+            meta.get("data", {}).get("length"),
+        ) != (cfg.features, cfg.layers, labels_digest(rows), cfg.length):
             routers, meta = fit(lm, cfg, rows, out, stamp)  # refit when the data or the recipe changed
         cost = meta["label_cost"]
-        print(f"routers: {stem}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "
-              f"examples labelled; {cost['passes_per_labelled']:.1f} passes and {cost['seconds_per_labelled']:.1f} s per "
-              f"labelled example; {time.perf_counter() - t0:.0f} s)")
+        print(
+            f"routers: {stem}.safetensors ({meta['data']['labelled']} of {meta['data']['examples']} training "
+            f"examples labelled; {cost['passes_per_labelled']:.1f} passes and {cost['seconds_per_labelled']:.1f} s per "
+            f"labelled example; {time.perf_counter() - t0:.0f} s)"
+        )
         if meta.get("warning"):
             print(f"warning: this router was {meta['warning']}; label more with --examples", file=sys.stderr)
         print(f"use them: masklab compress --model {cfg.model} --router evidence --router-file {stem}.safetensors ...")
