@@ -77,6 +77,15 @@ def test_json_has_the_totals_and_one_row_per_passage():
     assert sum(r["kept_tokens"] for r in rows) == out["compressed_tokens"]
 
 
+def test_a_budget_of_zero_is_a_budget():
+    req = Request("Who?", BUDGET, threshold=0.0, router="pruner-ctx")  # every unit scoring at least 0
+    assert req.threshold == 0.0 and req.fraction is None and req.budget_text() == "threshold 0.0"
+    with pytest.raises(MasklabError, match=r"keep must be a fraction in \(0, 1\]"):
+        Request("Who?", BUDGET, fraction=0, router="bm25")
+    with pytest.raises(MasklabError, match="threshold and target_tokens each set the budget"):
+        Request("Who?", BUDGET, tokens=5, threshold=0.0, router="pruner-ctx")
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"passages": []}, "non-empty list of strings"),
     ({"passages": [BUDGET, "  \n"]}, "passage 1 is empty"),

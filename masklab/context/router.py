@@ -133,7 +133,7 @@ class Request:
         set_(self, "passages", check_passages(self.passages))
         set_(self, "router", self.router or DEFAULT_ROUTER)
         cls = router_class(self.router)
-        given = [b for b in BUDGETS if getattr(self, b) not in (None, False)]
+        given = self.budgets()
         if len(given) > 1:
             raise MasklabError(f"{self.names[given[-1]]} and {self.names[given[-2]]} each set the budget: give one")
         if not given:
@@ -183,9 +183,13 @@ class Request:
         """The budget as a ``keep`` (a fraction or ``"auto"``; None for tokens or a threshold)."""
         return AUTO if self.auto else self.fraction
 
+    def budgets(self) -> list[str]:
+        """The budget fields set (``auto`` when true, the others when not None: a threshold may be 0)."""
+        return [b for b in BUDGETS if (self.auto if b == "auto" else getattr(self, b) is not None)]
+
     def budget_text(self) -> str:
         """The budget as the caller gave it: ``--keep 0.25``, ``--target-tokens 40``, ..."""
-        b = next(b for b in BUDGETS if getattr(self, b) not in (None, False))
+        b = self.budgets()[0]
         return self.names[b] if b == "auto" else f"{self.names[b]} {getattr(self, b)}"
 
 
