@@ -85,11 +85,11 @@ def test_squad_loader_rejects_malformed(tmp_path, bad):
 
 
 def test_router_learns_separable_labels():
-    from masklab.context.routers.features import LinearRouter as SentenceRouter
+    from masklab.lab.linear_routers import fit_linear
 
     g = torch.Generator().manual_seed(0)
     X = torch.randn(200, 5, generator=g)
     y = (X[:, 2] > 0.8).float()
-    r = SentenceRouter.fit(X, y)
+    r = fit_linear(X, y)
     s = r.score(X)
     assert s[y == 1].min() > s[y == 0].median()
