@@ -130,7 +130,7 @@ class Request:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "question", check_question(self.question))
-        set_(self, "passages", check_passages(self.passages))
+        set_(self, "passages", passages_of(self.passages))
         set_(self, "router", self.router or DEFAULT_ROUTER)
         cls = router_class(self.router)
         given = self.budgets()
@@ -193,7 +193,7 @@ class Request:
         return self.names[b] if b == "auto" else f"{self.names[b]} {getattr(self, b)}"
 
 
-def check_passages(passages) -> tuple:
+def passages_of(passages) -> tuple:
     """``passages`` as a tuple: one string or :class:`Document` is one passage; a list must be
     non-empty, of strings (each a text: :func:`~masklab.text.inputs.check_context`) or documents."""
     if isinstance(passages, (str, Document)):
