@@ -79,7 +79,7 @@ def material(model: str, tok) -> tuple[dict, dict, dict, list, dict]:
 
     labels = ROOT / "results" / "corpus-labels"
     lasso = {r["id"]: r for f in sorted(labels.glob(f"labels-{model}-train*.jsonl")) for r in read_jsonl(f)}
-    keepset = {r["id"]: r for r in read_jsonl(labels / f"labels-keepset-{model}-train.jsonl")}
+    keepset = {r["id"]: r for f in sorted(labels.glob(f"labels-keepset-{model}-train*.jsonl")) for r in read_jsonl(f)}
     corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
     val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
     docs: dict = {}
