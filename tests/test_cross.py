@@ -53,7 +53,8 @@ def test_a_units_score_reads_its_neighbours_where_the_unit_alone_pruner_does_not
 
 @needs_dense
 @needs_peft
-def test_training_learns_a_target_only_the_context_reveals_and_survives_save_load(tmp_path):
+@pytest.mark.parametrize("full, lr, head_lr", [(False, 2e-3, 2e-2), (True, 1e-4, 1e-2)])
+def test_training_learns_a_target_only_the_context_reveals_and_survives_save_load(tmp_path, full, lr, head_lr):
     from masklab.lab.cross import CrossConfig, Example, load_cross, save, train
 
     # the target is the sentence after "The next sentence is the answer.": the same sentence text
@@ -63,16 +64,17 @@ def test_training_learns_a_target_only_the_context_reveals_and_survives_save_loa
     for k in range(4):
         units = filler[:k] + ["The next sentence is the answer.", filler[k]] + filler[k + 1:]
         examples.append(Example("Which sentence is the answer?", units, [k + 1]))
-    model, rec = train(examples * 3, CrossConfig(epochs=6, lr=2e-3, head_lr=2e-2, batch=4, negatives=0.0),
+    model, rec = train(examples * 3, CrossConfig(epochs=6, full=full, lr=lr, head_lr=head_lr, batch=4, negatives=0.0),
                        progress=False)
     assert rec["loss"][-1] < rec["loss"][0]
     for e in examples:
         assert int(model.rank(e.question, e.units).argmax()) == e.target[0]
     save(model, tmp_path / "c.safetensors", {"labels": "test"})
-    loaded, meta = load_cross(tmp_path / "c.safetensors")  # adapters merged into the encoder
-    assert meta["design"] == "cross" and meta["labels"] == "test"
+    loaded, meta = load_cross(tmp_path / "c.safetensors")  # adapters merged into the encoder, or float16 weights
+    assert meta["design"] == ("cross-full" if full else "cross") and meta["labels"] == "test"
     for e in examples:
-        torch.testing.assert_close(loaded.rank(e.question, e.units), model.rank(e.question, e.units), atol=1e-4, rtol=0)
+        torch.testing.assert_close(loaded.rank(e.question, e.units), model.rank(e.question, e.units),
+                                   atol=2e-2 if full else 1e-4, rtol=0)
     with pytest.raises(MasklabError, match="no cross pruner"):
         load_cross(tmp_path / "missing.safetensors")
 
@@ -83,7 +85,7 @@ def test_a_killed_training_resumes_after_its_last_epoch(tmp_path):
     from masklab.lab.cross import CrossConfig, Example, train
 
     ex = [Example("Which is white?", ["Grass is green.", "Snow is white.", "The sky is blue."], [1])] * 2
-    cfg = CrossConfig(epochs=1, batch=2, negatives=0.0)
+    cfg = CrossConfig(epochs=1, batch=2, negatives=0.0, full=False, lr=3e-4)
     _, first = train(ex, cfg, checkpoint=tmp_path / "ck", progress=False)
     _, both = train(ex, CrossConfig(epochs=2, batch=2, negatives=0.0), checkpoint=tmp_path / "ck2", progress=False)
     _, resumed = train(ex, cfg, checkpoint=tmp_path / "ck", progress=False)  # nothing left to do
@@ -91,6 +93,23 @@ def test_a_killed_training_resumes_after_its_last_epoch(tmp_path):
     assert both["loss"][0] == pytest.approx(first["loss"][0], abs=1e-6)  # the same first epoch
     with pytest.raises(MasklabError, match="other settings"):
         train(ex, CrossConfig(epochs=1, batch=1, negatives=0.0), checkpoint=tmp_path / "ck", progress=False)
+
+
+@needs_dense
+def test_a_training_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path):
+    from masklab.lab.cross import CrossConfig, Example, train
+
+    units = ["Grass is green.", "Snow is white.", "The sky is blue.", "Coal is black."]
+    ex = [Example(f"Which is {c}?", units, [i]) for i, c in enumerate(["green", "white", "blue", "black"])]
+    cfg = CrossConfig(epochs=2, batch=1, negatives=0.0, checkpoint_steps=100)
+    whole, rec = train(ex, cfg, progress=False)
+    _, part = train(ex, cfg, checkpoint=tmp_path / "ck", progress=False, limit_seconds=0)  # stops after one step
+    assert not part["done"] and part["epoch"] == 0 and part["batch"] == 1
+    resumed, rest = train(ex, cfg, checkpoint=tmp_path / "ck", progress=False)
+    assert rest["done"] and rest["steps"] == rec["steps"] == 8
+    assert rest["loss"] == pytest.approx(rec["loss"], abs=1e-6)
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b)
 
 
 def test_keepset_targets_credit_both_units_of_a_pair_the_restatement_and_not_the_superseded():

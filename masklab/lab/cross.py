@@ -14,12 +14,14 @@ Shapes: ``units`` is a list of N strings; :meth:`CrossPruner.logits` returns ``(
 :meth:`CrossPruner.logits_many` returns one ``(N,)`` per question, every window of every
 question batched.
 
-Training (:func:`train`) fits low-rank adapters (PEFT's LoRA) on the top ``TRAIN_LAYERS``
-layers and the head with a binary cross-entropy on each core unit (1: a target unit of the
-labels, 0: the rest), on windows built exactly as in use; the lower layers stay as packaged,
-so the backward pass stops above them. It checkpoints after each epoch and resumes. A
-trained pruner is one safetensors file (the adapters and the head, under a megabyte), merged
-into the encoder's weights when loaded, and a JSON file beside it.
+Training (:func:`train`) fine-tunes every weight of the encoder and the head (``full``, the
+default) or only low-rank adapters (PEFT's LoRA) on the top ``TRAIN_LAYERS`` layers, with a
+binary cross-entropy on each core unit (1: a target unit of the labels, 0: the rest), on
+windows built exactly as in use. It checkpoints every ``checkpoint_steps`` steps (model,
+optimiser, generator and the position in the epoch), stops cleanly after ``limit_seconds``
+and resumes from the last checkpoint in a later process: hours of CPU split across
+sessions. A trained pruner is one safetensors file (the whole encoder and head in float16,
+or the adapters and the head) and a JSON file beside it.
 """
 
 from __future__ import annotations
@@ -174,9 +176,9 @@ class CrossPruner(torch.nn.Module):
         faster path on the CPU for use, not for training."""
         self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {torch.nn.Linear}, dtype=torch.qint8)
 
-    def trainable(self) -> dict[str, Tensor]:
-        """The parameters training changes: the adapters and the head."""
-        return {n: p for n, p in self.named_parameters() if "lora_" in n or n.startswith("head.")}
+    def trainable(self, full: bool = False) -> dict[str, Tensor]:
+        """The parameters training changes: all of them (``full``), else the adapters and the head."""
+        return {n: p for n, p in self.named_parameters() if full or "lora_" in n or n.startswith("head.")}
 
 
 @dataclass
@@ -191,11 +193,13 @@ class Example:
 @dataclass
 class CrossConfig:
     epochs: int = 2
-    lr: float = 3e-4  # the adapters
+    full: bool = True  # every encoder weight (False: LoRA adapters on the top TRAIN_LAYERS layers)
+    lr: float = 3e-5  # the encoder's weights (LoRA adapters: 3e-4)
     head_lr: float = 1e-3
     batch: int = 8  # windows per step
     pos_weight: float = 4.0  # about the ratio of other core units to target units
     negatives: float = 0.5  # chance that a question also trains on one window without a target
+    checkpoint_steps: int = 50  # steps between checkpoints (a killed run loses at most these)
     seed: int = 0
 
 
@@ -215,10 +219,12 @@ def training_windows(model: CrossPruner, examples: list[Example], rng: random.Ra
 
 
 def train(examples: list[Example], cfg: CrossConfig, checkpoint: Path | None = None,
-          progress: bool = True) -> tuple[CrossPruner, dict]:
+          progress: bool = True, limit_seconds: float | None = None) -> tuple[CrossPruner, dict]:
     """Fit a :class:`CrossPruner` on ``examples`` (module docstring). ``checkpoint``: a folder
-    where each finished epoch is saved; a run given the same folder continues after the last
-    saved epoch. Returns the model and a record (loss per epoch, seconds)."""
+    where the run is saved every ``cfg.checkpoint_steps`` steps and at each epoch's end; a run
+    given the same folder continues from there. ``limit_seconds``: save and stop after the
+    step that passes this much time (``record["done"]`` is then False). Returns the model and
+    a record (loss per epoch, steps, seconds, done)."""
     from masklab.lab.runner import Checkpoint
 
     usable = [e for e in examples if e.target]
@@ -226,8 +232,9 @@ def train(examples: list[Example], cfg: CrossConfig, checkpoint: Path | None = N
         raise MasklabError("no training question has a target unit: nothing to learn from")
     torch.manual_seed(cfg.seed)
     model = CrossPruner()
-    model.add_adapters()
-    trainable = model.trainable()
+    if not cfg.full:
+        model.add_adapters()
+    trainable = model.trainable(cfg.full)
     for n, p in model.named_parameters():
         p.requires_grad_(n in trainable)
     head = [p for n, p in trainable.items() if n.startswith("head.")]
@@ -235,55 +242,84 @@ def train(examples: list[Example], cfg: CrossConfig, checkpoint: Path | None = N
     opt = torch.optim.AdamW([{"params": body, "lr": cfg.lr}, {"params": head, "lr": cfg.head_lr}], weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
     ckpt = Checkpoint(checkpoint) if checkpoint is not None else None
-    epoch, record = 0, {"loss": [], "seconds": 0.0, "windows": 0, "config": asdict(cfg)}
+    data = hashlib.sha256(json.dumps([[e.question, e.target, len(e.units)] for e in usable]).encode()).hexdigest()[:12]
+    record = {"loss": [], "seconds": 0.0, "windows": 0, "epoch": 0, "batch": 0, "done": False,
+              "config": asdict(cfg), "data": data, "questions": len(usable)}
     if ckpt is not None and ckpt.exists:
-        epoch, record = ckpt.load(model, opt, gen)
-        if record.get("config") != asdict(cfg):
-            raise MasklabError(f"the checkpoint in {checkpoint} was made with other settings: remove it or give them")
+        from masklab.util.files import read_json
+
+        saved = read_json(Path(checkpoint) / "ckpt.json")["extra"]
+        if saved.get("config") != asdict(cfg) or saved.get("data") != data:
+            raise MasklabError(f"the checkpoint in {checkpoint} was made with other settings or data: remove it "
+                               "or give the same")
+        _, record = ckpt.load(model, opt, gen)
+    model.train(False)  # no dropout: the same scores in training and use
     lossf = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(cfg.pos_weight), reduction="sum")
-    bar = None
-    for ep in range(epoch, cfg.epochs):
-        t0 = time.perf_counter()
+    t_start = time.perf_counter()
+    while record["epoch"] < cfg.epochs:
+        ep = record["epoch"]
         rng = random.Random(cfg.seed * 1000 + ep)
         pairs = training_windows(model, usable, rng, cfg.negatives)
         rng.shuffle(pairs)
+        starts = list(range(0, len(pairs), cfg.batch))
+        bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(pairs), desc=f"cross pruner epoch {ep + 1}/{cfg.epochs}", file=sys.stderr)
-        total, count = 0.0, 0
-        for b in range(0, len(pairs), cfg.batch):
-            chunk = pairs[b:b + cfg.batch]
+            bar = tqdm(total=len(starts), initial=record["batch"], desc=f"cross pruner epoch {ep + 1}/{cfg.epochs}",
+                       unit="step", file=sys.stderr)
+        sums = record.setdefault("epoch_loss", [0.0, 0])
+        t0 = time.perf_counter()
+        for k in range(record["batch"], len(starts)):
+            chunk = pairs[starts[k]:starts[k] + cfg.batch]
             opt.zero_grad()
             logits = model.window_logits([w for w, _ in chunk], batch=cfg.batch)
-            labels = torch.cat([y for _, y in chunk])
-            loss = lossf(torch.cat(logits), labels) / len(chunk)
+            loss = lossf(torch.cat(logits), torch.cat([y for _, y in chunk])) / len(chunk)
             loss.backward()
             opt.step()
-            total, count = total + float(loss.detach()) * len(chunk), count + len(chunk)
+            sums[0], sums[1] = sums[0] + float(loss.detach()) * len(chunk), sums[1] + len(chunk)
+            record["batch"], record["steps"] = k + 1, record.get("steps", 0) + 1
             if bar is not None:
-                bar.update(len(chunk))
+                bar.update()
+            over = limit_seconds is not None and time.perf_counter() - t_start > limit_seconds
+            if ckpt is not None and (over or record["batch"] % cfg.checkpoint_steps == 0):
+                record["seconds"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                ckpt.save(record["steps"], model, opt, gen, record)
+            if over:
+                if bar is not None:
+                    bar.close()
+                return _finish(model), record
         if bar is not None:
             bar.close()
-        record["loss"].append(total / max(1, count))
-        record["windows"] = count
+        record["loss"].append(sums[0] / max(1, sums[1]))
+        record.update(windows=sums[1], epoch=ep + 1, batch=0, epoch_loss=[0.0, 0])
         record["seconds"] += time.perf_counter() - t0
         if ckpt is not None:
-            ckpt.save(ep + 1, model, opt, gen, record)
+            ckpt.save(record.get("steps", 0), model, opt, gen, record)
+    record["done"] = True
+    return _finish(model), record  # adapters not merged: save() stores them; load_cross() merges
+
+
+def _finish(model: CrossPruner) -> CrossPruner:
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    return model, record  # adapters not merged: save() stores them; load_cross() merges
+    return model
 
 
 def save(model: CrossPruner, path: Path, meta: dict) -> None:
-    """``path`` (``.safetensors``: the adapters and the head) and ``path.with_suffix(".json")``."""
+    """``path`` (``.safetensors``: the whole encoder and head in float16 for a ``full`` model,
+    else the adapters and the head) and ``path.with_suffix(".json")``."""
     from safetensors.torch import save_file
 
+    full = not hasattr(model, "adapters")
+    state = ({k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()} if full
+             else {k: v.detach().contiguous() for k, v in model.trainable().items()})
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in model.trainable().items()}, str(path))
-    path.with_suffix(".json").write_text(json.dumps({"design": "cross", "max_tokens": model.max_tokens,
-                                                     "carry": model.carry, **meta}, indent=1) + "\n")
+    save_file(state, str(path))
+    path.with_suffix(".json").write_text(json.dumps({"design": "cross-full" if full else "cross", "max_tokens":
+                                                     model.max_tokens, "carry": model.carry, **meta}, indent=1) + "\n")
 
 
 def load_cross(path: Path) -> tuple[CrossPruner, dict]:
@@ -295,15 +331,19 @@ def load_cross(path: Path) -> tuple[CrossPruner, dict]:
         raise MasklabError(f"no cross pruner at {path} (it needs {path.name} and {meta_path.name})")
     meta = json.loads(meta_path.read_text())
     model = CrossPruner(max_tokens=meta.get("max_tokens", MAX_TOKENS), carry=meta.get("carry", CARRY))
-    model.add_adapters()
     state = load_file(str(path))
-    missing = set(model.trainable()) - set(state)
-    if missing:
-        raise MasklabError(f"{path} lacks trained weights: {sorted(missing)[:3]}")
-    named = dict(model.named_parameters())
-    for k, v in state.items():
-        named[k].data.copy_(v)
-    model.merge()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model, meta
+    if meta.get("design") == "cross-full":
+        missing = set(model.state_dict()) - set(state)
+        if missing:
+            raise MasklabError(f"{path} lacks trained weights: {sorted(missing)[:3]}")
+        model.load_state_dict({k: v.float() for k, v in state.items()})
+    else:
+        model.add_adapters()
+        missing = set(model.trainable()) - set(state)
+        if missing:
+            raise MasklabError(f"{path} lacks trained weights: {sorted(missing)[:3]}")
+        named = dict(model.named_parameters())
+        for k, v in state.items():
+            named[k].data.copy_(v)
+        model.merge()
+    return _finish(model), meta
