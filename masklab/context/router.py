@@ -89,6 +89,7 @@ class Router:
     keep_auto: float | None = None  # the score from which keep="auto" keeps a unit (routers that decide how much)
     keep_rule = "threshold"  # how keep_auto cuts (selection.KEEP_RULES): a score, or a share of the best unit's score
     context = 0  # units on each side of the best unit kept right after it (selection.select)
+    hops = 1  # 2: score again with the question and the best unit's text (score_hops)
     last_windows = 1  # how many windows the last score() read (a trained router reads a long document in several)
     score_range: tuple[float, float] | None = None  # the bounds of the scores (where a threshold may lie), if any
 
@@ -107,8 +108,8 @@ class Router:
         raise NotImplementedError
 
     def checked_score(self, doc: Document, question: str) -> Tensor:
-        """:meth:`score`, refused unless it gives one score per unit (what every caller reads)."""
-        return self.checked(doc, self.score(doc, question))
+        """:meth:`score_hops` of one question, refused unless it gives one score per unit (what every caller reads)."""
+        return self.checked(doc, self.score_hops(doc, [question])[0])
 
     def checked(self, doc: Document, scores: Tensor) -> Tensor:
         """``scores``, refused unless there is one per unit of ``doc``."""
@@ -121,6 +122,16 @@ class Router:
         """One ``(N,)`` score vector per question over ``doc``: :meth:`score` for each (a router
         that reads several questions in one batch overrides this for speed, same scores)."""
         return [self.score(doc, q) for q in questions]
+
+    def score_hops(self, doc: Document, questions: list[str]) -> list[Tensor]:
+        """:meth:`score_many`, then where :attr:`hops` is 2 a second hop: each question again, followed by
+        the text of its best unit, and each unit's higher score of the two (a unit that explains what the
+        best unit names can rise though it shares no word with the question)."""
+        first = self.score_many(doc, questions)
+        if self.hops < 2 or len(doc.units) < 2:
+            return first
+        again = self.score_many(doc, [f"{q} {doc.units[int(s.argmax())]}" for q, s in zip(questions, first)])
+        return [torch.maximum(a, b) for a, b in zip(first, again)]
 
     @classmethod
     def check_range(cls, threshold: float) -> None:
@@ -173,7 +184,7 @@ class Router:
             raise MasklabError("the document has no units to keep")
         lengths = doc.lengths(self.tokenizer)
         t0 = time.perf_counter()
-        many = self.score_many(doc, questions)
+        many = self.score_hops(doc, questions)
         seconds = (time.perf_counter() - t0) / max(1, len(questions))
         out = []
         for scores in many:

@@ -9,12 +9,12 @@ accepts besides a model is declared here (:data:`TRAINED`, :data:`EMBEDDING`,
 from __future__ import annotations
 
 from masklab.context.router import ROUTERS, Router
-from masklab.context.routers import bm25, dense, fused, lexical, pruner, trained  # noqa: F401
+from masklab.context.routers import bm25, cross, dense, fused, lexical, pruner, trained  # noqa: F401
 from masklab.util.registry import Registry
 
 TRAINED = ("evidence", "bm25+evidence")  # routers that read a trained router file (--router-file, --router-model)
 EMBEDDING = ("dense", "bm25+dense")  # routers that embed sentences (their embedder can be named)
-DECIDING = ("pruner", "pruner-ctx")  # routers that decide how much to keep (keep="auto", --threshold; --router-file takes their file)
+DECIDING = ("pruner", "pruner-ctx", "cross")  # routers that decide how much to keep (keep="auto", --threshold; --router-file takes their file)
 
 
 def check_embedder(router: str, embedder: str | None, option: str = "embedder") -> None:
