@@ -35,8 +35,8 @@ ROOT, ROOT2, ROOT3, CORPUS = DATA / "realdocs", DATA / "realdocs2", DATA / "real
 KINDS = ("single", "two", "bridge", "comparison", "latest", "multi")
 MULTI_UNIT = ("two", "bridge", "comparison", "latest", "multi")  # kinds whose evidence spans units (or passages)
 SPLITS = ("val", "test", "test2", "test3")
-WHERE = {"val": (ROOT, "val"), "test": (ROOT, "test"), "test2": (ROOT2, "test"),
-         "test3": (ROOT3, "test")}  # split -> (folder, its split)
+WHERE = {"val": (ROOT, "val"), "test": (ROOT, "test"), "test2": (ROOT2, "test"), "test3": (ROOT3, "test"),
+         "corpus-val": (CORPUS, "val")}  # split -> (folder, its split); corpus-val: the training corpus's val
 PASSAGE_GAP = "\n\n"  # between the passages of a ``multi`` question's text
 
 
@@ -192,7 +192,7 @@ def load(split: str = "test", root: Path | None = None) -> list[RealQuestion]:
         if split == "all":
             return [q for s in SPLITS for q in load(s)]
         if split not in WHERE:
-            raise MasklabError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}, all")
+            raise MasklabError(f"unknown split {split!r}; choose from {', '.join(WHERE)}, all")
         root, split = WHERE[split]
     check_frozen(root)
     sp, qs = _read(root)
