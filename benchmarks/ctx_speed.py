@@ -63,7 +63,7 @@ def main() -> int:
     ctx8 = load_router("pruner-ctx", int8=True)
     cross = None
     if (ROOT / "results" / "cross" / "lasso.safetensors").is_file():
-        from masklab.lab.cross import load_cross
+        from masklab.context.cross import load_cross
 
         cross, _ = load_cross(ROOT / "results" / "cross" / "lasso.safetensors")
 

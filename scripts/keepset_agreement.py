@@ -33,7 +33,7 @@ def main() -> int:
     a = ap.parse_args()
     folder = ROOT / "results" / "corpus-labels"
     lasso = {r["id"]: r for f in sorted(folder.glob(f"labels-{a.model}-{a.split}*.jsonl")) for r in read_jsonl(f)}
-    keepset = {r["id"]: r for r in read_jsonl(folder / f"labels-keepset-{a.model}-{a.split}.jsonl")}
+    keepset = {r["id"]: r for f in sorted(folder.glob(f"labels-keepset-{a.model}-{a.split}*.jsonl")) for r in read_jsonl(f)}
     th = shipped_recipe()["threshold"]
     ids = [i for i in keepset if i in lasso and any(m in lasso[i]["window"] for m in lasso[i]["marked"])]
     hits: dict = {}

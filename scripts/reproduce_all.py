@@ -317,8 +317,7 @@ REPRODUCTIONS = [
     # how bm25+evidence and bm25+dense fuse, chosen from the committed val scores of realdocs-MODEL (no model runs)
     Reproduction("realdocs-fusion", [["scripts/choose_fusion.py"]]),
     # the pruner: causal and attention labels of the training corpus (resumable, CPU-hours), then its training
-    Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shard", "0/2"], ["scripts/label_corpus.py", "--shard", "1/2"],
-                                   ["scripts/label_corpus.py"],  # questions added after the shards ran
+    Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shards", "2", "--jobs", "2"],
                                    ["scripts/label_corpus.py", "--split", "val"], ["scripts/label_agreement.py"],
                                    ["scripts/label_agreement.py", "--split", "val"],
                                    ["scripts/label_corpus.py", "--model", "gemma3-270m", "--split", "val"],

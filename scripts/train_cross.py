@@ -1,26 +1,28 @@
-"""Train the context-aware pruner's label variants on the corpus labels and measure them on val only.
+"""Train the cross-encoder pruner (the ``cross`` router) on the corpus and measure it on val only.
 
-    python scripts/train_cross.py [--model smollm2-135m] [--labels lasso,union,attention,marks] [--epochs 2] [--ship union]
+    python scripts/train_cross.py [--labels marks,union,keepset,lasso,attention] [--epochs 2] [--minutes M]
+                                  [--threads 1] [--ship VARIANT]
 
-Reads the round-5 random-ablation labels (``results/corpus-labels/labels-MODEL-train*.jsonl``) and the
-keep-set labels (``labels-keepset-MODEL-train.jsonl``, :func:`masklab.lab.labels.keepset_label`), and
-trains one :class:`masklab.lab.cross.CrossPruner` per label variant, everything else equal (the
-same questions, windows, encoder, steps and seed):
+Every weight of the packaged MiniLM and the keep head is fine-tuned (:func:`masklab.lab.cross.train`)
+on the corpus's ``train`` questions, one model per label variant, everything else equal (the same
+windows, encoder, steps and seed):
 
-* ``lasso``: the units whose random-ablation weight is above the shipped pruner's threshold (round 5);
-* ``keepset``: the units :func:`~masklab.lab.labels.keepset_target` credits, where a question has
-  keep-set labels (the others keep their ``lasso`` set);
-* ``union``: both sets together;
-* ``attention``: as many units as the ``lasso`` set has, the most attended (the control);
-* ``marks``: the units the writers marked as answering.
+* ``marks``: the units the writers marked as answering (every question);
+* ``keepset``: the units :func:`masklab.lab.labels.keepset_target` credits (the questions with keep-set
+  labels, ``results/corpus-labels/labels-keepset-MODEL-train*.jsonl``);
+* ``union``: both sets, the marks alone where a question has no keep-set labels;
+* ``lasso`` / ``attention``: the random-ablation units above the shipped pruner's threshold, and as
+  many of the most attended units (the control), on the questions with those labels.
 
-Each variant checkpoints after every epoch in ``results/cross/ckpt-VARIANT/`` (a killed run resumes) and
-is stored in ``results/cross/VARIANT.safetensors``. Val (never trained on): the corpus's ``val``
-documents and the benchmark's ``val`` split, the writers' marks as the truth (the figures of
-``scripts/train_pruner.py``: MRR, kept@0.1, kept@0.25, each question's scores); written to
+Training checkpoints every 50 steps in ``runs/cross/ckpt-VARIANT-DATA/`` (outside the repository:
+model and optimiser, about 270 MB); ``--minutes`` stops cleanly after that much time, and the same
+command continues from the last checkpoint in a later session. A finished variant is stored in
+``results/cross/VARIANT.safetensors`` and measured on val (the corpus's ``val`` documents and the
+benchmark's ``val`` split; the writers' marks as the truth: MRR, kept@0.1, kept@0.25, each question's
+scores), with one hop and with two (:meth:`masklab.context.router.Router.read_hops`), in
 ``results/cross/results.json`` with the wall and CPU seconds of each step. ``--ship VARIANT`` copies
-that variant, with its val figures and ``keep_auto`` threshold, to
-``masklab/context/weights/pruner/cross.safetensors`` (+ ``.json``).
+that variant with its val figures, its ``keep_auto`` threshold and the hops that won on val to
+``masklab/context/weights/cross/cross.safetensors`` (+ ``.json``).
 """
 
 from __future__ import annotations
@@ -35,30 +37,90 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("marks", "keepset", "union", "lasso", "attention")
+KEEPSET_GAIN = 1.0  # nats over reading nothing for a keep set to credit its units
+
+
+def targets(q, doc, lasso: dict | None, keepset: dict | None, variant: str, threshold: float) -> list[int] | None:
+    """The target units of one question (document unit indices) for ``variant``; None: the
+    question has no labels of that kind."""
+    from masklab.lab.labels import keepset_target
+    from masklab.lab.realdocs import answering_units
+    from masklab.lab.train_pruner import target_set
+
+    marks = {u for g in answering_units(doc, q.spans()) for u in g}
+    ks = {keepset["window"][i] for i in keepset_target(keepset, KEEPSET_GAIN)} if keepset else None
+    if variant == "marks":
+        return sorted(marks)
+    if variant == "union":
+        return sorted(marks | (ks or set()))
+    if variant == "keepset":
+        return None if ks is None else sorted(ks)
+    if lasso is None:
+        return None
+    return sorted(lasso["window"][i] for i in target_set(lasso, "causal" if variant == "lasso" else "attention",
+                                                           threshold))
+
+
+def material(model: str, tok):
+    """The corpus's train questions, the val questions, their documents cut by ``tok``, and the
+    random-ablation and keep-set label rows by question id."""
+    from masklab.lab.tasks import realdocs
+    from masklab.text.document import segment
+    from masklab.util.files import read_jsonl
+
+    labels = ROOT / "results" / "corpus-labels"
+    lasso = {r["id"]: r for f in sorted(labels.glob(f"labels-{model}-train*.jsonl")) for r in read_jsonl(f)}
+    keepset = {r["id"]: r for f in sorted(labels.glob(f"labels-keepset-{model}-train*.jsonl")) for r in read_jsonl(f)}
+    train = realdocs.load("train", realdocs.CORPUS)
+    val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
+    docs: dict = {}
+    for q in train + val:
+        if q.doc not in docs:
+            docs[q.doc] = segment(q.text, tok)
+    return train, val, docs, lasso, keepset
+
+
+def measure(path: Path, val: list, docs: dict, tok) -> dict:
+    """Val figures of the trained file with one hop and with two (each question's scores kept)."""
+    from masklab.context.routers import load_router
+    from masklab.lab.train_pruner import keep_auto, val_figures
+    from masklab.text.document import Document
+
+    out = {}
+    for hops in (1, 2):
+        router = load_router("cross", path=path)
+        router.hops = hops
+        t0, c0 = time.perf_counter(), time.process_time()
+        fig = val_figures(lambda q, units: router.read_hops(Document(units=units), [q]).values[0], val, docs, tok)
+        fig["keep_auto"] = keep_auto(fig["rows"], fig["kept@25"])
+        fig.update(val_wall_s=time.perf_counter() - t0, val_cpu_s=time.process_time() - c0)
+        out[f"hops{hops}"] = fig
+    return out
+
+
 def summary(res: dict) -> list[dict]:
-    """One row per measured variant (the generated tables' rows)."""
-    return [{"task": "val", "method": name, "n": f["n"], "mrr": f["mrr"], "kept@10": f["kept@10"], "kept@25": f["kept@25"],
-             "targets": f["targets_per_question"], "train_s": f["train_wall_s"],
-             **({"auto_threshold": f["keep_auto"]["threshold"], "auto_fraction": f["keep_auto"]["fraction"],
-                 "auto_kept": f["keep_auto"]["kept"]} if f["keep_auto"] else {})}
-            for name, f in res["variants"].items()]
+    """One row per measured variant and hop count (the generated tables' rows)."""
+    return [{"task": "val", "method": f"{name}-hops{h}", "n": f["n"], "mrr": f["mrr"], "kept@10": f["kept@10"],
+             "kept@25": f["kept@25"], "questions": v["questions"], "train_s": v["train_wall_s"]}
+            for name, v in res["variants"].items() for h in (1, 2) if (f := v.get(f"hops{h}"))]
 
 
 def main() -> int:
     from masklab.lab import cross
-    from masklab.lab.train_pruner import shipped_recipe
-    from masklab.util.files import write_json
-    from masklab.pretrained.models import load
     from masklab.lab.revision import code_hash
-    from masklab.lab.train_ctx import KEEPSET_GAIN, VARIANTS, material, targets
-    from masklab.lab.train_pruner import keep_auto, val_figures
+    from masklab.lab.train_pruner import shipped_recipe
+    from masklab.pretrained.models import load
+    from masklab.util.files import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)")
-    ap.add_argument("--labels", default="lasso,union,attention,marks", help="comma-separated variants: " + ", ".join(VARIANTS))
+    ap.add_argument("--labels", default="marks", help="comma-separated variants: " + ", ".join(VARIANTS))
     ap.add_argument("--epochs", type=int, default=cross.CrossConfig.epochs, help="training epochs")
+    ap.add_argument("--minutes", type=float, default=None, help="stop cleanly after this many minutes of training "
+                    "(the same command resumes from the last checkpoint)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--ship", default=None, metavar="VARIANT", help="copy this variant into masklab/context/weights/pruner")
+    ap.add_argument("--ship", default=None, metavar="VARIANT", help="copy this variant into masklab/context/weights/cross")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -67,46 +129,57 @@ def main() -> int:
         if v not in VARIANTS:
             raise SystemExit(f"unknown label variant {v!r}; choose from {', '.join(VARIANTS)}")
     tok = load(a.model, threads=a.threads).tokenizer
-    lasso, keepset, corpus, val, docs = material(a.model, tok)
+    train, val, docs, lasso, keepset = material(a.model, tok)
     threshold = shipped_recipe()["threshold"]
     out_dir = ROOT / "results" / "cross"
     res_path = out_dir / "results.json"
-    res = json.loads(res_path.read_text()) if res_path.is_file() else {"variants": {}}
-    res.pop("summary", None)
-    res.update({"command": "python scripts/train_cross.py " + " ".join(sys.argv[1:]), "model": a.model,
-                "lasso_threshold": threshold, "keepset_gain": KEEPSET_GAIN, "val_questions": len(val)})
-    print(f"{len(lasso)} labelled questions ({len(keepset)} with keep-set labels); val: {len(val)}", file=sys.stderr)
+    res = json.loads(res_path.read_text()) if res_path.is_file() else {}
+    res = {"variants": res.get("variants", {}),  # earlier variants (the LoRA design's) stay as measured
+           "command": "python scripts/train_cross.py " + " ".join(sys.argv[1:]), "model": a.model,
+           "keepset_gain": KEEPSET_GAIN, "val_questions": len(val)}
     cfg = cross.CrossConfig(epochs=a.epochs)
+    deadline = None if a.minutes is None else time.perf_counter() + a.minutes * 60
     for v in variants:
-        examples = [cross.Example(corpus[i].question, docs[corpus[i].doc].units, targets(r, keepset.get(i), v, threshold))
-                    for i, r in lasso.items()]
-        stamp = {"code": code_hash("masklab.lab.cross"), "config": cfg.__dict__, "keepset_rows": len(keepset),
-                 "questions": len(examples)}
+        examples = []
+        for q in train:
+            t = targets(q, docs[q.doc], lasso.get(q.id), keepset.get(q.id), v, threshold)
+            if t is not None:
+                examples.append(cross.Example(q.question, docs[q.doc].units, t))
+        stamp = {"code": code_hash("masklab.lab.cross"), "config": cfg.__dict__, "questions": len(examples),
+                 "keepset_rows": len(keepset)}
         done = res["variants"].get(v)
         if done and done.get("stamp") == stamp and (out_dir / f"{v}.safetensors").is_file():
             print(f"{v}: measured already", file=sys.stderr)
             continue
+        print(f"{v}: {len(examples)} training questions; val: {len(val)}", file=sys.stderr)
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
         t0, c0 = time.perf_counter(), time.process_time()
-        model, rec = cross.train(examples, cfg, out_dir / f"ckpt-{v}-{stamp['keepset_rows']}", a.progress)
-        train_s = (time.perf_counter() - t0, time.process_time() - c0)
+        ckpt = ROOT / "runs" / "cross" / f"ckpt-{v}-{len(examples)}-{len(keepset)}"
+        model, rec = cross.train(examples, cfg, ckpt, a.progress, left)
+        if not rec["done"]:
+            print(f"{v}: stopped after step {rec['steps']} (epoch {rec['epoch'] + 1}, step {rec['batch']}); the same "
+                  "command continues from there", file=sys.stderr)
+            return 0
         cross.save(model, out_dir / f"{v}.safetensors", {"labels": v, "model": a.model, "train": rec})
-        model, _ = cross.load_cross(out_dir / f"{v}.safetensors")  # measured as it is used: adapters merged
-        t0, c0 = time.perf_counter(), time.process_time()
-        fig = val_figures(model.rank, val, docs, tok)
-        fig["keep_auto"] = keep_auto(fig["rows"], fig["kept@25"])
-        res["variants"][v] = {"stamp": stamp, "train": rec, "train_wall_s": train_s[0], "train_cpu_s": train_s[1],
-                              "val_wall_s": time.perf_counter() - t0, "val_cpu_s": time.process_time() - c0,
-                              "targets_per_question": sum(len(e.target) for e in examples) / len(examples), **fig}
+        row = {"stamp": stamp, "questions": len(examples), "train": rec, "train_wall_s": rec["seconds"],
+               "this_run_cpu_s": time.process_time() - c0, "this_run_wall_s": time.perf_counter() - t0,
+               "targets_per_question": sum(len(e.target) for e in examples) / len(examples)}
+        row.update(measure(out_dir / f"{v}.safetensors", val, docs, tok))
+        res["variants"][v] = row
         write_json(res_path, {**res, "summary": summary(res)})
-        print(v, {k: round(fig[k], 3) for k in ("mrr", "kept@10", "kept@25")}, file=sys.stderr)
+        print(v, {h: {k: round(row[h][k], 3) for k in ("mrr", "kept@10", "kept@25")} for h in ("hops1", "hops2")},
+              file=sys.stderr)
     write_json(res_path, {**res, "summary": summary(res)})
     if a.ship:
         fig = res["variants"][a.ship]
-        dest = ROOT / "masklab" / "context" / "weights" / "pruner" / "cross.safetensors"
+        hops = 2 if fig["hops2"]["kept@25"] > fig["hops1"]["kept@25"] else 1  # the hops chosen on val
+        dest = ROOT / "masklab" / "context" / "weights" / "cross" / "cross.safetensors"
+        dest.parent.mkdir(exist_ok=True)
         shutil.copyfile(out_dir / f"{a.ship}.safetensors", dest)
         meta = json.loads((out_dir / f"{a.ship}.json").read_text())
-        meta.update({"keep_auto": fig["keep_auto"] and fig["keep_auto"]["threshold"],
-                     "val": {k: fig[k] for k in ("n", "mrr", "kept@10", "kept@25")}, "command": res["command"]})
+        meta.update({"hops": hops, "keep_auto": fig[f"hops{hops}"]["keep_auto"]["threshold"],
+                     "val": {k: fig[f"hops{hops}"][k] for k in ("n", "mrr", "kept@10", "kept@25")},
+                     "command": res["command"]})
         dest.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     return 0
 

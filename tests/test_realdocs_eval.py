@@ -135,3 +135,19 @@ def test_every_router_is_also_tested_against_dense_when_it_was_measured_beside()
     ev = s[("all", "evidence")]
     assert ev["p_mrr_vs_dense"] < 0.001 and ev["p_kept@10_vs_dense"] < 0.001
     assert "p_mrr_vs_dense" not in s[("all", "dense")]
+
+
+def test_calibration_error_is_zero_for_honest_probabilities_and_platt_scaling_repairs_overconfidence():
+    import numpy as np
+
+    from masklab.lab.stats import platt, reliability
+
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0, 1, 20000)
+    y = rng.uniform(0, 1, 20000) < p  # evidence exactly as often as the probability says
+    assert reliability(p, y)[0] < 0.02
+    over = 1 / (1 + np.exp(-3 * np.log(p / (1 - p))))  # the same ranking, overconfident
+    assert reliability(over, y)[0] > 0.08
+    a, b = platt(over, y)
+    fixed = 1 / (1 + np.exp(-(a * np.log(over / (1 - over)) + b)))
+    assert abs(a - 1 / 3) < 0.05 and abs(b) < 0.05 and reliability(fixed, y)[0] < 0.02

@@ -24,7 +24,7 @@ class SharedFlags:
     embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
                                 help="dense, bm25+dense: a local sentence-transformers model folder that embeds the "
                                 "question and the units")
-    int8: bool = flag(False, help="pruner, pruner-ctx: the pruner's encoder with its linear layers in int8 (torch "
+    int8: bool = flag(False, help="pruner, pruner-ctx, cross: the pruners' encoder with its linear layers in int8 (torch "
                       "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
                       "MRR close to float's (docs/context.md)")
     fill: bool = flag(True, help="fill the kept fraction with the next-best units even where they score below 0 "

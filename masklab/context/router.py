@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from masklab.text.document import UNIT_TOKENS, Document, segment
@@ -384,6 +385,7 @@ class Router:
     keep_auto: float | None = None  # the score from which keep="auto" keeps a unit (routers that decide how much)
     keep_rule = "threshold"  # how keep_auto cuts (selection.KEEP_RULES): a score, or a share of the best unit's score
     neighbours = 0  # units on each side of the best unit kept right after it (selection.select's context)
+    hops = 1  # 2: read again with the question and the best unit's text (read_hops)
 
     def __init__(self, lm=None) -> None:
         if self.reads_model and lm is None:
@@ -403,6 +405,17 @@ class Router:
         """The scores of ``doc`` for each of ``questions`` and what the caller should know: :meth:`score`
         for each (a router that reads several questions in one batch, or in windows, overrides this)."""
         return Scores([self.score(doc, q) for q in questions])
+
+    def read_hops(self, doc: Document, questions: list[str]) -> Scores:
+        """:meth:`read`, then where :attr:`hops` is 2 a second hop: each question again, followed by the
+        text of its best unit, and each unit's higher score of the two (a unit that explains what the
+        best unit names can rise though it shares no word with the question)."""
+        first = self.read(doc, questions)
+        if self.hops < 2 or len(doc.units) < 2:
+            return first
+        again = self.read(doc, [f"{q} {doc.units[int(s.argmax())]}" for q, s in zip(questions, first.values)])
+        return Scores([torch.maximum(a, b) for a, b in zip(first.values, again.values)], first.windows + again.windows,
+                      tuple(dict.fromkeys(first.notes + again.notes)))
 
     def checked(self, doc: Document, scores: Tensor) -> Tensor:
         """``scores``, refused unless there is one per unit of ``doc``."""
@@ -432,7 +445,7 @@ class Router:
             doc = stack(docs)
             lengths = doc.lengths(self.tokenizer)
             t0 = time.perf_counter()
-            read = self.read(doc, [requests[k].question for k in ks])
+            read = self.read_hops(doc, [requests[k].question for k in ks])
             seconds = (time.perf_counter() - t0) / len(ks)
             for k, scores in zip(ks, read.values):
                 req, scores = requests[k], self.checked(doc, scores)

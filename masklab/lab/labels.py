@@ -49,6 +49,7 @@ LASSO_ALPHA = 0.01  # ContextCite's regularisation
 LABELLERS = ("lasso", "keepset")
 PAIR_TOP = 5  # keep-set labels: pairs among this many best single units (10 pairs)
 PAIR_MARGIN = 1.0  # nats a pair must gain over its best member to credit both
+PRECISIONS = ("fp32", "bf16")  # label_shard's passes autocast (bf16 halves a pass on this CPU; rows record it)
 
 
 def window(doc: Document, question: str, top: int = WINDOW_TOP, embedder=None) -> list[int]:
@@ -223,3 +224,41 @@ def label_questions(lm, questions: list, path: Path, top: int = WINDOW_TOP, abla
         if limit_seconds is not None and time.perf_counter() - t0 > limit_seconds:
             break
     return [done[question_key(q)] for q in questions if question_key(q) in done]
+
+
+def corpus_questions(root: str, split: str, kinds: str | None = None) -> list:
+    """The questions of a corpus folder's split (``root``: a folder name under ``masklab/data``),
+    taken in turn from each document (a partial run covers every document), of ``kinds``
+    (comma-separated; None: all)."""
+    from masklab.lab.realdocs import in_turn
+    from masklab.lab.tasks import realdocs
+
+    qs = in_turn(realdocs.load(split, realdocs.DATA / root))
+    return [q for q in qs if kinds is None or q.kind in kinds.split(",")]
+
+
+def label_shard(spec: dict, ckpt_dir: Path) -> dict:
+    """One run of the labelling study (:func:`masklab.lab.runner.run_study`, so ``--executor ray``
+    spreads the shards over a cluster): label shard ``i`` of ``n`` of a corpus split's questions
+    (questions ``i, i+n, ...``) into ``params["file"]`` (JSON lines, resumable), skipping
+    questions another file of the same labels already holds; ``params``: ``root``, ``split``,
+    ``labels``, ``kinds``, ``shard`` (``"i/n"``), ``file``, ``base`` (the name its files of the same
+    labels start with), ``minutes`` (stop after the
+    question that passes them; None: label all)."""
+    from masklab.pretrained.models import load
+    from masklab.util.files import read_jsonl
+
+    p = spec["params"]
+    i, n = (int(x) for x in p["shard"].split("/"))
+    path = Path(p["file"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    qs = corpus_questions(p["root"], p["split"], p.get("kinds"))[i::n]
+    same = path.parent.glob(f"{p['base']}*.jsonl")  # the files of the same labels (earlier runs, other shards)
+    elsewhere = {r["key"] for f in same if f != path for r in read_jsonl(f)}
+    qs = [q for q in qs if question_key(q) not in elsewhere]
+    lm = load(spec["model"], threads=torch.get_num_threads())
+    limit = None if p.get("minutes") is None else p["minutes"] * 60
+    with devices.autocast(torch.device("cpu"), devices.precision()):
+        rows = label_questions(lm, qs, path, WINDOW_TOP, ABLATIONS, False, limit, labels=p["labels"])
+    return {"metrics": {"labelled": len(rows), "of": len(qs),
+                        "seconds_per_question": sum(r["seconds"] for r in rows) / max(1, len(rows))}}

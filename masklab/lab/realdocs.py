@@ -55,8 +55,10 @@ class RealDocsConfig:
     router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router",
                                     help="the packaged model whose first layers and router rank the units for the "
                                     "trained routers (--model still answers and counts the tokens)")
-    split: str = flag("val", choices=["val", "test", "test2"], help="val (choose methods), test or test2 (report; "
-                      "test2 is the second test split, written later; every run is logged in OUT/reads.jsonl)")
+    split: str = flag("val", choices=["val", "corpus-val", "test", "test2", "test3"], help="val or corpus-val (the "
+                      "training corpus's val documents: choose methods), test, test2 or test3 (report; test2 and test3 "
+                      "were written later, test3 mostly of evidence across units and passages; every run is logged "
+                      "in OUT/reads.jsonl)")
     routers: list[str] = flag(factory=lambda: list(MEASURED[:8]), parse=str_list, default_text=",".join(MEASURED[:8]),
                               help="comma-separated routers: the product's (`masklab compress --list-routers`; "
                               "the default leaves out the pruner, which is measured by name), the lab's controls "
@@ -153,7 +155,7 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
             scores, rec["router_seconds"] = fuse(b, t, router.how, router.weight), tb + tt
         else:
             t0 = time.perf_counter()
-            scores = router.score(doc, q.question)
+            scores = router.checked(doc, router.read_hops(doc, [q.question]).values[0])  # with its second hop
             rec["router_seconds"] = time.perf_counter() - t0
         computed[name] = (scores, rec["router_seconds"])
         if isinstance(router, Fused):
@@ -198,15 +200,18 @@ def pct(keep: float) -> str:
 
 
 def summarise(rows: list[dict], names: list[str], keeps: list[float]) -> list[dict]:
-    """One row per (question group ``task``: all, single, two+latest, two, latest; router
+    """One row per (question group ``task``: all, single, two+latest (every kind but single),
+    multi-unit (:data:`~masklab.lab.tasks.realdocs.MULTI_UNIT`), and each kind; router
     ``method``): n, MRR, recall@1/@3, latest_first, kept and
     correct at each keep, with Wilson intervals and paired tests against :data:`CONTROL` (and,
     where they were measured beside, against each router of :data:`PAIRED`)."""
     from masklab.lab.stats import mcnemar, wilson
 
-    groups = {"all": rows, "single": [r for r in rows if r["kind"] == "single"],
-              "two+latest": [r for r in rows if r["kind"] != "single"],
-              "two": [r for r in rows if r["kind"] == "two"], "latest": [r for r in rows if r["kind"] == "latest"]}
+    from masklab.lab.tasks.realdocs import KINDS, MULTI_UNIT
+
+    groups = {"all": rows, "two+latest": [r for r in rows if r["kind"] != "single"],
+              "multi-unit": [r for r in rows if r["kind"] in MULTI_UNIT],
+              **{k: [r for r in rows if r["kind"] == k] for k in KINDS}}
     out = []
     for g, cell in groups.items():
         if not cell:
@@ -374,7 +379,7 @@ def run(cfg: RealDocsConfig) -> int:
     done = {r["id"]: r for r in read_jsonl(path)
             if {k: _stamp_of(r).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)}
     todo = [q for q in questions if q.id not in done]
-    if cfg.split != "val" and todo:  # a new measurement on a test split, not a re-summary
+    if cfg.split.startswith("test") and todo:  # a new measurement on a test split, not a re-summary
         append_jsonl(out / "reads.jsonl", {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "split": cfg.split,
                                            "model": lm.name,
                                            "routers": cfg.routers, "weights": stamp["weights"],

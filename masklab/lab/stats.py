@@ -50,3 +50,39 @@ def bootstrap_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 
     ratios = a[idx].mean(1) / np.maximum(b[idx].mean(1), 1e-12)
     lo, hi = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
     return float(lo), float(hi)
+
+
+def reliability(probs: Sequence[float], labels: Sequence[bool], bins: int = 10) -> tuple[float, list[dict]]:
+    """Expected calibration error of keep probabilities against what happened (each unit: its
+    probability, whether it is evidence) over ``bins`` equal-width bins, and each bin's count,
+    mean probability and share of evidence (the reliability plot's points)."""
+    import numpy as np
+
+    p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=float)
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    rows, ece = [], 0.0
+    for b in range(bins):
+        m = which == b
+        if not m.any():
+            continue
+        conf, acc = float(p[m].mean()), float(y[m].mean())
+        ece += m.sum() / len(p) * abs(conf - acc)
+        rows.append({"bin": b, "n": int(m.sum()), "probability": conf, "evidence": acc})
+    return float(ece), rows
+
+
+def platt(probs: Sequence[float], labels: Sequence[bool]) -> tuple[float, float]:
+    """``(a, b)`` of Platt scaling fitted on ``probs`` and ``labels``: the calibrated probability is
+    ``sigmoid(a * logit(p) + b)`` (a logistic regression on the logit, by maximum likelihood)."""
+    import numpy as np
+    from scipy.optimize import minimize
+
+    p = np.clip(np.asarray(probs, dtype=float), 1e-6, 1 - 1e-6)
+    x, y = np.log(p / (1 - p)), np.asarray(labels, dtype=float)
+
+    def nll(w):
+        z = w[0] * x + w[1]
+        return float(np.sum(np.logaddexp(0, z) - y * z))
+
+    w = minimize(nll, np.array([1.0, 0.0]), method="L-BFGS-B").x
+    return float(w[0]), float(w[1])

@@ -3,8 +3,9 @@ documentation, READMEs) with questions a user would ask and their answering sent
 marked by text (format: ``masklab/data/realdocs/FORMAT.md``; sources and licences:
 ``SOURCES.md``).
 
-``load(split)`` returns :class:`RealQuestion` s (``split``: ``val``, ``test``, ``test2`` or
-``all``; ``test2`` is a second test split written later, in ``masklab/data/realdocs2``);
+``load(split)`` returns :class:`RealQuestion` s (``split``: ``val``, ``test``, ``test2``, ``test3``
+or ``all``; ``test2`` and ``test3`` are test splits written later, in ``masklab/data/realdocs2``
+and ``masklab/data/realdocs3``: ``test3`` mostly of questions whose evidence spans units or passages);
 it checks every file against ``frozen.json`` (the benchmark was frozen before the router
 work it judges), so a result that names :func:`digest` names exactly these questions. The
 training corpus of the pruner (``masklab/data/corpus``, splits ``train`` and ``val``) has the
@@ -30,16 +31,23 @@ from pathlib import Path
 from masklab.util.errors import MasklabError
 
 DATA = Path(__file__).resolve().parents[2] / "data"  # masklab/data
-ROOT, ROOT2, CORPUS = DATA / "realdocs", DATA / "realdocs2", DATA / "corpus"
-KINDS = ("single", "two", "latest")
-SPLITS = ("val", "test", "test2")
-WHERE = {"val": (ROOT, "val"), "test": (ROOT, "test"), "test2": (ROOT2, "test")}  # split -> (folder, its split)
+ROOT, ROOT2, ROOT3, CORPUS = DATA / "realdocs", DATA / "realdocs2", DATA / "realdocs3", DATA / "corpus"
+KINDS = ("single", "two", "bridge", "comparison", "latest", "multi")
+MULTI_UNIT = ("two", "bridge", "comparison", "latest", "multi")  # kinds whose evidence spans units (or passages)
+SPLITS = ("val", "test", "test2", "test3")
+WHERE = {"val": (ROOT, "val"), "test": (ROOT, "test"), "test2": (ROOT2, "test"), "test3": (ROOT3, "test"),
+         "corpus-val": (CORPUS, "val")}  # split -> (folder, its split); corpus-val: the training corpus's val
+PASSAGE_GAP = "\n\n"  # between the passages of a ``multi`` question's text
 
 
 @dataclass(frozen=True)
 class RealQuestion:
-    """One question about one real document; ``evidence``/``stale``: exact substrings of
-    ``text`` (the answering sentences; the older statements of a ``latest`` fact)."""
+    """One question about one real document; ``evidence``/``stale``/``negatives``: exact
+    substrings of ``text`` (the answering sentences; the older statements of a ``latest``
+    fact; units that share the question's words but do not answer). A ``multi`` question
+    is asked over several passages of different documents: ``passages`` holds them
+    ``(doc, text)`` in order, ``text`` is their texts joined by :data:`PASSAGE_GAP` and
+    ``doc`` is the question's own id."""
 
     id: str
     doc: str
@@ -49,6 +57,13 @@ class RealQuestion:
     answers: tuple[str, ...]
     text: str = field(repr=False)
     stale: tuple[str, ...] = ()
+    negatives: tuple[str, ...] = ()
+    passages: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The documents the question reads."""
+        return tuple(d for d, _ in self.passages) or (self.doc,)
 
     def spans(self, which: str = "evidence") -> list[tuple[int, int]]:
         """Character spans of the evidence (or ``stale``) strings in :attr:`text`."""
@@ -107,27 +122,25 @@ def _read(root: Path) -> tuple[dict, list[RealQuestion]]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise MasklabError(f"{where}: not JSON ({e})") from None
-            missing = {"id", "doc", "kind", "question", "evidence", "answers"} - set(row)
+            missing = {"id", "kind", "question", "evidence", "answers", "passages" if row.get("kind") == "multi"
+                       else "doc"} - set(row)
             if missing:
                 raise MasklabError(f"{where}: missing {', '.join(sorted(missing))}")
-            if row["doc"] not in docs:
-                raise MasklabError(f"{where}: no document docs/{row['doc']}.txt")
             if row["kind"] not in KINDS:
                 raise MasklabError(f"{where}: kind {row['kind']!r} is not one of {', '.join(KINDS)}")
-            text = docs[row["doc"]]
-            for which in ("evidence", "stale"):
-                for s in row.get(which, []):
-                    if text.count(s) != 1:
-                        raise MasklabError(f"{where}: {which} string occurs {text.count(s)} times in "
-                                           f"docs/{row['doc']}.txt, not once: {s[:60]!r}")
-            if not row["evidence"] or not row["answers"]:
+            q = _question(row, docs, where)
+            for which in ("evidence", "stale", "negatives"):
+                for s in getattr(q, which):
+                    if q.text.count(s) != 1:
+                        raise MasklabError(f"{where}: {which} string occurs {q.text.count(s)} times in "
+                                           f"{q.doc}, not once: {s[:60]!r}")
+            if not q.evidence or not q.answers:
                 raise MasklabError(f"{where}: evidence and answers must not be empty")
-            if row["kind"] == "two" and len(row["evidence"]) < 2:
-                raise MasklabError(f"{where}: a 'two' question needs two evidence strings")
-            if row["kind"] == "latest" and not row.get("stale"):
+            if q.kind in MULTI_UNIT and q.kind != "latest" and len(q.evidence) < 2:
+                raise MasklabError(f"{where}: a {q.kind!r} question needs two evidence strings")
+            if q.kind == "latest" and not q.stale:
                 raise MasklabError(f"{where}: a 'latest' question needs its older statements in 'stale'")
-            qs.append(RealQuestion(row["id"], row["doc"], row["kind"], row["question"], tuple(row["evidence"]),
-                                   tuple(row["answers"]), text, tuple(row.get("stale", ()))))
+            qs.append(q)
     ids = [q.id for q in qs]
     if len(set(ids)) != len(ids):
         raise MasklabError("question ids are not unique")
@@ -137,6 +150,28 @@ def _read(root: Path) -> tuple[dict, list[RealQuestion]]:
     if listed != set(docs):
         raise MasklabError(f"split.json and docs/ disagree: {sorted(listed ^ set(docs))}")
     return split, qs
+
+
+def _question(row: dict, docs: dict[str, str], where: str) -> RealQuestion:
+    """The :class:`RealQuestion` of one checked line; a ``multi`` line's passages must be
+    5-10 exact, unique excerpts of different documents, its evidence in two of them."""
+    extra = {k: tuple(row.get(k, ())) for k in ("stale", "negatives")}
+    common = (row["id"], row["kind"], row["question"], tuple(row["evidence"]), tuple(row["answers"]))
+    if row["kind"] != "multi":
+        if row["doc"] not in docs:
+            raise MasklabError(f"{where}: no document docs/{row['doc']}.txt")
+        i, k, question, ev, ans = common
+        return RealQuestion(i, row["doc"], k, question, ev, ans, docs[row["doc"]], **extra)
+    ps = [(p.get("doc"), p.get("text", "")) for p in row["passages"]]
+    if not 5 <= len(ps) <= 10 or len({d for d, _ in ps}) != len(ps):
+        raise MasklabError(f"{where}: a 'multi' question reads 5-10 passages of different documents")
+    for d, t in ps:
+        if d not in docs or docs[d].count(t) != 1 or not t:
+            raise MasklabError(f"{where}: a passage is no excerpt found once in docs/{d}.txt: {t[:60]!r}")
+    if sum(any(e in t for e in row["evidence"]) for _, t in ps) < 2:
+        raise MasklabError(f"{where}: a 'multi' question's evidence lies in at least two passages")
+    i, k, question, ev, ans = common
+    return RealQuestion(i, i, k, question, ev, ans, PASSAGE_GAP.join(t for _, t in ps), passages=tuple(ps), **extra)
 
 
 def check_frozen(root: Path = ROOT) -> None:
@@ -157,18 +192,18 @@ def load(split: str = "test", root: Path | None = None) -> list[RealQuestion]:
         if split == "all":
             return [q for s in SPLITS for q in load(s)]
         if split not in WHERE:
-            raise MasklabError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}, all")
+            raise MasklabError(f"unknown split {split!r}; choose from {', '.join(WHERE)}, all")
         root, split = WHERE[split]
     check_frozen(root)
     sp, qs = _read(root)
     if split != "all" and split not in sp:
         raise MasklabError(f"unknown split {split!r} in {root}; choose from {', '.join(sp)}, all")
     docs = set().union(*sp.values()) if split == "all" else set(sp[split])
-    return [q for q in qs if q.doc in docs]
+    return [q for q in qs if set(q.sources) <= docs]
 
 
 def benchmark_digest(split: str) -> str:
-    """:func:`digest` of the folder that holds ``split`` (``val``, ``test``, ``test2``)."""
+    """:func:`digest` of the folder that holds ``split`` (``val``, ``test``, ``test2``, ``test3``)."""
     return digest(WHERE[split][0])
 
 
@@ -220,13 +255,13 @@ def cut(text: str, chars: int) -> str:
 
 
 def rebuild(root: Path) -> list[str]:
-    """Write ``root/docs`` from the files ``root/sources.json`` names (and ``split.json``
-    where none exists); the documents that differ from ``frozen.json`` (none when the
+    """Write ``root/docs`` from the files ``root/sources.json`` names, each cut at its own
+    ``chars`` where it has one, else the file's (and ``split.json`` where none exists); the documents that differ from ``frozen.json`` (none when the
     machine's files are the ones frozen)."""
     spec = json.loads((root / "sources.json").read_text())
     (root / "docs").mkdir(exist_ok=True)
     for name, d in spec["docs"].items():
-        (root / "docs" / f"{name}.txt").write_text(cut(extract(d["source"]), spec["chars"]), encoding="utf-8")
+        (root / "docs" / f"{name}.txt").write_text(cut(extract(d["source"]), d.get("chars", spec["chars"])), encoding="utf-8")
     if not (root / "split.json").exists():
         split: dict[str, list[str]] = {}
         for name, d in spec["docs"].items():
@@ -254,10 +289,12 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"masklab: error: rebuilt documents differ from frozen.json: {', '.join(changed)}")
     split, qs = _read(a.root)
     for s, names in split.items():
-        sq = [q for q in qs if q.doc in set(names)]
-        kinds = {k: sum(q.kind == k for q in sq) for k in KINDS}
+        sq = [q for q in qs if set(q.sources) <= set(names)]
+        kinds = {k: n for k in KINDS if (n := sum(q.kind == k for q in sq))}
+        multi = sum(q.kind in MULTI_UNIT for q in sq) / max(1, len(sq))
         share = sum(map(overlap, sq)) / max(1, len(sq))
-        print(f"{s}: {len(names)} documents, {len(sq)} questions {kinds}, mean content-word overlap {share:.2f}")
+        print(f"{s}: {len(names)} documents, {len(sq)} questions {kinds}, multi-unit share {multi:.2f}, mean "
+              f"content-word overlap {share:.2f}, {sum(bool(q.negatives) for q in sq)} with hard negatives")
     if a.check:
         for q in sorted(qs, key=overlap, reverse=True)[:10]:
             print(f"  overlap {overlap(q):.2f}  {q.id}: {q.question}")
