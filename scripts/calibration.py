@@ -2,15 +2,14 @@
 plot from the per-question scores ``masklab realdocs`` stores, and Platt scaling fitted on val.
 
     python scripts/calibration.py --val results/realdocs-X/results_corpus-val.json [--test RESULTS ...]
-                                  [--routers pruner-ctx,cross] [--out results/calibration] [--ship]
+                                  [--routers pruner-ctx,cross] [--out results/calibration]
 
 Every unit of every question is one point: its score (a probability for the routers that decide how
 much to keep) and whether it is evidence (one of the writers' answering units). For each router: the
 ECE before and after Platt scaling (``sigmoid(a * logit(p) + b)``, fitted on the val file only, then
 applied unchanged to each ``--test`` file), one reliability plot per router
 (``OUT/reliability-ROUTER.png``: val and test, before and after), and ``OUT/calibration.json``.
-``--ship`` writes ``a, b`` as ``calibration`` into the shipped router's JSON (``pruner-ctx``:
-``ctx-union.json``; ``cross``: ``cross.json``), which the router applies to every score.
+(The routers do not apply the fit yet: the figures say what it would give.)
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = {"pruner-ctx": "ctx-union.json", "cross": "cross.json"}
 
 
 def points(res: dict, router: str) -> tuple[list[float], list[bool]]:
@@ -47,7 +45,6 @@ def main() -> int:
     ap.add_argument("--test", type=Path, nargs="*", default=[], help="results files the val fit is applied to")
     ap.add_argument("--routers", default="pruner-ctx", help="comma-separated routers with scores in [0, 1]")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "calibration", help="output folder")
-    ap.add_argument("--ship", action="store_true", help="write the fit into the shipped routers' JSON")
     a = ap.parse_args()
     files = {"val": json.loads(a.val.read_text()), **{p.stem.split("_", 1)[-1]: json.loads(p.read_text())
                                                        for p in a.test}}
@@ -77,11 +74,6 @@ def main() -> int:
         plt.close(fig)
         out["routers"][router] = rec
         print(router, {n: (round(s["ece"], 3), round(s["ece_calibrated"], 3)) for n, s in rec["splits"].items()})
-        if a.ship and router in SHIPPED:
-            meta_path = ROOT / "masklab" / "context" / "weights" / "pruner" / SHIPPED[router]
-            meta = json.loads(meta_path.read_text())
-            meta["calibration"] = list(fit)
-            meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     write_json(a.out / "calibration.json", out)
     return 0
 

@@ -69,6 +69,8 @@ class RealDocsConfig:
                                 help="dense, bm25+dense and the anchors: a sentence-transformers model folder")
     keep: list[float] = flag(factory=lambda: [0.1, 0.25], parse=float_list, above=0, max=1,
                              help="kept fractions of the document's tokens")
+    kinds: list[str] = flag(factory=list, parse=str_list, default_text="every kind", help="comma-separated question "
+                            "kinds to measure (single, two, bridge, comparison, latest, multi)")
     questions: int = flag(0, min=0, help="measure only this many questions (0: every one), taken in turn from each "
                           "document of the split so every document is in (for slow routers such as longllmlingua)")
     answers: bool = flag(False, help="also answer from the kept text and from the whole document (slow)")
@@ -362,6 +364,8 @@ def run(cfg: RealDocsConfig) -> int:
     dev = devices.resolve(cfg.device)
     check_models([cfg.model] + ([cfg.router_model] if cfg.router_model else []))
     questions = realdocs.load(cfg.split)
+    if cfg.kinds:
+        questions = [q for q in questions if q.kind in cfg.kinds]
     if cfg.questions:
         questions = in_turn(questions)[:cfg.questions]
     out = make_out_dir(cfg.out)

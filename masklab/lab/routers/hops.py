@@ -1,6 +1,7 @@
 """The second hop's measurement: product routers with ``hops = 2`` (:meth:`masklab.context.router.Router.read_hops`:
 the question again with its best unit's text, each unit's higher score), measured by name beside the same
-routers with one hop (``masklab realdocs --routers dense,dense+hop2``)."""
+routers with one hop (``masklab realdocs --routers dense,dense+hop2``); ``cross-hop1``: the shipped cross
+pruner (two hops, chosen on val) with one."""
 
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ class ContextPrunerTwoHops(ContextPruner):
     hops = 2
 
 
-@LAB_ROUTERS.register("cross+hop2")
-class CrossTwoHops(CrossRouter):
-    use = "a research comparison: the cross pruner with a second hop"
+@LAB_ROUTERS.register("cross-hop1")
+class CrossOneHop(CrossRouter):
+    use = "a research comparison: the cross pruner without its second hop"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.hops = 2  # whatever the shipped file chose on val
+        self.hops = 1  # whatever the shipped file chose on val
