@@ -119,17 +119,16 @@ class Embedder:
 
     def units_in_slices(self, units: list[str], size: int) -> Iterator[int]:
         """Embed a document's ``units`` into the cache ``size`` units at a time, yielding the
-        count embedded after each slice (``size`` rounded up to whole batches of
-        :data:`BATCH`), so a caller can do other work between slices
+        count embedded after each slice, so a caller can do other work between slices
         (``masklab serve`` scores a long document so); :meth:`units` then reads them from the
-        cache. The slices follow the library's own batches (longest units first), so the vectors
-        are those of :meth:`units` up to float rounding. Nothing is done when the units are
-        cached already, or when the cache would not keep them (:meth:`units` embeds them then)."""
+        cache. The slices take the units longest first, as the library's own batches do, so the
+        vectors are those of :meth:`units` up to float rounding (a unit padded to another length).
+        Nothing is done when the units are cached already, or when the cache would not keep them
+        (:meth:`units` embeds them then)."""
         key = hashlib.sha256("\0".join(units).encode()).hexdigest()
         with self._lock:
             if key in self._cache or self.max_entries == 0 or not units:
                 return
-        size = -(-size // BATCH) * BATCH  # whole batches of the library's
         order = sorted(range(len(units)), key=lambda i: -len(units[i]))
         out = torch.empty(len(units), self.dim)
         for start in range(0, len(order), size):

@@ -55,9 +55,19 @@ class Job:
         self.steps: Iterator | None = None  # a long job's generator, once started
         self.progress: tuple[int, int] | None = None
 
+    def finish(self, result=None, error: BaseException | None = None) -> None:
+        """Hand the caller ``result`` (or ``error``); a short job's ``work`` is its batch's time
+        until now (a long job's is counted slice by slice)."""
+        if self.lane == "short" and self.started is not None:
+            self.work = time.monotonic() - self.started
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
+
 
 class Scheduler:
-    """One worker thread running ``run_batch(jobs)`` (sets each short job's future) and
+    """One worker thread running ``run_batch(jobs)`` (finishes each short job: :meth:`Job.finish`) and
     ``run_long(job)`` (a generator: yields between slices, returns the result) as the module
     docstring says. ``counts`` gets ``timed_out`` / ``disconnected`` for the jobs dropped;
     ``trim()`` runs after every step (the allocator's free memory back to the system)."""
@@ -153,7 +163,7 @@ class Scheduler:
             job.steps.close()
         if job.lane == "long" and self.long and self.long[0] is job:
             self.long.popleft()
-        job.future.set_exception(Dropped(why))
+        job.finish(error=Dropped(why))
         return False
 
     def _loop(self) -> None:
@@ -179,9 +189,8 @@ class Scheduler:
                         self.batched_requests += len(jobs)
                     took = time.monotonic() - t0
                     for j in jobs:
-                        j.work = took
                         if not j.future.done():  # (a runner that left one unset: never hang its client)
-                            j.future.set_exception(RuntimeError("the batch left this request unanswered"))
+                            j.finish(error=RuntimeError("the batch left this request unanswered"))
                     if jobs:
                         self.work_seconds = 0.9 * self.work_seconds + 0.1 * took / len(jobs)
                     long_turn = True
@@ -213,10 +222,7 @@ class Scheduler:
             with self._cond:
                 self.long.popleft()
             self.work_seconds = 0.9 * self.work_seconds + 0.1 * job.work
-            if error is not None:
-                job.future.set_exception(error)
-            else:
-                job.future.set_result(result)
+            job.finish(result, error)
 
 
 # --------------------------------------------------------------------------- batching across requests
@@ -280,3 +286,22 @@ def embedders_of(router, depth: int = 3) -> list:
 
     walk(router, depth)
     return found
+
+
+def cut(text: str, tokenizer, unit_tokens: int):
+    """``text`` cut into units (:func:`~masklab.text.document.segment`) as a document whose token
+    counts per unit are counted once: the batch's requests on it, and a long document's last
+    step, each read them twice (the budget and the selection), and counting is most of what a
+    request costs once its document is embedded."""
+    from masklab.text.document import Document, segment
+
+    class CutOnce(Document):
+        def lengths(self, tok) -> list[int]:
+            if id(tok) not in self._lengths:
+                self._lengths[id(tok)] = super().lengths(tok)
+            return list(self._lengths[id(tok)])
+
+    doc = segment(text, tokenizer, unit_tokens)
+    once = CutOnce(units=doc.units, gold=doc.gold, spans=doc.spans, source=doc.source)
+    once._lengths = {}
+    return once

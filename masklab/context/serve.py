@@ -41,7 +41,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from masklab.context.router import DEFAULT_ROUTER
-from masklab.context.scheduler import Dropped, Job, Scheduler, batch_scores, embedders_of, with_scores
+from masklab.context.scheduler import Dropped, Job, Scheduler, batch_scores, cut, embedders_of, with_scores
 from masklab.text.selection import parse_keep
 from masklab.text.document import UNIT_TOKENS
 from masklab.util.errors import MasklabError
@@ -97,8 +97,8 @@ class ServeConfig:
                           "with one router are scored in one pass (1: one request at a time)")
     slice_bytes: int = flag(16_384, min=1, help="a context of at least this many bytes (UTF-8, passages together) is "
                             "scored in slices between the short requests' batches, not in one go")
-    slice_units: int = flag(64, min=1, help="units of a long document embedded per slice (rounded up to whole "
-                            "encoder batches of 32): about the longest a short request waits behind it")
+    slice_units: int = flag(8, min=1, help="units of a long document embedded per slice (one encoder pass; "
+                            "longest units first): what a short request may wait behind it")
     ray: bool = flag(False, help="deploy on Ray Serve instead (--ray-address, --replicas or --min/--max-replicas; "
                      "docs/serve.md); --host/--port are then Ray Serve's HTTP proxy's")
     ray_address: str | None = flag(None, metavar="HOST:PORT|auto", default_text="a new local Ray",
@@ -330,8 +330,6 @@ class Service:
         """The short jobs of one batch (worker thread): per router, each document asked by two or
         more of them cut once and its questions scored together (:func:`batch_scores`), then each
         request finished alone; every job's future gets its result or its error."""
-        from masklab.text.document import segment
-
         groups: dict[str, list[Job]] = {}
         for job in jobs:
             groups.setdefault(job.request.router, []).append(job)
@@ -340,7 +338,7 @@ class Service:
                 router = self.router(name)
             except Exception as e:  # noqa: BLE001  (a router that cannot load: its requests' error)
                 for job in group:
-                    job.future.set_exception(e)
+                    job.finish(error=e)
                 continue
             texts = [j.request.contexts[0] for j in group if len(j.request.contexts) == 1]
             shared = {t for t in texts if texts.count(t) > 1}
@@ -349,28 +347,26 @@ class Service:
                 text = job.request.contexts[0]
                 if len(job.request.contexts) == 1 and text in shared:
                     if text not in docs:
-                        docs[text] = segment(text, self.lm.tokenizer, self.cfg.unit_tokens)
+                        docs[text] = cut(text, self.lm.tokenizer, self.cfg.unit_tokens)
                     questions.setdefault(text, []).append(job.request.question)
             scored = batch_scores(router, docs, questions)
             for job in group:
                 text = job.request.contexts[0] if len(job.request.contexts) == 1 else None
                 mine = with_scores(router, docs[text], *scored[text]) if text in scored else router
                 try:
-                    job.future.set_result(self._compress(mine, job.request, docs.get(text)))
+                    job.finish(self._compress(mine, job.request, docs.get(text)))
                 except Exception as e:  # noqa: BLE001  (handed to the request: 400 or 500 there)
-                    job.future.set_exception(e)
+                    job.finish(error=e)
 
     def _run_long(self, job: Job):
         """A long job as slices (worker thread; a generator, one slice a step): each context cut
         into units, then ``--slice-units`` of its units embedded per step into the cache of every
         embedder its router reads, then the request pruned with every vector cached."""
-        from masklab.text.document import segment
-
         req = job.request
         router = self.router(req.router)
         docs = []
         for text in req.contexts:
-            docs.append(segment(text, self.lm.tokenizer, self.cfg.unit_tokens))
+            docs.append(cut(text, self.lm.tokenizer, self.cfg.unit_tokens))
             yield
         embedders = embedders_of(router)
         total, done = sum(len(d.units) for d in docs) * len(embedders), 0
