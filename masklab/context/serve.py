@@ -34,6 +34,7 @@ import ctypes.util
 import dataclasses
 import json
 import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -243,8 +244,6 @@ def rss_bytes() -> int | None:
     """This process's resident memory (Linux ``/proc``; None elsewhere)."""
     try:
         with open("/proc/self/statm") as f:
-            import os
-
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
@@ -392,6 +391,7 @@ class Service:
         rss = rss_bytes()
         s = self.scheduler
         return {"status": "ok", "model": self.lm.name, "router": self.cfg.router, "routers_loaded": list(self.routers),
+                "pid": os.getpid(),  # which process answered (a replica, under --ray)
                 "served": self.served, "uptime_seconds": round(time.time() - self.started, 3),
                 "rss_bytes": rss, "queue": {"in_flight": self.in_flight, "max": self.cfg.max_queue, **s.lanes()},
                 "batches": {"batches": s.batches, "requests": s.batched_requests, "max_batch": self.cfg.max_batch},
