@@ -66,7 +66,7 @@ def main() -> None:
     from ray import serve
 
     from masklab.context import ray_serve
-    from masklab.context.serve import ServeConfig
+    from masklab.context.serve import ServeConfig, replica
 
     where, texts = corpus()
     mix = Mix(texts, 65_536, 1, 0)
@@ -87,7 +87,7 @@ def main() -> None:
         agree = True
         for replicas in (1, 2, 1):
             t0 = time.monotonic()
-            url = ray_serve.deploy(ServeConfig(**{**cfg.__dict__, "replicas": replicas}))
+            url = ray_serve.deploy(ServeConfig(**{**cfg.__dict__, "replicas": replicas}), replica)
             up = time.monotonic() - t0
             bodies = []
             for i in range(a.requests):

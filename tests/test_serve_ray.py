@@ -54,7 +54,7 @@ def test_two_ray_serve_replicas_answer_as_the_plain_server(cluster, tmp_path):  
             time.sleep(0.05)
         want = _answers(f"http://127.0.0.1:{sock.getsockname()[1]}")
         cfg = serve.ServeConfig(**flags, host="127.0.0.1", port=_free_port(), replicas=2, replica_cpus=0.5)
-        url = ray_serve.deploy(cfg)
+        url = ray_serve.deploy(cfg, serve.replica)
         try:
             app = ray_serve_api.status().applications[ray_serve.APP]
             assert app.deployments[ray_serve.APP].replica_states == {"RUNNING": 2}

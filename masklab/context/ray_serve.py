@@ -1,7 +1,7 @@
 """``masklab serve --ray``: the same app on Ray Serve, in replicas (docs/serve.md).
 
 Each replica is a Ray actor that loads the model and the default router and runs the app of
-:func:`masklab.context.serve.create_app` over its own :class:`~masklab.context.serve.Service`
+``masklab.context.serve.create_app`` over its own ``Service``
 (its worker batches and slices as the plain server's does); Ray Serve's HTTP proxy listens on
 ``--host:--port`` and spreads the requests over the replicas. ``--replicas N`` fixes their
 number; ``--max-replicas`` lets Ray Serve autoscale between ``--min-replicas`` and it on the
@@ -42,8 +42,10 @@ def deployment_options(cfg) -> dict:
             "ray_actor_options": {"num_cpus": cfg.replica_cpus}}
 
 
-def application(cfg, device: str = "cpu", precision: str = "fp32"):
-    """The Ray Serve application of ``cfg`` (bound, ready for ``serve.run``)."""
+def application(cfg, build, device: str = "cpu", precision: str = "fp32"):
+    """The Ray Serve application of ``cfg`` (bound, ready for ``serve.run``); ``build(flags,
+    device, precision) -> (service, app)`` makes a replica's service and app
+    (:func:`masklab.context.serve.replica`; passed in, as this module is imported by it)."""
     _, serve = import_serve()
 
     @serve.ingress()
@@ -51,15 +53,10 @@ def application(cfg, device: str = "cpu", precision: str = "fp32"):
         """One replica: the model loaded, a Service and its app (built after the constructor)."""
 
         def __init__(self, flags: dict, device: str, precision: str) -> None:
-            from masklab.context.serve import ServeConfig, start_service
-            from masklab.util import device as devices
-
-            self.service = start_service(ServeConfig(**flags), devices.resolve(device), precision)
+            self.service, self.app = build(flags, device, precision)
 
         def __serve_build_asgi_app__(self):
-            from masklab.context.serve import create_app
-
-            return create_app(self.service)
+            return self.app
 
         def __del__(self):
             if hasattr(self, "service"):
@@ -71,12 +68,12 @@ def application(cfg, device: str = "cpu", precision: str = "fp32"):
     return serve.deployment(Masklab, **options).bind(dataclasses.asdict(cfg), str(device), precision)
 
 
-def deploy(cfg, device: str = "cpu", precision: str = "fp32") -> str:
+def deploy(cfg, build, device: str = "cpu", precision: str = "fp32") -> str:
     """Deploy ``cfg``'s application on the connected Ray cluster (Ray Serve's proxy on
     ``--host:--port``) and wait until every replica is up; its URL."""
     _, serve = import_serve()
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    serve.run(application(cfg, device, precision), name=APP, route_prefix="/", blocking=False)
+    serve.run(application(cfg, build, device, precision), name=APP, route_prefix="/", blocking=False)
     return f"http://{cfg.host}:{cfg.port}"
 
 
@@ -91,11 +88,11 @@ def connect(address: str | None):
     return ray
 
 
-def main(cfg, device, precision: str) -> int:
+def main(cfg, build, device, precision: str) -> int:
     ray = connect(cfg.ray_address)
     _, serve = import_serve()
     try:
-        url = deploy(cfg, str(device), precision)
+        url = deploy(cfg, build, str(device), precision)
         how = (f"{cfg.min_replicas} to {cfg.max_replicas} replicas (autoscaled)" if cfg.max_replicas is not None
                else f"{cfg.replicas} replica{'s' * (cfg.replicas > 1)}")
         print(f"masklab serve --ray: {cfg.model} and router {cfg.router} on {how}; listening on {url} "

@@ -634,6 +634,15 @@ def start_service(cfg: ServeConfig, device=None, precision: str = "fp32") -> Ser
     return service
 
 
+def replica(flags: dict, device: str, precision: str):
+    """``(service, app)`` of one Ray Serve replica (:mod:`masklab.context.ray_serve`): the
+    config's ``flags`` as a dict, the device by name."""
+    from masklab.util import device as devices
+
+    service = start_service(ServeConfig(**flags), devices.resolve(device), precision)
+    return service, create_app(service)
+
+
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -645,7 +654,7 @@ def main(args: argparse.Namespace) -> int:
     if cfg.ray:
         from masklab.context import ray_serve
 
-        return ray_serve.main(cfg, dev, args.precision)
+        return ray_serve.main(cfg, replica, dev, args.precision)
     sock = bind(cfg.host, cfg.port)  # a port in use is one error before the model loads
     try:
         service = start_service(cfg, dev, args.precision)
