@@ -17,8 +17,8 @@ A request is a :class:`Job`. Its context's size puts it in one of two lanes:
   is not starved by a steady stream of short ones.
 
 The model is still used by one thread only. A job past its deadline or whose client is gone
-is dropped before its batch runs or before its next slice. Every job records when its work
-began and how long the worker worked on it (its batch's time, or the sum of its slices'), so
+is dropped before its batch runs or before its next slice. Every job records how long the
+worker worked on it (its batch's time until it was answered, or the sum of its slices'), so
 ``Server-Timing`` can say queue and work; :meth:`Scheduler.lanes` says what is in flight in each
 lane (``GET /healthz``).
 """

@@ -10,20 +10,24 @@ answer?, max_new_tokens?}`` and returns the fields ``masklab compress --json`` p
 the answer when ``answer`` is true); ``GET /healthz`` says the service is up. Every request
 is checked in the event loop before it waits for the model (:func:`parse_request`, with
 :mod:`masklab.text.inputs`' checks and messages): bad input is a 4xx ``{"error": "..."}`` at once.
-The model and the routers are used by one worker thread only, so concurrent requests queue
-for it in arrival order; a request not answered within ``--request-seconds`` (queue wait
-included) gets a 503, and one still waiting in the queue then is dropped unrun.
+The model and the routers are used by one worker thread only (:mod:`masklab.context.scheduler`):
+concurrent short requests run on it in batches (those on one document with one router scored
+in one pass) and a long document (``--slice-bytes``) in slices between them; a request not
+answered within ``--request-seconds`` (queue wait included) gets a 503, and one still waiting
+in the queue then is dropped unrun (a long one: before its next slice). ``--ray`` deploys the
+same app on Ray Serve replicas (:mod:`masklab.context.ray_serve`).
 
 Bounds, so a long run holds its memory and its latency: at most ``--max-queue`` requests
 are admitted at once (running and waiting; one more is a 503 with ``Retry-After`` at once,
 before it is queued); a request whose client disconnects before the worker reaches it is
 dropped unrun; the embedders' caches hold at most ``--cache-documents`` documents and
 ``--cache-mb`` MiB of vectors each, at most ``--max-routers`` routers stay loaded (least
-recently used out), and after each request the worker hands the C allocator's free memory
-back to the system (``malloc_trim``, ``--no-trim`` to leave it: glibc otherwise keeps the
+recently used out), and after each batch or slice the worker hands the C allocator's free
+memory back to the system (``malloc_trim``, ``--no-trim`` to leave it: glibc otherwise keeps the
 freed buffers of each document's encoder pass, and the resident memory creeps up with
 every new document; docs/context.md). ``GET /healthz`` reports every cache's size and
-limit, the queue and the resident memory. Every response says how long it waited and ran
+limit, the queue (in flight per lane), the batches and the resident memory. Every response
+says how long it waited and ran
 (``Server-Timing: queue;dur=..., work;dur=...``, milliseconds).
 """
 
