@@ -53,10 +53,10 @@ def application(cfg, build, device: str = "cpu", precision: str = "fp32"):
         """One replica: the model loaded, a Service and its app (built after the constructor)."""
 
         def __init__(self, flags: dict, device: str, precision: str) -> None:
-            self.service, self.app = build(flags, device, precision)
+            self.service, self.asgi = build(flags, device, precision)
 
         def __serve_build_asgi_app__(self):
-            return self.app
+            return self.asgi
 
         def __del__(self):
             if hasattr(self, "service"):
