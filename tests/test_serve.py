@@ -506,3 +506,20 @@ def test_health_shows_what_is_in_flight_by_size(direct):
     short.future.result(60), long.future.result(60)
     h = service.health()["queue"]
     assert h["short"]["in_flight"] == h["long"]["in_flight"] == 0 and h["long"]["slices"] == []
+
+
+def test_a_failing_batch_answers_its_requests_and_the_worker_goes_on(direct):
+    service = direct()
+    real, calls = service.scheduler.run_batch, []
+
+    def broken(jobs):
+        calls.append(len(jobs))
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the batch")
+        real(jobs)
+
+    service.scheduler.run_batch = broken
+    req = serve.parse_request(json.dumps({"context": REPORT, "question": QUESTION}).encode(), service.cfg)
+    with pytest.raises(RuntimeError, match="a bug in the batch"):
+        service.submit(req, float("inf")).future.result(60)
+    assert ANSWERING in service.submit(req, float("inf")).future.result(60)["pruned_text"]

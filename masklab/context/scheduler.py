@@ -183,14 +183,18 @@ class Scheduler:
                     jobs = [j for j in what if self._live(j)]
                     for j in jobs:
                         j.started = t0
+                    failed = None
                     if jobs:
-                        self.run_batch(jobs)
+                        try:
+                            self.run_batch(jobs)
+                        except Exception as e:  # noqa: BLE001  (a bug: its requests get it, the worker goes on)
+                            failed = e
                         self.batches += 1
                         self.batched_requests += len(jobs)
                     took = time.monotonic() - t0
                     for j in jobs:
-                        if not j.future.done():  # (a runner that left one unset: never hang its client)
-                            j.finish(error=RuntimeError("the batch left this request unanswered"))
+                        if not j.future.done():  # (never hang a client)
+                            j.finish(error=failed or RuntimeError("the batch left this request unanswered"))
                     if jobs:
                         self.work_seconds = 0.9 * self.work_seconds + 0.1 * took / len(jobs)
                     long_turn = True
