@@ -32,6 +32,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
+from masklab.text.document import Document, segment
+
 LANES = ("short", "long")
 
 
@@ -292,20 +294,23 @@ def embedders_of(router, depth: int = 3) -> list:
     return found
 
 
-def cut(text: str, tokenizer, unit_tokens: int):
-    """``text`` cut into units (:func:`~masklab.text.document.segment`) as a document whose token
-    counts per unit are counted once: the batch's requests on it, and a long document's last
-    step, each read them twice (the budget and the selection), and counting is most of what a
-    request costs once its document is embedded."""
-    from masklab.text.document import Document, segment
 
-    class CutOnce(Document):
-        def lengths(self, tok) -> list[int]:
-            if id(tok) not in self._lengths:
-                self._lengths[id(tok)] = super().lengths(tok)
-            return list(self._lengths[id(tok)])
+class CutOnce(Document):
+    """A :class:`~masklab.text.document.Document` whose token counts per unit are counted once
+    per tokenizer (:func:`cut`)."""
 
+    def lengths(self, tokenizer) -> list[int]:
+        if not hasattr(self, "_lengths"):
+            self._lengths = {}
+        if id(tokenizer) not in self._lengths:
+            self._lengths[id(tokenizer)] = super().lengths(tokenizer)
+        return list(self._lengths[id(tokenizer)])
+
+
+def cut(text: str, tokenizer, unit_tokens: int) -> CutOnce:
+    """``text`` cut into units (:func:`~masklab.text.document.segment`) as a :class:`CutOnce`:
+    the batch's requests on one document, and a long document's last step, each read its token
+    counts twice (the budget and the selection), and counting is most of what a request costs
+    once its document is embedded."""
     doc = segment(text, tokenizer, unit_tokens)
-    once = CutOnce(units=doc.units, gold=doc.gold, spans=doc.spans, source=doc.source)
-    once._lengths = {}
-    return once
+    return CutOnce(units=doc.units, gold=doc.gold, spans=doc.spans, source=doc.source)
