@@ -12,6 +12,7 @@ config (a dict of flags) crosses Ray; each replica builds everything else itself
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 
 from masklab.util.errors import MasklabError
@@ -88,9 +89,14 @@ def connect(address: str | None):
     return ray
 
 
+def _stop(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(cfg, build, device, precision: str) -> int:
     ray = connect(cfg.ray_address)
     _, serve = import_serve()
+    signal.signal(signal.SIGTERM, _stop)  # a plain kill ends it as Ctrl-C does: the application deleted, Ray stopped
     try:
         url = deploy(cfg, build, str(device), precision)
         how = (f"{cfg.min_replicas} to {cfg.max_replicas} replicas (autoscaled)" if cfg.max_replicas is not None
