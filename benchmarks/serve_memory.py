@@ -55,15 +55,15 @@ def run_variant(mode: str, trim: bool, documents: int, paragraphs: int, every: i
     rng = random.Random(seed)
     cfg = serve.ServeConfig(trim=trim)
     service = serve.Service(load(cfg.model, threads=1), cfg)
-    service.pool.submit(torch.set_num_threads, 1).result()
-    service.pool.submit(service.router, cfg.router).result()
+    service.run(torch.set_num_threads, 1).result()
+    service.run(service.router, cfg.router).result()
     fixed = "\n\n".join(rng.sample(paras, paragraphs))
     tracemalloc.start()
     rows, t0 = [], time.perf_counter()
     for i in range(documents):
         text = fixed if mode == "repeated" else f"Record {i}.\n\n" + "\n\n".join(rng.sample(paras, paragraphs))
         req = serve.CompressRequest([text], f"What does it say about item {i}?", cfg.router, 0.25, None, False, 48)
-        service.pool.submit(service.compress, req, float("inf")).result()
+        service.submit(req, float("inf")).future.result()
         if i % every == 0 or i == documents - 1:
             cache = [e.cache_stats() for e in serve_embedders() if e.misses]
             rows.append({"requests": i + 1, "rss_mb": round(rss_mb(), 1),

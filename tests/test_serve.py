@@ -223,7 +223,7 @@ def test_health_reports_every_cache_with_its_limit(server):
     assert post(url, {"context": REPORT, "question": QUESTION}).status_code == 200
     h = health(url)
     cfg = service.cfg
-    assert h["queue"] == {"in_flight": 0, "max": cfg.max_queue}
+    assert h["queue"]["in_flight"] == 0 and h["queue"]["max"] == cfg.max_queue
     assert h["caches"]["routers"] == {"entries": len(service.routers), "max_entries": cfg.max_routers}
     emb = h["caches"]["embeddings"]
     assert emb and all(e["max_entries"] == cfg.cache_documents and e["max_bytes"] == int(cfg.cache_mb * 2**20)
@@ -368,4 +368,158 @@ def test_the_worker_trims_the_allocator_after_each_request(server, monkeypatch):
     monkeypatch.setattr(service, "trim", lambda pad: calls.append(pad))
     assert post(url, {"context": REPORT, "question": QUESTION}).status_code == 200
     assert post(url, {"context": REPORT, "question": "  "}).status_code == 400  # refused before the worker
+    for _ in range(100):  # (the worker trims once the batch is over, after it answered)
+        if calls:
+            break
+        time.sleep(0.02)
+    time.sleep(0.1)
     assert calls == [0]
+
+
+# --------------------------------------------------------------------------- batches and slices (issue 61)
+LONG = "\n\n".join(f"Item {i}: the {w} committee met on day {i} and discussed the {w} plan at length."
+                   for i, w in enumerate(["roof", "garden", "budget", "library", "river", "school"] * 14)) + "\n\n" + REPORT
+QUESTIONS = ["Who approved the budget?", "What happened to the roof?", "When did the meeting open?",
+             "Who will run the reading hour?", "What was discussed about the garden plan?"]
+
+
+@pytest.fixture
+def direct(folder):
+    """``make(**flags) -> Service`` (no HTTP) over the tiny model; the embedders' caches are
+    emptied first, so each service embeds what it is asked for."""
+    from masklab.context.embedder import live_embedders
+
+    made = []
+
+    def make(**flags):
+        for e in live_embedders():
+            e.clear_cache()
+        cfg = serve.ServeConfig(model=str(folder), max_context_bytes=100_000, unit_tokens=UNIT_CHARS, **flags)
+        made.append(serve.Service(load(str(folder), threads=1), cfg))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def _same(got, want):
+    """Every field equal but the timings; the scores to float32 rounding (a batch pads the
+    questions to one length, a slice batches the units in its own passes)."""
+    assert got.keys() == want.keys()
+    for key in got:
+        if key == "scores":
+            assert got[key] == pytest.approx(want[key], abs=1e-6), key
+        elif key not in ("router_seconds", "seconds"):
+            assert got[key] == want[key], key
+
+
+def _held(service):
+    """Hold the worker until the returned event is set (what is submitted meanwhile queues)."""
+    release = threading.Event()
+    service.run(release.wait, 30)
+    return release
+
+
+def test_concurrent_requests_on_one_document_are_scored_in_one_pass_with_the_same_results(direct, monkeypatch):
+    one = direct(max_batch=1)
+    reqs = [serve.parse_request(json.dumps({"context": REPORT, "question": q, "keep": 0.3}).encode(), one.cfg)
+            for q in QUESTIONS]
+    alone = [one.submit(r, float("inf")).future.result(60) for r in reqs]  # one at a time
+    assert one.scheduler.batches == len(reqs)
+    service = direct(max_batch=16)
+    router = service.run(service.router, DEFAULT_ROUTER).result(60)
+    calls = []
+    real = router.read
+    monkeypatch.setattr(router, "read", lambda doc, qs: calls.append(list(qs)) or real(doc, qs))
+    release = _held(service)
+    jobs = [service.submit(r, float("inf")) for r in reqs]
+    release.set()
+    together = [j.future.result(60) for j in jobs]
+    assert service.scheduler.batches == 1 and service.scheduler.batched_requests == len(reqs)
+    assert calls == [QUESTIONS]  # one pass over every question, none scored again alone
+    for got, want in zip(together, alone):
+        _same(got, want)
+    assert len({json.dumps(g["kept"]) for g in together}) > 1  # (different questions: different units kept)
+
+
+def test_a_long_document_is_scored_in_slices_between_short_requests(direct):
+    whole = direct(slice_bytes=10**9)  # never sliced: the reference
+    body = json.dumps({"context": LONG, "question": QUESTION, "keep": 0.2}).encode()
+    want = whole.submit(serve.parse_request(body, whole.cfg), float("inf")).future.result(60)
+    service = direct(slice_bytes=4096, slice_units=32)
+    short = serve.parse_request(json.dumps({"context": REPORT, "question": QUESTION}).encode(), service.cfg)
+    order, seen = [], []
+    real = service.scheduler.run_long
+
+    def watched(job):  # a short request arrives while the long one is being embedded
+        steps = real(job)
+        yield next(steps)
+        extra = service.submit(short, float("inf"))
+        extra.future.add_done_callback(lambda f: order.append("short"))
+        while True:
+            try:
+                yield next(steps)
+            except StopIteration as stop:
+                return stop.value
+            seen.append(job.progress)
+
+    service.scheduler.run_long = watched
+    long = service.submit(serve.parse_request(body, service.cfg), float("inf"))
+    long.future.add_done_callback(lambda f: order.append("long"))
+    assert long.lane == "long"
+    _same(long.future.result(60), want)
+    assert order == ["short", "long"]
+    units = len(want["units"])
+    assert units > 64 and seen[-1] == (units, units) and len(seen) >= 3  # embedded 32 units a slice
+
+
+def test_a_long_document_whose_client_left_is_dropped_between_slices(direct):
+    service = direct(slice_bytes=4096, slice_units=32)
+    real, steps_run = service.scheduler.run_long, []
+
+    def watched(job):
+        for step in real(job):
+            steps_run.append(job.progress)
+            job.gone.set()  # the client disconnects after the first slice
+            yield step
+
+    service.scheduler.run_long = watched
+    job = service.submit(serve.parse_request(json.dumps({"context": LONG, "question": QUESTION}).encode(),
+                                             service.cfg), float("inf"))
+    with pytest.raises(serve.Dropped, match="disconnected"):
+        job.future.result(60)
+    assert len(steps_run) == 1 and service.counts["disconnected"] == 1 and service.served == 0
+
+
+def test_health_shows_what_is_in_flight_by_size(direct):
+    service = direct(slice_bytes=4096)
+    release = _held(service)
+    short = service.submit(serve.parse_request(json.dumps({"context": REPORT, "question": QUESTION}).encode(),
+                                               service.cfg), float("inf"))
+    long = service.submit(serve.parse_request(json.dumps({"context": LONG, "question": QUESTION}).encode(),
+                                              service.cfg), float("inf"))
+    lanes = service.scheduler.lanes()
+    assert lanes["short"] == {"in_flight": 1, "bytes": len(REPORT.encode())}
+    assert lanes["long"]["in_flight"] == 1 and lanes["long"]["bytes"] == len(LONG.encode())
+    release.set()
+    short.future.result(60), long.future.result(60)
+    h = service.health()["queue"]
+    assert h["short"]["in_flight"] == h["long"]["in_flight"] == 0 and h["long"]["slices"] == []
+
+
+def test_a_failing_batch_answers_its_requests_and_the_worker_goes_on(direct):
+    service = direct()
+    real, calls = service.scheduler.run_batch, []
+
+    def broken(jobs):
+        calls.append(len(jobs))
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the batch")
+        real(jobs)
+
+    service.scheduler.run_batch = broken
+    req = serve.parse_request(json.dumps({"context": REPORT, "question": QUESTION}).encode(), service.cfg)
+    with pytest.raises(RuntimeError, match="a bug in the batch"):
+        service.submit(req, float("inf")).future.result(60)
+    assert ANSWERING in service.submit(req, float("inf")).future.result(60)["pruned_text"]

@@ -5,8 +5,8 @@
 
 Every option is declared once on :class:`CompressConfig` (``--context``, which takes several
 values, is added by :func:`add_parser`); the documents and the question are checked
-(:mod:`masklab.text.inputs`) before the model loads. Several passages go through
-:func:`masklab.context.passages.compress_passages`.
+(:mod:`masklab.text.inputs`) before the model loads. One document or several passages are one
+:class:`~masklab.context.router.Request`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import json
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -105,13 +106,37 @@ class Embedder:
                 self.hits += 1
                 return self._cache[key]
         out = self.encode(units) if units else torch.zeros(0, self.dim)
+        self._store(key, out)
+        return out
+
+    def _store(self, key: str, out: Tensor) -> None:
         with self._lock:
             self.misses += 1
             if key not in self._cache and self.max_entries > 0 and _nbytes(out) <= self.max_bytes:
                 self._cache[key] = out
                 self.cache_bytes += _nbytes(out)
             self._evict()
-        return out
+
+    def units_in_slices(self, units: list[str], size: int) -> Iterator[int]:
+        """Embed a document's ``units`` into the cache ``size`` units at a time, yielding the
+        count embedded after each slice, so a caller can do other work between slices
+        (``masklab serve`` scores a long document so); :meth:`units` then reads them from the
+        cache. The slices take the units longest first, as the library's own batches do, so the
+        vectors are those of :meth:`units` up to float rounding (a unit padded to another length).
+        Nothing is done when the units are cached already, or when the cache would not keep them
+        (:meth:`units` embeds them then)."""
+        key = hashlib.sha256("\0".join(units).encode()).hexdigest()
+        with self._lock:
+            if key in self._cache or self.max_entries == 0 or not units:
+                return
+        order = sorted(range(len(units)), key=lambda i: -len(units[i]))
+        out = torch.empty(len(units), self.dim)
+        for start in range(0, len(order), size):
+            idx = order[start:start + size]
+            out[idx] = self.encode([units[i] for i in idx])
+            yield min(len(units), start + size)
+        if _nbytes(out) <= self.max_bytes:
+            self._store(key, out)
 
     def _evict(self) -> None:
         """Drop the least recently used documents down to the limits (hold the lock)."""

@@ -10,20 +10,24 @@ answer?, max_new_tokens?}`` and returns the fields ``masklab compress --json`` p
 the answer when ``answer`` is true); ``GET /healthz`` says the service is up. Every request
 is checked in the event loop before it waits for the model (:func:`parse_request`, with
 :mod:`masklab.text.inputs`' checks and messages): bad input is a 4xx ``{"error": "..."}`` at once.
-The model and the routers are used by one worker thread only, so concurrent requests queue
-for it in arrival order; a request not answered within ``--request-seconds`` (queue wait
-included) gets a 503, and one still waiting in the queue then is dropped unrun.
+The model and the routers are used by one worker thread only (:mod:`masklab.context.scheduler`):
+concurrent short requests run on it in batches (those on one document with one router scored
+in one pass) and a long document (``--slice-bytes``) in slices between them; a request not
+answered within ``--request-seconds`` (queue wait included) gets a 503, and one still waiting
+in the queue then is dropped unrun (a long one: before its next slice). ``--ray`` deploys the
+same app on Ray Serve replicas (:mod:`masklab.context.ray_serve`).
 
 Bounds, so a long run holds its memory and its latency: at most ``--max-queue`` requests
 are admitted at once (running and waiting; one more is a 503 with ``Retry-After`` at once,
 before it is queued); a request whose client disconnects before the worker reaches it is
 dropped unrun; the embedders' caches hold at most ``--cache-documents`` documents and
 ``--cache-mb`` MiB of vectors each, at most ``--max-routers`` routers stay loaded (least
-recently used out), and after each request the worker hands the C allocator's free memory
-back to the system (``malloc_trim``, ``--no-trim`` to leave it: glibc otherwise keeps the
+recently used out), and after each batch or slice the worker hands the C allocator's free
+memory back to the system (``malloc_trim``, ``--no-trim`` to leave it: glibc otherwise keeps the
 freed buffers of each document's encoder pass, and the resident memory creeps up with
 every new document; docs/context.md). ``GET /healthz`` reports every cache's size and
-limit, the queue and the resident memory. Every response says how long it waited and ran
+limit, the queue (in flight per lane), the batches and the resident memory. Every response
+says how long it waited and ran
 (``Server-Timing: queue;dur=..., work;dur=...``, milliseconds).
 """
 
@@ -31,16 +35,19 @@ import argparse
 import asyncio
 import ctypes
 import ctypes.util
+import dataclasses
 import json
 import math
+import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from masklab.context.compress import SharedFlags
 from masklab.context.router import DEFAULT_ROUTER, Request
+from masklab.context.scheduler import Dropped, Job, Scheduler, batch_scores, cut, embedders_of, with_scores
 from masklab.text.selection import parse_keep
 from masklab.util.errors import MasklabError
 from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
@@ -74,8 +81,26 @@ class ServeConfig(SharedFlags):
     cache_mb: float = flag(256.0, min=0, help="MiB of cached unit embeddings per embedder (least recently used out)")
     max_routers: int = flag(4, min=1, help="routers kept loaded (least recently used out; the default router "
                             "counts as one)")
-    trim: bool = flag(True, help="after each request, return the C allocator's free memory to the system "
-                      "(glibc malloc_trim; --no-trim: keep it)")
+    trim: bool = flag(True, help="after each batch or slice of work, return the C allocator's free memory to the "
+                      "system (glibc malloc_trim; --no-trim: keep it)")
+    batch_ms: float = flag(2.0, min=0, max=1000, help="milliseconds the idle worker waits for more requests to batch "
+                           "with the first one (0: none; requests that arrive while it works are batched anyway)")
+    max_batch: int = flag(16, min=1, help="short requests run together in one batch at most; those on one document "
+                          "with one router are scored in one pass (1: one request at a time)")
+    slice_bytes: int = flag(16_384, min=1, help="a context of at least this many bytes (UTF-8, passages together) is "
+                            "scored in slices between the short requests' batches, not in one go")
+    slice_units: int = flag(8, min=1, help="units of a long document embedded per slice (one encoder pass; "
+                            "longest units first): what a short request may wait behind it")
+    ray: bool = flag(False, help="deploy on Ray Serve instead (--ray-address, --replicas or --min/--max-replicas; "
+                     "docs/serve.md); --host/--port are then Ray Serve's HTTP proxy's")
+    ray_address: str | None = flag(None, metavar="HOST:PORT|auto", default_text="a new local Ray",
+                                   help="--ray: the Ray cluster to deploy on (auto: the one this node belongs to)")
+    replicas: int = flag(1, min=1, help="--ray: replicas of the service (each loads the model and runs its own "
+                         "worker); ignored with --max-replicas")
+    min_replicas: int = flag(1, min=0, help="--ray with --max-replicas: the fewest replicas autoscaling keeps")
+    max_replicas: int | None = flag(None, min=1, help="--ray: autoscale between --min-replicas and this many replicas "
+                                    "(on requests in flight per replica; none: a fixed --replicas)")
+    replica_cpus: float = flag(1.0, above=0, help="--ray: CPUs Ray reserves per replica (as many as its --threads)")
 
 
 def add_parser(sub) -> None:
@@ -199,10 +224,6 @@ class Overloaded(Exception):
         self.retry_after = retry_after
 
 
-class Dropped(Exception):
-    """A request dropped unrun by the worker (past its time, or its client gone)."""
-
-
 def _malloc_trim():
     """glibc's ``malloc_trim`` (None where the C library has none: musl, macOS)."""
     try:
@@ -215,45 +236,57 @@ def rss_bytes() -> int | None:
     """This process's resident memory (Linux ``/proc``; None elsewhere)."""
     try:
         with open("/proc/self/statm") as f:
-            import os
-
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
 
 
 class Service:
-    """The loaded model ``lm`` and its routers, used by one worker thread only (:meth:`submit`):
-    concurrent requests wait in its queue, so the model is never run by two threads at once.
-    Admission (:meth:`admit`) bounds the queue; :meth:`router` keeps at most ``--max-routers``
-    loaded; the embedders' caches get ``--cache-documents`` / ``--cache-mb``."""
+    """The loaded model ``lm`` and its routers, used by the one worker thread of a
+    :class:`~masklab.context.scheduler.Scheduler` only: short requests run in batches, long
+    documents in slices between them (:meth:`submit`), so the model is never run by two threads
+    at once. Admission (:meth:`admit`) bounds the queue; :meth:`router` keeps at most
+    ``--max-routers`` loaded; the embedders' caches get ``--cache-documents`` / ``--cache-mb``."""
 
     def __init__(self, lm, cfg: ServeConfig, device=None, precision: str = "fp32") -> None:
         from masklab.context import embedder
 
         self.lm, self.cfg, self.device, self.precision = lm, cfg, device, precision
         self.routers: OrderedDict = OrderedDict()
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masklab-model")
         self.started = time.time()
         self.served = 0
         self.counts = {"overloaded": 0, "timed_out": 0, "disconnected": 0, "routers_evicted": 0}
         self.in_flight = 0  # admitted and not yet finished by the worker (waiting or running)
         self._lock = threading.Lock()
-        self.work_seconds = 1.0  # a running mean of one request's work (the Retry-After estimate)
         self.trim = _malloc_trim() if cfg.trim else None
         embedder.set_cache_limits(cfg.cache_documents, int(cfg.cache_mb * 2**20))
+        self.scheduler = Scheduler(self._run_batch, self._run_long, cfg.batch_ms / 1000, cfg.max_batch, self.counts,
+                                   trim=self._trim)
 
     def admit(self) -> None:
         """Count one more request in, or :class:`Overloaded` at ``--max-queue``."""
         with self._lock:
             if self.in_flight >= self.cfg.max_queue:
                 self.counts["overloaded"] += 1
-                raise Overloaded(max(1, math.ceil(self.in_flight * self.work_seconds)))
+                raise Overloaded(max(1, math.ceil(self.in_flight * self.scheduler.work_seconds)))
             self.in_flight += 1
 
     def release(self, _=None) -> None:
         with self._lock:
             self.in_flight -= 1
+
+    def run(self, fn, *args) -> Future:
+        """``fn(*args)`` on the worker thread (setting torch's threads, loading a router)."""
+        return self.scheduler.call(fn, *args)
+
+    def submit(self, req: CompressRequest, deadline: float, gone: threading.Event | None = None) -> Job:
+        """Queue ``req`` for the worker: a :class:`~masklab.context.scheduler.Job` whose future
+        gets what ``masklab compress --json`` prints, or :class:`Dropped` when it is past
+        ``deadline`` or ``gone`` is set before it runs (a long one: before its next slice)."""
+        size = sum(len(c.encode("utf-8")) for c in req.request.passages)
+        job = Job(req, size, "long" if size >= self.cfg.slice_bytes else "short", deadline, gone)
+        self.scheduler.submit(job)
+        return job
 
     def router(self, name: str):
         """Router ``name``, loaded the first time it is asked for and kept among the
@@ -272,48 +305,89 @@ class Service:
         self.routers[name] = load_router(name, self.lm, **taken)
         return self.routers[name]
 
-    def submit(self, fn, *args):
-        """Run ``fn(*args)`` on the worker thread; an asyncio future of its result."""
-        return asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-
-    def compress(self, req: CompressRequest, deadline: float, gone: threading.Event | None = None,
-                 timing: dict | None = None) -> dict:
-        """What ``masklab compress --json`` prints for ``req`` (worker thread); :class:`Dropped`
-        unrun when the deadline has passed or ``gone`` is set (its client disconnected)."""
+    def _compress(self, router, req: CompressRequest, doc=None) -> dict:
+        """What ``masklab compress --json`` prints for ``req`` (worker thread); ``doc``: its one
+        context already cut into units (by the batch or the slices; prune_document takes a
+        Document as it takes text)."""
         from masklab.util import device as devices
 
-        if time.monotonic() > deadline:  # timed out while queued: its caller has already been answered
-            self.counts["timed_out"] += 1
-            raise Dropped("timed out")
-        if gone is not None and gone.is_set():
-            self.counts["disconnected"] += 1
-            raise Dropped("disconnected")
-        t0 = time.monotonic()
-        if timing is not None:
-            timing["start"] = t0
-        try:
-            with devices.autocast(self.device, self.precision):
-                out = compress_request(self.lm, self.router(req.router), req, self.cfg)
-        finally:
-            if self.trim is not None:
-                self.trim(0)
-            work = time.monotonic() - t0
-            self.work_seconds = 0.9 * self.work_seconds + 0.1 * work
-            if timing is not None:
-                timing["end"] = time.monotonic()
+        if doc is not None:
+            req = dataclasses.replace(req, request=dataclasses.replace(req.request, passages=(doc,)))
+        with devices.autocast(self.device, self.precision):
+            out = compress_request(self.lm, router, req, self.cfg)
         self.served += 1
         return out
 
+    def _run_batch(self, jobs: list[Job]) -> None:
+        """The short jobs of one batch (worker thread): per router, each document asked by two or
+        more of them cut once and its questions scored together (:func:`batch_scores`), then each
+        request finished alone; every job's future gets its result or its error."""
+        groups: dict[str, list[Job]] = {}
+        for job in jobs:
+            groups.setdefault(job.request.router, []).append(job)
+        for name, group in groups.items():
+            try:
+                router = self.router(name)
+            except Exception as e:  # noqa: BLE001  (a router that cannot load: its requests' error)
+                for job in group:
+                    job.finish(error=e)
+                continue
+            texts = [j.request.request.passages[0] for j in group if len(j.request.request.passages) == 1]
+            shared = {t for t in texts if texts.count(t) > 1}
+            docs, questions = {}, {}
+            for job in group:
+                text = job.request.request.passages[0]
+                if len(job.request.request.passages) == 1 and text in shared:
+                    if text not in docs:
+                        docs[text] = cut(text, self.lm.tokenizer, self.cfg.unit_tokens)
+                    questions.setdefault(text, []).append(job.request.question)
+            scored = batch_scores(router, docs, questions)
+            for job in group:
+                text = job.request.request.passages[0] if len(job.request.request.passages) == 1 else None
+                mine = with_scores(router, docs[text], *scored[text]) if text in scored else router
+                try:
+                    job.finish(self._compress(mine, job.request, docs.get(text)))
+                except Exception as e:  # noqa: BLE001  (handed to the request: 400 or 500 there)
+                    job.finish(error=e)
+
+    def _run_long(self, job: Job):
+        """A long job as slices (worker thread; a generator, one slice a step): each context cut
+        into units, then ``--slice-units`` of its units embedded per step into the cache of every
+        embedder its router reads, then the request pruned with every vector cached."""
+        req = job.request
+        router = self.router(req.router)
+        docs = []
+        for text in req.request.passages:
+            docs.append(cut(text, self.lm.tokenizer, self.cfg.unit_tokens))
+            yield
+        embedders = embedders_of(router)
+        total, done = sum(len(d.units) for d in docs) * len(embedders), 0
+        job.progress = (0, total)
+        for emb in embedders:
+            for doc in docs:
+                for n in emb.units_in_slices(doc.units, self.cfg.slice_units):
+                    job.progress = (done + n, total)
+                    yield
+                done += len(doc.units)
+        return self._compress(router, req, docs[0] if len(docs) == 1 else None)
+
+    def _trim(self) -> None:
+        if self.trim is not None:
+            self.trim(0)
+
     def health(self) -> dict:
         """What ``GET /healthz`` says: the model, the loaded routers, every cache's size and
-        limit, the queue, the drop counts and the resident memory."""
+        limit, the queue (in flight per lane), the batches, the drop counts and the resident memory."""
         from masklab.context import embedder
         from masklab.context.routers import pruner
 
         rss = rss_bytes()
+        s = self.scheduler
         return {"status": "ok", "model": self.lm.name, "router": self.cfg.router, "routers_loaded": list(self.routers),
+                "pid": os.getpid(),  # which process answered (a replica, under --ray)
                 "served": self.served, "uptime_seconds": round(time.time() - self.started, 3),
-                "rss_bytes": rss, "queue": {"in_flight": self.in_flight, "max": self.cfg.max_queue},
+                "rss_bytes": rss, "queue": {"in_flight": self.in_flight, "max": self.cfg.max_queue, **s.lanes()},
+                "batches": {"batches": s.batches, "requests": s.batched_requests, "max_batch": self.cfg.max_batch},
                 "dropped": dict(self.counts),
                 "caches": {
                     "routers": {"entries": len(self.routers), "max_entries": self.cfg.max_routers},
@@ -325,7 +399,7 @@ class Service:
                                   "note": "not cached: each request's context is cut into units anew"}}}
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.scheduler.close()
 
 
 def _lru_stats(fn) -> dict:
@@ -381,19 +455,89 @@ async def read_body(request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def error(status: int, message: str, **headers):
+    """A JSON ``{"error": message}`` response."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+
+def _late(cfg: ServeConfig):
+    return error(503, f"the request did not finish within {cfg.request_seconds:g} s of its arrival "
+                      "(the server's --request-seconds; queue wait included): retry later", **{"Retry-After": "1"})
+
+
+async def _disconnected(request) -> None:
+    """Return when the client of ``request`` (its body read) disconnects."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+        await asyncio.sleep(0.05)  # (not expected after the body: never spin)
+
+
+async def _answer(service: Service, job: Job, request):
+    """Wait for ``job`` (until its deadline, or its client gone) and turn it into the response:
+    its JSON with ``Server-Timing`` (queue: the time the worker was not working on it; work:
+    its batch's time or its slices' sum), or the error."""
+    from fastapi.responses import JSONResponse
+
+    result = asyncio.wrap_future(job.future)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({result, watch}, timeout=max(0.0, job.deadline - time.monotonic()),
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if result not in done:
+        job.gone.set()  # the worker drops it before it runs (a long one: before its next slice)
+        result.add_done_callback(lambda f: f.cancelled() or f.exception())  # (no "exception never retrieved")
+        if watch in done:
+            return error(499, "the client disconnected")  # (nobody reads it)
+        return _late(service.cfg)
+    try:
+        out = result.result()
+    except Dropped:  # the worker reached it just past its deadline
+        return _late(service.cfg)
+    except MasklabError as e:  # input only the model can judge (e.g. a document with no units)
+        return error(400, str(e))
+    total = time.monotonic() - job.arrived
+    return JSONResponse(out, headers={"Server-Timing": f"queue;dur={1000 * max(0.0, total - job.work):.1f}, "
+                                                       f"work;dur={1000 * job.work:.1f}"})
+
+
+async def compress_endpoint(service: Service, request):
+    """``POST /v1/compress``: the body read within ``--max-request-bytes`` and checked in the
+    event loop (a 4xx at once), admitted within ``--max-queue``, then queued for the worker."""
+    cfg = service.cfg
+    deadline = time.monotonic() + cfg.request_seconds
+    try:
+        body = await read_body(request, cfg.max_request_bytes)
+    except _TooLarge:
+        return error(413, f"the request body is over the limit of {cfg.max_request_bytes:,} bytes "
+                          "(the server's --max-request-bytes)")
+    try:
+        req = parse_request(body, cfg)
+    except MasklabError as e:
+        return error(400, str(e))
+    try:
+        service.admit()
+    except Overloaded as e:
+        return error(503, f"the server is busy: {cfg.max_queue} requests are already running or waiting (the "
+                          f"server's --max-queue): retry in {e.retry_after} s", **{"Retry-After": str(e.retry_after)})
+    job = service.submit(req, deadline)
+    job.future.add_done_callback(service.release)  # the slot is freed when the worker is done with it
+    return await _answer(service, job, request)
+
+
 def create_app(service: Service):
     """The FastAPI app of ``service``: ``POST /v1/compress``, ``GET /healthz``; every error a
     JSON ``{"error": "..."}``."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
 
-    cfg = service.cfg
     app = FastAPI(title="masklab", description="Prune a context to what a question needs.", docs_url=None,
                   redoc_url=None, openapi_url=None)
-
-    def error(status: int, message: str, **headers) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc):  # unknown path (404), wrong method (405)
@@ -407,58 +551,9 @@ def create_app(service: Service):
     async def healthz():
         return service.health()
 
-    async def disconnected(request) -> None:
-        """Return when the client of ``request`` (its body read) disconnects."""
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                return
-            await asyncio.sleep(0.05)  # (not expected after the body: never spin)
-
     @app.post("/v1/compress")
     async def compress(request: Request):  # (annotations evaluated here: FastAPI reads the type)
-        arrived = time.monotonic()
-        deadline = arrived + cfg.request_seconds
-        try:
-            body = await read_body(request, cfg.max_request_bytes)
-        except _TooLarge:
-            return error(413, f"the request body is over the limit of {cfg.max_request_bytes:,} bytes "
-                              "(the server's --max-request-bytes)")
-        try:
-            req = parse_request(body, cfg)
-        except MasklabError as e:
-            return error(400, str(e))
-        try:
-            service.admit()
-        except Overloaded as e:
-            return error(503, f"the server is busy: {cfg.max_queue} requests are already running or waiting (the "
-                              f"server's --max-queue): retry in {e.retry_after} s", **{"Retry-After": str(e.retry_after)})
-        gone, timing = threading.Event(), {}
-        job = service.submit(service.compress, req, deadline, gone, timing)
-        job.add_done_callback(service.release)  # the slot is freed when the worker is done with it
-        watch = asyncio.ensure_future(disconnected(request))
-        try:
-            done, _ = await asyncio.wait({job, watch}, timeout=max(0.0, deadline - time.monotonic()),
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if job not in done:
-            gone.set()  # not yet started: the worker drops it; started: it runs to its end
-            job.add_done_callback(lambda f: f.cancelled() or f.exception())  # (no "exception never retrieved")
-            if watch in done:
-                return error(499, "the client disconnected")  # (nobody reads it)
-            return error(503, f"the request did not finish within {cfg.request_seconds:g} s of its arrival "
-                              "(the server's --request-seconds; queue wait included): retry later", **{"Retry-After": "1"})
-        try:
-            out = job.result()
-        except Dropped:  # the worker reached it just past its deadline
-            return error(503, f"the request did not finish within {cfg.request_seconds:g} s of its arrival "
-                              "(the server's --request-seconds; queue wait included): retry later", **{"Retry-After": "1"})
-        except MasklabError as e:  # input only the model can judge (e.g. a document with no units)
-            return error(400, str(e))
-        start, end = timing.get("start", arrived), timing.get("end", time.monotonic())
-        return JSONResponse(out, headers={"Server-Timing": f"queue;dur={1000 * (start - arrived):.1f}, "
-                                                           f"work;dur={1000 * (end - start):.1f}"})
+        return await compress_endpoint(service, request)
 
     return app
 
@@ -483,18 +578,16 @@ def bind(host: str, port: int):
     return sock
 
 
-def main(args: argparse.Namespace) -> int:
-    import torch
+def check_config(cfg: ServeConfig) -> None:
+    """Every check of the flags that needs no model: ranges, the prompt format, FastAPI and
+    uvicorn installed, the embedder folder, the default router (not a press)."""
+    from masklab.pretrained.models import check_models, check_prompt_format
 
-    from masklab.util import device as devices
-    from masklab.pretrained.models import check_models, check_prompt_format, load
-
-    cfg = config_from_args(args, ServeConfig())
     check_ranges(cfg)
     check_prompt_format(cfg.prompt_format)
     try:
         import fastapi  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise MasklabError("masklab serve needs FastAPI and uvicorn: pip install 'masklab[serve]'") from None
     from masklab.context.embedder import check_folder
@@ -507,17 +600,54 @@ def main(args: argparse.Namespace) -> int:
         raise MasklabError(f"--router {cfg.router} is a KV-cache press: the service returns pruned text, so give a "
                            "router that prunes the text")
     ROUTERS[cfg.router]  # noqa: B018
-    dev = devices.resolve(args.device)
     check_models([cfg.model])
+
+
+def start_service(cfg: ServeConfig, device=None, precision: str = "fp32") -> Service:
+    """The model loaded and a :class:`Service` over it, its worker with ``--threads`` torch
+    threads and the default router loaded (a router that cannot load fails here)."""
+    import torch
+
+    from masklab.pretrained.models import load
+
+    lm = load(cfg.model, threads=cfg.threads, prompt_format=cfg.prompt_format, device=device)
+    service = Service(lm, cfg, device, precision)
+    try:
+        service.run(torch.set_num_threads, cfg.threads).result()
+        service.run(service.router, cfg.router).result()
+    except BaseException:
+        service.close()
+        raise
+    return service
+
+
+def replica(flags: dict, device: str, precision: str):
+    """``(service, app)`` of one Ray Serve replica (:mod:`masklab.context.ray_serve`): the
+    config's ``flags`` as a dict, the device by name."""
+    from masklab.util import device as devices
+
+    service = start_service(ServeConfig(**flags), devices.resolve(device), precision)
+    return service, create_app(service)
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from masklab.util import device as devices
+
+    cfg = config_from_args(args, ServeConfig())
+    check_config(cfg)
+    dev = devices.resolve(args.device)
+    if cfg.ray:
+        from masklab.context import ray_serve
+
+        return ray_serve.main(cfg, replica, dev, args.precision)
     sock = bind(cfg.host, cfg.port)  # a port in use is one error before the model loads
     try:
-        lm = load(cfg.model, threads=cfg.threads, prompt_format=cfg.prompt_format, device=dev)
-        service = Service(lm, cfg, dev, args.precision)
+        service = start_service(cfg, dev, args.precision)
         try:
-            service.pool.submit(torch.set_num_threads, cfg.threads).result()
-            service.pool.submit(service.router, cfg.router).result()  # a router that cannot load fails here
-            print(f"masklab serve: {lm.name} and router {cfg.router} loaded in {lm.load_seconds:.1f} s; listening on "
-                  f"http://{cfg.host}:{cfg.port} (POST /v1/compress, GET /healthz)", flush=True)
+            print(f"masklab serve: {service.lm.name} and router {cfg.router} loaded in {service.lm.load_seconds:.1f} s; "
+                  f"listening on http://{cfg.host}:{cfg.port} (POST /v1/compress, GET /healthz)", flush=True)
             server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=False))
             server.run(sockets=[sock])
         finally:
