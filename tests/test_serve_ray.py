@@ -34,7 +34,8 @@ def _answers(url):
     for body in BODIES:
         r = httpx.post(f"{url}/v1/compress", content=json.dumps(body), timeout=120)
         got = r.json()
-        got.pop("router_seconds", None)
+        for timing in ("router_seconds", "seconds"):  # the old name of router_seconds stays beside it
+            got.pop(timing, None)
         out.append((r.status_code, got))
     return out
 
