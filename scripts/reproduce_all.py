@@ -317,7 +317,7 @@ REPRODUCTIONS = [
     # how bm25+evidence and bm25+dense fuse, chosen from the committed val scores of realdocs-MODEL (no model runs)
     Reproduction("realdocs-fusion", [["scripts/choose_fusion.py"]]),
     # the pruner: causal and attention labels of the training corpus (resumable, CPU-hours), then its training
-    Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shards", "2", "--jobs", "2"],
+    Reproduction("corpus-labels", [["scripts/label_corpus.py", "--shards", "2"],
                                    ["scripts/label_corpus.py", "--split", "val"], ["scripts/label_agreement.py"],
                                    ["scripts/label_agreement.py", "--split", "val"],
                                    ["scripts/label_corpus.py", "--model", "gemma3-270m", "--split", "val"],
@@ -339,7 +339,8 @@ REPRODUCTIONS = [
     ], explicit=True),
     # the context pruner: keep-set labels of the corpus (resumable, about 9 s a question), their agreement with the
     # marks, the token-level cross-encoder (lasso labels; CPU-hours to train), the context head's variants on val
-    Reproduction("cross", [["scripts/train_cross.py", "--labels", "lasso"]]),
+    Reproduction("cross", [["scripts/train_cross.py", "--labels", "lasso"],
+                           ["scripts/train_cross.py", "--labels", "marks"]]),  # the shipped cross: --ship marks
     Reproduction("ctx", [["scripts/label_corpus.py", "--labels", "keepset", "--split", "val"],
                          ["scripts/label_corpus.py", "--labels", "keepset", "--split", "train"],
                          ["scripts/keepset_agreement.py", "--split", "val"], ["scripts/keepset_agreement.py", "--split", "train"],
@@ -350,6 +351,20 @@ REPRODUCTIONS = [
         for split in ("test2", "test")
     ] + [["scripts/keep_auto.py", "--out", "results/realdocs-ctx-smollm2-135m/keep_auto.json",
           "results/realdocs-ctx-smollm2-135m/results_test2.json"]], explicit=True),
+    # the cross pruner and the second hop on the corpus's val (all kinds, then the bridge questions), test3 read once,
+    # and the keep probabilities' calibration from the stored scores
+    Reproduction("realdocs-cross-smollm2-135m", [
+        ["realdocs", "--model", "smollm2-135m", "--split", "corpus-val", "--questions", "320", "--routers",
+         "bm25,dense,bm25+dense,pruner-ctx,pruner-ctx+hop2,dense+hop2,cross,cross-hop1"],
+        ["realdocs", "--model", "smollm2-135m", "--split", "test3", "--routers", "bm25,dense,bm25+dense,pruner-ctx,cross"],
+    ], explicit=True),
+    Reproduction("realdocs-cross-bridge-smollm2-135m", [
+        ["realdocs", "--model", "smollm2-135m", "--split", "corpus-val", "--kinds", "bridge", "--routers",
+         "bm25,dense,bm25+dense,pruner-ctx,pruner-ctx+hop2,dense+hop2,cross,cross-hop1"],
+    ]),
+    Reproduction("calibration", [["scripts/calibration.py", "--val",
+                                  "results/realdocs-cross-smollm2-135m/results_corpus-val.json", "--test",
+                                  "results/realdocs-cross-smollm2-135m/results_test3.json", "--routers", "pruner-ctx,cross"]]),
     # the shipped routers and pruners on the generated held-out families and the long-context tasks
     Reproduction("heldout-routers-smollm2-135m", [["scripts/heldout_routers.py"]]),
     Reproduction("longctx-routers-smollm2-135m", [["scripts/heldout_routers.py", "--tasks", "longctx", "--lengths", "1024"]]),
