@@ -173,6 +173,15 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
     assert got["kept"] and got["scores"] == pytest.approx(mine.tolist(), abs=1e-5)
     assert mine.tolist() != pytest.approx(load_router("pruner-ctx").score(Document(units=got["units"]), question).tolist(),
                                           abs=1e-4)  # its own head, not the shipped one
+    # the cross pruner on the same labels, every weight fine-tuned, read back by the cross router
+    assert main(args + ["--kind", "cross"]) == 0
+    assert (out / "labels.jsonl").read_bytes() == labelled and "cross-causal.safetensors" in capsys.readouterr().out
+    assert main(["compress", "--context", str(ctx), "--question", question, "--model", str(model), "--router",
+                 "cross", "--router-file", str(out / "cross-causal.safetensors"), "--keep", "auto", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    mine = load_router("cross", path=out / "cross-causal.safetensors").score(Document(units=got["units"]), question)
+    assert got["kept"] and mine.tolist() != pytest.approx(load_router("cross").score(
+        Document(units=got["units"]), question).tolist(), abs=1e-4)  # its own weights, not the shipped ones
 
 
 @pytest.mark.parametrize("argv,match", [
