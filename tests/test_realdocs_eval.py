@@ -143,7 +143,7 @@ def test_calibration_error_is_zero_for_honest_probabilities_and_platt_scaling_re
     from masklab.lab.stats import platt, reliability
 
     rng = np.random.default_rng(0)
-    p = rng.uniform(0, 1, 20000)
+    p = rng.uniform(0.001, 0.999, 20000)
     y = rng.uniform(0, 1, 20000) < p  # evidence exactly as often as the probability says
     assert reliability(p, y)[0] < 0.02
     over = 1 / (1 + np.exp(-3 * np.log(p / (1 - p))))  # the same ranking, overconfident
