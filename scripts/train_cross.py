@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
+from masklab.lab.train_ctx import KEEPSET_GAIN, VARIANTS
+
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("marks", "keepset", "union", "lasso", "attention")
-KEEPSET_GAIN = 1.0  # nats over reading nothing for a keep set to credit its units
 
 
 def targets(q, doc, lasso: dict | None, keepset: dict | None, variant: str, threshold: float) -> list[int] | None:
@@ -46,7 +46,7 @@ def targets(q, doc, lasso: dict | None, keepset: dict | None, variant: str, thre
     question has no labels of that kind."""
     from masklab.lab.labels import keepset_target
     from masklab.lab.realdocs import answering_units
-    from masklab.lab.train_pruner import target_set
+    from masklab.lab.train_ctx import targets as label_targets
 
     marks = {u for g in answering_units(doc, q.spans()) for u in g}
     ks = {keepset["window"][i] for i in keepset_target(keepset, KEEPSET_GAIN)} if keepset else None
@@ -56,10 +56,7 @@ def targets(q, doc, lasso: dict | None, keepset: dict | None, variant: str, thre
         return sorted(marks | (ks or set()))
     if variant == "keepset":
         return None if ks is None else sorted(ks)
-    if lasso is None:
-        return None
-    return sorted(lasso["window"][i] for i in target_set(lasso, "causal" if variant == "lasso" else "attention",
-                                                           threshold))
+    return None if lasso is None else label_targets(lasso, None, variant, threshold)  # lasso, attention
 
 
 def material(model: str, tok):

@@ -49,6 +49,7 @@ class CrossRouter(Router):
         self.keep_auto, self.keep_rule = self.meta.get("keep_auto"), self.meta.get("keep_rule", "threshold")
         self.neighbours, self.hops = self.meta.get("context", 0), self.meta.get("hops", 1)
         self.max_windows, self.int8 = max_windows, int8
+        self.bi = None  # the pruner whose cosines choose the windows of a long document, built the first time
 
     def score(self, doc, question):
         return self.read(doc, [question]).values[0]
@@ -59,9 +60,11 @@ class CrossRouter(Router):
         if all(len(w) <= self.max_windows for w in wins):
             probs = [torch.sigmoid(s) for s in self.model.logits_many(list(questions), doc.units)]
             return Scores(probs, max(len(w) for w in wins))
-        from masklab.context.routers.pruner import Pruner
+        if self.bi is None:
+            from masklab.context.routers.pruner import Pruner
 
-        bi = Pruner(self.lm, int8=self.int8).read(doc, questions).values
+            self.bi = Pruner(self.lm, int8=self.int8)
+        bi = self.bi.read(doc, questions).values
         out = []
         for ws, cos in zip(wins, bi):  # the windows whose best unit the bi-encoder ranks highest
             read = sorted(ws, key=lambda w: -float(cos[w.start:w.stop].max()))[:self.max_windows]
