@@ -181,14 +181,17 @@ def test_prune_keeps_the_units_at_or_above_the_threshold_and_batches_one_documen
     assert out["kept"] == [1, 3, 4] and out["pruned_context"] == "Unit 7 is here. Unit 9 is here. Unit 5 is here."
     assert out["scores"] == pytest.approx([0.1, 0.7, 0.3, 0.9, 0.5])
     assert out["compression_rate"] == pytest.approx(1 - out["kept_fraction"]) and 0 < out["compression_rate"] < 1
-    assert prune("Which unit?", TEXT, threshold=0.95, router="test-decider")["kept"] == [3]  # the top unit always
-    assert prune("Which unit?", "Unit 2 alone.", threshold=0.95, router="test-decider")["kept"] == [0]  # one unit
+    none = prune("Which unit?", TEXT, threshold=0.95, router="test-decider")  # no unit reaches it: none kept
+    assert none["kept"] == [] and none["pruned_context"] == "" and "no unit scores at least the threshold 0.95 (the " \
+        "best 0.9)" in " ".join(none["notes"])
+    assert prune("Which unit?", "Unit 2 alone.", threshold=0.95, router="test-decider")["kept"] == []  # one unit
+    assert prune("Which unit?", TEXT, threshold=0.9, router="test-decider")["kept"] == [3]  # at it counts
     assert prune("Which unit?", TEXT, router="test-decider")["kept"] == [1, 3, 4]  # keep auto: the router's own 0.5
     decider.clear()
     many = prune(["Which unit?", "Another?", "A third?"], [TEXT, TEXT, "Unit 2 alone."], threshold=0.5,
                  router="test-decider")
     assert sorted(decider) == [1, 2]  # the two questions on one text were scored in one call
-    assert [m["kept"] for m in many] == [[1, 3, 4], [1, 3, 4], [0]]
+    assert [m["kept"] for m in many] == [[1, 3, 4], [1, 3, 4], []]
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -224,7 +227,8 @@ def test_a_threshold_keeps_the_units_at_or_above_it_across_passages(decider):
     out = passages_pruned(threshold=0.5)
     assert out.passage_kept == [[1], [], [0]] and out.texts == ["Unit 7 is here.", "", "Unit 9 is here."]
     assert out.to_json()["threshold"] == 0.5
-    assert passages_pruned(threshold=0.95).passage_kept == [[], [], [0]]  # the top unit
+    assert passages_pruned(threshold=0.95).passage_kept == [[], [], []]  # no unit reaches it
+    assert passages_pruned(threshold=0.95).text == ""
     assert passages_pruned(keep="auto").passage_kept == [[1], [], [0]]  # its own 0.5
     assert passages_pruned(keep=0.25).passage_kept == [[], [], [0]]  # a fraction
     kept = Adapter("test-decider", threshold=0.25).kept(PASSAGES, "Which unit?")
@@ -240,7 +244,8 @@ def test_a_router_with_context_keeps_the_best_units_neighbours_within_its_own_pa
     assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [1, 3]
     monkeypatch.setattr(ROUTERS["test-decider"], "neighbours", 1)
     assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [3, 4]  # Unit 9 and the next
-    assert prune("Which unit?", TEXT, threshold=0.8, router="test-decider")["kept"] == [2, 3, 4]  # and both beside it
+    assert prune("Which unit?", TEXT, keep="auto", router="test-decider")["kept"] == [1, 2, 3, 4]  # both beside it
+    assert prune("Which unit?", TEXT, threshold=0.8, router="test-decider")["kept"] == [3]  # none below a threshold
     out = passages_pruned(keep=0.4)
     assert out.passage_kept == [[1], [], [0]]  # Unit 9's passage has no other unit: no neighbour is taken from another
 

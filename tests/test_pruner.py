@@ -91,7 +91,8 @@ def test_the_relative_keep_rule_keeps_more_where_no_unit_stands_out():
     assert Relative().choose(doc, "q?", "auto").kept == [0, 2]  # at least 0.45
     Relative.scores = torch.tensor([0.09, 0.01, 0.12, 0.2])  # no unit stands out: the cut falls with the best score
     assert Relative().choose(doc, "q?", "auto").kept == [2, 3]  # at least 0.1, where a plain 0.5 keeps one unit
-    assert Relative().choose(doc, "q?", 0.25, threshold=0.5).kept == [3]  # --threshold stays a plain score
+    assert Relative().choose(doc, "q?", 0.25, threshold=0.5).kept == []  # --threshold stays a plain score
+    assert Relative().choose(doc, "q?", 0.25, threshold=0.1).kept == [2, 3]
     with pytest.raises(MasklabError, match="unknown keep rule 'median'"):
         auto_fraction(torch.ones(2), [1, 1], 0.5, "median")
 

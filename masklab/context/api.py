@@ -31,7 +31,8 @@ def prune(question: str | list[str], context: str | list[str], threshold: float 
     ``units`` and each one's ``scores``, ``kept`` (unit indices), ``kept_fraction`` and
     ``compression_rate`` (1 - kept fraction, in words: no model's tokenizer is loaded), and the
     rest of :meth:`~masklab.context.router.Pruned.to_json`.
-    ``threshold``: keep every unit scoring at least it (a router that decides how much);
+    ``threshold``: keep the units scoring at least it and no other, none where no unit reaches
+    it (a router that decides how much);
     else ``keep``: a fraction of the words, or ``auto`` (the router's threshold chosen on val).
     Lists of questions and contexts (the same length) give a list, the questions on one
     context scored in one batch."""

@@ -308,7 +308,8 @@ def select_units(router, docs: list[Document], scores: Tensor, lengths: list[int
     ``router`` keeps for ``req`` from ``scores`` (one per unit of every passage), and the
     passages best first. The units of the best passage come first in the order
     :func:`~masklab.text.selection.select` sees, so a tie goes to the better passage and the top
-    unit's neighbours are its own passage's."""
+    unit's neighbours are its own passage's. A threshold keeps the units scoring at least it and
+    no other (neither the top unit nor its neighbours below it; none where no unit reaches it)."""
     starts = [0]
     for d in docs:
         starts.append(starts[-1] + len(d.units))
@@ -317,26 +318,31 @@ def select_units(router, docs: list[Document], scores: Tensor, lengths: list[int
     ordered, ordered_lengths = scores[order], [lengths[i] for i in order]
     within = len(docs[rank[0]].units)
     keep, cap = (1.0, req.tokens) if req.tokens is not None else (req.fraction, None)
-    if req.threshold is not None:
-        keep = auto_fraction(ordered, ordered_lengths, req.threshold, context=router.neighbours, within=within)
-    elif req.auto:
+    if req.cap is not None:
+        cap = req.cap if cap is None else min(cap, req.cap)
+    if req.threshold is not None:  # strict: the units scoring at least it and no other, maybe none
+        above = torch.nonzero(ordered >= torch.tensor(req.threshold, dtype=ordered.dtype)).flatten().tolist()
+        chosen = select(ordered[above], [ordered_lengths[j] for j in above], 1.0, limit=cap) if above else []
+        return sorted(order[above[j]] for j in chosen), rank
+    if req.auto:
         if router.keep_auto is None:
             raise MasklabError(f"{req.names['auto']} needs a router that decides how much to keep; {router.name} "
                                "has no rule of its own: give a fraction")
         keep = auto_fraction(ordered, ordered_lengths, router.keep_auto, router.keep_rule, router.neighbours, within)
-    if req.cap is not None:
-        cap = req.cap if cap is None else min(cap, req.cap)
-    fill = (router.fill if req.fill is None else req.fill) and req.threshold is None
+    fill = router.fill if req.fill is None else req.fill
     chosen = select(ordered, ordered_lengths, keep, fill=fill, limit=cap, context=router.neighbours, within=within)
     return sorted(order[j] for j in chosen), rank
 
 
 def notes_of(pruned: Pruned, req: Request, windows: int) -> list[str]:
-    """What a user should know about one result: a budget capped to ``req.cap``, the windows the
-    router read, a top unit alone over the budget."""
+    """What a user should know about one result: a threshold no unit reaches, a budget capped to
+    ``req.cap``, the windows the router read, a top unit alone over the budget."""
     total, what = pruned.origin_tokens, "document is" if len(pruned.docs) == 1 else "passages are"
     budget = req.tokens if req.tokens is not None else total if req.decides else req.fraction * total
     notes = []
+    if req.threshold is not None and not pruned.kept:
+        notes.append(f"no unit scores at least the threshold {req.threshold:g} (the best {max(pruned.scores):.3g}): "
+                     "nothing was kept")
     if req.cap is not None and budget > req.cap and (not req.decides
                                                      or pruned.kept_tokens >= req.cap - max(pruned.lengths)):
         notes.append(f"the {what} {total} tokens: the kept units were capped at {req.cap} tokens to fit "
