@@ -1,7 +1,7 @@
 """Train the cross-encoder pruner (the ``cross`` router) on the corpus and measure it on val only.
 
-    python scripts/train_cross.py [--labels marks,union,keepset,lasso,attention] [--epochs 2] [--minutes M]
-                                  [--threads 1] [--ship VARIANT]
+    python scripts/train_cross.py [--labels marks,union,keepset,lasso,attention] [--common] [--epochs 2]
+                                  [--minutes M] [--hops 1,2] [--threads 1] [--ship VARIANT]
 
 Every weight of the packaged MiniLM and the keep head is fine-tuned (:func:`masklab.lab.cross.train`)
 on the corpus's ``train`` questions, one model per label variant, everything else equal (the same
@@ -13,6 +13,10 @@ windows, encoder, steps and seed):
 * ``union``: both sets, the marks alone where a question has no keep-set labels;
 * ``lasso`` / ``attention``: the random-ablation units above the shipped pruner's threshold, and as
   many of the most attended units (the control), on the questions with those labels.
+
+A label row counts only for the wording of the question it was made for. ``--common`` trains every
+listed variant on the same questions, those with labels of every variant (the controlled
+comparison of the labels: ``VARIANT-common``).
 
 Training checkpoints every 50 steps in ``runs/cross/ckpt-VARIANT-DATA/`` (outside the repository:
 model and optimiser, about 270 MB); ``--minutes`` stops cleanly after that much time, and the same
@@ -28,6 +32,7 @@ that variant with its val figures, its ``keep_auto`` threshold and the hops that
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -61,15 +66,19 @@ def targets(q, doc, lasso: dict | None, keepset: dict | None, variant: str, thre
 
 def material(model: str, tok):
     """The corpus's train questions, the val questions, their documents cut by ``tok``, and the
-    random-ablation and keep-set label rows by question id."""
+    random-ablation and keep-set label rows by question id (rows of a question since reworded left out)."""
+    from masklab.lab.labels import question_key
     from masklab.lab.tasks import realdocs
     from masklab.text.document import segment
     from masklab.util.files import read_jsonl
 
     labels = ROOT / "results" / "corpus-labels"
-    lasso = {r["id"]: r for f in sorted(labels.glob(f"labels-{model}-train*.jsonl")) for r in read_jsonl(f)}
-    keepset = {r["id"]: r for f in sorted(labels.glob(f"labels-keepset-{model}-train*.jsonl")) for r in read_jsonl(f)}
     train = realdocs.load("train", realdocs.CORPUS)
+    keys = {question_key(q): q.id for q in train}  # a row labels the question's present wording only
+    lasso = {keys[r["key"]]: r for f in sorted(labels.glob(f"labels-{model}-train*.jsonl")) for r in read_jsonl(f)
+             if r["key"] in keys}
+    keepset = {keys[r["key"]]: r for f in sorted(labels.glob(f"labels-keepset-{model}-train*.jsonl"))
+               for r in read_jsonl(f) if r["key"] in keys}
     val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
     docs: dict = {}
     for q in train + val:
@@ -78,21 +87,21 @@ def material(model: str, tok):
     return train, val, docs, lasso, keepset
 
 
-def measure(path: Path, val: list, docs: dict, tok) -> dict:
-    """Val figures of the trained file with one hop and with two (each question's scores kept)."""
+def measure(path: Path, val: list, docs: dict, tok, hops: tuple[int, ...] = (1, 2)) -> dict:
+    """Val figures of the trained file with each count of ``hops`` (each question's scores kept)."""
     from masklab.context.routers import load_router
     from masklab.lab.train_pruner import keep_auto, val_figures
     from masklab.text.document import Document
 
     out = {}
-    for hops in (1, 2):
+    for h in hops:
         router = load_router("cross", path=path)
-        router.hops = hops
+        router.hops = h
         t0, c0 = time.perf_counter(), time.process_time()
         fig = val_figures(lambda q, units: router.read_hops(Document(units=units), [q]).values[0], val, docs, tok)
         fig["keep_auto"] = keep_auto(fig["rows"], fig["kept@25"])
         fig.update(val_wall_s=time.perf_counter() - t0, val_cpu_s=time.process_time() - c0)
-        out[f"hops{hops}"] = fig
+        out[f"hops{h}"] = fig
     return out
 
 
@@ -103,12 +112,20 @@ def summary(res: dict) -> list[dict]:
             for name, v in res["variants"].items() for h in (1, 2) if (f := v.get(f"hops{h}"))]
 
 
+def store(path: Path, res: dict) -> None:
+    """Write ``res`` to ``path``, keeping the variants another run stored there meanwhile."""
+    from masklab.util.files import write_json
+
+    if path.is_file():
+        res["variants"] = {**json.loads(path.read_text())["variants"], **res["variants"]}
+    write_json(path, {**res, "summary": summary(res)})
+
+
 def main() -> int:
     from masklab.lab import cross
     from masklab.lab.revision import code_hash
     from masklab.lab.train_pruner import shipped_recipe
     from masklab.pretrained.models import load
-    from masklab.util.files import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)")
@@ -116,12 +133,17 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=cross.CrossConfig.epochs, help="training epochs")
     ap.add_argument("--minutes", type=float, default=None, help="stop cleanly after this many minutes of training "
                     "(the same command resumes from the last checkpoint)")
+    ap.add_argument("--common", action="store_true", help="train every variant on the same questions: those that "
+                    "have labels of every variant listed (the controlled comparison; stored as VARIANT-common)")
+    ap.add_argument("--hops", default="1,2", help="the hop counts measured on val (comma-separated; --ship "
+                    "needs 1,2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--ship", default=None, metavar="VARIANT", help="copy this variant into masklab/context/weights/cross")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     variants = a.labels.split(",")
+    hops = tuple(int(h) for h in a.hops.split(","))
     for v in variants:
         if v not in VARIANTS:
             raise SystemExit(f"unknown label variant {v!r}; choose from {', '.join(VARIANTS)}")
@@ -136,14 +158,17 @@ def main() -> int:
            "keepset_gain": KEEPSET_GAIN, "val_questions": len(val)}
     cfg = cross.CrossConfig(epochs=a.epochs)
     deadline = None if a.minutes is None else time.perf_counter() + a.minutes * 60
+    per = {v: {q.id: t for q in train if (t := targets(q, docs[q.doc], lasso.get(q.id), keepset.get(q.id), v,
+                                                       threshold)) is not None} for v in variants}
+    common = set.intersection(*(set(t) for t in per.values())) if a.common else None
     for v in variants:
-        examples = []
-        for q in train:
-            t = targets(q, docs[q.doc], lasso.get(q.id), keepset.get(q.id), v, threshold)
-            if t is not None:
-                examples.append(cross.Example(q.question, docs[q.doc].units, t))
+        examples = [cross.Example(q.question, docs[q.doc].units, per[v][q.id]) for q in train
+                    if q.id in per[v] and (common is None or q.id in common)]
+        if a.common:
+            v = f"{v}-common"
+        data = hashlib.sha256(json.dumps([[e.question, e.target] for e in examples]).encode()).hexdigest()[:12]
         stamp = {"code": code_hash("masklab.lab.cross"), "config": cfg.__dict__, "questions": len(examples),
-                 "keepset_rows": len(keepset)}
+                 "data": data}
         done = res["variants"].get(v)
         if done and done.get("stamp") == stamp and (out_dir / f"{v}.safetensors").is_file():
             print(f"{v}: measured already", file=sys.stderr)
@@ -151,7 +176,7 @@ def main() -> int:
         print(f"{v}: {len(examples)} training questions; val: {len(val)}", file=sys.stderr)
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
         t0, c0 = time.perf_counter(), time.process_time()
-        ckpt = ROOT / "runs" / "cross" / f"ckpt-{v}-{len(examples)}-{len(keepset)}"
+        ckpt = ROOT / "runs" / "cross" / f"ckpt-{v}-{len(examples)}-{data}"
         model, rec = cross.train(examples, cfg, ckpt, a.progress, left)
         if not rec["done"]:
             print(f"{v}: stopped after step {rec['steps']} (epoch {rec['epoch'] + 1}, step {rec['batch']}); the same "
@@ -161,12 +186,13 @@ def main() -> int:
         row = {"stamp": stamp, "questions": len(examples), "train": rec, "train_wall_s": rec["seconds"],
                "this_run_cpu_s": time.process_time() - c0, "this_run_wall_s": time.perf_counter() - t0,
                "targets_per_question": sum(len(e.target) for e in examples) / len(examples)}
-        row.update(measure(out_dir / f"{v}.safetensors", val, docs, tok))
+        row.update(measure(out_dir / f"{v}.safetensors", val, docs, tok, hops))
         res["variants"][v] = row
-        write_json(res_path, {**res, "summary": summary(res)})
-        print(v, {h: {k: round(row[h][k], 3) for k in ("mrr", "kept@10", "kept@25")} for h in ("hops1", "hops2")},
+        store(res_path, res)
+        print(v, {h: {k: round(f[k], 3) for k in ("mrr", "kept@10", "kept@25")} for h, f in row.items()
+                  if h.startswith("hops")},
               file=sys.stderr)
-    write_json(res_path, {**res, "summary": summary(res)})
+    store(res_path, res)
     if a.ship:
         fig = res["variants"][a.ship]
         hops = 2 if fig["hops2"]["kept@25"] > fig["hops1"]["kept@25"] else 1  # the hops chosen on val
