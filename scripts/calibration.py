@@ -9,7 +9,8 @@ much to keep) and whether it is evidence (one of the writers' answering units). 
 ECE before and after Platt scaling (``sigmoid(a * logit(p) + b)``, fitted on the val file only, then
 applied unchanged to each ``--test`` file), one reliability plot per router
 (``OUT/reliability-ROUTER.png``: val and test, before and after), and ``OUT/calibration.json``.
-(The routers do not apply the fit yet: the figures say what it would give.)
+The ``cross`` router applies the fit its weights file carries (``platt``; ``scripts/train_cross.py
+--ship`` fits it on val); ``pruner-ctx`` calibrates in its own head.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ benchmark's ``val`` split; the writers' marks as the truth: MRR, kept@0.1, kept@
 scores), with one hop and with two (:meth:`masklab.context.router.Router.read_hops`), in
 ``results/cross/results.json`` with the wall and CPU seconds of each step. ``--ship VARIANT`` copies
 that variant with its val figures, its ``keep_auto`` threshold and the hops that won on val to
-``masklab/context/weights/cross/cross.safetensors`` (+ ``.json``).
+``masklab/context/weights/cross/cross.safetensors`` (+ ``.json``, with the Platt scaling fitted on
+those val scores, which the router applies).
 """
 
 from __future__ import annotations
@@ -110,6 +111,20 @@ def summary(res: dict) -> list[dict]:
     return [{"task": "val", "method": f"{name}-hops{h}", "n": f["n"], "mrr": f["mrr"], "kept@10": f["kept@10"],
              "kept@25": f["kept@25"], "questions": v["questions"], "train_s": v["train_wall_s"]}
             for name, v in res["variants"].items() for h in (1, 2) if (f := v.get(f"hops{h}"))]
+
+
+def calibrated(rows: list[dict], threshold: float) -> dict:
+    """Platt scaling fitted on val ``rows`` (each unit's score, and whether it is a marked unit) and
+    the keep-auto ``threshold`` carried over to the calibrated scores (the scaling is monotone)."""
+    import math
+
+    from masklab.lab.stats import platt
+
+    gold = [{u for g in r["gold"] for u in g} for r in rows]
+    a, b = platt([x for r in rows for x in r["scores"]],
+                 [i in g for r, g in zip(rows, gold) for i in range(len(r["scores"]))])
+    t = min(max(threshold, 1e-6), 1 - 1e-6)
+    return {"platt": [a, b], "keep_auto": 1 / (1 + math.exp(-(a * math.log(t / (1 - t)) + b)))}
 
 
 def store(path: Path, res: dict) -> None:
@@ -200,7 +215,8 @@ def main() -> int:
         dest.parent.mkdir(exist_ok=True)
         shutil.copyfile(out_dir / f"{a.ship}.safetensors", dest)
         meta = json.loads((out_dir / f"{a.ship}.json").read_text())
-        meta.update({"hops": hops, "keep_auto": fig[f"hops{hops}"]["keep_auto"]["threshold"],
+        meta.update(calibrated(fig[f"hops{hops}"]["rows"], fig[f"hops{hops}"]["keep_auto"]["threshold"]))
+        meta.update({"hops": hops,
                      "val": {k: fig[f"hops{hops}"][k] for k in ("n", "mrr", "kept@10", "kept@25")},
                      "command": res["command"]})
         dest.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")

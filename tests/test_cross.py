@@ -373,3 +373,8 @@ def test_the_cross_router_reads_a_trained_file_and_its_cascade_reads_the_windows
     assert all(float(cascade[i]) < floor for i in range(len(units)) if i not in same)
     with pytest.raises(MasklabError, match="no cross pruner"):
         load_router("cross", path=tmp_path / "missing.safetensors")
+    save(model, tmp_path / "p.safetensors", {"labels": "test", "platt": [2.0, -1.0]})  # a calibration its file carries
+    small = Document(units=["Grass is green.", "Snow is white.", "The sky is blue."])
+    raw = router.read(small, ["Which is white?"]).values[0]
+    scaled = load_router("cross", path=tmp_path / "p.safetensors").read(small, ["Which is white?"]).values[0]
+    assert torch.allclose(scaled, torch.sigmoid(2 * torch.logit(raw) - 1), atol=1e-4)

@@ -1,5 +1,6 @@
 """``cross``: the cross-encoder pruner (:mod:`masklab.context.cross`): the question read together
-with each window of units, every unit scored beside its neighbours; scores are keep probabilities.
+with each window of units, every unit scored beside its neighbours; scores are keep probabilities,
+calibrated by the Platt scaling its file carries (fitted on val: ``sigmoid(a * logit + b)``).
 For a long document a cascade: the shipped pruner's cosines choose the ``max_windows`` windows
 the cross-encoder reads, and the units of the other windows rank below every unit it read."""
 
@@ -49,7 +50,13 @@ class CrossRouter(Router):
         self.keep_auto, self.keep_rule = self.meta.get("keep_auto"), self.meta.get("keep_rule", "threshold")
         self.neighbours, self.hops = self.meta.get("context", 0), self.meta.get("hops", 1)
         self.max_windows, self.int8 = max_windows, int8
+        self.platt = tuple(self.meta.get("platt", (1.0, 0.0)))  # (a, b); none fitted: the model's own sigmoid
         self.bi = None  # the pruner whose cosines choose the windows of a long document, built the first time
+
+    def probability(self, logits: torch.Tensor) -> torch.Tensor:
+        """Keep probabilities ``(N,)`` of the model's keep logits ``(N,)``, Platt-scaled."""
+        a, b = self.platt
+        return torch.sigmoid(a * logits + b)
 
     def score(self, doc, question):
         return self.read(doc, [question]).values[0]
@@ -58,7 +65,7 @@ class CrossRouter(Router):
     def read(self, doc, questions):
         wins = [self.model.windows(q, doc.units) for q in questions]
         if all(len(w) <= self.max_windows for w in wins):
-            probs = [torch.sigmoid(s) for s in self.model.logits_many(list(questions), doc.units)]
+            probs = [self.probability(s) for s in self.model.logits_many(list(questions), doc.units)]
             return Scores(probs, max(len(w) for w in wins))
         if self.bi is None:
             from masklab.context.routers.pruner import Pruner
@@ -68,7 +75,7 @@ class CrossRouter(Router):
         out = []
         for ws, cos in zip(wins, bi):  # the windows whose best unit the bi-encoder ranks highest
             read = sorted(ws, key=lambda w: -float(cos[w.start:w.stop].max()))[:self.max_windows]
-            probs = torch.sigmoid(torch.cat(self.model.window_logits(read)))
+            probs = self.probability(torch.cat(self.model.window_logits(read)))
             floor = float(probs.min())
             s = floor * 0.5 * (cos + 1) / 2  # unread units: below every read one, in the bi-encoder's order
             k = 0
