@@ -8,7 +8,9 @@ Over the questions labelled both ways (``results/corpus-labels/labels-MODEL-SPLI
 whose target set holds every marked unit (``all``), holds one (``any``), and the mean share of the set that
 is marked (``precision``), for the ``lasso`` set (weight above the shipped pruner's threshold), the
 ``keepset`` set (:func:`masklab.lab.labels.keepset_target`) and their ``union``, with Wilson intervals
-and McNemar tests of keepset and union against lasso on ``all``. Writes
+and McNemar tests of keepset and union against lasso on ``all``; and the same figures for every keep-set
+row alone (``keepset-rows-KIND``: the kinds no random-ablation labels cover too), each labelled
+wording once. Writes
 ``results/corpus-labels/keepset-agreement-MODEL-SPLIT.json``.
 """
 
@@ -25,6 +27,8 @@ def main() -> int:
     from masklab.lab.train_pruner import shipped_recipe
     from masklab.util.files import read_jsonl, write_json
     from masklab.lab.stats import mcnemar, wilson
+    from masklab.lab.labels import keepset_target
+    from masklab.lab.tasks.realdocs import MULTI_UNIT
     from masklab.lab.train_ctx import KEEPSET_GAIN, targets
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,7 +37,8 @@ def main() -> int:
     a = ap.parse_args()
     folder = ROOT / "results" / "corpus-labels"
     lasso = {r["id"]: r for f in sorted(folder.glob(f"labels-{a.model}-{a.split}*.jsonl")) for r in read_jsonl(f)}
-    keepset = {r["id"]: r for f in sorted(folder.glob(f"labels-keepset-{a.model}-{a.split}*.jsonl")) for r in read_jsonl(f)}
+    keepset_rows = [r for f in sorted(folder.glob(f"labels-keepset-{a.model}-{a.split}*.jsonl")) for r in read_jsonl(f)]
+    keepset = {r["id"]: r for r in keepset_rows}
     th = shipped_recipe()["threshold"]
     ids = [i for i in keepset if i in lasso and any(m in lasso[i]["window"] for m in lasso[i]["marked"])]
     hits: dict = {}
@@ -58,6 +63,25 @@ def main() -> int:
         for variant in ("keepset", "union"):
             summary.append({"task": kind, "method": f"{variant}-vs-lasso", "n": len(by["lasso"]["all"]),
                             "p": mcnemar(by[variant]["all"], by["lasso"]["all"])})
+    # every keep-set row alone (the kinds that have no random-ablation labels: bridge, comparison, multi)
+    alone: dict = {}
+    for r in {r["key"]: r for r in keepset_rows}.values():
+        marked = {m for m in r["marked"] if m in r["window"]}
+        if not marked:
+            continue
+        t = set(keepset_target(r, KEEPSET_GAIN))
+        for kind in ("all", "multi-unit" if r["kind"] in MULTI_UNIT else "single", r["kind"]):
+            h = alone.setdefault(kind, {"all": [], "any": [], "precision": [], "size": []})
+            h["all"].append(marked <= t)
+            h["any"].append(bool(marked & t))
+            h["precision"].append(len(marked & t) / len(t) if t else 0.0)
+            h["size"].append(len(t))
+    for kind, h in alone.items():
+        n = len(h["all"])
+        lo, hi = wilson(sum(h["all"]), n)
+        summary.append({"task": f"keepset-rows-{kind}", "method": "keepset", "n": n, "all": sum(h["all"]) / n,
+                        "all_lo": lo, "all_hi": hi, "any": sum(h["any"]) / n, "precision": sum(h["precision"]) / n,
+                        "size": sum(h["size"]) / n})
     rows = [keepset[i] for i in ids]
     out = {"command": "python scripts/keepset_agreement.py " + " ".join(sys.argv[1:]), "model": a.model, "split": a.split,
            "lasso_threshold": th, "keepset_gain": KEEPSET_GAIN, "questions": len(ids),

@@ -151,3 +151,21 @@ def test_calibration_error_is_zero_for_honest_probabilities_and_platt_scaling_re
     a, b = platt(over, y)
     fixed = 1 / (1 + np.exp(-(a * np.log(over / (1 - over)) + b)))
     assert abs(a - 1 / 3) < 0.05 and abs(b) < 0.05 and reliability(fixed, y)[0] < 0.02
+
+
+def test_keep_rules_measure_the_product_selection_and_a_fixed_keep_of_the_same_tokens():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "keep_rules.py"
+    spec = importlib.util.spec_from_file_location("keep_rules", path)
+    kr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kr)
+    rows = [{"gold": [[1], [3]], "lengths": [10, 10, 10, 10], "r": {"scores": [0.1, 0.9, 0.2, 0.6]}}]
+    assert kr.outcomes(rows, "r", 0.5, "threshold", 0) == [(True, 0.5)]  # units 1 and 3: the evidence
+    assert kr.outcomes(rows, "r", 0.7, "threshold", 0) == [(False, 0.25)]  # unit 1 alone misses unit 3
+    assert kr.outcomes(rows, "r", 0.7, "threshold", 1) == [(False, 0.75)]  # and its neighbours 0 and 2
+    assert kr.outcomes(rows, "r", 0.6, "relative", 0) == [(True, 0.5)]  # at least 0.6 x the best: 0.54
+    assert kr.outcomes(rows, "r", None, "threshold", 0, fraction=0.25) == [(False, 0.25)]
+    fig = kr.figures([(True, 0.5), (False, 0.25)])
+    assert fig["kept"] == 0.5 and fig["fraction"] == 0.375 and fig["kept_lo"] < 0.5 < fig["kept_hi"]
