@@ -69,8 +69,8 @@ def main() -> int:
         marked = {m for m in r["marked"] if m in r["window"]}
         if not marked:
             continue
-        t = set(keepset_target(r, KEEPSET_GAIN))
-        for kind in ("all", "multi-unit" if r["kind"] in MULTI_UNIT else "single", r["kind"]):
+        t = {r["window"][i] for i in keepset_target(r, KEEPSET_GAIN)}  # window places to the document's units
+        for kind in dict.fromkeys(("all", "multi-unit" if r["kind"] in MULTI_UNIT else "one-unit", r["kind"])):
             h = alone.setdefault(kind, {"all": [], "any": [], "precision": [], "size": []})
             h["all"].append(marked <= t)
             h["any"].append(bool(marked & t))
