@@ -45,8 +45,9 @@ class CompressConfig(SharedFlags):
     target_tokens: int | None = flag(None, min=1, metavar="N", help="keep at most N tokens of context (counted with "
                                      "the model's tokenizer) instead of a fraction; wins over --keep")
     threshold: float | None = flag(None, metavar="T", help="keep the units the router scores at least T and no other "
-                                   "(none where no unit reaches T: a note says so), as Provence does; for the routers that decide how much (pruner-ctx: keep "
-                                   "probabilities in [0, 1]; pruner: cosines in [-1, 1]); wins over --keep")
+                                   "(none where no unit reaches T: a note says so), as Provence does; for the routers "
+                                   "that decide how much (pruner-ctx, cross: keep probabilities in [0, 1]; pruner: "
+                                   "cosines in [-1, 1]); wins over --keep")
     router: str = flag(DEFAULT_ROUTER, help=ROUTER_HELP)
     router_file: str | None = flag(None, metavar="PATH", help="pruner, pruner-ctx, cross, evidence, bm25+evidence: a "
                                    "router file made by `masklab train-router` (the OUT/NAME.safetensors it prints) "
