@@ -1,7 +1,7 @@
 """Causal keep-set labels against the writers' marks and the attention control, the cross pruner
 trained on each over the same questions: paired tests on val and test3, from stored rows.
 
-    python scripts/label_comparison.py [--out results/cross/label_comparison.json]
+    python scripts/label_comparison.py [--out results/realdocs-cross-labels-smollm2-135m/label_comparison.json]
 
 Val: the ``VARIANT-common`` rows ``scripts/train_cross.py --common`` stored in
 ``results/cross/results.json`` (each question's scores, one hop; kept@0.25 recomputed as
@@ -70,7 +70,7 @@ def main() -> int:
     from masklab.util.files import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "cross" / "label_comparison.json",
+    ap.add_argument("--out", type=Path, default=TEST3.parent / "label_comparison.json",
                     help="output file")
     a = ap.parse_args()
     questions = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val") + realdocs.load("test3")

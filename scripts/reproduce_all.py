@@ -340,7 +340,14 @@ REPRODUCTIONS = [
     # the context pruner: keep-set labels of the corpus (resumable, about 9 s a question), their agreement with the
     # marks, the token-level cross-encoder (lasso labels; CPU-hours to train), the context head's variants on val
     Reproduction("cross", [["scripts/train_cross.py", "--labels", "lasso"],
-                           ["scripts/train_cross.py", "--labels", "marks"]]),  # the shipped cross: --ship marks
+                           ["scripts/train_cross.py", "--labels", "marks"],  # the shipped cross: --ship marks
+                           # the labels compared on the same questions, and their union on every question
+                           ["scripts/train_cross.py", "--labels", "marks,keepset,attention", "--common", "--hops", "1"],
+                           ["scripts/train_cross.py", "--labels", "union", "--epochs", "1", "--hops", "1"]]),
+    Reproduction("realdocs-cross-labels-smollm2-135m", [
+        ["realdocs", "--model", "smollm2-135m", "--split", "test3", "--routers",
+         "cross-marks-common,cross-keepset-common,cross-attention-common"],
+        ["scripts/label_comparison.py"]], explicit=True),
     Reproduction("ctx", [["scripts/label_corpus.py", "--labels", "keepset", "--split", "val"],
                          ["scripts/label_corpus.py", "--labels", "keepset", "--split", "train"],
                          ["scripts/keepset_agreement.py", "--split", "val"], ["scripts/keepset_agreement.py", "--split", "train"],
