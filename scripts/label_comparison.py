@@ -5,8 +5,9 @@ trained on each over the same questions: paired tests on val and test3, from sto
 
 Val: the ``VARIANT-common`` rows ``scripts/train_cross.py --common`` stored in
 ``results/cross/results.json`` (each question's scores, one hop; kept@0.25 recomputed as
-:func:`masklab.lab.train_pruner.val_figures` computes it), and the ``union`` variant against the
-shipped ``marks`` one where both are there. Test3: the rows of ``masklab realdocs --split test3
+:func:`masklab.lab.train_pruner.val_figures` computes it), and the ``union`` variant (every training
+question) against the shipped ``cross`` with one hop and ``pruner-ctx``, on the corpus val questions
+``masklab realdocs --split corpus-val`` read (``val-union``, paired against the shipped cross). Test3: the rows of ``masklab realdocs --split test3
 --routers cross-marks-common,cross-keepset-common,cross-attention-common``
 (``results/realdocs-cross-labels-smollm2-135m/results_test3.json``). For each split, every
 question and the multi-unit ones: MRR, all evidence kept at 0.25 of the tokens with its Wilson
@@ -22,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VAL = ROOT / "results" / "cross" / "results.json"
+CORPUS_VAL = ROOT / "results" / "realdocs-cross-smollm2-135m" / "results_corpus-val.json"
 TEST3 = ROOT / "results" / "realdocs-cross-labels-smollm2-135m" / "results_test3.json"
 COMMON = ("keepset", "marks", "attention")
 
@@ -77,9 +79,14 @@ def main() -> int:
     kinds = {q.id: q.kind for q in questions}
     res = json.loads(VAL.read_text())
     summary = compare({v: val_outcomes(res, f"{v}-common") for v in COMMON}, kinds, "val", "keepset")
-    if "union" in res["variants"] and "marks" in res["variants"]:
-        summary += compare({v: val_outcomes(res, v) for v in ("union", "marks")}, kinds, "val-full", "marks")
     sources = {"val": str(VAL.relative_to(ROOT))}
+    if "union" in res["variants"]:  # against the shipped cross (one hop) and pruner-ctx on the questions both read
+        rows = json.loads(CORPUS_VAL.read_text())["rows"]
+        named = {"union": val_outcomes(res, "union"),
+                 **{name: {r["id"]: (r[name]["rr"], r[name]["0.25"]["kept"]) for r in rows}
+                    for name in ("cross-hop1", "pruner-ctx")}}
+        summary += compare(named, kinds, "val-union", "cross-hop1")
+        sources["val-union"] = str(CORPUS_VAL.relative_to(ROOT))
     if TEST3.is_file():
         rows = json.loads(TEST3.read_text())["rows"]
         named = {v: {r["id"]: (r[f"cross-{v}-common"]["rr"], r[f"cross-{v}-common"]["0.25"]["kept"]) for r in rows}
