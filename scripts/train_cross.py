@@ -133,6 +133,10 @@ def store(path: Path, res: dict) -> None:
 
     if path.is_file():
         res["variants"] = {**json.loads(path.read_text())["variants"], **res["variants"]}
+    for v in res["variants"].values():  # each question's scores to 5 decimals: a third of the file, same ranks
+        for fig in (f for h, f in v.items() if h.startswith("hops")):
+            for r in fig.get("rows", []):
+                r["scores"] = [round(x, 5) for x in r["scores"]]
     write_json(path, {**res, "summary": summary(res)})
 
 
