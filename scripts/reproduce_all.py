@@ -364,6 +364,7 @@ REPRODUCTIONS = [
         ["realdocs", "--model", "smollm2-135m", "--split", "corpus-val", "--questions", "320", "--routers",
          "bm25,dense,bm25+dense,pruner-ctx,pruner-ctx+hop2,dense+hop2,cross,cross-hop1"],
         ["realdocs", "--model", "smollm2-135m", "--split", "test3", "--routers", "bm25,dense,bm25+dense,pruner-ctx,cross"],
+        ["realdocs", "--model", "smollm2-135m", "--split", "test2", "--routers", "cross"],
     ], explicit=True),
     Reproduction("realdocs-cross-bridge-smollm2-135m", [
         ["realdocs", "--model", "smollm2-135m", "--split", "corpus-val", "--kinds", "bridge", "--routers",
