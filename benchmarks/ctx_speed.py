@@ -85,7 +85,7 @@ def main() -> int:
         for c in (cross, cross8):
             c.model._ids.clear()
             if c.bi is not None:
-                c.bi.embedder.clear_cache()
+                c.bi.model.embedder.clear_cache()
 
     times: dict[str, list[float]] = {k: [] for k in ("dense_first", "pruner_first", "ctx_first", "ctx_int8_first",
                                                      "ctx_next", "ctx_one_by_one", "ctx_batch", "cross_first",
