@@ -133,7 +133,7 @@ def store(path: Path, res: dict) -> None:
 
     if path.is_file():
         res["variants"] = {**json.loads(path.read_text())["variants"], **res["variants"]}
-    for v in res["variants"].values():  # each question's scores to 5 decimals: a third of the file, same ranks
+    for v in res["variants"].values():  # each question's scores to 5 decimals: a smaller file, the same ranks
         for fig in (f for h, f in v.items() if h.startswith("hops")):
             for r in fig.get("rows", []):
                 r["scores"] = [round(x, 5) for x in r["scores"]]
@@ -213,7 +213,10 @@ def main() -> int:
               file=sys.stderr)
     store(res_path, res)
     if a.ship:
-        fig = res["variants"][a.ship]
+        fig = res["variants"].get(a.ship, {})
+        if not all(f"hops{h}" in fig for h in (1, 2)):
+            raise SystemExit(f"--ship {a.ship}: that variant has no val figures with one hop and with two "
+                             "(train and measure it with --hops 1,2 first)")
         hops = 2 if fig["hops2"]["kept@25"] > fig["hops1"]["kept@25"] else 1  # the hops chosen on val
         dest = ROOT / "masklab" / "context" / "weights" / "cross" / "cross.safetensors"
         dest.parent.mkdir(exist_ok=True)
