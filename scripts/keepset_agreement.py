@@ -23,10 +23,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def tally(h: dict, marked: set[int], target: set[int]) -> None:
+    """Add one question to ``h``: whether ``target`` holds every ``marked`` unit, one of them, the
+    share of it that is marked, and its size."""
+    for key, value in (("all", marked <= target), ("any", bool(marked & target)),
+                       ("precision", len(marked & target) / len(target) if target else 0.0), ("size", len(target))):
+        h.setdefault(key, []).append(value)
+
+
+def figures(task: str, method: str, h: dict) -> dict:
+    """One summary row of a :func:`tally`: the shares and means, with a Wilson interval on ``all``."""
+    from masklab.lab.stats import wilson
+
+    n = len(h["all"])
+    lo, hi = wilson(sum(h["all"]), n)
+    return {"task": task, "method": method, "n": n, "all": sum(h["all"]) / n, "all_lo": lo, "all_hi": hi,
+            "any": sum(h["any"]) / n, "precision": sum(h["precision"]) / n, "size": sum(h["size"]) / n}
+
+
 def main() -> int:
     from masklab.lab.train_pruner import shipped_recipe
     from masklab.util.files import read_jsonl, write_json
-    from masklab.lab.stats import mcnemar, wilson
+    from masklab.lab.stats import mcnemar
     from masklab.lab.labels import keepset_target
     from masklab.lab.tasks.realdocs import MULTI_UNIT
     from masklab.lab.train_ctx import KEEPSET_GAIN, targets
@@ -48,18 +66,11 @@ def main() -> int:
         for variant in ("lasso", "keepset", "union"):
             t = set(targets(r, keepset[i], variant, th))
             for kind in ("all", r["kind"]):
-                h = hits.setdefault(kind, {}).setdefault(variant, {"all": [], "any": [], "precision": [], "size": []})
-                h["all"].append(marked <= t)
-                h["any"].append(bool(marked & t))
-                h["precision"].append(len(marked & t) / len(t) if t else 0.0)
-                h["size"].append(len(t))
+                tally(hits.setdefault(kind, {}).setdefault(variant, {}), marked, t)
     summary = []
     for kind, by in hits.items():
         for variant, h in by.items():
-            n = len(h["all"])
-            lo, hi = wilson(sum(h["all"]), n)
-            summary.append({"task": kind, "method": variant, "n": n, "all": sum(h["all"]) / n, "all_lo": lo, "all_hi": hi,
-                            "any": sum(h["any"]) / n, "precision": sum(h["precision"]) / n, "size": sum(h["size"]) / n})
+            summary.append(figures(kind, variant, h))
         for variant in ("keepset", "union"):
             summary.append({"task": kind, "method": f"{variant}-vs-lasso", "n": len(by["lasso"]["all"]),
                             "p": mcnemar(by[variant]["all"], by["lasso"]["all"])})
@@ -71,17 +82,8 @@ def main() -> int:
             continue
         t = {r["window"][i] for i in keepset_target(r, KEEPSET_GAIN)}  # window places to the document's units
         for kind in dict.fromkeys(("all", "multi-unit" if r["kind"] in MULTI_UNIT else "one-unit", r["kind"])):
-            h = alone.setdefault(kind, {"all": [], "any": [], "precision": [], "size": []})
-            h["all"].append(marked <= t)
-            h["any"].append(bool(marked & t))
-            h["precision"].append(len(marked & t) / len(t) if t else 0.0)
-            h["size"].append(len(t))
-    for kind, h in alone.items():
-        n = len(h["all"])
-        lo, hi = wilson(sum(h["all"]), n)
-        summary.append({"task": f"keepset-rows-{kind}", "method": "keepset", "n": n, "all": sum(h["all"]) / n,
-                        "all_lo": lo, "all_hi": hi, "any": sum(h["any"]) / n, "precision": sum(h["precision"]) / n,
-                        "size": sum(h["size"]) / n})
+            tally(alone.setdefault(kind, {}), marked, t)
+    summary += [figures(f"keepset-rows-{kind}", "keepset", h) for kind, h in alone.items()]
     rows = [keepset[i] for i in ids]
     out = {"command": "python scripts/keepset_agreement.py " + " ".join(sys.argv[1:]), "model": a.model, "split": a.split,
            "lasso_threshold": th, "keepset_gain": KEEPSET_GAIN, "questions": len(ids),
