@@ -12,7 +12,7 @@ its best unit's score, and the ``--windows`` best windows are read. A question c
 marked answering unit lies in a window read (``recall`` at each count of windows, Wilson intervals,
 McNemar against the pruner's; each row stores how many windows its evidence needed).
 Stages: ``bm25`` (the ``bm25`` router), ``pruner`` (the shipped pruner's cosines) and ``hybrid``
-(reciprocal-rank fusion of the two, as ``bm25+dense`` fuses). The seconds each stage takes on a fresh
+(reciprocal-rank fusion of the two, :func:`masklab.context.routers.fused.fuse`'s ``rrf``). The seconds each stage takes on a fresh
 long document, and the cross-encoder's read of 16 windows, are timed apart (``--timing-rounds`` rounds, medians). Writes ``OUT/results.json`` with
 every question's outcome.
 """
@@ -34,16 +34,6 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("bm25", "pruner", "hybrid")
 
 
-def fused(a: torch.Tensor, b: torch.Tensor, k: int = 60) -> torch.Tensor:
-    """Reciprocal-rank fusion of two ``(N,)`` unit scores."""
-    out = torch.zeros_like(a, dtype=torch.float32)
-    for s in (a, b):
-        ranks = torch.empty(len(s), dtype=torch.float32)
-        ranks[torch.argsort(s, descending=True, stable=True)] = torch.arange(len(s), dtype=torch.float32)
-        out += 1 / (k + 1 + ranks)
-    return out
-
-
 def chosen(windows, scores: torch.Tensor, n: int | None = None) -> list:
     """The ``n`` windows whose best unit scores highest (None: all, best first)."""
     return sorted(windows, key=lambda w: -float(scores[w.start:w.stop].max()))[:n]
@@ -57,6 +47,7 @@ def needed(windows, scores: torch.Tensor, gold: set[int]) -> int:
 
 def main() -> int:
     from masklab.context.routers import load_router
+    from masklab.context.routers.fused import fuse
     from masklab.lab.realdocs import in_turn
     from masklab.lab.stats import mcnemar, wilson
     from masklab.lab.tasks import realdocs
@@ -109,7 +100,7 @@ def main() -> int:
         sparse = bm25.read(Document(units=units), [q.question]).values[0]
         # each document's units are embedded once (the embedder's cache); a unit's cosine ignores its neighbours
         dense = torch.cat([pruner.score(docs[d], q.question) for d in parts])
-        scores = {"bm25": sparse, "pruner": dense, "hybrid": fused(sparse, dense)}
+        scores = {"bm25": sparse, "pruner": dense, "hybrid": fuse(sparse, dense, "rrf", 1.0)}
         row = {"id": q.id, "kind": q.kind, "units": len(units), "windows": len(wins)}
         row.update({name: needed(wins, s, gold) for name, s in scores.items()})
         rows.append(row)

@@ -374,7 +374,7 @@ REPRODUCTIONS = [
                                   "results/realdocs-cross-smollm2-135m/results_corpus-val.json", "--test",
                                   "results/realdocs-cross-smollm2-135m/results_test3.json", "--routers", "pruner-ctx,cross"]]),
     Reproduction("keep-rules", [["scripts/keep_rules.py"]]),  # from the stored scores of val, test2 and test3
-    Reproduction("cascade", [["scripts/cascade_recall.py"]]),  # the cross router's first stage on long documents
+    Reproduction("cascade", [["scripts/cascade_recall.py", "--threads", "2"]]),  # the cross router's first stage on long documents
     # the shipped routers and pruners on the generated held-out families and the long-context tasks
     Reproduction("heldout-routers-smollm2-135m", [["scripts/heldout_routers.py"]]),
     Reproduction("longctx-routers-smollm2-135m", [["scripts/heldout_routers.py", "--tasks", "longctx", "--lengths", "1024"]]),
