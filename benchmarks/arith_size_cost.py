@@ -53,9 +53,14 @@ def per_size(k: int, x: torch.Tensor, y: torch.Tensor, test: list) -> dict:
     with torch.no_grad():
         greedy_results(model, test[:1000], 3)
     decode_s = time.process_time() - c0
-    return {"dim": p["dim"], "depth": p["depth"], "parameters": sum(q.numel() for q in model.parameters()),
-            "step_cpu_s": step_s, "decode_1000_cpu_s": decode_s,
-            "run_cpu_s_estimate": p["steps"] * step_s + DECODED / 1000 * decode_s}
+    return {
+        "dim": p["dim"],
+        "depth": p["depth"],
+        "parameters": sum(q.numel() for q in model.parameters()),
+        "step_cpu_s": step_s,
+        "decode_1000_cpu_s": decode_s,
+        "run_cpu_s_estimate": p["steps"] * step_s + DECODED / 1000 * decode_s,
+    }
 
 
 def main() -> None:
@@ -81,7 +86,11 @@ def main() -> None:
         "runs_per_size": runs_per_size,
         "sweep_cpu_s_estimate": total,
         "sweep_wall_s_estimate_jobs2_idle": total / 2,
-        "x1_vanilla_run": {"cpu_s": r["metrics"]["cpu_seconds"], "wall_s": time.perf_counter() - t, "exact_acc": r["metrics"]["exact_acc"]},
+        "x1_vanilla_run": {
+            "cpu_s": r["metrics"]["cpu_seconds"],
+            "wall_s": time.perf_counter() - t,
+            "exact_acc": r["metrics"]["exact_acc"],
+        },
         "load_average": [load0, os.getloadavg()[0]],
         "cpus": os.cpu_count(),
     }

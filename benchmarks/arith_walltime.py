@@ -29,14 +29,27 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)  # a benchmark must not resume
     load0 = os.getloadavg()[0]
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "masklab", "reproduce", "arith", "--out", str(out), "--jobs", str(args.jobs), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "masklab",
+        "reproduce",
+        "arith",
+        "--out",
+        str(out),
+        "--jobs",
+        str(args.jobs),
+        "--no-progress",
+    ]
     subprocess.run(cmd + (["--quick"] if args.quick else []), check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t
     runs = json.loads((out / "results.json").read_text())["runs"]
     cpu = sum(r["metrics"]["cpu_seconds"] for r in runs)
-    print(f"reproduce arith{' --quick' if args.quick else ''}: wall {wall:.0f} s, {len(runs)} runs, "
-          f"sum of run times {sum(r['seconds'] for r in runs):.0f} s, CPU {cpu:.0f} s (/{args.jobs} jobs = {cpu / args.jobs:.0f} s), "
-          f"load {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"reproduce arith{' --quick' if args.quick else ''}: wall {wall:.0f} s, {len(runs)} runs, "
+        f"sum of run times {sum(r['seconds'] for r in runs):.0f} s, CPU {cpu:.0f} s (/{args.jobs} jobs = {cpu / args.jobs:.0f} s), "
+        f"load {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -210,7 +210,9 @@ def main() -> None:
         "step_reps": args.step_reps,
         "torch": torch.__version__,
         "attention_ratio_to_plain": attention_part(lengths, args.tokens, args.reps, args.compile),
-        "train_step_ratio_to_no_prior": step_part([m for m in args.models.split(",") if m], args.step_reps, args.compile),
+        "train_step_ratio_to_no_prior": step_part(
+            [m for m in args.models.split(",") if m], args.step_reps, args.compile
+        ),
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

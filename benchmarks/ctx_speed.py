@@ -65,14 +65,14 @@ def main() -> int:
 
     tok = load("smollm2-135m", threads=args.threads).tokenizer
     doc, questions = realdocs.speed_document(args.tokens, tok)
-    batch = (questions * (args.batch // len(questions) + 1))[:args.batch]
+    batch = (questions * (args.batch // len(questions) + 1))[: args.batch]
     emb = load_embedder()
     pruner, ctx = load_router("pruner"), load_router("pruner-ctx")
     ctx8 = load_router("pruner-ctx", int8=True)
     cross, cross8 = load_router("cross"), load_router("cross", int8=True)
     units = [u for d in dict.fromkeys(q.text for q in realdocs.load("test2")) for u in segment(d, tok).units]
     ends = list(accumulate(Document(units=units).lengths(tok)))
-    long = Document(units=units[:bisect_right(ends, args.long_tokens)])  # the test2 documents up to --long-tokens
+    long = Document(units=units[: bisect_right(ends, args.long_tokens)])  # the test2 documents up to --long-tokens
 
     def timed(fn):
         t0 = time.perf_counter()
@@ -87,10 +87,24 @@ def main() -> int:
             if c.bi is not None:
                 c.bi.model.embedder.clear_cache()
 
-    times: dict[str, list[float]] = {k: [] for k in ("dense_first", "pruner_first", "ctx_first", "ctx_int8_first",
-                                                     "ctx_next", "ctx_one_by_one", "ctx_batch", "cross_first",
-                                                     "cross_int8_first", "cross_next", "cross_one_by_one",
-                                                     "cross_batch", "cross_long")}
+    times: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "dense_first",
+            "pruner_first",
+            "ctx_first",
+            "ctx_int8_first",
+            "ctx_next",
+            "ctx_one_by_one",
+            "ctx_batch",
+            "cross_first",
+            "cross_int8_first",
+            "cross_next",
+            "cross_one_by_one",
+            "cross_batch",
+            "cross_long",
+        )
+    }
     for r in range(args.rounds):
         q = questions[r % len(questions)]
         fresh()
@@ -123,25 +137,46 @@ def main() -> int:
         for k, (f, i8) in pairs.items():
             for name, router in (("float", f), ("int8", i8)):
                 rr[f"{k}_{name}"].append(1 / rank_of(router.read_hops(d, [q.question]).values[0], gold))
-    out = {"command": "python benchmarks/ctx_speed.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()
-                                                                 if k != "json" and v is not None),
-           "machine": platform.processor() or platform.machine(), "threads": args.threads,
-           "load_average": list(os.getloadavg()), "units": len(doc.units), "tokens": sum(doc.lengths(tok)),
-           "long_units": len(long.units), "long_tokens": sum(long.lengths(tok)), "cross_hops": cross.hops,
-           "rounds": args.rounds, "batch": len(batch), "seconds": med, "rounds_seconds": times,
-           "ratio_to_pruner_first": {k: v / med["pruner_first"] for k, v in med.items()},
-           "batch_over_one_by_one": med["ctx_batch"] / med["ctx_one_by_one"],
-           "cross_batch_over_one_by_one": med["cross_batch"] / med["cross_one_by_one"],
-           "val_mrr": {k: statistics.mean(v) for k, v in rr.items()}, "val_questions": len(rr["ctx_float"]),
-           "goals": {"first_s": 0.5, "cross_first_s": 1.0, "cross_int8_first_s": 0.5, "cross_next_s": 0.4,
-                     "cross_long_s": 3.0, "int8_mrr_drop": 0.01}}
-    print(f"{len(doc.units)} units, {out['tokens']} tokens, {args.threads} thread(s), median of {args.rounds} rounds "
-          f"(load {out['load_average'][0]:.1f})")
+    out = {
+        "command": "python benchmarks/ctx_speed.py "
+        + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "json" and v is not None),
+        "machine": platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "load_average": list(os.getloadavg()),
+        "units": len(doc.units),
+        "tokens": sum(doc.lengths(tok)),
+        "long_units": len(long.units),
+        "long_tokens": sum(long.lengths(tok)),
+        "cross_hops": cross.hops,
+        "rounds": args.rounds,
+        "batch": len(batch),
+        "seconds": med,
+        "rounds_seconds": times,
+        "ratio_to_pruner_first": {k: v / med["pruner_first"] for k, v in med.items()},
+        "batch_over_one_by_one": med["ctx_batch"] / med["ctx_one_by_one"],
+        "cross_batch_over_one_by_one": med["cross_batch"] / med["cross_one_by_one"],
+        "val_mrr": {k: statistics.mean(v) for k, v in rr.items()},
+        "val_questions": len(rr["ctx_float"]),
+        "goals": {
+            "first_s": 0.5,
+            "cross_first_s": 1.0,
+            "cross_int8_first_s": 0.5,
+            "cross_next_s": 0.4,
+            "cross_long_s": 3.0,
+            "int8_mrr_drop": 0.01,
+        },
+    }
+    print(
+        f"{len(doc.units)} units, {out['tokens']} tokens, {args.threads} thread(s), median of {args.rounds} rounds "
+        f"(load {out['load_average'][0]:.1f})"
+    )
     for k, v in med.items():
         print(f"  {k:<15} {v * 1000:8.1f} ms   {v / med['pruner_first']:5.2f}x the round-5 pruner's first")
     for k in pairs:
-        print(f"  {k} val MRR: int8 {out['val_mrr'][k + '_int8']:.3f} against float {out['val_mrr'][k + '_float']:.3f} "
-              f"(n={out['val_questions']})")
+        print(
+            f"  {k} val MRR: int8 {out['val_mrr'][k + '_int8']:.3f} against float {out['val_mrr'][k + '_float']:.3f} "
+            f"(n={out['val_questions']})"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -67,8 +67,9 @@ def main() -> int:
         out = fn()
         return time.perf_counter() - t0, out
 
-    times: dict[str, list[float]] = {k: [] for k in ("embed", "query", "pruner_first", "pruner", "embed_int8",
-                                                         "query_int8", "bm25")}
+    times: dict[str, list[float]] = {
+        k: [] for k in ("embed", "query", "pruner_first", "pruner", "embed_int8", "query_int8", "bm25")
+    }
     for r in range(args.rounds):
         q = questions[r % len(questions)]
         for name, emb in (("", fp32), ("_int8", int8)):
@@ -95,19 +96,30 @@ def main() -> int:
         gold = answering_units(d, q.spans())
         for name, emb in (("fp32", fp32), ("int8", int8)):
             val_rr[name].append(1 / rank_of(emb.units(d.units) @ emb.query(q.question), gold))
-    out = {"command": "python benchmarks/dense_speed.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()
-                                                                   if k != "json" and v is not None),
-           "machine": platform.processor() or platform.machine(), "threads": args.threads,
-           "units": len(units), "tokens": sum(doc.lengths(tok)), "questions": len(questions), "rounds": args.rounds,
-           "seconds": med, "ratio_to_bm25": {k: v / med["bm25"] for k, v in med.items()},
-           "int8_spearman": statistics.mean(rho), "int8_top10_overlap": statistics.mean(top),
-           "val_mrr": {k: statistics.mean(v) for k, v in val_rr.items()}, "val_questions": len(val_rr["fp32"]),
-           "goals": {"embed_s": 0.5, "query_s": 0.02, "pruner_s": 0.3, "pruner_first_s": 0.3}}
+    out = {
+        "command": "python benchmarks/dense_speed.py "
+        + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "json" and v is not None),
+        "machine": platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "units": len(units),
+        "tokens": sum(doc.lengths(tok)),
+        "questions": len(questions),
+        "rounds": args.rounds,
+        "seconds": med,
+        "ratio_to_bm25": {k: v / med["bm25"] for k, v in med.items()},
+        "int8_spearman": statistics.mean(rho),
+        "int8_top10_overlap": statistics.mean(top),
+        "val_mrr": {k: statistics.mean(v) for k, v in val_rr.items()},
+        "val_questions": len(val_rr["fp32"]),
+        "goals": {"embed_s": 0.5, "query_s": 0.02, "pruner_s": 0.3, "pruner_first_s": 0.3},
+    }
     print(f"{len(units)} units, {out['tokens']} tokens, {args.threads} thread(s), median of {args.rounds} rounds")
     for k, v in med.items():
         print(f"  {k:<11} {v * 1000:8.1f} ms   {v / med['bm25']:6.1f}x bm25")
-    print(f"  int8 vs fp32: Spearman {out['int8_spearman']:.3f}, top-10 overlap {out['int8_top10_overlap']:.2f}, "
-          f"val MRR {out['val_mrr']['int8']:.3f} against {out['val_mrr']['fp32']:.3f}")
+    print(
+        f"  int8 vs fp32: Spearman {out['int8_spearman']:.3f}, top-10 overlap {out['int8_top10_overlap']:.2f}, "
+        f"val MRR {out['val_mrr']['int8']:.3f} against {out['val_mrr']['fp32']:.3f}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

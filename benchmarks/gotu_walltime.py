@@ -27,12 +27,16 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)  # a benchmark must not resume
     load0 = os.getloadavg()[0]
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "masklab", "reproduce", "gotu", "--out", str(out), "--no-progress"] + (["--quick"] if args.quick else [])
+    cmd = [sys.executable, "-m", "masklab", "reproduce", "gotu", "--out", str(out), "--no-progress"] + (
+        ["--quick"] if args.quick else []
+    )
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t
     runs = json.loads((out / "results.json").read_text())["runs"]
-    print(f"reproduce gotu{' --quick' if args.quick else ''}: wall {wall:.0f} s, {len(runs)} runs, "
-          f"sum of run times {sum(r['seconds'] for r in runs):.0f} s, load {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"reproduce gotu{' --quick' if args.quick else ''}: wall {wall:.0f} s, {len(runs)} runs, "
+        f"sum of run times {sum(r['seconds'] for r in runs):.0f} s, load {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -43,23 +43,38 @@ def measure(model: str, per_kind: int, length: int) -> dict:
         for name, reuse in order:
             t0, c0 = time.perf_counter(), time.process_time()
             lab = make_labels(lm, ex, ex.query, accept=ex.is_correct, reuse_prefix=reuse)
-            row[name] = {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                         "passes": lab["passes"], "correct": lab["correct"], "evidence": lab["evidence"],
-                         "attention": lab["attention"]}
+            row[name] = {
+                "seconds": time.perf_counter() - t0,
+                "cpu_s": time.process_time() - c0,
+                "passes": lab["passes"],
+                "correct": lab["correct"],
+                "evidence": lab["evidence"],
+                "attention": lab["attention"],
+            }
         rows.append(row)
-        print(f"{model} {i + 1}/{len(examples)} {ex.kind}: "
-              + ", ".join(f"{n} {row[n]['cpu_s']:.1f} CPU-s" for n in WAYS), file=sys.stderr, flush=True)
+        print(
+            f"{model} {i + 1}/{len(examples)} {ex.kind}: "
+            + ", ".join(f"{n} {row[n]['cpu_s']:.1f} CPU-s" for n in WAYS),
+            file=sys.stderr,
+            flush=True,
+        )
     labelled = [r for r in rows if r["full reads"]["correct"]]
     off = [r["full reads"]["cpu_s"] for r in rows]
     on = [r["cached prefix"]["cpu_s"] for r in rows]
     lo, hi = bootstrap_ratio(off, on)
-    return {"examples": len(rows), "labelled": len(labelled),  # a wrong answer costs its generation, no labels
-            "same_evidence": sum(r["full reads"]["evidence"] == r["cached prefix"]["evidence"] for r in rows),
-            "same_attention": sum(r["full reads"]["attention"] == r["cached prefix"]["attention"] for r in rows),
-            **agreement(rows),
-            "passes_per_labelled": sum(r["full reads"]["passes"] for r in rows) / max(1, len(labelled)),
-            "cpu_s_per_labelled": {n: sum(r[n]["cpu_s"] for r in rows) / max(1, len(labelled)) for n in WAYS},
-            "speedup": sum(off) / sum(on), "speedup_lo": lo, "speedup_hi": hi, "rows": rows}
+    return {
+        "examples": len(rows),
+        "labelled": len(labelled),  # a wrong answer costs its generation, no labels
+        "same_evidence": sum(r["full reads"]["evidence"] == r["cached prefix"]["evidence"] for r in rows),
+        "same_attention": sum(r["full reads"]["attention"] == r["cached prefix"]["attention"] for r in rows),
+        **agreement(rows),
+        "passes_per_labelled": sum(r["full reads"]["passes"] for r in rows) / max(1, len(labelled)),
+        "cpu_s_per_labelled": {n: sum(r[n]["cpu_s"] for r in rows) / max(1, len(labelled)) for n in WAYS},
+        "speedup": sum(off) / sum(on),
+        "speedup_lo": lo,
+        "speedup_hi": hi,
+        "rows": rows,
+    }
 
 
 def agreement(rows: list[dict]) -> dict:
@@ -67,9 +82,11 @@ def agreement(rows: list[dict]) -> dict:
     (two unlabelled examples agree trivially, so ``same_*`` over all examples overstates it):
     ``labelled_either``, ``same_evidence_labelled``, ``same_attention_labelled``."""
     both = [r for r in rows if any(r[n]["evidence"] is not None or r[n]["attention"] is not None for n in WAYS)]
-    return {"labelled_either": len(both),
-            "same_evidence_labelled": sum(r["full reads"]["evidence"] == r["cached prefix"]["evidence"] for r in both),
-            "same_attention_labelled": sum(r["full reads"]["attention"] == r["cached prefix"]["attention"] for r in both)}
+    return {
+        "labelled_either": len(both),
+        "same_evidence_labelled": sum(r["full reads"]["evidence"] == r["cached prefix"]["evidence"] for r in both),
+        "same_attention_labelled": sum(r["full reads"]["attention"] == r["cached prefix"]["attention"] for r in both),
+    }
 
 
 def main() -> None:
@@ -87,10 +104,12 @@ def main() -> None:
         res["wall_s"] = time.perf_counter() - t0
         write_json(Path(args.out), res)
     for m, r in res["models"].items():
-        print(f"{m}: {r['labelled']} of {r['examples']} labelled, the same evidence / attention labels "
-              f"{r['same_evidence_labelled']} / {r['same_attention_labelled']} of the {r['labelled_either']} labelled on either side, "
-              f"CPU-s per labelled {r['cpu_s_per_labelled']['full reads']:.1f} -> {r['cpu_s_per_labelled']['cached prefix']:.1f}, "
-              f"{r['speedup']:.2f}x [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]")
+        print(
+            f"{m}: {r['labelled']} of {r['examples']} labelled, the same evidence / attention labels "
+            f"{r['same_evidence_labelled']} / {r['same_attention_labelled']} of the {r['labelled_either']} labelled on either side, "
+            f"CPU-s per labelled {r['cpu_s_per_labelled']['full reads']:.1f} -> {r['cpu_s_per_labelled']['cached prefix']:.1f}, "
+            f"{r['speedup']:.2f}x [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
+        )
 
 
 if __name__ == "__main__":

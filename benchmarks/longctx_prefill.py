@@ -64,12 +64,16 @@ def main() -> None:
             ex = make_example("niah", n, 0, lm.tokenizer)
             ids = encode(lm, ex.sentences, ex.query).ids[None]
             pruned = ids[:, : max(1, int(a.keep * ids.shape[1]))]
-            fns = {"full": lambda: lm.model(input_ids=ids, logits_to_keep=1),
-                   "pruned": lambda: lm.model(input_ids=pruned, logits_to_keep=1)}
+            fns = {
+                "full": lambda: lm.model(input_ids=ids, logits_to_keep=1),
+                "pruned": lambda: lm.model(input_ids=pruned, logits_to_keep=1),
+            }
             for k in int_list(a.layers):
+
                 def run(k=k):
                     with first_layers(lm.model, k) as base:
                         base(input_ids=ids)
+
                 fns[f"first{k}"] = run
             times = {m: [] for m in fns}
             for f in fns.values():  # warm-up
@@ -81,14 +85,29 @@ def main() -> None:
                     times[m].append(time.perf_counter() - t)
             med = {m: statistics.median(v) for m, v in times.items()}
             for m, s in med.items():
-                rows.append({"model": a.model, "tokens": int(ids.shape[1]), "what": m, "seconds": s,
-                             "ratio_to_full": s / med["full"]})
+                rows.append(
+                    {
+                        "model": a.model,
+                        "tokens": int(ids.shape[1]),
+                        "what": m,
+                        "seconds": s,
+                        "ratio_to_full": s / med["full"],
+                    }
+                )
                 print(f"{a.model} n={ids.shape[1]:5d} {m:8s} {s:7.3f} s  x{s / med['full']:.3f} of full")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"command": "python benchmarks/longctx_prefill.py " + " ".join(
-                f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k != "json" and v is not None),
-                "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "command": "python benchmarks/longctx_prefill.py "
+                    + " ".join(
+                        f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k != "json" and v is not None
+                    ),
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

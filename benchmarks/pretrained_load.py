@@ -31,8 +31,10 @@ def main() -> None:
             warm.append(time.perf_counter() - t)
             assert lm.source == "cache"
     best = min(warm)
-    print(f"{args.model}: GGUF load + cache build {cold:.1f} s; cached load {best:.2f} s (best of 3); "
-          f"speed-up x{cold / best:.0f}")
+    print(
+        f"{args.model}: GGUF load + cache build {cold:.1f} s; cached load {best:.2f} s (best of 3); "
+        f"speed-up x{cold / best:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -62,16 +62,40 @@ def children_cpu() -> float:
 def compress(model: str, router: str, doc: Path) -> dict:
     """One ``masklab compress`` process: wall and CPU seconds, and what it printed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "masklab", "compress", "--context", str(doc), "--question", QUESTION, "--router", router,
-           "--model", model, "--json", "--no-progress", "--device", "cpu", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "masklab",
+        "compress",
+        "--context",
+        str(doc),
+        "--question",
+        QUESTION,
+        "--router",
+        router,
+        "--model",
+        model,
+        "--json",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ]
     t0, c0 = time.perf_counter(), children_cpu()
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall, cpu = time.perf_counter() - t0, children_cpu() - c0
     if out.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr}")
     res = json.loads(out.stdout)
-    return {"s": wall, "cpu_s": cpu, "router_s": res["router_seconds"], "tokens": res["context_tokens"],
-            "units": len(res["units"]), "notes": res["notes"]}
+    return {
+        "s": wall,
+        "cpu_s": cpu,
+        "router_s": res["router_seconds"],
+        "tokens": res["context_tokens"],
+        "units": len(res["units"]),
+        "notes": res["notes"],
+    }
 
 
 def passes(lm, doc: Path, layers: int):
@@ -116,20 +140,26 @@ def measure(model: str, rounds: int, doc: Path) -> dict:
     meta = read_json(shipped(model).with_suffix(".json"))
     lm = load(model, threads=1)
     fns, router_tokens = passes(lm, doc, int(meta["layers"]))
-    steps = {"bm25": lambda: compress(model, "bm25", doc), "evidence": lambda: compress(model, "evidence", doc),
-             **{k: (lambda f=f: timed(f)) for k, f in fns.items()}}
+    steps = {
+        "bm25": lambda: compress(model, "bm25", doc),
+        "evidence": lambda: compress(model, "evidence", doc),
+        **{k: (lambda f=f: timed(f)) for k, f in fns.items()},
+    }
     compress(model, "bm25", doc)  # warm-up: file caches, the model's cache folder
     fns["first_layers"]()
     rows = []
     for r in range(rounds):
         names = list(steps)
-        names = names[r % len(names):] + names[:r % len(names)]
+        names = names[r % len(names) :] + names[: r % len(names)]
         row = {"round": r, "order": names}
         for name in names:
             row[name] = steps[name]()
         rows.append(row)
-        print(f"{model} round {r + 1}/{rounds}: " + ", ".join(f"{n} {row[n]['s']:.2f} s" for n in steps),
-              file=sys.stderr, flush=True)
+        print(
+            f"{model} round {r + 1}/{rounds}: " + ", ".join(f"{n} {row[n]['s']:.2f} s" for n in steps),
+            file=sys.stderr,
+            flush=True,
+        )
 
     def goal(key: str) -> list[float]:
         return [2 * row["bm25"][key] + row["first_layers"][key] for row in rows]
@@ -142,14 +172,25 @@ def measure(model: str, rounds: int, doc: Path) -> dict:
     def mean(name: str, key: str = "s") -> float:
         return sum(row[name][key] for row in rows) / len(rows)
 
-    return {"features": meta["features"], "layers": meta["layers"], "context_tokens": rows[0]["evidence"]["tokens"],
-            "router_tokens": router_tokens, "units": rows[0]["evidence"]["units"], "notes": rows[0]["evidence"]["notes"],
-            "seconds": {n: mean(n) for n in steps}, "cpu_seconds": {n: mean(n, "cpu_s") for n in steps},
-            "router_seconds": {n: mean(n, "router_s") for n in ("bm25", "evidence")},
-            "masked_over_fast_pass": mean("first_layers_masked") / mean("first_layers"),
-            "ratio": sum(ev) / sum(goal("s")), "ratio_lo": lo, "ratio_hi": hi,
-            "ratio_cpu": sum(ev_cpu) / sum(goal("cpu_s")), "ratio_cpu_lo": lo_cpu, "ratio_cpu_hi": hi_cpu,
-            "rows": rows}
+    return {
+        "features": meta["features"],
+        "layers": meta["layers"],
+        "context_tokens": rows[0]["evidence"]["tokens"],
+        "router_tokens": router_tokens,
+        "units": rows[0]["evidence"]["units"],
+        "notes": rows[0]["evidence"]["notes"],
+        "seconds": {n: mean(n) for n in steps},
+        "cpu_seconds": {n: mean(n, "cpu_s") for n in steps},
+        "router_seconds": {n: mean(n, "router_s") for n in ("bm25", "evidence")},
+        "masked_over_fast_pass": mean("first_layers_masked") / mean("first_layers"),
+        "ratio": sum(ev) / sum(goal("s")),
+        "ratio_lo": lo,
+        "ratio_hi": hi,
+        "ratio_cpu": sum(ev_cpu) / sum(goal("cpu_s")),
+        "ratio_cpu_lo": lo_cpu,
+        "ratio_cpu_hi": hi_cpu,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -162,19 +203,25 @@ def main() -> None:
     doc = document()
     text = doc.read_bytes()
     t0 = time.perf_counter()
-    res = {"command": "python benchmarks/router_long.py " + " ".join(sys.argv[1:]), "question": QUESTION,
-           "document": {"path": str(doc), "sha256": hashlib.sha256(text).hexdigest()[:12], "bytes": len(text)},
-           "rounds": args.rounds, "models": {}}
+    res = {
+        "command": "python benchmarks/router_long.py " + " ".join(sys.argv[1:]),
+        "question": QUESTION,
+        "document": {"path": str(doc), "sha256": hashlib.sha256(text).hexdigest()[:12], "bytes": len(text)},
+        "rounds": args.rounds,
+        "models": {},
+    }
     for m in args.models.split(","):  # written after each model: a stopped run keeps the models it finished
         res["models"][m] = measure(m, args.rounds, doc)
         res["wall_s"] = time.perf_counter() - t0
         write_json(Path(args.out), res)
     for m, r in res["models"].items():
         s = r["seconds"]
-        print(f"{m} ({r['context_tokens']} tokens): bm25 {s['bm25']:.2f} s, evidence {s['evidence']:.2f} s, first "
-              f"{r['layers']} layer(s) {s['first_layers']:.2f} s (masked SDPA {s['first_layers_masked']:.2f} s); "
-              f"evidence / (2 bm25 + pass) {r['ratio']:.2f} [{r['ratio_lo']:.2f}, {r['ratio_hi']:.2f}], "
-              f"CPU {r['ratio_cpu']:.2f} [{r['ratio_cpu_lo']:.2f}, {r['ratio_cpu_hi']:.2f}]")
+        print(
+            f"{m} ({r['context_tokens']} tokens): bm25 {s['bm25']:.2f} s, evidence {s['evidence']:.2f} s, first "
+            f"{r['layers']} layer(s) {s['first_layers']:.2f} s (masked SDPA {s['first_layers_masked']:.2f} s); "
+            f"evidence / (2 bm25 + pass) {r['ratio']:.2f} [{r['ratio_lo']:.2f}, {r['ratio_hi']:.2f}], "
+            f"CPU {r['ratio_cpu']:.2f} [{r['ratio_cpu_lo']:.2f}, {r['ratio_cpu_hi']:.2f}]"
+        )
 
 
 if __name__ == "__main__":

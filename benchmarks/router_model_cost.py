@@ -37,7 +37,9 @@ MODELS = ("smollm2-135m", "gemma3-270m")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=2048, help="context tokens, counted by the answering model (default 2048)")
+    ap.add_argument(
+        "--tokens", type=int, default=2048, help="context tokens, counted by the answering model (default 2048)"
+    )
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/router_model_cost.json"), help="output JSON")
     a = ap.parse_args()
@@ -51,8 +53,13 @@ def main() -> int:
     torch.set_num_threads(1)
     text = (ROOT / "masklab/data/realdocs/docs/gpl-3.txt").read_text(encoding="utf-8")
     lms = {m: load(m, threads=1) for m in MODELS}
-    out = {"command": "python benchmarks/router_model_cost.py " + " ".join(sys.argv[1:]), "tokens": a.tokens,
-           "rounds": a.rounds, "machine": "the shared 2-core CPU machine, one torch thread", "pairs": {}}
+    out = {
+        "command": "python benchmarks/router_model_cost.py " + " ".join(sys.argv[1:]),
+        "tokens": a.tokens,
+        "rounds": a.rounds,
+        "machine": "the shared 2-core CPU machine, one torch thread",
+        "pairs": {},
+    }
     for answerer in MODELS:
         lm = lms[answerer]
         full = segment(text, lm.tokenizer)
@@ -64,13 +71,15 @@ def main() -> int:
         query = f"\nQuestion: {QUESTION}\nAnswer:"
         for ranker in MODELS:
             router = load_router("evidence", lm, router_model=ranker)
-            steps = {"router": lambda: router.score(doc, QUESTION),
-                     "prefill": lambda: generate_answer(lm, doc.units, query, 1)}
+            steps = {
+                "router": lambda: router.score(doc, QUESTION),
+                "prefill": lambda: generate_answer(lm, doc.units, query, 1),
+            }
             for f in steps.values():
                 f()  # warm-up
             rows = []
             for r in range(a.rounds):
-                names = list(steps)[r % 2:] + list(steps)[:r % 2]
+                names = list(steps)[r % 2 :] + list(steps)[: r % 2]
                 row = {}
                 for name in names:
                     t0 = time.perf_counter()
@@ -80,11 +89,23 @@ def main() -> int:
             rt, pf = [r["router"] for r in rows], [r["prefill"] for r in rows]
             lo, hi = bootstrap_ratio(rt, pf)
             key = f"{ranker}->{answerer}"
-            out["pairs"][key] = {"ranking_model": ranker, "answering_model": answerer, "context_tokens": used,
-                                 "router_s": sum(rt) / len(rt), "prefill_s": sum(pf) / len(pf),
-                                 "share": sum(rt) / sum(pf), "share_lo": lo, "share_hi": hi, "rounds": rows}
-            print(f"{key}: router {sum(rt) / len(rt):.2f} s, prefill {sum(pf) / len(pf):.2f} s, share "
-                  f"{sum(rt) / sum(pf):.3f} [{lo:.3f}, {hi:.3f}]", file=sys.stderr, flush=True)
+            out["pairs"][key] = {
+                "ranking_model": ranker,
+                "answering_model": answerer,
+                "context_tokens": used,
+                "router_s": sum(rt) / len(rt),
+                "prefill_s": sum(pf) / len(pf),
+                "share": sum(rt) / sum(pf),
+                "share_lo": lo,
+                "share_hi": hi,
+                "rounds": rows,
+            }
+            print(
+                f"{key}: router {sum(rt) / len(rt):.2f} s, prefill {sum(pf) / len(pf):.2f} s, share "
+                f"{sum(rt) / sum(pf):.3f} [{lo:.3f}, {hi:.3f}]",
+                file=sys.stderr,
+                flush=True,
+            )
     write_json(Path(a.out), out)
     return 0
 

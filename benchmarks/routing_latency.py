@@ -45,11 +45,15 @@ def main() -> None:
     torch.manual_seed(0)
     budget = parse_budget(args.budget)
     rows = []
-    print(f"threads={args.threads} budget={args.budget} teacher 64x4, router {args.router_dim}x{args.router_depth} ({args.router_heads} heads)")
+    print(
+        f"threads={args.threads} budget={args.budget} teacher 64x4, router {args.router_dim}x{args.router_depth} ({args.router_heads} heads)"
+    )
     print(f"{'items':>6} {'batch':>5} {'dense ms':>9} {'routed ms':>10} {'speed-up':>9} {'FLOPs ratio':>12}")
     for n in (int(x) for x in args.items.split(",")):
         teacher = build_teacher(TeacherConfig(task="kv", items=n, max_factor=1, vocab=max(256, n + 2))).eval()
-        router = build_router("transformer", teacher.vocab, args.router_dim, args.router_depth, args.router_heads).eval()
+        router = build_router(
+            "transformer", teacher.vocab, args.router_dim, args.router_depth, args.router_heads
+        ).eval()
         for B in (int(x) for x in args.batch.split(",")):
             b = make_gym("kv", teacher.vocab).sample(B, n, np.random.default_rng(n))
 
@@ -72,7 +76,17 @@ def main() -> None:
             d, r = statistics.median(times["dense"]), statistics.median(times["routed"])
             k = int(keep_mask(torch.zeros(1, n), torch.ones(1, n, dtype=torch.bool), budget).sum())
             flops = (router.flops(n) + teacher_flops(teacher, k)) / teacher_flops(teacher, n)
-            rows.append({"items": n, "batch": B, "dense_ms": d * 1e3, "routed_ms": r * 1e3, "speedup": d / r, "flops_ratio": flops, "kept": k})
+            rows.append(
+                {
+                    "items": n,
+                    "batch": B,
+                    "dense_ms": d * 1e3,
+                    "routed_ms": r * 1e3,
+                    "speedup": d / r,
+                    "flops_ratio": flops,
+                    "kept": k,
+                }
+            )
             print(f"{n:>6} {B:>5} {d * 1e3:>9.2f} {r * 1e3:>10.2f} {d / r:>8.2f}x {flops:>12.3f}")
     if args.json:
         with open(args.json, "w") as f:

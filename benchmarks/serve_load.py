@@ -48,6 +48,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's masklab (its default router), as the server it starts
 from masklab.context.router import DEFAULT_ROUTER  # noqa: E402
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 MAX_REQUEST_BYTES = 1_000_000
 WORD = re.compile(r"[A-Za-z]{5,}")
@@ -78,7 +79,7 @@ def good_request(rng: random.Random, texts: list[str]) -> tuple[str, dict]:
         ctx = rng.choice(paras)
     elif kind == "section":
         a = rng.randrange(max(1, len(doc) - 3000))
-        ctx = doc[a:a + rng.randint(2000, 4000)]
+        ctx = doc[a : a + rng.randint(2000, 4000)]
     elif kind == "document":
         ctx = doc
     else:
@@ -95,13 +96,15 @@ def good_request(rng: random.Random, texts: list[str]) -> tuple[str, dict]:
 
 
 def malformed(i: int) -> tuple[str, bytes]:
-    kinds = [("not json", b"{context: nope"),
-             ("empty question", json.dumps({"context": "Some text here.", "question": " "}).encode()),
-             ("keep 2", json.dumps({"context": "Some text here.", "question": "What?", "keep": 2}).encode()),
-             ("unknown router", json.dumps({"context": "Some text here.", "question": "What?", "router": "nope"}).encode()),
-             ("wrong type", json.dumps({"context": 42, "question": "What?"}).encode()),
-             ("unknown field", json.dumps({"context": "Some text.", "question": "What?", "budget": 1}).encode()),
-             ("oversized", json.dumps({"context": "x " * (MAX_REQUEST_BYTES // 2 + 10), "question": "What?"}).encode())]
+    kinds = [
+        ("not json", b"{context: nope"),
+        ("empty question", json.dumps({"context": "Some text here.", "question": " "}).encode()),
+        ("keep 2", json.dumps({"context": "Some text here.", "question": "What?", "keep": 2}).encode()),
+        ("unknown router", json.dumps({"context": "Some text here.", "question": "What?", "router": "nope"}).encode()),
+        ("wrong type", json.dumps({"context": 42, "question": "What?"}).encode()),
+        ("unknown field", json.dumps({"context": "Some text.", "question": "What?", "budget": 1}).encode()),
+        ("oversized", json.dumps({"context": "x " * (MAX_REQUEST_BYTES // 2 + 10), "question": "What?"}).encode()),
+    ]
     return kinds[i % len(kinds)]
 
 
@@ -148,17 +151,27 @@ def repeated_phase(url: str, doc: str, questions: list[str], clients: int) -> di
     statuses: dict[str, int] = {}
     for st, _ in got:
         statuses[str(st)] = statuses.get(str(st), 0) + 1
-    return {"clients": clients, "requests": len(got), "statuses": statuses,
-            "server_errors": sum(1 for st, _ in got if isinstance(st, int) and st >= 500),
-            "p50_seconds": statistics.median(lat) if lat else None, "p99_seconds": pct(lat, 0.99) if lat else None,
-            "requests_per_second": len(got) / wall, "seconds": wall}
+    return {
+        "clients": clients,
+        "requests": len(got),
+        "statuses": statuses,
+        "server_errors": sum(1 for st, _ in got if isinstance(st, int) and st >= 500),
+        "p50_seconds": statistics.median(lat) if lat else None,
+        "p99_seconds": pct(lat, 0.99) if lat else None,
+        "requests_per_second": len(got) / wall,
+        "seconds": wall,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--router", default=DEFAULT_ROUTER, help=f"the server's router (default: {DEFAULT_ROUTER}, masklab's default)")
-    ap.add_argument("--repeated", type=int, default=100, help="questions on the already-embedded document, per client count")
+    ap.add_argument(
+        "--router", default=DEFAULT_ROUTER, help=f"the server's router (default: {DEFAULT_ROUTER}, masklab's default)"
+    )
+    ap.add_argument(
+        "--repeated", type=int, default=100, help="questions on the already-embedded document, per client count"
+    )
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=6, help="load rounds; one service and one CLI question after each")
@@ -171,8 +184,24 @@ def main() -> None:
     where, texts = corpus()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "masklab", "serve", "--model", a.model, "--router", a.router, "--port", str(port),
-           "--device", "cpu", "--max-request-bytes", str(MAX_REQUEST_BYTES), "--request-seconds", "300"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "masklab",
+        "serve",
+        "--model",
+        a.model,
+        "--router",
+        a.router,
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--max-request-bytes",
+        str(MAX_REQUEST_BYTES),
+        "--request-seconds",
+        "300",
+    ]
     t_start = time.perf_counter()
     server = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -201,11 +230,18 @@ def main() -> None:
 
         # repeated questions on one already-embedded document: one client, then --clients
         t0 = time.perf_counter()
-        first = httpx.post(f"{url}/v1/compress", json={"context": probe_doc, "question": probes[0], "keep": 0.1}, timeout=300)
+        first = httpx.post(
+            f"{url}/v1/compress", json={"context": probe_doc, "question": probes[0], "keep": 0.1}, timeout=300
+        )
         first_seconds = time.perf_counter() - t0
         assert first.status_code == 200, first.text
-        repeated = {"doc_chars": len(probe_doc), "doc_tokens": first.json()["context_tokens"],
-                    "first_request_seconds": first_seconds, "keep": 0.1, "goal_requests_per_second_at_least": 10}
+        repeated = {
+            "doc_chars": len(probe_doc),
+            "doc_tokens": first.json()["context_tokens"],
+            "first_request_seconds": first_seconds,
+            "keep": 0.1,
+            "goal_requests_per_second_at_least": 10,
+        }
         for n in (1, a.clients):
             qs = []
             while len(qs) < a.repeated * n:  # a different question each time
@@ -223,8 +259,11 @@ def main() -> None:
                 return kind, bad, "not sent", 0.0
             t0 = time.perf_counter()
             try:
-                status = clients[j % a.clients].post(f"{url}/v1/compress", content=body,
-                                                     headers={"content-type": "application/json"}).status_code
+                status = (
+                    clients[j % a.clients]
+                    .post(f"{url}/v1/compress", content=body, headers={"content-type": "application/json"})
+                    .status_code
+                )
             except httpx.HTTPError as e:
                 status = f"client error: {type(e).__name__}"
             return kind, bad, status, time.perf_counter() - t0
@@ -237,7 +276,7 @@ def main() -> None:
             t_load = 0.0
             sent = unsent = 0
             for r in range(a.rounds):
-                chunk = plan[r * per_round:(r + 1) * per_round]
+                chunk = plan[r * per_round : (r + 1) * per_round]
                 if time.perf_counter() - t_start > a.max_seconds:
                     unsent += len(chunk)
                     continue
@@ -254,12 +293,32 @@ def main() -> None:
                 service_q.append(time.perf_counter() - t0)
                 assert resp.status_code == 200, resp.text
                 t0 = time.perf_counter()
-                out = subprocess.run([sys.executable, "-m", "masklab", "compress", "--context", str(doc_file), "--question",
-                                      probes[r], "--router", a.router, "--device", "cpu", "--json"],
-                                     cwd=ROOT, env=ENV, capture_output=True, text=True)
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "masklab",
+                        "compress",
+                        "--context",
+                        str(doc_file),
+                        "--question",
+                        probes[r],
+                        "--router",
+                        a.router,
+                        "--device",
+                        "cpu",
+                        "--json",
+                    ],
+                    cwd=ROOT,
+                    env=ENV,
+                    capture_output=True,
+                    text=True,
+                )
                 cli_q.append(time.perf_counter() - t0)
                 assert out.returncode == 0, out.stderr
-                assert json.loads(out.stdout)["kept"] == resp.json()["kept"], "the service and the CLI kept different units"
+                assert json.loads(out.stdout)["kept"] == resp.json()["kept"], (
+                    "the service and the CLI kept different units"
+                )
         for c in clients:
             c.close()
         rss_end = rss_mb(server.pid)
@@ -276,14 +335,17 @@ def main() -> None:
     statuses: dict[str, int] = {}
     for _, _, st, _ in results:
         statuses[str(st)] = statuses.get(str(st), 0) + 1
-    by_kind = {k: sorted(s for kk, b, st, s in good if kk == k and st == 200) for k in ("note", "section", "document", "passages")}
+    by_kind = {
+        k: sorted(s for kk, b, st, s in good if kk == k and st == 200)
+        for k in ("note", "section", "document", "passages")
+    }
     svc = statistics.median(service_q) if service_q else None
     cli = statistics.median(cli_q) if cli_q else None
     out = {
         "command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPU cores shared with other work (the 2-core development machine, other jobs "
-                   "running on it at the same time: see the load averages); one torch thread in the server; the "
-                   "clients run on the same cores",
+        "running on it at the same time: see the load averages); one torch thread in the server; the "
+        "clients run on the same cores",
         "router": a.router,
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],

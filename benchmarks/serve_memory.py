@@ -28,8 +28,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = {"distinct_no_trim": ("distinct", False), "distinct_trim": ("distinct", True),
-            "repeated_no_trim": ("repeated", False)}
+VARIANTS = {
+    "distinct_no_trim": ("distinct", False),
+    "distinct_trim": ("distinct", True),
+    "repeated_no_trim": ("repeated", False),
+}
 
 
 def rss_mb() -> float:
@@ -66,16 +69,28 @@ def run_variant(mode: str, trim: bool, documents: int, paragraphs: int, every: i
         service.submit(req, float("inf")).future.result()
         if i % every == 0 or i == documents - 1:
             cache = [e.cache_stats() for e in serve_embedders() if e.misses]
-            rows.append({"requests": i + 1, "rss_mb": round(rss_mb(), 1),
-                         "cache_mb": round(sum(c["bytes"] for c in cache) / 2**20, 2),
-                         "python_heap_mb": round(tracemalloc.get_traced_memory()[0] / 2**20, 2)})
+            rows.append(
+                {
+                    "requests": i + 1,
+                    "rss_mb": round(rss_mb(), 1),
+                    "cache_mb": round(sum(c["bytes"] for c in cache) / 2**20, 2),
+                    "python_heap_mb": round(tracemalloc.get_traced_memory()[0] / 2**20, 2),
+                }
+            )
     service.close()
     first, last = rows[0], rows[-1]
-    return {"mode": mode, "trim": trim, "router": DEFAULT_ROUTER, "documents": documents, "paragraphs": paragraphs,
-            "seconds": time.perf_counter() - t0, "rows": rows,
-            "rss_growth_mb": round(last["rss_mb"] - first["rss_mb"], 1),
-            "cache_growth_mb": round(last["cache_mb"] - first["cache_mb"], 2),
-            "python_heap_growth_mb": round(last["python_heap_mb"] - first["python_heap_mb"], 2)}
+    return {
+        "mode": mode,
+        "trim": trim,
+        "router": DEFAULT_ROUTER,
+        "documents": documents,
+        "paragraphs": paragraphs,
+        "seconds": time.perf_counter() - t0,
+        "rows": rows,
+        "rss_growth_mb": round(last["rss_mb"] - first["rss_mb"], 1),
+        "cache_growth_mb": round(last["cache_mb"] - first["cache_mb"], 2),
+        "python_heap_growth_mb": round(last["python_heap_mb"] - first["python_heap_mb"], 2),
+    }
 
 
 def serve_embedders():
@@ -103,21 +118,45 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from masklab.lab import revision
 
-    out = {"command": "python benchmarks/serve_memory.py " + " ".join(sys.argv[1:]),
-           "code": revision.code_hash("masklab.context.serve"), "code_ast": revision.code_ast("masklab.context.serve"),
-           "git_rev": revision.git_rev(),
-           "machine": f"{os.cpu_count()} CPU cores shared with other jobs; one torch thread",
-           "load_average_before": [round(x, 2) for x in os.getloadavg()], "variants": {}}
+    out = {
+        "command": "python benchmarks/serve_memory.py " + " ".join(sys.argv[1:]),
+        "code": revision.code_hash("masklab.context.serve"),
+        "code_ast": revision.code_ast("masklab.context.serve"),
+        "git_rev": revision.git_rev(),
+        "machine": f"{os.cpu_count()} CPU cores shared with other jobs; one torch thread",
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "variants": {},
+    }
     for name in VARIANTS:
-        p = subprocess.run([sys.executable, __file__, "--variant", name, "--documents", str(a.documents),
-                            "--paragraphs", str(a.paragraphs), "--every", str(a.every), "--seed", str(a.seed)],
-                           env=env, capture_output=True, text=True, timeout=3600)
+        p = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--variant",
+                name,
+                "--documents",
+                str(a.documents),
+                "--paragraphs",
+                str(a.paragraphs),
+                "--every",
+                str(a.every),
+                "--seed",
+                str(a.seed),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
         if p.returncode != 0:
             raise SystemExit(f"serve_memory: variant {name!r} failed:\n{p.stderr[-2000:]}")
         out["variants"][name] = json.loads(p.stdout.strip().splitlines()[-1])
         v = out["variants"][name]
-        print(f"{name}: RSS +{v['rss_growth_mb']} MiB, cache +{v['cache_growth_mb']} MiB, python heap "
-              f"+{v['python_heap_growth_mb']} MiB over {v['documents']} requests ({v['seconds']:.0f} s)", flush=True)
+        print(
+            f"{name}: RSS +{v['rss_growth_mb']} MiB, cache +{v['cache_growth_mb']} MiB, python heap "
+            f"+{v['python_heap_growth_mb']} MiB over {v['documents']} requests ({v['seconds']:.0f} s)",
+            flush=True,
+        )
         if a.json:  # after every variant: a killed run keeps what it finished
             Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]

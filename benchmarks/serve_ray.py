@@ -60,8 +60,15 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
     ap.add_argument("--json", default=str(HERE / "serve_ray.json"), help="where to write the figures")
     a = ap.parse_args()
-    os.environ.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
-                       "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    os.environ.update(
+        {
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     import ray
     from ray import serve
 
@@ -71,16 +78,24 @@ def main() -> None:
     where, texts = corpus()
     mix = Mix(texts, 65_536, 1, 0)
     rng = random.Random(0)
-    out = {"command": "python benchmarks/serve_ray.py " + " ".join(sys.argv[1:]), "router": DEFAULT_ROUTER,
-           "corpus": where, "clients": a.clients, "requests_per_phase": a.requests,
-           "code": revision.code_hash("masklab.context.ray_serve"),
-           "code_ast": revision.code_ast("masklab.context.ray_serve"), "git_rev": revision.git_rev(),
-           "machine": f"{os.cpu_count()} CPU cores shared with other jobs (load average below); a local Ray with 2 "
-                      "CPUs; one torch thread and one CPU per replica; the clients and the plain server on the same cores",
-           "load_average_before": [round(x, 2) for x in os.getloadavg()], "phases": []}
+    out = {
+        "command": "python benchmarks/serve_ray.py " + " ".join(sys.argv[1:]),
+        "router": DEFAULT_ROUTER,
+        "corpus": where,
+        "clients": a.clients,
+        "requests_per_phase": a.requests,
+        "code": revision.code_hash("masklab.context.ray_serve"),
+        "code_ast": revision.code_ast("masklab.context.ray_serve"),
+        "git_rev": revision.git_rev(),
+        "machine": f"{os.cpu_count()} CPU cores shared with other jobs (load average below); a local Ray with 2 "
+        "CPUs; one torch thread and one CPU per replica; the clients and the plain server on the same cores",
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "phases": [],
+    }
     plain, plain_url = start("plain", [], Path("/tmp"))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             _node_ip_address="127.0.0.1")
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1"
+    )
     try:
         wait_up(plain, plain_url)
         cfg = ServeConfig(host="127.0.0.1", port=free_port(), replicas=1, max_queue=64)

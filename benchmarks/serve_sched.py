@@ -54,9 +54,27 @@ MAX_CONTEXT = 65_536
 
 def start(name: str, extra: list[str], log_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "masklab", "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-           "--threads", "1", "--max-context-bytes", str(MAX_CONTEXT), "--request-seconds", "300", "--max-queue", "64",
-           *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "masklab",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--max-context-bytes",
+        str(MAX_CONTEXT),
+        "--request-seconds",
+        "300",
+        "--max-queue",
+        "64",
+        *extra,
+    ]
     log = open(log_dir / f"serve_sched.{name}.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}"
@@ -66,7 +84,9 @@ def wait_up(proc, url: str) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"serve_sched: a server exited ({proc.returncode}); see serve_sched.*.log in {tempfile.gettempdir()}")
+            raise SystemExit(
+                f"serve_sched: a server exited ({proc.returncode}); see serve_sched.*.log in {tempfile.gettempdir()}"
+            )
         try:
             if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                 return
@@ -128,8 +148,11 @@ def fairness_round(url: str, mix: Mix, seconds: float, seed: int) -> list[tuple]
         while not stop.is_set():
             serial += 1
             kind = "repeated" if rng.random() < 0.8 else "distinct"
-            ctx = rng.choice(mix.fixed) if kind == "repeated" else mix.distinct(rng, seed * 10**6 + j * 10**4 + serial,
-                                                                                  rng.choice([1, 2, 3]))
+            ctx = (
+                rng.choice(mix.fixed)
+                if kind == "repeated"
+                else mix.distinct(rng, seed * 10**6 + j * 10**4 + serial, rng.choice([1, 2, 3]))
+            )
             body = {"context": ctx, "question": mix.question(rng, ctx), "keep": 0.25}
             busy_before = long_busy[0]
             s0 = time.monotonic()
@@ -137,8 +160,15 @@ def fairness_round(url: str, mix: Mix, seconds: float, seed: int) -> list[tuple]
             took = time.monotonic() - s0
             q, w = timing(r.headers.get("server-timing"))
             with lock:
-                rows.append(("short" if r.status_code == 200 else f"short {r.status_code}", took, q, w,
-                             bool(busy_before or long_busy[0])))
+                rows.append(
+                    (
+                        "short" if r.status_code == 200 else f"short {r.status_code}",
+                        took,
+                        q,
+                        w,
+                        bool(busy_before or long_busy[0]),
+                    )
+                )
         http.close()
 
     def longs():
@@ -174,12 +204,20 @@ def summary(rows: list[tuple]) -> dict:
     long = [r[1] for r in rows if r[0] == "long"]
     good = short + long
     p50, p99 = statistics.median(good), pct(good, 0.99)
-    return {"short_requests": len(short), "short_p50_seconds": statistics.median(short), "short_p99_seconds": pct(short, 0.99),
-            "short_during_long_requests": len(during), "short_during_long_p99_seconds": pct(during, 0.99),
-            "long_requests": len(long), "long_p50_seconds": statistics.median(long) if long else None,
-            "p50_seconds": p50, "p99_seconds": p99, "p99_over_p50": p99 / p50,
-            "failed": sum(1 for r in rows if r[0] not in ("short", "long")),
-            "short_work_p50_seconds": pct([r[3] for r in rows if r[0] == "short" and r[3] is not None], 0.5)}
+    return {
+        "short_requests": len(short),
+        "short_p50_seconds": statistics.median(short),
+        "short_p99_seconds": pct(short, 0.99),
+        "short_during_long_requests": len(during),
+        "short_during_long_p99_seconds": pct(during, 0.99),
+        "long_requests": len(long),
+        "long_p50_seconds": statistics.median(long) if long else None,
+        "p50_seconds": p50,
+        "p99_seconds": p99,
+        "p99_over_p50": p99 / p50,
+        "failed": sum(1 for r in rows if r[0] not in ("short", "long")),
+        "short_work_p50_seconds": pct([r[3] for r in rows if r[0] == "short" and r[3] is not None], 0.5),
+    }
 
 
 def main() -> None:
@@ -192,13 +230,18 @@ def main() -> None:
     a = ap.parse_args()
     where, texts = corpus()
     mix = Mix(texts, MAX_CONTEXT, 40, 0)
-    out = {"command": "python benchmarks/serve_sched.py " + " ".join(sys.argv[1:]), "router": DEFAULT_ROUTER,
-           "servers": {k: " ".join(v) or "(defaults)" for k, v in SERVERS.items()}, "corpus": where,
-           "code": revision.code_hash("masklab.context.serve"), "code_ast": revision.code_ast("masklab.context.serve"),
-           "git_rev": revision.git_rev(),
-           "machine": f"{os.cpu_count()} CPU cores shared with other jobs (load average below); both servers one "
-                      "torch thread; the clients run on the same cores",
-           "load_average_before": [round(x, 2) for x in os.getloadavg()]}
+    out = {
+        "command": "python benchmarks/serve_sched.py " + " ".join(sys.argv[1:]),
+        "router": DEFAULT_ROUTER,
+        "servers": {k: " ".join(v) or "(defaults)" for k, v in SERVERS.items()},
+        "corpus": where,
+        "code": revision.code_hash("masklab.context.serve"),
+        "code_ast": revision.code_ast("masklab.context.serve"),
+        "git_rev": revision.git_rev(),
+        "machine": f"{os.cpu_count()} CPU cores shared with other jobs (load average below); both servers one "
+        "torch thread; the clients run on the same cores",
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+    }
     procs = {name: start(name, extra, Path(tempfile.gettempdir())) for name, extra in SERVERS.items()}
     try:
         for name, (proc, url) in procs.items():
@@ -207,16 +250,21 @@ def main() -> None:
         rng = random.Random(1)
         first = {}
         for name, (_, url) in procs.items():  # embed the document once on each
-            first[name] = httpx.post(f"{url}/v1/compress", json={"context": doc, "question": "What is it about?"},
-                                     timeout=300).json()
-        out["batching"] = {"doc_tokens": first["scheduled"]["context_tokens"], "clients": a.clients,
-                           "requests_per_round": a.requests, "rounds": []}
+            first[name] = httpx.post(
+                f"{url}/v1/compress", json={"context": doc, "question": "What is it about?"}, timeout=300
+            ).json()
+        out["batching"] = {
+            "doc_tokens": first["scheduled"]["context_tokens"],
+            "clients": a.clients,
+            "requests_per_round": a.requests,
+            "rounds": [],
+        }
         rps = {name: [] for name in procs}
         agree = True
         for k in range(a.rounds):
             questions = [mix.question(rng, doc) + f" ({k}.{i})" for i in range(a.requests)]
             answers = {}
-            for name, (_, url) in (procs.items() if k % 2 == 0 else reversed(procs.items())):
+            for name, (_, url) in procs.items() if k % 2 == 0 else reversed(procs.items()):
                 r, answers[name] = batching_round(url, doc, questions, a.clients)
                 rps[name].append(r)
             agree &= all(same(x, y) for x, y in zip(answers["scheduled"], answers["one_at_a_time"]))
@@ -229,15 +277,23 @@ def main() -> None:
         out["batching"]["batches"] = httpx.get(f"{procs['scheduled'][1]}/healthz").json()["batches"]
         rows = {name: [] for name in procs}
         for k in range(a.rounds):
-            for name, (_, url) in (procs.items() if k % 2 == 0 else reversed(procs.items())):
+            for name, (_, url) in procs.items() if k % 2 == 0 else reversed(procs.items()):
                 rows[name] += fairness_round(url, mix, a.seconds, seed=10 + k)
                 s = summary(rows[name])
-                print(f"fairness round {k} {name}: short p99 {s['short_p99_seconds']:.2f} s, during long "
-                      f"{s['short_during_long_p99_seconds']}, p99/p50 {s['p99_over_p50']:.1f}", flush=True)
-        out["fairness"] = {"seconds_per_phase": a.seconds, "rounds": a.rounds,
-                           **{name: summary(r) for name, r in rows.items()}}
+                print(
+                    f"fairness round {k} {name}: short p99 {s['short_p99_seconds']:.2f} s, during long "
+                    f"{s['short_during_long_p99_seconds']}, p99/p50 {s['p99_over_p50']:.1f}",
+                    flush=True,
+                )
+        out["fairness"] = {
+            "seconds_per_phase": a.seconds,
+            "rounds": a.rounds,
+            **{name: summary(r) for name, r in rows.items()},
+        }
         f = out["fairness"]
-        out["fairness"]["short_p99_ratio"] = f["one_at_a_time"]["short_p99_seconds"] / f["scheduled"]["short_p99_seconds"]
+        out["fairness"]["short_p99_ratio"] = (
+            f["one_at_a_time"]["short_p99_seconds"] / f["scheduled"]["short_p99_seconds"]
+        )
     finally:
         for proc, _ in procs.values():
             proc.terminate()

@@ -120,12 +120,15 @@ class Mix:
             parts.append(p)
             size += len(p.encode()) + 2
         text = "\n\n".join(parts)
-        return text.encode()[:int(goal)].decode("utf-8", errors="ignore")
+        return text.encode()[: int(goal)].decode("utf-8", errors="ignore")
 
     def make(self, rng: random.Random, serial: int) -> tuple[str, str | None, bytes]:
         kind = rng.choices(list(KINDS), list(KINDS.values()))[0]
-        budget = {"keep": rng.choice([0.1, 0.25, 0.5])} if rng.random() < 0.5 else \
-            {"target_tokens": rng.choice([64, 200, 500])}
+        budget = (
+            {"keep": rng.choice([0.1, 0.25, 0.5])}
+            if rng.random() < 0.5
+            else {"target_tokens": rng.choice([64, 200, 500])}
+        )
         if kind == "bad":
             what = BAD[serial % len(BAD)]
             if what == "not json":
@@ -178,8 +181,10 @@ def plot(out: dict, path: Path) -> None:
     ax2.plot(m, [r["requests_total"] for r in rows], color="grey", ls=":", label="requests so far")
     ax2.set_ylabel("requests so far")
     a.legend(loc="upper left")
-    a.set_title(f"masklab serve soak: {out['summary'].get('requests', 0):,} requests, {out['summary'].get('minutes', 0):.0f} "
-                f"min, {out['clients']} clients, router {out['router']}")
+    a.set_title(
+        f"masklab serve soak: {out['summary'].get('requests', 0):,} requests, {out['summary'].get('minutes', 0):.0f} "
+        f"min, {out['clients']} clients, router {out['router']}"
+    )
     b.plot(m, [r["p50_seconds"] for r in rows], marker=".", label="p50")
     b.plot(m, [r["p99_seconds"] for r in rows], marker=".", label="p99")
     b.plot(m, [r["work_p99_seconds"] for r in rows], ls="--", label="p99 of the work alone")
@@ -218,13 +223,20 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=60, help="seconds per row of the table (default 60)")
     ap.add_argument("--model", default="smollm2-135m", help="the server's model (default smollm2-135m)")
     ap.add_argument("--router", default=DEFAULT_ROUTER, help=f"the server's router (default {DEFAULT_ROUTER})")
-    ap.add_argument("--max-context-bytes", type=int, default=65_536,
-                    help="the server's --max-context-bytes; the long documents are 90-99%% of it (default 65536: one takes the 2 shared cores ~10 s)")
+    ap.add_argument(
+        "--max-context-bytes",
+        type=int,
+        default=65_536,
+        help="the server's --max-context-bytes; the long documents are 90-99%% of it (default 65536: one takes the 2 shared cores ~10 s)",
+    )
     ap.add_argument("--repeated-docs", type=int, default=40, help="fixed documents the repeated requests draw from")
-    ap.add_argument("--server-args", default="", help="more flags for masklab serve, e.g. \"--no-trim\"")
+    ap.add_argument("--server-args", default="", help='more flags for masklab serve, e.g. "--no-trim"')
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="docs/results/serve_soak",
-                    help="write OUT.json (every row) and OUT.png (default docs/results/serve_soak)")
+    ap.add_argument(
+        "--out",
+        default="docs/results/serve_soak",
+        help="write OUT.json (every row) and OUT.png (default docs/results/serve_soak)",
+    )
     ap.add_argument("--quick", action="store_true", help="a smoke test: 2 minutes, 300 requests, 20 s rows")
     a = ap.parse_args()
     if a.quick:
@@ -243,21 +255,54 @@ def main() -> None:
     mix = Mix(texts, a.max_context_bytes, a.repeated_docs, a.seed)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "masklab", "serve", "--model", a.model, "--router", a.router, "--host", "127.0.0.1",
-           "--port", str(port), "--device", "cpu", "--threads", "1", "--max-request-bytes", "1000000",
-           "--max-context-bytes", str(a.max_context_bytes), "--request-seconds", "120", *a.server_args.split()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "masklab",
+        "serve",
+        "--model",
+        a.model,
+        "--router",
+        a.router,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--max-request-bytes",
+        "1000000",
+        "--max-context-bytes",
+        str(a.max_context_bytes),
+        "--request-seconds",
+        "120",
+        *a.server_args.split(),
+    ]
     log = open(out_path.with_suffix(".server.log"), "w")
     t_start = time.monotonic()
     server = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT, text=True)
-    out = {"command": "python benchmarks/serve_soak.py " + " ".join(sys.argv[1:]),
-           "server": " ".join(cmd[1:]).replace(str(port), "PORT"), "router": a.router, "model": a.model,
-           "clients": a.clients, "corpus": where, "mix_weights": KINDS, "bad_kinds": list(BAD),
-           "machine": f"{os.cpu_count()} CPU cores shared with other engineers' jobs (see load_average_1m per minute); "
-                      "one torch thread in the server; the clients run on the same cores",
-           "code": revision.code_hash("masklab.context.serve"), "code_ast": revision.code_ast("masklab.context.serve"),
-           "git_rev": revision.git_rev(),
-           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "finished": False,
-           "minutes": [], "rss_samples": [], "summary": {}}
+    out = {
+        "command": "python benchmarks/serve_soak.py " + " ".join(sys.argv[1:]),
+        "server": " ".join(cmd[1:]).replace(str(port), "PORT"),
+        "router": a.router,
+        "model": a.model,
+        "clients": a.clients,
+        "corpus": where,
+        "mix_weights": KINDS,
+        "bad_kinds": list(BAD),
+        "machine": f"{os.cpu_count()} CPU cores shared with other engineers' jobs (see load_average_1m per minute); "
+        "one torch thread in the server; the clients run on the same cores",
+        "code": revision.code_hash("masklab.context.serve"),
+        "code_ast": revision.code_ast("masklab.context.serve"),
+        "git_rev": revision.git_rev(),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "finished": False,
+        "minutes": [],
+        "rss_samples": [],
+        "summary": {},
+    }
     results: list[tuple] = []  # (t_done, kind, bad, status, seconds, queue, work)
     lock = threading.Lock()
     stop = threading.Event()
@@ -299,10 +344,13 @@ def main() -> None:
                     try:
                         if kind == "abandoned":
                             with httpx.Client(timeout=0.02) as quick:
-                                r = quick.post(f"{url}/v1/compress", content=body,
-                                               headers={"content-type": "application/json"})
+                                r = quick.post(
+                                    f"{url}/v1/compress", content=body, headers={"content-type": "application/json"}
+                                )
                         else:
-                            r = http.post(f"{url}/v1/compress", content=body, headers={"content-type": "application/json"})
+                            r = http.post(
+                                f"{url}/v1/compress", content=body, headers={"content-type": "application/json"}
+                            )
                         status = r.status_code
                         q, w = timing(r.headers.get("server-timing"))
                     except httpx.TimeoutException:
@@ -333,7 +381,9 @@ def main() -> None:
                 last_rss = now
                 with lock:
                     n = len(results)
-                out["rss_samples"].append({"seconds": round(now - t0, 1), "requests_done": n, "rss_mb": rss_mb(server.pid)})
+                out["rss_samples"].append(
+                    {"seconds": round(now - t0, 1), "requests_done": n, "rss_mb": rss_mb(server.pid)}
+                )
             if now >= next_row:
                 add_row(out, results, lock, minute, a.interval, server.pid, url)
                 minute += 1
@@ -380,22 +430,35 @@ def add_row(out: dict, results: list, lock, minute: int, interval: float, pid: i
         health = {}
     caches = health.get("caches", {})
     lat = [r[4] for r in ok]
-    out["minutes"].append({
-        "minute": minute + 1, "requests": len(rows), "requests_total": total, "statuses": statuses,
-        "good": len(good), "good_failed": sum(1 for r in good if r[3] != 200),
-        "bad": len(bad), "bad_not_4xx": sum(1 for r in bad if not (isinstance(r[3], int) and 400 <= r[3] < 500)),
-        "abandoned": sum(1 for r in rows if r[1] == "abandoned"),
-        "p50_seconds": statistics.median(lat) if lat else None, "p99_seconds": pct(lat, 0.99),
-        "queue_p50_seconds": pct([r[5] for r in ok if r[5] is not None], 0.5),
-        "work_p50_seconds": pct([r[6] for r in ok if r[6] is not None], 0.5),
-        "work_p99_seconds": pct([r[6] for r in ok if r[6] is not None], 0.99),
-        "long_requests": sum(1 for r in ok if r[1] == "long"),
-        "rss_mb": rss_mb(pid), "server_rss_bytes": health.get("rss_bytes"),
-        "embedding_caches": [{k: c.get(k) for k in ("embedder", "entries", "bytes", "max_entries", "max_bytes", "evictions")}
-                             for c in caches.get("embeddings", [])],
-        "routers_loaded": caches.get("routers", {}).get("entries"),
-        "queue_in_flight": health.get("queue", {}).get("in_flight"), "dropped": health.get("dropped"),
-        "load_average_1m": round(os.getloadavg()[0], 2)})
+    out["minutes"].append(
+        {
+            "minute": minute + 1,
+            "requests": len(rows),
+            "requests_total": total,
+            "statuses": statuses,
+            "good": len(good),
+            "good_failed": sum(1 for r in good if r[3] != 200),
+            "bad": len(bad),
+            "bad_not_4xx": sum(1 for r in bad if not (isinstance(r[3], int) and 400 <= r[3] < 500)),
+            "abandoned": sum(1 for r in rows if r[1] == "abandoned"),
+            "p50_seconds": statistics.median(lat) if lat else None,
+            "p99_seconds": pct(lat, 0.99),
+            "queue_p50_seconds": pct([r[5] for r in ok if r[5] is not None], 0.5),
+            "work_p50_seconds": pct([r[6] for r in ok if r[6] is not None], 0.5),
+            "work_p99_seconds": pct([r[6] for r in ok if r[6] is not None], 0.99),
+            "long_requests": sum(1 for r in ok if r[1] == "long"),
+            "rss_mb": rss_mb(pid),
+            "server_rss_bytes": health.get("rss_bytes"),
+            "embedding_caches": [
+                {k: c.get(k) for k in ("embedder", "entries", "bytes", "max_entries", "max_bytes", "evictions")}
+                for c in caches.get("embeddings", [])
+            ],
+            "routers_loaded": caches.get("routers", {}).get("entries"),
+            "queue_in_flight": health.get("queue", {}).get("in_flight"),
+            "dropped": health.get("dropped"),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+        }
+    )
 
 
 def summarise(out: dict, results: list, lock, t0: float) -> None:
@@ -421,14 +484,25 @@ def summarise(out: dict, results: list, lock, t0: float) -> None:
         statuses[str(r[3])] = statuses.get(str(r[3]), 0) + 1
     p50, p99 = (statistics.median(ok), pct(ok, 0.99)) if ok else (None, None)
     out["summary"] = {
-        "requests": len(rows), "minutes": (max((r[0] for r in rows), default=0)) / 60, "statuses": statuses,
-        "good_requests": len(good), "good_not_200": sum(1 for r in good if r[3] != 200),
-        "bad_requests": len(bad), "bad_not_4xx": sum(1 for r in bad if not (isinstance(r[3], int) and 400 <= r[3] < 500)),
-        "bad_by_kind": bad_kinds, "abandoned": sum(1 for r in rows if r[1] == "abandoned"),
-        "p50_seconds": p50, "p99_seconds": p99, "p99_over_p50": p99 / p50 if p50 else None,
-        "by_kind": by_kind, "rss_mb_at_1000_requests": at_1000, "rss_mb_end": end,
+        "requests": len(rows),
+        "minutes": (max((r[0] for r in rows), default=0)) / 60,
+        "statuses": statuses,
+        "good_requests": len(good),
+        "good_not_200": sum(1 for r in good if r[3] != 200),
+        "bad_requests": len(bad),
+        "bad_not_4xx": sum(1 for r in bad if not (isinstance(r[3], int) and 400 <= r[3] < 500)),
+        "bad_by_kind": bad_kinds,
+        "abandoned": sum(1 for r in rows if r[1] == "abandoned"),
+        "p50_seconds": p50,
+        "p99_seconds": p99,
+        "p99_over_p50": p99 / p50 if p50 else None,
+        "by_kind": by_kind,
+        "rss_mb_at_1000_requests": at_1000,
+        "rss_mb_end": end,
         "rss_growth_after_1000": (end / at_1000 - 1) if at_1000 and end else None,
-        "goal_rss_growth_after_1000_at_most": 0.10, "goal_p99_over_p50_at_most": 2.5}
+        "goal_rss_growth_after_1000_at_most": 0.10,
+        "goal_p99_over_p50_at_most": 2.5,
+    }
 
 
 if __name__ == "__main__":

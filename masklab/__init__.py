@@ -11,12 +11,23 @@ import importlib
 # Names resolve on first use (PEP 562), so `import masklab` (and so `masklab --help`, or a
 # Ctrl-C at start-up) does not wait for torch.
 _WHERE = {
-    "MLP": "priors.attention", "Attention": "priors.attention", "Block": "priors.attention",
-    "ALiBi": "priors.bias", "MaskPrior": "priors.bias", "RecencyPrior": "priors.bias", "RelativePrior": "priors.bias",
-    "causal_bias": "priors.bias", "key_bias": "priors.bias",
-    "QK_INITS": "priors.qk_init", "MasklabError": "util.errors",
-    "Checkpoint": "lab.runner", "RunSpec": "lab.runner", "run_study": "lab.runner",
-    "DESIGNS": "priors.structures", "allowed_mass": "priors.structures", "design_structure": "priors.structures",
+    "MLP": "priors.attention",
+    "Attention": "priors.attention",
+    "Block": "priors.attention",
+    "ALiBi": "priors.bias",
+    "MaskPrior": "priors.bias",
+    "RecencyPrior": "priors.bias",
+    "RelativePrior": "priors.bias",
+    "causal_bias": "priors.bias",
+    "key_bias": "priors.bias",
+    "QK_INITS": "priors.qk_init",
+    "MasklabError": "util.errors",
+    "Checkpoint": "lab.runner",
+    "RunSpec": "lab.runner",
+    "run_study": "lab.runner",
+    "DESIGNS": "priors.structures",
+    "allowed_mass": "priors.structures",
+    "design_structure": "priors.structures",
 }
 
 

@@ -47,7 +47,11 @@ STUDIES = {
 REAL_LM_COMMANDS = ("cite", "compress", "train-router", "serve", "realdocs")
 # old command names that still work (not listed in --help)
 ALIASES = {"route": "routing"}
-SWEEPS = {"gotu-designs": "masklab.lab.studies.gotu_designs", "routing-targets": "masklab.lab.studies.routing_targets", "arith-size": "masklab.lab.studies.arith_size"}
+SWEEPS = {
+    "gotu-designs": "masklab.lab.studies.gotu_designs",
+    "routing-targets": "masklab.lab.studies.routing_targets",
+    "arith-size": "masklab.lab.studies.arith_size",
+}
 
 
 def _quick_help(mod) -> str:
@@ -55,34 +59,69 @@ def _quick_help(mod) -> str:
     measured size and time), else a generic line."""
     doc = (getattr(getattr(mod, "quick_config", None), "__doc__", None) or "").strip()
     first = " ".join(doc.split("\n\n")[0].split()).rstrip(".").replace("%", "%%")
-    return f"small version (smoke test): {first[0].lower() + first[1:]}" if first else "small version (smoke test) that finishes in a minute or two"
+    return (
+        f"small version (smoke test): {first[0].lower() + first[1:]}"
+        if first
+        else "small version (smoke test) that finishes in a minute or two"
+    )
 
 
-def _common(ap: argparse.ArgumentParser, default_out: str, seeds_default: str = "the study's seeds",
-            quick_help: str = "small version (smoke test) that finishes in a minute or two") -> None:
-    ap.add_argument("--out", default=default_out, metavar="DIR", help=f"output directory (default {default_out or 'runs/NAME'})")
+def _common(
+    ap: argparse.ArgumentParser,
+    default_out: str,
+    seeds_default: str = "the study's seeds",
+    quick_help: str = "small version (smoke test) that finishes in a minute or two",
+) -> None:
+    ap.add_argument(
+        "--out", default=default_out, metavar="DIR", help=f"output directory (default {default_out or 'runs/NAME'})"
+    )
     seeds = ap.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", type=int, metavar="N", help=f"run seeds 0..N-1 (default {seeds_default})")
     seeds.add_argument("--seed", type=int, metavar="S", help="run this one seed")
     ap.add_argument("--quick", action="store_true", help=quick_help)
     jobs = min(os.cpu_count() or 1, 4)
-    ap.add_argument("--jobs", type=int, default=jobs, metavar="N", help=f"runs in parallel, one torch thread each (default {jobs}: the CPUs, at most 4)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=jobs,
+        metavar="N",
+        help=f"runs in parallel, one torch thread each (default {jobs}: the CPUs, at most 4)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ap.add_argument("--keep-old-runs", action="store_true",
-                    help="keep finished runs in --out that other code made; results.md then warns that the table mixes code (default off: they are run again)")
-    ap.add_argument("--executor", choices=EXECUTORS, default="local",
-                    help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; docs/cluster.md) (default local)")
-    ap.add_argument("--ray-address", metavar="ADDR", default=None,
-                    help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster (default the running local one, else a new one on this machine)")
+    ap.add_argument(
+        "--keep-old-runs",
+        action="store_true",
+        help="keep finished runs in --out that other code made; results.md then warns that the table mixes code (default off: they are run again)",
+    )
+    ap.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; docs/cluster.md) (default local)",
+    )
+    ap.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        default=None,
+        help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster (default the running local one, else a new one on this machine)",
+    )
     device_flags(ap)
 
 
 def device_flags(ap: argparse.ArgumentParser) -> None:
     """``--device`` and ``--precision``: every study and every real-LM command takes them."""
-    ap.add_argument("--device", default="auto", metavar="DEVICE",
-                    help="where models compute: auto (CUDA when available, else the CPU), cpu, cuda or cuda:N (default auto)")
-    ap.add_argument("--precision", default="fp32", choices=devices.PRECISIONS,
-                    help="fp32, or autocast to bf16 / fp16 (fp16 training uses a loss scaler on CUDA) (default fp32)")
+    ap.add_argument(
+        "--device",
+        default="auto",
+        metavar="DEVICE",
+        help="where models compute: auto (CUDA when available, else the CPU), cpu, cuda or cuda:N (default auto)",
+    )
+    ap.add_argument(
+        "--precision",
+        default="fp32",
+        choices=devices.PRECISIONS,
+        help="fp32, or autocast to bf16 / fp16 (fp16 training uses a loss scaler on CUDA) (default fp32)",
+    )
 
 
 class Parser(argparse.ArgumentParser):
@@ -95,9 +134,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = Parser(prog="masklab", description="Structure in transformer attention: mask priors and causal evidence "
-                "routing. The commands for your own documents and models come first (compress, train-router, "
-                "serve, models, cite, realdocs); the research studies, reproduce, sweep and report follow.")
+    ap = Parser(
+        prog="masklab",
+        description="Structure in transformer attention: mask priors and causal evidence "
+        "routing. The commands for your own documents and models come first (compress, train-router, "
+        "serve, models, cite, realdocs); the research studies, reproduce, sweep and report follow.",
+    )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from masklab.context import cli as context_cli
 
@@ -129,10 +171,25 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
     sw.add_argument("name", choices=sorted(SWEEPS))
     _common(sw, "")
-    rp = sub.add_parser("report", help="regenerate the tables and numbers in README.md and docs/ from the results files they name")
-    rp.add_argument("--check", action="store_true", help="only compare: list the files whose generated blocks differ and exit 1 if any do")
-    rp.add_argument("--stale", action="store_true", help="only list the results files holding runs made by code other than this checkout's, comments, docstrings and formatting aside (stale), or by code that cannot be told (unknown), and why; exit 1 if any: run before a release")
-    rp.add_argument("--root", default=".", metavar="DIR", help="the repository root holding README.md, docs/ and results/ (default .)")
+    rp = sub.add_parser(
+        "report", help="regenerate the tables and numbers in README.md and docs/ from the results files they name"
+    )
+    rp.add_argument(
+        "--check",
+        action="store_true",
+        help="only compare: list the files whose generated blocks differ and exit 1 if any do",
+    )
+    rp.add_argument(
+        "--stale",
+        action="store_true",
+        help="only list the results files holding runs made by code other than this checkout's, comments, docstrings and formatting aside (stale), or by code that cannot be told (unknown), and why; exit 1 if any: run before a release",
+    )
+    rp.add_argument(
+        "--root",
+        default=".",
+        metavar="DIR",
+        help="the repository root holding README.md, docs/ and results/ (default .)",
+    )
     for name in REAL_LM_COMMANDS:  # the studies, reproduce and sweep have them from _common
         device_flags(sub.choices[name])
     return ap
@@ -145,16 +202,23 @@ def report(args: argparse.Namespace) -> int:
     if args.stale:
         listed = doctables.stale_results(root)
         for path, state, whys in listed:
-            print(f"{state}: {path} ({'; '.join(f'{n} runs by {why}' if why.startswith('code ') else why for why, n in whys.items())})")
+            print(
+                f"{state}: {path} ({'; '.join(f'{n} runs by {why}' if why.startswith('code ') else why for why, n in whys.items())})"
+            )
         n, stale = len(doctables.results_paths(root)), sum(state == "stale" for _, state, _ in listed)
-        print(f"{n - len(listed)} of {n} results files were made by this checkout's code (comments, docstrings and formatting "
-              f"aside); {stale} stale, {len(listed) - stale} unknown", file=sys.stderr)
+        print(
+            f"{n - len(listed)} of {n} results files were made by this checkout's code (comments, docstrings and formatting "
+            f"aside); {stale} stale, {len(listed) - stale} unknown",
+            file=sys.stderr,
+        )
         return 1 if listed else 0
     changed = doctables.update(root, check=args.check)
     for path in changed:
         print(f"{'differs' if args.check else 'rewrote'}: {path}")
     if args.check and changed:
-        print("masklab: the generated blocks above differ from their results files; run `masklab report`", file=sys.stderr)
+        print(
+            "masklab: the generated blocks above differ from their results files; run `masklab report`", file=sys.stderr
+        )
         return 1
     return 0
 
@@ -204,8 +268,9 @@ def writable_dir(out: Path) -> None:
     except OSError as e:
         if parent == out.absolute():
             raise MasklabError(f"the output directory {out} is not writable ({e.strerror or e})") from None
-        raise MasklabError(f"cannot create the output directory {out}: {parent} takes no new folders "
-                           f"({e.strerror or e})") from None
+        raise MasklabError(
+            f"cannot create the output directory {out}: {parent} takes no new folders ({e.strerror or e})"
+        ) from None
 
 
 def validate(mod, cfg, args: argparse.Namespace) -> None:
@@ -240,8 +305,10 @@ def smoke_test_note(mod, cfg, results: dict) -> str:
     except Exception:  # noqa: BLE001 (a study without a default Config: the note just has no sizes)
         smaller = []
     sizes = f"; sizes that differ from the defaults: {', '.join(smaller)}" if smaller else ""
-    return (f"> **Smoke test** (`--quick`): checks that the study runs, not what it finds; {n} run(s) per row{sizes}. "
-            "Run without `--quick` for the numbers the docs quote.\n\n")
+    return (
+        f"> **Smoke test** (`--quick`): checks that the study runs, not what it finds; {n} run(s) per row{sizes}. "
+        "Run without `--quick` for the numbers the docs quote.\n\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
             results = {**read_json(out / "results.json"), "command": command}
             write_json(out / "results.json", results)
             if args.quick and (out / "results.md").exists():
-                atomic_write_text(out / "results.md", smoke_test_note(mod, cfg, results) + (out / "results.md").read_text())
+                atomic_write_text(
+                    out / "results.md", smoke_test_note(mod, cfg, results) + (out / "results.md").read_text()
+                )
             print((out / "results.md").read_text())
             print(f"results: {out / 'results.json'}")
     except MasklabError as e:

@@ -47,8 +47,10 @@ def main() -> int:
     ap.add_argument("--routers", default="pruner-ctx", help="comma-separated routers with scores in [0, 1]")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "calibration", help="output folder")
     a = ap.parse_args()
-    files = {"val": json.loads(a.val.read_text()), **{p.stem.split("_", 1)[-1]: json.loads(p.read_text())
-                                                       for p in a.test}}
+    files = {
+        "val": json.loads(a.val.read_text()),
+        **{p.stem.split("_", 1)[-1]: json.loads(p.read_text()) for p in a.test},
+    }
     a.out.mkdir(parents=True, exist_ok=True)
     out = {"val": str(a.val), "test": [str(p) for p in a.test], "routers": {}}
     for router in a.routers.split(","):
@@ -59,11 +61,20 @@ def main() -> int:
             p, y = points(res, router)
             cal = [1 / (1 + math.exp(-(fit[0] * math.log(max(x, 1e-6) / max(1 - x, 1e-6)) + fit[1]))) for x in p]
             before, after = reliability(p, y), reliability(cal, y)
-            rec["splits"][name] = {"units": len(p), "ece": before[0], "ece_calibrated": after[0],
-                                   "bins": before[1], "bins_calibrated": after[1]}
+            rec["splits"][name] = {
+                "units": len(p),
+                "ece": before[0],
+                "ece_calibrated": after[0],
+                "bins": before[1],
+                "bins_calibrated": after[1],
+            }
             for ax, (ece, bins), title in zip(axes, (before, after), ("as scored", "Platt-scaled on val")):
-                ax.plot([b["probability"] for b in bins], [b["evidence"] for b in bins], "o-",
-                        label=f"{name} (ECE {ece:.3f})")
+                ax.plot(
+                    [b["probability"] for b in bins],
+                    [b["evidence"] for b in bins],
+                    "o-",
+                    label=f"{name} (ECE {ece:.3f})",
+                )
                 ax.set_title(f"{router}: {title}")
         for ax in axes:
             ax.plot([0, 1], [0, 1], "k:", lw=1)

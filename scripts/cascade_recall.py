@@ -36,7 +36,7 @@ STAGES = ("bm25", "pruner", "hybrid")
 
 def chosen(windows, scores: torch.Tensor, n: int | None = None) -> list:
     """The ``n`` windows whose best unit scores highest (None: all, best first)."""
-    return sorted(windows, key=lambda w: -float(scores[w.start:w.stop].max()))[:n]
+    return sorted(windows, key=lambda w: -float(scores[w.start : w.stop].max()))[:n]
 
 
 def needed(windows, scores: torch.Tensor, gold: set[int]) -> int:
@@ -59,15 +59,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--questions", type=int, default=320, help="val questions, taken in turn from each document")
     ap.add_argument("--tokens", type=int, default=20000, help="the long document's length in SmolLM2 tokens")
-    ap.add_argument("--windows", type=int, nargs="+", default=[8, 16, 24, 32], help="windows the cross-encoder "
-                    "reads (each count measured)")
+    ap.add_argument(
+        "--windows",
+        type=int,
+        nargs="+",
+        default=[8, 16, 24, 32],
+        help="windows the cross-encoder reads (each count measured)",
+    )
     ap.add_argument("--timing-rounds", type=int, default=3, help="rounds of the timing on a fresh document")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "cascade", help="output folder")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     tok = load("smollm2-135m", threads=a.threads).tokenizer
-    qs = in_turn(realdocs.load("val", realdocs.CORPUS))[:a.questions]
+    qs = in_turn(realdocs.load("val", realdocs.CORPUS))[: a.questions]
     docs = {q.doc: segment(q.text, tok) for q in qs}
     lengths = {d: sum(doc.lengths(tok)) for d, doc in docs.items()}
     cross, bm25, pruner = load_router("cross"), load_router("bm25"), load_router("pruner")
@@ -105,8 +110,9 @@ def main() -> int:
         row.update({name: needed(wins, s, gold) for name, s in scores.items()})
         rows.append(row)
     long_units = [u for d in docs.values() for u in d.units]
-    long = Document(units=long_units[:bisect_right(list(accumulate(Document(units=long_units).lengths(tok))),
-                                                   a.tokens)])
+    long = Document(
+        units=long_units[: bisect_right(list(accumulate(Document(units=long_units).lengths(tok))), a.tokens)]
+    )
     question = qs[0].question
     timing: dict[str, list[float]] = {s: [] for s in ("bm25", "pruner", "cross_read_16")}
     for _ in range(a.timing_rounds):
@@ -128,16 +134,30 @@ def main() -> int:
             for name in STAGES:
                 hit = [r[name] <= n for r in sub]
                 lo, hi = wilson(sum(hit), len(sub))
-                cell = {"task": f"{kind}@{n}", "method": name, "n": len(sub), "recall": sum(hit) / len(sub),
-                        "recall_lo": lo, "recall_hi": hi}
+                cell = {
+                    "task": f"{kind}@{n}",
+                    "method": name,
+                    "n": len(sub),
+                    "recall": sum(hit) / len(sub),
+                    "recall_lo": lo,
+                    "recall_hi": hi,
+                }
                 if name != "pruner":
                     cell["p_vs_pruner"] = mcnemar(hit, [r["pruner"] <= n for r in sub])
                 summary.append(cell)
     med = {k: statistics.median(v) for k, v in timing.items()}
     summary += [{"task": "seconds", "method": k, "seconds": v} for k, v in med.items()]
-    out = {"command": "python scripts/cascade_recall.py " + " ".join(sys.argv[1:]), "questions": len(rows),
-           "tokens": a.tokens, "windows": a.windows, "threads": a.threads, "timing_units": len(long.units),
-           "timing": timing, "summary": summary, "rows": rows}
+    out = {
+        "command": "python scripts/cascade_recall.py " + " ".join(sys.argv[1:]),
+        "questions": len(rows),
+        "tokens": a.tokens,
+        "windows": a.windows,
+        "threads": a.threads,
+        "timing_units": len(long.units),
+        "timing": timing,
+        "summary": summary,
+        "rows": rows,
+    }
     write_json(a.out / "results.json", out)
     for s in summary:
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()})

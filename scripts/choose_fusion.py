@@ -40,15 +40,31 @@ def main() -> int:
         best = choose(grid, floor)
         for g in grid:
             name = g["how"] if g["how"] in ("bm25", other) else f"{g['how']} {g['weight']:g}"
-            summary.append({"task": f"val-bm25-{other}", "method": name, "n": sum(len(r) for r in runs.values()),
-                            "chosen": g is best, **{k: v for k, v in g.items() if k not in ("how", "weight")},
-                            "how": g["how"], "weight": g["weight"]})
-    out = {"command": "python scripts/choose_fusion.py", "rule": choose.__doc__.split("\n\n")[0].replace("\n", " "),
-           "keep": 0.1, "models": list(MODELS), "summary": summary}
+            summary.append(
+                {
+                    "task": f"val-bm25-{other}",
+                    "method": name,
+                    "n": sum(len(r) for r in runs.values()),
+                    "chosen": g is best,
+                    **{k: v for k, v in g.items() if k not in ("how", "weight")},
+                    "how": g["how"],
+                    "weight": g["weight"],
+                }
+            )
+    out = {
+        "command": "python scripts/choose_fusion.py",
+        "rule": choose.__doc__.split("\n\n")[0].replace("\n", " "),
+        "keep": 0.1,
+        "models": list(MODELS),
+        "summary": summary,
+    }
     write_json(root / "realdocs-fusion" / "results.json", out)
     for s in summary:
-        print(f"{s['task']:28s} {s['method']:12s} mrr {s['mrr']:.3f} kept@10 {s['kept']:.3f}"
-              + "".join(f"  {m}: {s['mrr_' + m]:.3f}/{s['kept_' + m]:.2f}" for m in MODELS) + ("  <- chosen" if s["chosen"] else ""))
+        print(
+            f"{s['task']:28s} {s['method']:12s} mrr {s['mrr']:.3f} kept@10 {s['kept']:.3f}"
+            + "".join(f"  {m}: {s['mrr_' + m]:.3f}/{s['kept_' + m]:.2f}" for m in MODELS)
+            + ("  <- chosen" if s["chosen"] else "")
+        )
     return 0
 
 

@@ -68,26 +68,61 @@ HEADS, HEAD_DIM = 8, 64
 # gotu on the device vs the CPU, per metric: the largest |device - cpu| that counts as equal.
 # Accuracies are over 4096-8192 points; the runs train 600 steps from the same draws, so
 # float order differences may move a handful of points' signs.
-GOTU_TOL = {"unseen_acc": 0.02, "full_acc": 0.02, "seen_acc": 0.02, "mdi_agreement": 0.02,
-            "prior_mass_final": 0.02, "prior_mass_all_final": 0.02, "mask_drift": 0.02,
-            "train_mse": 0.01, "unseen_mse": 0.05, "u": 0.05}
+GOTU_TOL = {
+    "unseen_acc": 0.02,
+    "full_acc": 0.02,
+    "seen_acc": 0.02,
+    "mdi_agreement": 0.02,
+    "prior_mass_final": 0.02,
+    "prior_mass_all_final": 0.02,
+    "mask_drift": 0.02,
+    "train_mse": 0.01,
+    "unseen_mse": 0.05,
+    "u": 0.05,
+}
 LONGCTX = [("smollm2-135m", 8192), ("gemma3-270m", 32768)]
 LONGCTX_EXAMPLES = 3
-GOTU_TINY = ["gotu", "--quick", "--task", "2parity", "--method", "mask", "--steps", "20", "--evals", "2",
-             "--width", "16", "--depth", "1", "--heads", "2", "--batch", "32"]
+GOTU_TINY = [
+    "gotu",
+    "--quick",
+    "--task",
+    "2parity",
+    "--method",
+    "mask",
+    "--steps",
+    "20",
+    "--evals",
+    "2",
+    "--width",
+    "16",
+    "--depth",
+    "1",
+    "--heads",
+    "2",
+    "--batch",
+    "32",
+]
 # seconds per step (the four add up to at most 8 minutes with the start-up)
 LIMITS = {"gpu_tests": 180, "attention": 100, "gotu_quick": 120, "longctx": 70}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cuda", help="the device under test: cuda (default), cuda:N or cpu")
     ap.add_argument("--tiny", action="store_true", help="small sizes: every code path in about a minute on a CPU")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (steps, sizes, commands) and run nothing")
     ap.add_argument("--skip", default="", help=f"comma-separated steps to leave out ({', '.join(STEPS)})")
-    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per attention length (default 7; --tiny 3)")
-    ap.add_argument("--out", default=None, help="the JSON file (default benchmarks/device_check.json; with --tiny "
-                    "or --device cpu, runs/device_check.json, so a CPU try never replaces the GPU's file)")
+    ap.add_argument(
+        "--reps", type=int, default=None, help="timed repetitions per attention length (default 7; --tiny 3)"
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="the JSON file (default benchmarks/device_check.json; with --tiny "
+        "or --device cpu, runs/device_check.json, so a CPU try never replaces the GPU's file)",
+    )
     args = ap.parse_args(argv)
     args.skip = [s for s in args.skip.split(",") if s]
     unknown = [s for s in args.skip if s not in STEPS]
@@ -109,15 +144,36 @@ def plan(args: argparse.Namespace) -> list[dict]:
     if "gpu_tests" not in args.skip:
         steps.append({"step": "gpu_tests", "limit_s": LIMITS["gpu_tests"], "command": shlex.join(pytest_command(args))})
     if "attention" not in args.skip:
-        steps.append({"step": "attention", "limit_s": LIMITS["attention"], "lengths": list(lengths(args)),
-                      "tokens": TOKENS if not args.tiny else 64, "heads": HEADS if not args.tiny else 2,
-                      "head_dim": HEAD_DIM if not args.tiny else 16, "reps": args.reps})
+        steps.append(
+            {
+                "step": "attention",
+                "limit_s": LIMITS["attention"],
+                "lengths": list(lengths(args)),
+                "tokens": TOKENS if not args.tiny else 64,
+                "heads": HEADS if not args.tiny else 2,
+                "head_dim": HEAD_DIM if not args.tiny else 16,
+                "reps": args.reps,
+            }
+        )
     if "gotu_quick" not in args.skip:
-        steps.append({"step": "gotu_quick", "limit_s": LIMITS["gotu_quick"],
-                      "commands": [shlex.join(gotu_command(args, args.device, "DIR")), shlex.join(gotu_command(args, "cpu", "DIR"))]})
+        steps.append(
+            {
+                "step": "gotu_quick",
+                "limit_s": LIMITS["gotu_quick"],
+                "commands": [
+                    shlex.join(gotu_command(args, args.device, "DIR")),
+                    shlex.join(gotu_command(args, "cpu", "DIR")),
+                ],
+            }
+        )
     if "longctx" not in args.skip and not args.tiny:
-        steps.append({"step": "longctx", "limit_s": LIMITS["longctx"],
-                      "commands": [shlex.join(longctx_command(args, m, n, "DIR")) for m, n in LONGCTX]})
+        steps.append(
+            {
+                "step": "longctx",
+                "limit_s": LIMITS["longctx"],
+                "commands": [shlex.join(longctx_command(args, m, n, "DIR")) for m, n in LONGCTX],
+            }
+        )
     return steps
 
 
@@ -141,9 +197,28 @@ def gotu_command(args: argparse.Namespace, device: str, out: str) -> list[str]:
 
 
 def longctx_command(args: argparse.Namespace, model: str, length: int, out: str) -> list[str]:
-    return masklab_cmd("longctx", "--model", model, "--length", str(length), "--tasks", "niah", "--keep", "0.25",
-                       "--examples", str(LONGCTX_EXAMPLES), "--routers", "none", "--compare", "none",
-                       "--device", args.device, "--out", out, "--no-progress")
+    return masklab_cmd(
+        "longctx",
+        "--model",
+        model,
+        "--length",
+        str(length),
+        "--tasks",
+        "niah",
+        "--keep",
+        "0.25",
+        "--examples",
+        str(LONGCTX_EXAMPLES),
+        "--routers",
+        "none",
+        "--compare",
+        "none",
+        "--device",
+        args.device,
+        "--out",
+        out,
+        "--no-progress",
+    )
 
 
 def run_command(cmd: list[str], limit: float, keep: tuple[str, ...] = ()) -> dict:
@@ -163,9 +238,14 @@ def run_command(cmd: list[str], limit: float, keep: tuple[str, ...] = ()) -> dic
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    return {"command": " ".join(cmd[2:] if cmd[1] == "-m" else cmd), "rc": rc, "seconds": round(time.perf_counter() - t0, 2),
-            "stdout_tail": stdout.strip().splitlines()[-3:], "stderr_tail": stderr.strip().splitlines()[-3:],
-            **({"lines": [x for x in stdout.splitlines() if x.startswith(keep)]} if keep else {})}
+    return {
+        "command": " ".join(cmd[2:] if cmd[1] == "-m" else cmd),
+        "rc": rc,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "stdout_tail": stdout.strip().splitlines()[-3:],
+        "stderr_tail": stderr.strip().splitlines()[-3:],
+        **({"lines": [x for x in stdout.splitlines() if x.startswith(keep)]} if keep else {}),
+    }
 
 
 # ----------------------------------------------------------------------------- 1. gpu tests
@@ -238,7 +318,11 @@ def attention_paths(dev: torch.device, T: int, tokens: int, heads: int, head_dim
 
     def fused_prior():
         clear()
-        y = flex_attention_bias(q, k, v, prior(), None) if dev.type == "cuda" else BlockedBiasAttention.apply(q, k, v, prior(), None)
+        y = (
+            flex_attention_bias(q, k, v, prior(), None)
+            if dev.type == "cuda"
+            else BlockedBiasAttention.apply(q, k, v, prior(), None)
+        )
         y.backward(grad)
         return y
 
@@ -306,11 +390,20 @@ def attention(args: argparse.Namespace, dev: torch.device) -> dict:
         if time.perf_counter() > t_end:
             break
     long = [r for r in rows if r["T"] >= 256 and "ratio_to_plain" in r]
-    return {"path": "flex (compiled)" if dev.type == "cuda" else "blocked (CPU: FlexAttention has no backward)",
-            # float32 throughout: SDPA's fused kernel for float32 on CUDA is the memory-efficient
-            # one (its flash kernel takes fp16/bf16 only), so "plain" is that kernel without a mask
-            "dtype": "float32", "tokens": tokens, "heads": heads, "head_dim": head_dim, "reps": args.reps, "rows": rows,
-            "goal_prior_le_1.2x_plain_at_T_ge_256": (all(r["ratio_to_plain"]["prior"] <= 1.2 for r in long) if long else None)}
+    return {
+        "path": "flex (compiled)" if dev.type == "cuda" else "blocked (CPU: FlexAttention has no backward)",
+        # float32 throughout: SDPA's fused kernel for float32 on CUDA is the memory-efficient
+        # one (its flash kernel takes fp16/bf16 only), so "plain" is that kernel without a mask
+        "dtype": "float32",
+        "tokens": tokens,
+        "heads": heads,
+        "head_dim": head_dim,
+        "reps": args.reps,
+        "rows": rows,
+        "goal_prior_le_1.2x_plain_at_T_ge_256": (
+            all(r["ratio_to_plain"]["prior"] <= 1.2 for r in long) if long else None
+        ),
+    }
 
 
 # ----------------------------------------------------------------------------- 3. gotu --quick
@@ -330,17 +423,26 @@ def compare_runs(dev_res: dict, cpu_res: dict, tol: dict[str, float] = GOTU_TOL)
             a, b = r["metrics"].get(name), other.get(name)
             if isinstance(a, (int, float)) and isinstance(b, (int, float)):
                 diffs[name] = max(diffs.get(name, 0.0), abs(a - b))
-    return {"max_abs_diff": {k: round(v, 6) for k, v in diffs.items()}, "tolerance": {k: tol[k] for k in diffs},
-            "within": all(v <= tol[k] for k, v in diffs.items()) if diffs else None,
-            "runs_compared": sum(key(r) in cpu for r in dev_res["runs"])}
+    return {
+        "max_abs_diff": {k: round(v, 6) for k, v in diffs.items()},
+        "tolerance": {k: tol[k] for k in diffs},
+        "within": all(v <= tol[k] for k, v in diffs.items()) if diffs else None,
+        "runs_compared": sum(key(r) in cpu for r in dev_res["runs"]),
+    }
 
 
 def gotu_quick(args: argparse.Namespace, work: Path) -> dict:
     outs = {"device": work / "gotu-device", "cpu": work / "gotu-cpu"}
-    cmds = {"device": gotu_command(args, args.device, str(outs["device"])), "cpu": gotu_command(args, "cpu", str(outs["cpu"]))}
+    cmds = {
+        "device": gotu_command(args, args.device, str(outs["device"])),
+        "cpu": gotu_command(args, "cpu", str(outs["cpu"])),
+    }
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.perf_counter()
-    procs = {k: subprocess.Popen(c, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) for k, c in cmds.items()}
+    procs = {
+        k: subprocess.Popen(c, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        for k, c in cmds.items()
+    }
     res: dict = {"commands": {k: " ".join(c[3:]) for k, c in cmds.items()}, "concurrent": True}
     for k, p in procs.items():
         try:
@@ -355,7 +457,9 @@ def gotu_quick(args: argparse.Namespace, work: Path) -> dict:
         if results.exists():
             r = read_json(results)
             res[f"{k}_seconds"] = round(sum(run["seconds"] for run in r["runs"]), 2)
-            res[f"{k}_environment"] = {n: r["environment"].get(n) for n in ("device", "device_name", "precision", "jobs")}
+            res[f"{k}_environment"] = {
+                n: r["environment"].get(n) for n in ("device", "device_name", "precision", "jobs")
+            }
     if all((outs[k] / "results.json").exists() for k in outs):
         res.update(compare_runs(read_json(outs["device"] / "results.json"), read_json(outs["cpu"] / "results.json")))
     res["wall_seconds"] = round(time.perf_counter() - t0, 2)
@@ -391,9 +495,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     dev = devices.resolve(args.device)  # one clear error on a machine without the device
     report: dict = {
-        "script": "scripts/device_check.py", "argv": sys.argv[1:] if argv is None else argv, "tiny": args.tiny,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_rev": revision.git_rev(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, **devices.describe(dev, "fp32"), "steps": {},
+        "script": "scripts/device_check.py",
+        "argv": sys.argv[1:] if argv is None else argv,
+        "tiny": args.tiny,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git_rev": revision.git_rev(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        **devices.describe(dev, "fp32"),
+        "steps": {},
     }
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="device-check-") as tmp:
@@ -415,7 +525,9 @@ def main(argv: list[str] | None = None) -> int:
                 out = {"error": f"{type(e).__name__}: {e}"}
             out["step_seconds"] = round(time.perf_counter() - s0, 2)
             report["steps"][name] = out
-            write_json(Path(args.out), {**report, "total_seconds": round(time.perf_counter() - t0, 2)})  # after every step
+            write_json(
+                Path(args.out), {**report, "total_seconds": round(time.perf_counter() - t0, 2)}
+            )  # after every step
     report["total_seconds"] = round(time.perf_counter() - t0, 2)
     write_json(Path(args.out), report)
     print(f"device_check: wrote {args.out} in {report['total_seconds']} s", file=sys.stderr)

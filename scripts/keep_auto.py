@@ -24,8 +24,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUTERS = {"pruner": "causal", "pruner-attention": "attention", "pruner-marks": "marks", "pruner-ctx": "ctx-union",
-           "pruner-ctx-attention": "ctx-attention"}  # router -> its shipped weights' name
+ROUTERS = {
+    "pruner": "causal",
+    "pruner-attention": "attention",
+    "pruner-marks": "marks",
+    "pruner-ctx": "ctx-union",
+    "pruner-ctx-attention": "ctx-attention",
+}  # router -> its shipped weights' name
 
 
 def main() -> int:
@@ -43,28 +48,55 @@ def main() -> int:
         for name in ROUTERS:
             if name not in res["rows"][0]:
                 continue
-            meta = json.loads((ROOT / "masklab" / "context" / "weights" / "pruner" / f"{ROUTERS[name]}.json").read_text())
+            meta = json.loads(
+                (ROOT / "masklab" / "context" / "weights" / "pruner" / f"{ROUTERS[name]}.json").read_text()
+            )
             rule, context = meta.get("keep_rule", "threshold"), meta.get("context", 0)
             kept, frac = [], []
             for r in res["rows"]:
                 s = torch.tensor(r[name]["scores"])
-                k = set(select(s, r["lengths"], auto_fraction(s, r["lengths"], meta["keep_auto"], rule, context),
-                               context=context))
+                k = set(
+                    select(
+                        s,
+                        r["lengths"],
+                        auto_fraction(s, r["lengths"], meta["keep_auto"], rule, context),
+                        context=context,
+                    )
+                )
                 kept.append(all(u in k for g in r["gold"] for u in g))
                 frac.append(sum(r["lengths"][i] for i in k) / sum(r["lengths"]))
             n = len(kept)
             lo, hi = wilson(sum(kept), n)
             fixed = [r[name]["0.25"]["kept"] for r in res["rows"]]
-            same = [all(u in set(select(torch.tensor(r[name]["scores"]), r["lengths"], sum(frac) / len(frac),
-                                        context=context))
-                        for g in r["gold"] for u in g) for r in res["rows"]]
-            summary.append({"task": f"{res['split']}-{res['model']}", "method": name, "n": n, "threshold": meta["keep_auto"],
-                            "rule": rule,
-                            "kept@auto": sum(kept) / n, "kept@auto_lo": lo, "kept@auto_hi": hi,
-                            "fraction@auto": sum(frac) / n, "kept@25": sum(fixed) / n,
-                            "fraction@25": sum(r[name]["0.25"]["kept_fraction"] for r in res["rows"]) / n,
-                            "p_auto_vs_25": mcnemar(kept, fixed), "kept@same": sum(same) / n,
-                            "p_auto_vs_same": mcnemar(kept, same)})
+            same = [
+                all(
+                    u
+                    in set(
+                        select(torch.tensor(r[name]["scores"]), r["lengths"], sum(frac) / len(frac), context=context)
+                    )
+                    for g in r["gold"]
+                    for u in g
+                )
+                for r in res["rows"]
+            ]
+            summary.append(
+                {
+                    "task": f"{res['split']}-{res['model']}",
+                    "method": name,
+                    "n": n,
+                    "threshold": meta["keep_auto"],
+                    "rule": rule,
+                    "kept@auto": sum(kept) / n,
+                    "kept@auto_lo": lo,
+                    "kept@auto_hi": hi,
+                    "fraction@auto": sum(frac) / n,
+                    "kept@25": sum(fixed) / n,
+                    "fraction@25": sum(r[name]["0.25"]["kept_fraction"] for r in res["rows"]) / n,
+                    "p_auto_vs_25": mcnemar(kept, fixed),
+                    "kept@same": sum(same) / n,
+                    "p_auto_vs_same": mcnemar(kept, same),
+                }
+            )
             print(summary[-1])
         summary += context_rows(res)
     write_json(out, {"command": "python scripts/keep_auto.py " + " ".join(sys.argv[1:]), "summary": summary})
@@ -82,9 +114,14 @@ def context_rows(res: dict) -> list[dict]:
         kept = {}
         for keep in (0.1, 0.25):
             for context in (0, 1):
-                kept[keep, context] = [all(u in set(select(torch.tensor(r[name]["scores"]), r["lengths"], keep,
-                                                           context=context)) for g in r["gold"] for u in g)
-                                       for r in res["rows"]]
+                kept[keep, context] = [
+                    all(
+                        u in set(select(torch.tensor(r[name]["scores"]), r["lengths"], keep, context=context))
+                        for g in r["gold"]
+                        for u in g
+                    )
+                    for r in res["rows"]
+                ]
                 row[f"kept@{round(keep * 100)}_context{context}"] = sum(kept[keep, context]) / row["n"]
         row["p_kept@10_context1_vs_0"] = mcnemar(kept[0.1, 1], kept[0.1, 0])
         out.append(row)

@@ -25,12 +25,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VAL = ROOT / "results" / "realdocs-cross-smollm2-135m" / "results_corpus-val.json"
-TESTS = {"test2": ROOT / "results" / "realdocs-ctx-smollm2-135m" / "results_test2.json",
-         "test3": ROOT / "results" / "realdocs-cross-smollm2-135m" / "results_test3.json"}
+TESTS = {
+    "test2": ROOT / "results" / "realdocs-ctx-smollm2-135m" / "results_test2.json",
+    "test3": ROOT / "results" / "realdocs-cross-smollm2-135m" / "results_test3.json",
+}
 
 
-def outcomes(rows: list[dict], router: str, value: float | None, rule: str, neighbours: int,
-             fraction: float | None = None) -> list[tuple[bool, float]]:
+def outcomes(
+    rows: list[dict], router: str, value: float | None, rule: str, neighbours: int, fraction: float | None = None
+) -> list[tuple[bool, float]]:
     """Each question's ``(all evidence kept, kept share of tokens)`` under a keep rule (``value``,
     ``rule``) or, given ``fraction``, a fixed keep of that share."""
     import torch
@@ -51,8 +54,13 @@ def figures(res: list[tuple[bool, float]]) -> dict:
 
     k = sum(a for a, _ in res)
     lo, hi = wilson(k, len(res))
-    return {"n": len(res), "kept": k / len(res), "kept_lo": lo, "kept_hi": hi,
-            "fraction": sum(f for _, f in res) / len(res)}
+    return {
+        "n": len(res),
+        "kept": k / len(res),
+        "kept_lo": lo,
+        "kept_hi": hi,
+        "fraction": sum(f for _, f in res) / len(res),
+    }
 
 
 def main() -> int:
@@ -68,17 +76,27 @@ def main() -> int:
     a = ap.parse_args()
     val = json.loads(VAL.read_text())["rows"]
     tests = {name: json.loads(p.read_text())["rows"] for name, p in TESTS.items()}
-    out = {"command": "python scripts/keep_rules.py " + f"--target {a.target} --routers {a.routers}",
-           "val": str(VAL.relative_to(ROOT)), "tests": {k: str(p.relative_to(ROOT)) for k, p in TESTS.items()},
-           "target": a.target, "routers": {}, "summary": []}
+    out = {
+        "command": "python scripts/keep_rules.py " + f"--target {a.target} --routers {a.routers}",
+        "val": str(VAL.relative_to(ROOT)),
+        "tests": {k: str(p.relative_to(ROOT)) for k, p in TESTS.items()},
+        "target": a.target,
+        "routers": {},
+        "summary": [],
+    }
     for name in a.routers.split(","):
         router = load_router(name)
         nb = router.neighbours
         best = None
         for rule in KEEP_RULES:
-            scores = sorted({round(x / (max(r[name]["scores"]) if rule == "relative" else 1), 3)
-                             for r in val for x in r[name]["scores"]})
-            for value in scores[::max(1, len(scores) // 200)]:  # about 200 values of each rule
+            scores = sorted(
+                {
+                    round(x / (max(r[name]["scores"]) if rule == "relative" else 1), 3)
+                    for r in val
+                    for x in r[name]["scores"]
+                }
+            )
+            for value in scores[:: max(1, len(scores) // 200)]:  # about 200 values of each rule
                 fig = figures(outcomes(val, name, value, rule, nb))
                 if fig["kept"] >= a.target and (best is None or fig["fraction"] < best["val"]["fraction"]):
                     best = {"rule": rule, "value": value, "val": fig}
@@ -96,22 +114,49 @@ def main() -> int:
                 fa = figures(auto)
                 fixed = outcomes(rows, name, None, r["rule"], nb, fraction=fa["fraction"])
                 ff = figures(fixed)
-                cell = {"auto": fa, "fixed": ff, "p_vs_fixed": mcnemar([x for x, _ in auto], [x for x, _ in fixed]),
-                        "rows": [{"id": q["id"], "kind": q["kind"], "auto": x, "auto_fraction": f, "fixed": y}
-                                 for q, (x, f), (y, _) in zip(rows, auto, fixed)]}
+                cell = {
+                    "auto": fa,
+                    "fixed": ff,
+                    "p_vs_fixed": mcnemar([x for x, _ in auto], [x for x, _ in fixed]),
+                    "rows": [
+                        {"id": q["id"], "kind": q["kind"], "auto": x, "auto_fraction": f, "fixed": y}
+                        for q, (x, f), (y, _) in zip(rows, auto, fixed)
+                    ],
+                }
                 rec["splits"].setdefault(split, {})[label] = cell
-                out["summary"].append({"task": f"{split}-{label}", "method": name, "n": fa["n"], "kept": fa["kept"],
-                                       "kept_lo": fa["kept_lo"], "kept_hi": fa["kept_hi"],
-                                       "fraction": fa["fraction"], "fixed_kept": ff["kept"],
-                                       "p_vs_fixed": cell["p_vs_fixed"]})
-                print(f"{name} {label:<8} {split}: kept {fa['kept']:.3f} [{fa['kept_lo']:.2f}, {fa['kept_hi']:.2f}] "
-                      f"at {fa['fraction']:.3f} of the tokens; fixed keep {ff['kept']:.3f} (p {cell['p_vs_fixed']:.3f})")
+                out["summary"].append(
+                    {
+                        "task": f"{split}-{label}",
+                        "method": name,
+                        "n": fa["n"],
+                        "kept": fa["kept"],
+                        "kept_lo": fa["kept_lo"],
+                        "kept_hi": fa["kept_hi"],
+                        "fraction": fa["fraction"],
+                        "fixed_kept": ff["kept"],
+                        "p_vs_fixed": cell["p_vs_fixed"],
+                    }
+                )
+                print(
+                    f"{name} {label:<8} {split}: kept {fa['kept']:.3f} [{fa['kept_lo']:.2f}, {fa['kept_hi']:.2f}] "
+                    f"at {fa['fraction']:.3f} of the tokens; fixed keep {ff['kept']:.3f} (p {cell['p_vs_fixed']:.3f})"
+                )
         if best is not None:
-            out["summary"].append({"task": "val-chosen", "method": name, "n": best["val"]["n"],
-                                   "kept": best["val"]["kept"], "fraction": best["val"]["fraction"],
-                                   "rule": best["rule"], "value": best["value"]})
-            print(f"{name} chosen on val: {best['rule']} {best['value']} keeps {best['val']['kept']:.3f} at "
-                  f"{best['val']['fraction']:.3f} of the tokens")
+            out["summary"].append(
+                {
+                    "task": "val-chosen",
+                    "method": name,
+                    "n": best["val"]["n"],
+                    "kept": best["val"]["kept"],
+                    "fraction": best["val"]["fraction"],
+                    "rule": best["rule"],
+                    "value": best["value"],
+                }
+            )
+            print(
+                f"{name} chosen on val: {best['rule']} {best['value']} keeps {best['val']['kept']:.3f} at "
+                f"{best['val']['fraction']:.3f} of the tokens"
+            )
         out["routers"][name] = rec
     write_json(a.out / "results.json", out)
     return 0

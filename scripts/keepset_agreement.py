@@ -26,8 +26,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def tally(h: dict, marked: set[int], target: set[int]) -> None:
     """Add one question to ``h``: whether ``target`` holds every ``marked`` unit, one of them, the
     share of it that is marked, and its size."""
-    for key, value in (("all", marked <= target), ("any", bool(marked & target)),
-                       ("precision", len(marked & target) / len(target) if target else 0.0), ("size", len(target))):
+    for key, value in (
+        ("all", marked <= target),
+        ("any", bool(marked & target)),
+        ("precision", len(marked & target) / len(target) if target else 0.0),
+        ("size", len(target)),
+    ):
         h.setdefault(key, []).append(value)
 
 
@@ -37,8 +41,17 @@ def figures(task: str, method: str, h: dict) -> dict:
 
     n = len(h["all"])
     lo, hi = wilson(sum(h["all"]), n)
-    return {"task": task, "method": method, "n": n, "all": sum(h["all"]) / n, "all_lo": lo, "all_hi": hi,
-            "any": sum(h["any"]) / n, "precision": sum(h["precision"]) / n, "size": sum(h["size"]) / n}
+    return {
+        "task": task,
+        "method": method,
+        "n": n,
+        "all": sum(h["all"]) / n,
+        "all_lo": lo,
+        "all_hi": hi,
+        "any": sum(h["any"]) / n,
+        "precision": sum(h["precision"]) / n,
+        "size": sum(h["size"]) / n,
+    }
 
 
 def main() -> int:
@@ -72,8 +85,14 @@ def main() -> int:
         for variant, h in by.items():
             summary.append(figures(kind, variant, h))
         for variant in ("keepset", "union"):
-            summary.append({"task": kind, "method": f"{variant}-vs-lasso", "n": len(by["lasso"]["all"]),
-                            "p": mcnemar(by[variant]["all"], by["lasso"]["all"])})
+            summary.append(
+                {
+                    "task": kind,
+                    "method": f"{variant}-vs-lasso",
+                    "n": len(by["lasso"]["all"]),
+                    "p": mcnemar(by[variant]["all"], by["lasso"]["all"]),
+                }
+            )
     # every keep-set row alone (the kinds that have no random-ablation labels: bridge, comparison, multi)
     alone: dict = {}
     for r in {r["key"]: r for r in keepset_rows}.values():
@@ -85,10 +104,17 @@ def main() -> int:
             tally(alone.setdefault(kind, {}), marked, t)
     summary += [figures(f"keepset-rows-{kind}", "keepset", h) for kind, h in alone.items()]
     rows = [keepset[i] for i in ids]
-    out = {"command": "python scripts/keepset_agreement.py " + " ".join(sys.argv[1:]), "model": a.model, "split": a.split,
-           "lasso_threshold": th, "keepset_gain": KEEPSET_GAIN, "questions": len(ids),
-           "seconds_per_question": sum(r["seconds"] for r in rows) / max(1, len(rows)),
-           "passes_per_question": sum(r["passes"] for r in rows) / max(1, len(rows)), "summary": summary}
+    out = {
+        "command": "python scripts/keepset_agreement.py " + " ".join(sys.argv[1:]),
+        "model": a.model,
+        "split": a.split,
+        "lasso_threshold": th,
+        "keepset_gain": KEEPSET_GAIN,
+        "questions": len(ids),
+        "seconds_per_question": sum(r["seconds"] for r in rows) / max(1, len(rows)),
+        "passes_per_question": sum(r["passes"] for r in rows) / max(1, len(rows)),
+        "summary": summary,
+    }
     write_json(folder / f"keepset-agreement-{a.model}-{a.split}.json", out)
     for s in summary:
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()})

@@ -36,7 +36,9 @@ def main() -> int:
     marked = [{r["window"].index(m) for m in r["marked"] if m in r["window"]} for r in rows]
     hits = {
         "causal_top": [max(range(len(r["weights"])), key=r["weights"].__getitem__) in m for r, m in zip(rows, marked)],
-        "attention_top": [max(range(len(r["attention"])), key=r["attention"].__getitem__) in m for r, m in zip(rows, marked)],
+        "attention_top": [
+            max(range(len(r["attention"])), key=r["attention"].__getitem__) in m for r, m in zip(rows, marked)
+        ],
         "causal_set": [bool(set(target_set(r, "causal", a.threshold)) & m) for r, m in zip(rows, marked)],
         "attention_set": [bool(set(target_set(r, "attention", a.threshold)) & m) for r, m in zip(rows, marked)],
     }
@@ -44,17 +46,35 @@ def main() -> int:
     summary = []
     for name, h in hits.items():
         lo, hi = wilson(sum(h), n)
-        summary.append({"task": "agreement", "method": name, "n": n, "share": sum(h) / n, "share_lo": lo, "share_hi": hi})
+        summary.append(
+            {"task": "agreement", "method": name, "n": n, "share": sum(h) / n, "share_lo": lo, "share_hi": hi}
+        )
     for what in ("top", "set"):
-        summary.append({"task": "agreement", "method": f"causal-vs-attention-{what}", "n": n,
-                        "p": mcnemar(hits[f"causal_{what}"], hits[f"attention_{what}"])})
+        summary.append(
+            {
+                "task": "agreement",
+                "method": f"causal-vs-attention-{what}",
+                "n": n,
+                "p": mcnemar(hits[f"causal_{what}"], hits[f"attention_{what}"]),
+            }
+        )
     sizes = [len(target_set(r, "causal", a.threshold)) for r in rows]
-    out = {"command": "python scripts/label_agreement.py " + " ".join(sys.argv[1:]), "model": a.model, "split": a.split,
-           "threshold": a.threshold,
-           "labelled": len(labelled), "marked_in_window": len(rows), "mean_causal_set": sum(sizes) / n, "empty_causal_set": sum(s == 0 for s in sizes) / n,
-           "seconds_per_question": sum(r["seconds"] for r in rows) / n, "passes_per_question": sum(r["passes"] for r in rows) / n,
-           "summary": summary}
-    name = "agreement.json" if (a.model, a.split) == ("smollm2-135m", "train") else f"agreement-{a.model}-{a.split}.json"
+    out = {
+        "command": "python scripts/label_agreement.py " + " ".join(sys.argv[1:]),
+        "model": a.model,
+        "split": a.split,
+        "threshold": a.threshold,
+        "labelled": len(labelled),
+        "marked_in_window": len(rows),
+        "mean_causal_set": sum(sizes) / n,
+        "empty_causal_set": sum(s == 0 for s in sizes) / n,
+        "seconds_per_question": sum(r["seconds"] for r in rows) / n,
+        "passes_per_question": sum(r["passes"] for r in rows) / n,
+        "summary": summary,
+    }
+    name = (
+        "agreement.json" if (a.model, a.split) == ("smollm2-135m", "train") else f"agreement-{a.model}-{a.split}.json"
+    )
     write_json(ROOT / "results" / "corpus-labels" / name, out)
     for s in summary:
         print(s)

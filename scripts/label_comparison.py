@@ -43,8 +43,9 @@ def val_outcomes(res: dict, variant: str) -> dict[str, tuple[float, bool]]:
     return out
 
 
-def compare(named: dict[str, dict[str, tuple[float, bool]]], kinds: dict[str, str], split: str,
-            against: str) -> list[dict]:
+def compare(
+    named: dict[str, dict[str, tuple[float, bool]]], kinds: dict[str, str], split: str, against: str
+) -> list[dict]:
     """Summary rows of each variant over ``split``'s questions (all, multi-unit), paired against ``against``."""
     from masklab.lab.realdocs import sign_flip_p
     from masklab.lab.stats import mcnemar, wilson
@@ -57,8 +58,15 @@ def compare(named: dict[str, dict[str, tuple[float, bool]]], kinds: dict[str, st
         for name, o in named.items():
             rr, kept = [o[i][0] for i in sub], [o[i][1] for i in sub]
             lo, hi = wilson(sum(kept), len(sub))
-            row = {"task": f"{split}-{group}", "method": name, "n": len(sub), "mrr": sum(rr) / len(sub),
-                   "kept@25": sum(kept) / len(sub), "kept@25_lo": lo, "kept@25_hi": hi}
+            row = {
+                "task": f"{split}-{group}",
+                "method": name,
+                "n": len(sub),
+                "mrr": sum(rr) / len(sub),
+                "kept@25": sum(kept) / len(sub),
+                "kept@25_lo": lo,
+                "kept@25_hi": hi,
+            }
             if name != against:
                 base = named[against]
                 row[f"p_mrr_vs_{against}"] = sign_flip_p(rr, [base[i][0] for i in sub])
@@ -72,8 +80,7 @@ def main() -> int:
     from masklab.util.files import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=TEST3.parent / "label_comparison.json",
-                    help="output file")
+    ap.add_argument("--out", type=Path, default=TEST3.parent / "label_comparison.json", help="output file")
     a = ap.parse_args()
     questions = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val") + realdocs.load("test3")
     kinds = {q.id: q.kind for q in questions}
@@ -82,15 +89,21 @@ def main() -> int:
     sources = {"val": str(VAL.relative_to(ROOT))}
     if "union" in res["variants"]:  # against the shipped cross (one hop) and pruner-ctx on the questions both read
         rows = json.loads(CORPUS_VAL.read_text())["rows"]
-        named = {"union": val_outcomes(res, "union"),
-                 **{name: {r["id"]: (r[name]["rr"], r[name]["0.25"]["kept"]) for r in rows}
-                    for name in ("cross-hop1", "pruner-ctx")}}
+        named = {
+            "union": val_outcomes(res, "union"),
+            **{
+                name: {r["id"]: (r[name]["rr"], r[name]["0.25"]["kept"]) for r in rows}
+                for name in ("cross-hop1", "pruner-ctx")
+            },
+        }
         summary += compare(named, kinds, "val-union", "cross-hop1")
         sources["val-union"] = str(CORPUS_VAL.relative_to(ROOT))
     if TEST3.is_file():
         rows = json.loads(TEST3.read_text())["rows"]
-        named = {v: {r["id"]: (r[f"cross-{v}-common"]["rr"], r[f"cross-{v}-common"]["0.25"]["kept"]) for r in rows}
-                 for v in COMMON}
+        named = {
+            v: {r["id"]: (r[f"cross-{v}-common"]["rr"], r[f"cross-{v}-common"]["0.25"]["kept"]) for r in rows}
+            for v in COMMON
+        }
         summary += compare(named, kinds, "test3", "keepset")
         sources["test3"] = str(TEST3.relative_to(ROOT))
     write_json(a.out, {"command": "python scripts/label_comparison.py", "sources": sources, "summary": summary})

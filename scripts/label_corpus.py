@@ -36,36 +36,87 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="the answering model whose needs are labelled")
     ap.add_argument("--split", default="train", choices=["train", "val"], help="corpus split")
-    ap.add_argument("--labels", default="lasso", choices=LABELLERS, help="lasso: random ablations and a sparse linear "
-                    "surrogate; keepset: each unit and the best pairs read alone (credits evidence of several units)")
-    ap.add_argument("--kinds", default=None, help="comma-separated question kinds to label "
-                    f"({', '.join(realdocs.KINDS)}; default all)")
-    ap.add_argument("--minutes", type=float, default=None, help="each shard stops after the question that passes "
-                    "this many minutes (the rest wait for the next run)")
+    ap.add_argument(
+        "--labels",
+        default="lasso",
+        choices=LABELLERS,
+        help="lasso: random ablations and a sparse linear "
+        "surrogate; keepset: each unit and the best pairs read alone (credits evidence of several units)",
+    )
+    ap.add_argument(
+        "--kinds",
+        default=None,
+        help=f"comma-separated question kinds to label ({', '.join(realdocs.KINDS)}; default all)",
+    )
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="each shard stops after the question that passes this many minutes (the rest wait for the next run)",
+    )
     ap.add_argument("--shards", type=int, default=1, help="shards of the questions, one run each")
     ap.add_argument("--executor", default="local", choices=executors.EXECUTORS, help="where the shards run")
-    ap.add_argument("--ray-address", default=None, help="a Ray cluster's address (--executor ray; default: a local one)")
+    ap.add_argument(
+        "--ray-address", default=None, help="a Ray cluster's address (--executor ray; default: a local one)"
+    )
     ap.add_argument("--jobs", type=int, default=1, help="local worker processes (--executor local)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per shard")
-    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16"], help="autocast of the model's passes "
-                    "(bf16 halves a pass on this CPU; each row records its precision)")
+    ap.add_argument(
+        "--precision",
+        default="bf16",
+        choices=["fp32", "bf16"],
+        help="autocast of the model's passes (bf16 halves a pass on this CPU; each row records its precision)",
+    )
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = ap.parse_args()
     executors.use(a.executor, a.ray_address)
     out = ROOT / "results" / "corpus-labels"
     name = f"labels-{a.model}-{a.split}" if a.labels == "lasso" else f"labels-keepset-{a.model}-{a.split}"
     digest = realdocs.digest(realdocs.CORPUS)  # new questions: new runs (the files skip what is labelled)
-    specs = [RunSpec(f"labels-{a.split}-{digest}", a.labels, i, model=a.model,
-                     params={"root": "corpus", "split": a.split, "labels": a.labels, "kinds": a.kinds,
-                             "shard": f"{i}/{a.shards}", "minutes": a.minutes, "base": name,
-                             "file": str(out / f"{name}-{digest}-{i}.jsonl")}) for i in range(a.shards)]
+    specs = [
+        RunSpec(
+            f"labels-{a.split}-{digest}",
+            a.labels,
+            i,
+            model=a.model,
+            params={
+                "root": "corpus",
+                "split": a.split,
+                "labels": a.labels,
+                "kinds": a.kinds,
+                "shard": f"{i}/{a.shards}",
+                "minutes": a.minutes,
+                "base": name,
+                "file": str(out / f"{name}-{digest}-{i}.jsonl"),
+            },
+        )
+        for i in range(a.shards)
+    ]
     t0, c0 = time.perf_counter(), time.process_time()
-    res = run_study("labels", vars(a), specs, "masklab.lab.labels:label_shard", out / "runs-labels", jobs=a.jobs,
-                    threads=a.threads, progress=a.progress, precision=a.precision)
+    res = run_study(
+        "labels",
+        vars(a),
+        specs,
+        "masklab.lab.labels:label_shard",
+        out / "runs-labels",
+        jobs=a.jobs,
+        threads=a.threads,
+        progress=a.progress,
+        precision=a.precision,
+    )
     done = [r["metrics"] for r in res["runs"]]
-    print(json.dumps({"model": a.model, "split": a.split, "labelled": sum(m["labelled"] for m in done),
-                      "of": sum(m["of"] for m in done), "wall_s": time.perf_counter() - t0,
-                      "cpu_s": time.process_time() - c0}))
+    print(
+        json.dumps(
+            {
+                "model": a.model,
+                "split": a.split,
+                "labelled": sum(m["labelled"] for m in done),
+                "of": sum(m["of"] for m in done),
+                "wall_s": time.perf_counter() - t0,
+                "cpu_s": time.process_time() - c0,
+            }
+        )
+    )
     return 0
 
 

@@ -40,8 +40,15 @@ def main() -> None:
                 print(f"{task:9s} {n:5d} keep {keep:.2f}: all gold kept in {sum(hit)}/{len(hit)}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"command": f"PYTHONPATH=. python scripts/longctx_lexical_recall.py --model {a.model} "
-                       f"--examples {a.examples}", "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "command": f"PYTHONPATH=. python scripts/longctx_lexical_recall.py --model {a.model} "
+                    f"--examples {a.examples}",
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

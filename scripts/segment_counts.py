@@ -82,8 +82,14 @@ def counts(before, docs: dict[str, str]) -> list[dict]:
             rows.append({"task": name, "method": way, "units": len(units), "labels": sum(map(is_label, units))})
     for way in ("before", "after"):
         mine = [r for r in rows if r["method"] == way]
-        rows.append({"task": "all", "method": way, "units": sum(r["units"] for r in mine),
-                     "labels": sum(r["labels"] for r in mine)})
+        rows.append(
+            {
+                "task": "all",
+                "method": way,
+                "units": sum(r["units"] for r in mine),
+                "labels": sum(r["labels"] for r in mine),
+            }
+        )
     return rows
 
 
@@ -98,7 +104,9 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", default="main", help="git revision whose segment gives the 'before' columns (default: main)")
+    ap.add_argument(
+        "--before", default="main", help="git revision whose segment gives the 'before' columns (default: main)"
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the counts as a results file")
     a = ap.parse_args()
     rows = counts(segment_at(a.before), documents())

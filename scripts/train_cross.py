@@ -76,10 +76,18 @@ def material(model: str, tok):
     labels = ROOT / "results" / "corpus-labels"
     train = realdocs.load("train", realdocs.CORPUS)
     keys = {question_key(q): q.id for q in train}  # a row labels the question's present wording only
-    lasso = {keys[r["key"]]: r for f in sorted(labels.glob(f"labels-{model}-train*.jsonl")) for r in read_jsonl(f)
-             if r["key"] in keys}
-    keepset = {keys[r["key"]]: r for f in sorted(labels.glob(f"labels-keepset-{model}-train*.jsonl"))
-               for r in read_jsonl(f) if r["key"] in keys}
+    lasso = {
+        keys[r["key"]]: r
+        for f in sorted(labels.glob(f"labels-{model}-train*.jsonl"))
+        for r in read_jsonl(f)
+        if r["key"] in keys
+    }
+    keepset = {
+        keys[r["key"]]: r
+        for f in sorted(labels.glob(f"labels-keepset-{model}-train*.jsonl"))
+        for r in read_jsonl(f)
+        if r["key"] in keys
+    }
     val = realdocs.load("val", realdocs.CORPUS) + realdocs.load("val")
     docs: dict = {}
     for q in train + val:
@@ -108,9 +116,21 @@ def measure(path: Path, val: list, docs: dict, tok, hops: tuple[int, ...] = (1, 
 
 def summary(res: dict) -> list[dict]:
     """One row per measured variant and hop count (the generated tables' rows)."""
-    return [{"task": "val", "method": f"{name}-hops{h}", "n": f["n"], "mrr": f["mrr"], "kept@10": f["kept@10"],
-             "kept@25": f["kept@25"], "questions": v["questions"], "train_s": v["train_wall_s"]}
-            for name, v in res["variants"].items() for h in (1, 2) if (f := v.get(f"hops{h}"))]
+    return [
+        {
+            "task": "val",
+            "method": f"{name}-hops{h}",
+            "n": f["n"],
+            "mrr": f["mrr"],
+            "kept@10": f["kept@10"],
+            "kept@25": f["kept@25"],
+            "questions": v["questions"],
+            "train_s": v["train_wall_s"],
+        }
+        for name, v in res["variants"].items()
+        for h in (1, 2)
+        if (f := v.get(f"hops{h}"))
+    ]
 
 
 def calibrated(rows: list[dict], threshold: float) -> dict:
@@ -121,8 +141,9 @@ def calibrated(rows: list[dict], threshold: float) -> dict:
     from masklab.lab.stats import platt
 
     gold = [{u for g in r["gold"] for u in g} for r in rows]
-    a, b = platt([x for r in rows for x in r["scores"]],
-                 [i in g for r, g in zip(rows, gold) for i in range(len(r["scores"]))])
+    a, b = platt(
+        [x for r in rows for x in r["scores"]], [i in g for r, g in zip(rows, gold) for i in range(len(r["scores"]))]
+    )
     t = min(max(threshold, 1e-6), 1 - 1e-6)
     return {"platt": [a, b], "keep_auto": 1 / (1 + math.exp(-(a * math.log(t / (1 - t)) + b)))}
 
@@ -147,17 +168,28 @@ def main() -> int:
     from masklab.pretrained.models import load
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)")
+    ap.add_argument(
+        "--model", default="smollm2-135m", help="the model whose labels train (and whose tokenizer cuts units)"
+    )
     ap.add_argument("--labels", default="marks", help="comma-separated variants: " + ", ".join(VARIANTS))
     ap.add_argument("--epochs", type=int, default=cross.CrossConfig.epochs, help="training epochs")
-    ap.add_argument("--minutes", type=float, default=None, help="stop cleanly after this many minutes of training "
-                    "(the same command resumes from the last checkpoint)")
-    ap.add_argument("--common", action="store_true", help="train every variant on the same questions: those that "
-                    "have labels of every variant listed (the controlled comparison; stored as VARIANT-common)")
-    ap.add_argument("--hops", default="1,2", help="the hop counts measured on val (comma-separated; --ship "
-                    "needs 1,2)")
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="stop cleanly after this many minutes of training (the same command resumes from the last checkpoint)",
+    )
+    ap.add_argument(
+        "--common",
+        action="store_true",
+        help="train every variant on the same questions: those that "
+        "have labels of every variant listed (the controlled comparison; stored as VARIANT-common)",
+    )
+    ap.add_argument("--hops", default="1,2", help="the hop counts measured on val (comma-separated; --ship needs 1,2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--ship", default=None, metavar="VARIANT", help="copy this variant into masklab/context/weights/cross")
+    ap.add_argument(
+        "--ship", default=None, metavar="VARIANT", help="copy this variant into masklab/context/weights/cross"
+    )
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -172,22 +204,39 @@ def main() -> int:
     out_dir = ROOT / "results" / "cross"
     res_path = out_dir / "results.json"
     res = json.loads(res_path.read_text()) if res_path.is_file() else {}
-    res = {"variants": res.get("variants", {}),  # earlier variants (the LoRA design's) stay as measured
-           "command": "python scripts/train_cross.py " + " ".join(sys.argv[1:]), "model": a.model,
-           "keepset_gain": KEEPSET_GAIN, "val_questions": len(val)}
+    res = {
+        "variants": res.get("variants", {}),  # earlier variants (the LoRA design's) stay as measured
+        "command": "python scripts/train_cross.py " + " ".join(sys.argv[1:]),
+        "model": a.model,
+        "keepset_gain": KEEPSET_GAIN,
+        "val_questions": len(val),
+    }
     cfg = cross.CrossConfig(epochs=a.epochs)
     deadline = None if a.minutes is None else time.perf_counter() + a.minutes * 60
-    per = {v: {q.id: t for q in train if (t := targets(q, docs[q.doc], lasso.get(q.id), keepset.get(q.id), v,
-                                                       threshold)) is not None} for v in variants}
+    per = {
+        v: {
+            q.id: t
+            for q in train
+            if (t := targets(q, docs[q.doc], lasso.get(q.id), keepset.get(q.id), v, threshold)) is not None
+        }
+        for v in variants
+    }
     common = set.intersection(*(set(t) for t in per.values())) if a.common else None
     for v in variants:
-        examples = [cross.Example(q.question, docs[q.doc].units, per[v][q.id]) for q in train
-                    if q.id in per[v] and (common is None or q.id in common)]
+        examples = [
+            cross.Example(q.question, docs[q.doc].units, per[v][q.id])
+            for q in train
+            if q.id in per[v] and (common is None or q.id in common)
+        ]
         if a.common:
             v = f"{v}-common"
         data = hashlib.sha256(json.dumps([[e.question, e.target] for e in examples]).encode()).hexdigest()[:12]
-        stamp = {"code": code_hash("masklab.lab.cross"), "config": cfg.__dict__, "questions": len(examples),
-                 "data": data}
+        stamp = {
+            "code": code_hash("masklab.lab.cross"),
+            "config": cfg.__dict__,
+            "questions": len(examples),
+            "data": data,
+        }
         done = res["variants"].get(v)
         if done and done.get("stamp") == stamp and (out_dir / f"{v}.safetensors").is_file():
             print(f"{v}: measured already", file=sys.stderr)
@@ -198,34 +247,55 @@ def main() -> int:
         ckpt = ROOT / "runs" / "cross" / f"ckpt-{v}-{len(examples)}-{data}"
         model, rec = cross.train(examples, cfg, ckpt, a.progress, left)
         if not rec["done"]:
-            print(f"{v}: stopped after step {rec['steps']} (epoch {rec['epoch'] + 1}, step {rec['batch']}); the same "
-                  "command continues from there", file=sys.stderr)
+            print(
+                f"{v}: stopped after step {rec['steps']} (epoch {rec['epoch'] + 1}, step {rec['batch']}); the same "
+                "command continues from there",
+                file=sys.stderr,
+            )
             return 0
         cross.save(model, out_dir / f"{v}.safetensors", {"labels": v, "model": a.model, "train": rec})
-        row = {"stamp": stamp, "questions": len(examples), "train": rec, "train_wall_s": rec["seconds"],
-               "this_run_cpu_s": time.process_time() - c0, "this_run_wall_s": time.perf_counter() - t0,
-               "targets_per_question": sum(len(e.target) for e in examples) / len(examples)}
+        row = {
+            "stamp": stamp,
+            "questions": len(examples),
+            "train": rec,
+            "train_wall_s": rec["seconds"],
+            "this_run_cpu_s": time.process_time() - c0,
+            "this_run_wall_s": time.perf_counter() - t0,
+            "targets_per_question": sum(len(e.target) for e in examples) / len(examples),
+        }
         row.update(measure(out_dir / f"{v}.safetensors", val, docs, tok, hops))
         res["variants"][v] = row
         store(res_path, res)
-        print(v, {h: {k: round(f[k], 3) for k in ("mrr", "kept@10", "kept@25")} for h, f in row.items()
-                  if h.startswith("hops")},
-              file=sys.stderr)
+        print(
+            v,
+            {
+                h: {k: round(f[k], 3) for k in ("mrr", "kept@10", "kept@25")}
+                for h, f in row.items()
+                if h.startswith("hops")
+            },
+            file=sys.stderr,
+        )
     store(res_path, res)
     if a.ship:
         fig = res["variants"].get(a.ship, {})
         if not all(f"hops{h}" in fig for h in (1, 2)):
-            raise SystemExit(f"--ship {a.ship}: that variant has no val figures with one hop and with two "
-                             "(train and measure it with --hops 1,2 first)")
+            raise SystemExit(
+                f"--ship {a.ship}: that variant has no val figures with one hop and with two "
+                "(train and measure it with --hops 1,2 first)"
+            )
         hops = 2 if fig["hops2"]["kept@25"] > fig["hops1"]["kept@25"] else 1  # the hops chosen on val
         dest = ROOT / "masklab" / "context" / "weights" / "cross" / "cross.safetensors"
         dest.parent.mkdir(exist_ok=True)
         shutil.copyfile(out_dir / f"{a.ship}.safetensors", dest)
         meta = json.loads((out_dir / f"{a.ship}.json").read_text())
         meta.update(calibrated(fig[f"hops{hops}"]["rows"], fig[f"hops{hops}"]["keep_auto"]["threshold"]))
-        meta.update({"hops": hops,
-                     "val": {k: fig[f"hops{hops}"][k] for k in ("n", "mrr", "kept@10", "kept@25")},
-                     "command": res["command"]})
+        meta.update(
+            {
+                "hops": hops,
+                "val": {k: fig[f"hops{hops}"][k] for k in ("n", "mrr", "kept@10", "kept@25")},
+                "command": res["command"],
+            }
+        )
         dest.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     return 0
 

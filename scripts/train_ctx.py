@@ -34,8 +34,15 @@ def main() -> int:
     ap.add_argument("--ship", default="", help="comma-separated variants to copy into masklab/context/weights/pruner")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    res = run_corpus(a.model, a.labels.split(","), ROOT / "results" / "ctx", "python scripts/train_ctx.py "
-                     + " ".join(sys.argv[1:]), a.epochs, a.threads, tuple(x for x in a.ship.split(",") if x))
+    res = run_corpus(
+        a.model,
+        a.labels.split(","),
+        ROOT / "results" / "ctx",
+        "python scripts/train_ctx.py " + " ".join(sys.argv[1:]),
+        a.epochs,
+        a.threads,
+        tuple(x for x in a.ship.split(",") if x),
+    )
     for s in res["summary"]:
         print({k: round(x, 3) if isinstance(x, float) else x for k, x in s.items()})
     return 0

@@ -33,7 +33,8 @@ class ChainTeacher(torch.nn.Module):
         if not return_attn:
             return logits, []
         attn = torch.zeros(B, 1, N + 1, N + 1)
-        row = torch.cat([torch.zeros(B, 1), first.float()], 1) + 1e-3 * torch.cat([torch.zeros(B, 1), visible.float()], 1)
+        row = torch.cat([torch.zeros(B, 1), first.float()], 1) + 1e-3 * torch.cat(
+            [torch.zeros(B, 1), visible.float()], 1
+        )
         attn[:, 0, 0] = row / row.sum(1, keepdim=True)
         return logits, [attn]
-

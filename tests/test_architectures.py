@@ -22,15 +22,26 @@ from conftest import CHAR_VOCAB as VOCAB, KINDS, SLIDES, SPECIALS, save_tiny_fol
 from masklab.priors.bias import RelativePrior  # noqa: E402
 from masklab.util.errors import MasklabError  # noqa: E402
 from masklab.pretrained.hf import attach_priors, detach_priors, hide, priors_of  # noqa: E402
-from masklab.pretrained.arch import (ARCHITECTURES, arch_of, attention_modules, base_model,  # noqa: E402
-                                     decoder_layers, final_norm, first_layers, kv_heads, sliding_window_layers)
+from masklab.pretrained.arch import (
+    ARCHITECTURES,
+    arch_of,
+    attention_modules,
+    base_model,  # noqa: E402
+    decoder_layers,
+    final_norm,
+    first_layers,
+    kv_heads,
+    sliding_window_layers,
+)
 from masklab.pretrained.models import check_models, load  # noqa: E402
 
 torch.set_num_threads(1)
 # a ChatML template with a default system turn, as Qwen2.5's has
-CHATML = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nBe brief.<|im_end|>\n{% endif %}"
-          "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nBe brief.<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture
@@ -83,8 +94,9 @@ def test_folder_loads_and_the_table_finds_its_parts(kind, folders):
         # the routers' first-layers pass: the final norm of the state after layer 1
         with first_layers(m, 1) as b:
             assert b is base and len(decoder_layers(m)) == 1
-            torch.testing.assert_close(b(input_ids=x, use_cache=False).last_hidden_state,
-                                       final_norm(m)(out.hidden_states[1]))
+            torch.testing.assert_close(
+                b(input_ids=x, use_cache=False).last_hidden_state, final_norm(m)(out.hidden_states[1])
+            )
         assert len(decoder_layers(m)) == 2 and m.config.num_hidden_layers == 2
         torch.testing.assert_close(m(x).logits, out.logits)
     with pytest.raises(MasklabError, match="1..2 layers"):
@@ -156,11 +168,19 @@ def test_generate_with_cache_equals_stepwise_forwards_with_a_prior(kind, folders
     x = ids(1, 6)
     steps = 8  # 6 + 8 tokens: well past the sliding window of 4
     with torch.no_grad():
-        out = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=steps, min_new_tokens=steps,
-                         do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        out = m.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
         seq = out.sequences
         for t in range(steps):
-            full = m(seq[:, :6 + t]).logits[:, -1]
+            full = m(seq[:, : 6 + t]).logits[:, -1]
             torch.testing.assert_close(out.logits[t], full, atol=1e-4, rtol=1e-4)
             assert full.argmax(-1).item() == seq[0, 6 + t].item()
 
@@ -259,9 +279,15 @@ def test_chat_template_of_the_folder_is_used_and_raw_overrides(tmp_path):
     assert enc.text.startswith(before + "Anna lives") and enc.ids[0].item() == 2  # BOS, then the system turn
     assert load(str(folder), prompt_format="raw").prompt_format == "raw"
     # a Qwen3-style template: thinking is switched off, so the answer follows an empty thinking block
-    qwen3 = save_folder(tmp_path / "think", "qwen3", chat_template=CHATML.replace(
-        "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n{% if enable_thinking is defined and "
-        "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"))
+    qwen3 = save_folder(
+        tmp_path / "think",
+        "qwen3",
+        chat_template=CHATML.replace(
+            "<|im_start|>assistant\n{% endif %}",
+            "<|im_start|>assistant\n{% if enable_thinking is defined and "
+            "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}",
+        ),
+    )
     after = prompt_parts(load(str(qwen3)), "\nQuestion: Q?\nAnswer:")[1]
     assert after == "\nQuestion: Q?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nAnswer:"
     assert prompt_parts(load(str(folder), prompt_format="raw"), "\nQ?") == ("", "\nQ?")
@@ -273,7 +299,9 @@ def test_chat_without_template_uses_the_turn_tokens_of_the_vocabulary(folders, t
     lm = load(str(folders["qwen2"]), prompt_format="chat")  # no template; ChatML tokens in the vocabulary
     assert not lm.template_chat
     assert prompt_parts(lm, "\nQuestion: Q?\nAnswer: A")[0] == "<|im_start|>user\n"
-    assert prompt_parts(lm, "\nQuestion: Q?\nAnswer: A")[1] == "\nQuestion: Q?<|im_end|>\n<|im_start|>assistant\nAnswer: A"
+    assert (
+        prompt_parts(lm, "\nQuestion: Q?\nAnswer: A")[1] == "\nQuestion: Q?<|im_end|>\n<|im_start|>assistant\nAnswer: A"
+    )
     bare = load(str(save_folder(tmp_path / "bare", "qwen2", chat_tokens=False)), prompt_format="chat")
     with pytest.raises(MasklabError, match="no chat template.*prompt-format raw"):
         prompt_parts(bare, "\nQ?")
@@ -285,8 +313,22 @@ def test_cite_runs_end_to_end_on_the_folder(kind, folders, tmp_path, capsys):
 
     ctx = tmp_path / "context.txt"
     ctx.write_text(CONTEXT)
-    rc = main(["cite", "--model", str(folders[kind]), "--context", str(ctx), "--query", "Where does Anna live now?",
-               "--max-new-tokens", "3", "--threads", "1", "--json"])
+    rc = main(
+        [
+            "cite",
+            "--model",
+            str(folders[kind]),
+            "--context",
+            str(ctx),
+            "--query",
+            "Where does Anna live now?",
+            "--max-new-tokens",
+            "3",
+            "--threads",
+            "1",
+            "--json",
+        ]
+    )
     res = json.loads(capsys.readouterr().out)
     assert rc == 0 and res["answer"] and len(res["sentences"]) == 3 and res["forward_passes"] > 1
 
@@ -299,12 +341,29 @@ def test_compress_answers_and_the_router_pass_runs_on_the_folder(kind, folders, 
 
     ctx = tmp_path / "context.txt"
     ctx.write_text(CONTEXT)
-    rc = main(["compress", "--model", str(folders[kind]), "--context", str(ctx), "--question", "Where does Anna live now?",
-               "--router", "lexical", "--answer", "--max-new-tokens", "3", "--json"])
+    rc = main(
+        [
+            "compress",
+            "--model",
+            str(folders[kind]),
+            "--context",
+            str(ctx),
+            "--question",
+            "Where does Anna live now?",
+            "--router",
+            "lexical",
+            "--answer",
+            "--max-new-tokens",
+            "3",
+            "--json",
+        ]
+    )
     res = json.loads(capsys.readouterr().out)
     assert rc == 0 and "answer" in res and res["kept"] and res["kept_fraction"] <= 1
     lm = load(str(folders[kind]))
-    f = features(lm, ["Anna lives in Oslo.", "Bob lives in Rome."], "Where does Anna live?", layers=1, kind="v3-relative")
+    f = features(
+        lm, ["Anna lives in Oslo.", "Bob lives in Rome."], "Where does Anna live?", layers=1, kind="v3-relative"
+    )
     assert f.shape[0] == 2 and torch.isfinite(f).all()
 
 
@@ -343,8 +402,11 @@ def test_bad_folders_are_one_clear_error(tmp_path, folders, capsys):
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(partial / "model.safetensors"))
-    save_file({k: v for k, v in tensors.items() if not k.startswith("model.layers.1.")}, str(partial / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in tensors.items() if not k.startswith("model.layers.1.")},
+        str(partial / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     with pytest.raises(MasklabError, match="lack .* tensors"):
         load(str(partial))
     # the command line prints one line and exits 2

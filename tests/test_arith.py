@@ -240,8 +240,14 @@ def test_qk_inits_match_the_pattern_at_step0(method):
 
 
 def test_fraction_option_per_op():
-    assert arith.parse_fractions(["0.01", "0.02"], ["add", "mul"]) == {"add_fractions": [0.01, 0.02], "mul_fractions": [0.01, 0.02]}
-    assert arith.parse_fractions(["add:0.004", "mul:0.03"], ["add", "mul"]) == {"add_fractions": [0.004], "mul_fractions": [0.03]}
+    assert arith.parse_fractions(["0.01", "0.02"], ["add", "mul"]) == {
+        "add_fractions": [0.01, 0.02],
+        "mul_fractions": [0.01, 0.02],
+    }
+    assert arith.parse_fractions(["add:0.004", "mul:0.03"], ["add", "mul"]) == {
+        "add_fractions": [0.004],
+        "mul_fractions": [0.03],
+    }
     with pytest.raises(MasklabError, match="operation 'sub'"):
         arith.parse_fractions(["sub:0.1"], ["add"])
     with pytest.raises(MasklabError, match="numbers"):
@@ -271,7 +277,11 @@ def test_quick_cli_end_to_end(tmp_path):
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["study"] == "arith"
-    assert [(r["task"], r["method"]) for r in res["runs"]] == [("add-1%", "vanilla"), ("add-1%", "qk-svd"), ("add-1%", "mask")]
+    assert [(r["task"], r["method"]) for r in res["runs"]] == [
+        ("add-1%", "vanilla"),
+        ("add-1%", "qk-svd"),
+        ("add-1%", "mask"),
+    ]
     for r in res["runs"]:
         assert r["extra"]["n_train"] == 10_000 and r["extra"]["n_test"] == 400
         for k in ("exact_acc", "digit_acc", "train_exact_acc", "prior_mass_step0"):

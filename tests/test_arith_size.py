@@ -45,7 +45,9 @@ def test_registered_as_a_sweep():
 
 @pytest.mark.slow
 def test_quick_sweep_end_to_end(tmp_path, monkeypatch):
-    cfg = arith_size.Config(sizes=[[1, 1], [2, 1]], methods=["vanilla", "mask-zero"], seeds=[0], steps=4, evals=1, test_size=100)
+    cfg = arith_size.Config(
+        sizes=[[1, 1], [2, 1]], methods=["vanilla", "mask-zero"], seeds=[0], steps=4, evals=1, test_size=100
+    )
     monkeypatch.setattr(arith_size, "quick_config", lambda: cfg)
     assert main(["sweep", "arith-size", "--quick", "--jobs", "1", "--no-progress", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "results.json").read_text())

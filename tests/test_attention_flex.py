@@ -69,7 +69,11 @@ def test_flex_function_takes_broadcast_and_per_item_terms():
     bias = torch.randn(B, 1, T, T, dtype=torch.float64)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=prior[None] + bias)
     assert torch.allclose(flex_attention_bias(q, k, v, prior, bias), want, atol=1e-10)
-    assert torch.allclose(flex_attention_bias(q, k, v, None, bias), torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias), atol=1e-10)
+    assert torch.allclose(
+        flex_attention_bias(q, k, v, None, bias),
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+        atol=1e-10,
+    )
 
 
 @needs_flex

@@ -65,13 +65,22 @@ def cite(files: Path, *extra: str, context: str = "ok.txt", query: str = "Where 
 # --------------------------------------------------------------------------- tracebacks (cases 1-9)
 def test_1_longctx_threads_0_with_one_run(files, tmp_path, capsys):
     out = tmp_path / "lc"
-    refused(["longctx", "--tasks", "niah", "--threads", "0", "--out", str(out)], capsys, "--threads must be >= 1, got 0", out)
+    refused(
+        ["longctx", "--tasks", "niah", "--threads", "0", "--out", str(out)],
+        capsys,
+        "--threads must be >= 1, got 0",
+        out,
+    )
 
 
 def test_2_longctx_model_folder_that_is_not_a_model(files, tmp_path, capsys):
     out = tmp_path / "lc"
-    refused(["longctx", "--tasks", "niah", "--model", str(files / "notamodel"), "--out", str(out)], capsys,
-            "holds no config.json", out)
+    refused(
+        ["longctx", "--tasks", "niah", "--model", str(files / "notamodel"), "--out", str(out)],
+        capsys,
+        "holds no config.json",
+        out,
+    )
 
 
 @pytest.mark.parametrize("methods", ["prior", "base,prior"])  # one run or two: the same error, before any run
@@ -86,7 +95,11 @@ def test_4_cite_binary_file(files, capsys):
 
 
 def test_5_cite_latin1_file(files, capsys):
-    refused(cite(files, context="latin1.txt"), capsys, "is not valid UTF-8 text (byte 3: b'\\xe9'); convert it or pass --encoding")
+    refused(
+        cite(files, context="latin1.txt"),
+        capsys,
+        "is not valid UTF-8 text (byte 3: b'\\xe9'); convert it or pass --encoding",
+    )
 
 
 def test_6_cite_max_new_tokens_0(files, capsys):
@@ -103,7 +116,9 @@ def test_8_prior_factory_with_the_wrong_head_count():
     from masklab.pretrained.hf import attach_priors, priors_of
 
     model = tiny_model("llama")
-    with pytest.raises(MasklabError, match=r"gives shape \(5, 2, 2\) .* expected \(4 or 1, 2, 2\): the model has 4 attention heads"):
+    with pytest.raises(
+        MasklabError, match=r"gives shape \(5, 2, 2\) .* expected \(4 or 1, 2, 2\): the model has 4 attention heads"
+    ):
         attach_priors(model, lambda layer, heads: RelativePrior(heads + 1))
     assert not priors_of(model)  # nothing attached
 
@@ -113,7 +128,9 @@ def test_9_a_router_trained_for_another_model_is_refused_by_its_width():
 
     X, y = torch.randn(20, 6, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1] * 10)
     router = fit_linear(X, y, steps=5)  # 6 features per unit (one model's width)
-    with pytest.raises(MasklabError, match="this router takes 6 features per unit, got 9: it was trained for another model"):
+    with pytest.raises(
+        MasklabError, match="this router takes 6 features per unit, got 9: it was trained for another model"
+    ):
         router.score(torch.randn(3, 9))
 
 
@@ -148,10 +165,21 @@ def test_14_cite_context_past_the_window_is_refused_with_its_token_count(tmp_pat
     path = tmp_path / "long.txt"
     path.write_text(" ".join(f"The fox number {i} jumped over the fence." for i in range(1000)))  # ~12k tokens, 43 KB
     cold = tmp_path / "cold"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "MASKLAB_CACHE": str(cold / "masklab"),
-           "HF_HOME": str(cold / "hf"), "XDG_CACHE_HOME": str(cold / "xdg")}
-    p = subprocess.run([sys.executable, "-m", "masklab", "cite", "--context", str(path), "--query", "Which fox?"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "MASKLAB_CACHE": str(cold / "masklab"),
+        "HF_HOME": str(cold / "hf"),
+        "XDG_CACHE_HOME": str(cold / "xdg"),
+    }
+    p = subprocess.run(
+        [sys.executable, "-m", "masklab", "cite", "--context", str(path), "--query", "Which fox?"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     lines = [x for x in p.stderr.replace("\r", "\n").splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("masklab: error: "), p.stderr
     assert "past smollm2-135m's window of 8,192 positions" in lines[0], lines[0]
@@ -173,8 +201,12 @@ def test_16_tune_prior_zero_steps(tmp_path, capsys):
 
 def test_17_evidence_prior_fraction_out_of_range(tmp_path, capsys):
     out = tmp_path / "ep"
-    refused(["evidence-prior", "--task", "cyclic3", "--fraction", "2", "--out", str(out)], capsys,
-            "--fraction must be in (0, 1), got 2", out)
+    refused(
+        ["evidence-prior", "--task", "cyclic3", "--fraction", "2", "--out", str(out)],
+        capsys,
+        "--fraction must be in (0, 1), got 2",
+        out,
+    )
 
 
 @needs_hf
@@ -225,8 +257,12 @@ def test_21_no_sentences_is_refused():
 # --------------------------------------------------------------------------- also found
 def test_bad_values_caught_before_any_run(tmp_path, capsys):
     out = tmp_path / "tp"
-    refused(["tune-prior", "--method", "lora", "--lora-targets", "nope_proj", "--out", str(out)], capsys,
-            "--lora-targets: unknown projection(s) nope_proj", out)
+    refused(
+        ["tune-prior", "--method", "lora", "--lora-targets", "nope_proj", "--out", str(out)],
+        capsys,
+        "--lora-targets: unknown projection(s) nope_proj",
+        out,
+    )
 
 
 def test_a_run_failing_in_process_is_one_line_with_its_log_like_a_workers(tmp_path):
@@ -237,9 +273,19 @@ def test_a_run_failing_in_process_is_one_line_with_its_log_like_a_workers(tmp_pa
     for jobs in (1, 2):
         out = tmp_path / f"j{jobs}"
         with pytest.raises(MasklabError) as e:
-            run_study("gotu", {}, [bad, RunSpec("2parity", "mask", 1, {})], "masklab.lab.studies.gotu:run_one", out, jobs=jobs, progress=False)
+            run_study(
+                "gotu",
+                {},
+                [bad, RunSpec("2parity", "mask", 1, {})],
+                "masklab.lab.studies.gotu:run_one",
+                out,
+                jobs=jobs,
+                progress=False,
+            )
         msg = str(e.value)
-        assert "\n" not in msg and re.match(r"a run failed: 2parity__mask__s[01]: KeyError: '\w+' \(its log: ", msg), msg
+        assert "\n" not in msg and re.match(r"a run failed: 2parity__mask__s[01]: KeyError: '\w+' \(its log: ", msg), (
+            msg
+        )
         log = Path(msg.split("its log: ")[1].split(";")[0])
         assert log.exists() and "Traceback" in log.read_text()
         msgs.append(re.sub(r"s[01]", "sN", msg.replace(str(out), "OUT")))
@@ -258,8 +304,11 @@ def test_interrupted_cite_does_not_claim_runs_to_resume(monkeypatch, files, caps
 
 
 def test_help_shows_the_ranges(capsys):
-    for argv, want in [(["cite", "--help"], ">= 0"), (["tune-prior", "--help"], "(default 200; >= 1)"),
-                       (["evidence-prior", "--help"], "in (0, 1)")]:
+    for argv, want in [
+        (["cite", "--help"], ">= 0"),
+        (["tune-prior", "--help"], "(default 200; >= 1)"),
+        (["evidence-prior", "--help"], "in (0, 1)"),
+    ]:
         with pytest.raises(SystemExit):
             cli.main(argv)
         assert want in " ".join(capsys.readouterr().out.split()), argv
@@ -269,14 +318,18 @@ def test_quick_results_open_with_a_smoke_test_line():
     from masklab.lab.studies import tune_prior
 
     note = cli.smoke_test_note(tune_prior, tune_prior.quick_config(), {"summary": [{"n": 1}, {"n": 1}]})
-    assert note.startswith("> **Smoke test** (`--quick`)") and "n = 1" in note and "test_prompts 20 (default 100)" in note
+    assert (
+        note.startswith("> **Smoke test** (`--quick`)") and "n = 1" in note and "test_prompts 20 (default 100)" in note
+    )
 
 
 def test_what_the_user_sees_is_one_line(files, tmp_path):
     """As a real process: stderr is one line, exit 2 (no traceback printed anywhere)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     for argv in (cite(files, context="latin1.txt"), ["tune-prior", "--lr", "-1", "--out", str(tmp_path / "x")]):
-        p = subprocess.run([sys.executable, "-m", "masklab", *argv], capture_output=True, text=True, env=env, timeout=120)
+        p = subprocess.run(
+            [sys.executable, "-m", "masklab", *argv], capture_output=True, text=True, env=env, timeout=120
+        )
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("masklab: error: "), p.stderr
     assert not (tmp_path / "x").exists()
 
@@ -297,37 +350,51 @@ def passages(tmp_path):
 
 def compress(files: Path, *extra: str) -> list[str]:
     # a model that does not exist: each refusal below must come before any model is looked up
-    return ["compress", "--context", str(files / "ok.txt"), "--question", "Where does Bob live?", "--model", "no-such",
-            *extra]
+    return [
+        "compress",
+        "--context",
+        str(files / "ok.txt"),
+        "--question",
+        "Where does Bob live?",
+        "--model",
+        "no-such",
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize("extra,match", [
-    (["--keep", "abc"], "--keep takes a fraction in (0, 1] or auto, got 'abc'"),
-    (["--keep", "auto", "--router", "bm25"], "--keep auto needs a router that decides how much to keep"),
-    (["--target-tokens", "many"], "argument --target-tokens: invalid int value: 'many'"),
-    (["--target-tokens", "0"], "--target-tokens must be >= 1, got 0"),
-    (["--router", "oracle-gold"], "unknown router 'oracle-gold'"),  # a lab reference (masklab.lab.routers)
-    (["--router", "pruner-attention"], "unknown router 'pruner-attention'"),  # a lab control
-    (["--router", "nope"], "unknown router 'nope'"),
-    (["--threshold", "0.5", "--router", "bm25"], "--threshold needs a router that decides how much to keep"),
-    (["--threshold", "1.5", "--router", "pruner-ctx"], "the threshold of pruner-ctx must be a number in [0, 1]"),
-    (["--threshold", "-2", "--router", "pruner"], "the threshold of pruner must be a number in [-1, 1]"),
-    (["--threshold", "x"], "argument --threshold: invalid float value: 'x'"),
-    (["--threshold", "0.5", "--target-tokens", "40", "--router", "pruner"], "--threshold and --target-tokens"),
-    (["--int8", "--router", "bm25"], "--int8 quantises the pruner's encoder"),
-])
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--keep", "abc"], "--keep takes a fraction in (0, 1] or auto, got 'abc'"),
+        (["--keep", "auto", "--router", "bm25"], "--keep auto needs a router that decides how much to keep"),
+        (["--target-tokens", "many"], "argument --target-tokens: invalid int value: 'many'"),
+        (["--target-tokens", "0"], "--target-tokens must be >= 1, got 0"),
+        (["--router", "oracle-gold"], "unknown router 'oracle-gold'"),  # a lab reference (masklab.lab.routers)
+        (["--router", "pruner-attention"], "unknown router 'pruner-attention'"),  # a lab control
+        (["--router", "nope"], "unknown router 'nope'"),
+        (["--threshold", "0.5", "--router", "bm25"], "--threshold needs a router that decides how much to keep"),
+        (["--threshold", "1.5", "--router", "pruner-ctx"], "the threshold of pruner-ctx must be a number in [0, 1]"),
+        (["--threshold", "-2", "--router", "pruner"], "the threshold of pruner must be a number in [-1, 1]"),
+        (["--threshold", "x"], "argument --threshold: invalid float value: 'x'"),
+        (["--threshold", "0.5", "--target-tokens", "40", "--router", "pruner"], "--threshold and --target-tokens"),
+        (["--int8", "--router", "bm25"], "--int8 quantises the pruner's encoder"),
+    ],
+)
 def test_compress_options_are_one_line(files, capsys, extra, match):
     refused(compress(files, *extra), capsys, match)
 
 
-@pytest.mark.parametrize("context,extra,match", [
-    (["{d}"], ["--router", "snapkv", "--answer"], "snapkv prunes the model cache and keeps no units"),
-    (["{d}"], ["--html", "page.html"], "--html shows one document"),
-    (["{t}/empty"], [], "holds no text files"),
-    (["{t}/bad.json"], [], "starts with [ but is not a valid JSON list"),
-    (["{t}/numbers.json"], [], "passage 1 is a JSON int, not a string"),
-    (["-", "-"], [], "standard input (-) can be read once"),
-])
+@pytest.mark.parametrize(
+    "context,extra,match",
+    [
+        (["{d}"], ["--router", "snapkv", "--answer"], "snapkv prunes the model cache and keeps no units"),
+        (["{d}"], ["--html", "page.html"], "--html shows one document"),
+        (["{t}/empty"], [], "holds no text files"),
+        (["{t}/bad.json"], [], "starts with [ but is not a valid JSON list"),
+        (["{t}/numbers.json"], [], "passage 1 is a JSON int, not a string"),
+        (["-", "-"], [], "standard input (-) can be read once"),
+    ],
+)
 def test_several_passages_refused_before_the_model_loads(passages, tmp_path, capsys, context, extra, match):
     ctx = [c.format(d=passages, t=tmp_path) for c in context]
     refused(["compress", "--context", *ctx, "--question", "Who?", "--model", "no-such", *extra], capsys, match)
@@ -354,11 +421,17 @@ def test_several_passages_are_read_in_order(passages, tmp_path, monkeypatch):
         read_passages([str(passages / "a.txt"), str(passages / "b.txt")], max_bytes=50)
 
 
-@pytest.mark.parametrize("encoding,bom,given", [
-    ("utf-16", b"", None), ("utf-32", b"", None),  # Python's utf-16/utf-32 write a BOM
-    ("utf-16-le", b"\xff\xfe", None), ("utf-16-be", b"\xfe\xff", None),
-    ("utf-16-le", b"", "utf-16-le"), ("utf-16", b"", "utf-16"),
-])
+@pytest.mark.parametrize(
+    "encoding,bom,given",
+    [
+        ("utf-16", b"", None),
+        ("utf-32", b"", None),  # Python's utf-16/utf-32 write a BOM
+        ("utf-16-le", b"\xff\xfe", None),
+        ("utf-16-be", b"\xfe\xff", None),
+        ("utf-16-le", b"", "utf-16-le"),
+        ("utf-16", b"", "utf-16"),
+    ],
+)
 def test_utf16_and_utf32_text_is_read_not_refused_as_binary(tmp_path, encoding, bom, given):
     from masklab.text.inputs import read_text
 
@@ -371,20 +444,26 @@ def test_utf16_and_utf32_text_is_read_not_refused_as_binary(tmp_path, encoding, 
 def test_utf16_without_a_bom_says_how_to_read_it(tmp_path, capsys):
     path = tmp_path / "wide.txt"
     path.write_bytes("Bob lives in Paris.".encode("utf-16-le"))
-    refused(["compress", "--context", str(path), "--question", "Who?", "--model", "no-such"], capsys,
-            "pass --encoding utf-16-le")
+    refused(
+        ["compress", "--context", str(path), "--question", "Who?", "--model", "no-such"],
+        capsys,
+        "pass --encoding utf-16-le",
+    )
 
 
-@pytest.mark.parametrize("generated,shown", [
-    (" Daniel Reyes.\nQuestion: Who approved it?\nAnswer: Daniel", "Daniel Reyes."),
-    (" Daniel Reyes\nQuestion: Who approved it?", "Daniel Reyes"),
-    (" Daniel Reyes Question: Who approved it?", "Daniel Reyes"),
-    (" Daniel Reyes, the president. He signed it.", "Daniel Reyes, the president."),
-    (" It cost 3.5 million euros", "It cost 3.5 million euros"),
-    ("\n\nQuestion: Who approved the budget?\n", ""),
-    (" Answer: Vila Nova.", "Vila Nova."),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "generated,shown",
+    [
+        (" Daniel Reyes.\nQuestion: Who approved it?\nAnswer: Daniel", "Daniel Reyes."),
+        (" Daniel Reyes\nQuestion: Who approved it?", "Daniel Reyes"),
+        (" Daniel Reyes Question: Who approved it?", "Daniel Reyes"),
+        (" Daniel Reyes, the president. He signed it.", "Daniel Reyes, the president."),
+        (" It cost 3.5 million euros", "It cost 3.5 million euros"),
+        ("\n\nQuestion: Who approved the budget?\n", ""),
+        (" Answer: Vila Nova.", "Vila Nova."),
+        ("", ""),
+    ],
+)
 def test_answers_are_their_first_line_or_sentence_and_never_a_new_question(generated, shown):
     from masklab.context.answer import first_answer
 
@@ -393,13 +472,22 @@ def test_answers_are_their_first_line_or_sentence_and_never_a_new_question(gener
 
 def test_oversized_counts_have_a_declared_bound(tmp_path, capsys):
     out = tmp_path / "lc"
-    refused(["longctx", "--examples", "10000000000000", "--out", str(out)], capsys, "--examples must be in [1, 10000]", out)
-    refused(["longctx", "--train-examples", "10000000000000", "--out", str(out)], capsys, "--train-examples must be", out)
+    refused(
+        ["longctx", "--examples", "10000000000000", "--out", str(out)], capsys, "--examples must be in [1, 10000]", out
+    )
+    refused(
+        ["longctx", "--train-examples", "10000000000000", "--out", str(out)], capsys, "--train-examples must be", out
+    )
 
 
 def test_any_bad_number_is_one_line_not_the_usage(tmp_path, capsys):
     out = tmp_path / "g"
-    refused(["gotu", "--steps", "x", "--out", str(out)], capsys, "argument --steps: invalid int value: 'x' (see `masklab gotu --help`)", out)
+    refused(
+        ["gotu", "--steps", "x", "--out", str(out)],
+        capsys,
+        "argument --steps: invalid int value: 'x' (see `masklab gotu --help`)",
+        out,
+    )
     refused(["gotu", "--jobs", "two", "--out", str(out)], capsys, "argument --jobs: invalid int value: 'two'", out)
     refused(["nope"], capsys, "argument COMMAND: invalid choice: 'nope'")
 
@@ -407,8 +495,11 @@ def test_any_bad_number_is_one_line_not_the_usage(tmp_path, capsys):
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 def test_an_out_that_root_may_write_by_its_mode_but_cannot_create_is_one_line(capsys):
     # root passes os.access on /proc, but nothing can be created there (the regression)
-    refused(["gotu", "--task", "2parity", "--method", "mask", "--quick", "--out", "/proc/x/y"], capsys,
-            "cannot create the output directory /proc/x/y: /proc takes no new folders")
+    refused(
+        ["gotu", "--task", "2parity", "--method", "mask", "--quick", "--out", "/proc/x/y"],
+        capsys,
+        "cannot create the output directory /proc/x/y: /proc takes no new folders",
+    )
 
 
 def test_an_out_that_exists_and_is_writable_is_left_as_it_was(tmp_path):
@@ -433,8 +524,14 @@ def test_list_routers_says_what_each_router_reads_and_needs(capsys):
     lines = {line.split()[0]: line for line in out.splitlines()}
     assert "reads no model" in lines["bm25"] and "reads no model" in lines["lexical"]
     assert "reads the model" in lines["evidence"] and "--answer" not in lines["evidence"]
-    assert "reads the model" in lines["snapkv"] and "needs --answer" in lines["snapkv"] and "needs --answer" in lines["finch"]
-    assert not {"oracle-gold", "longllmlingua", "attention", "pruner-attention", "pruner-marks"} & set(lines)  # the lab's
+    assert (
+        "reads the model" in lines["snapkv"]
+        and "needs --answer" in lines["snapkv"]
+        and "needs --answer" in lines["finch"]
+    )
+    assert not {"oracle-gold", "longllmlingua", "attention", "pruner-attention", "pruner-marks"} & set(
+        lines
+    )  # the lab's
     assert "reads no model" in lines["dense"] and "reads no model" in lines["pruner"]
     from masklab.context.router import DEFAULT_ROUTER
 

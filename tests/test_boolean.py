@@ -4,10 +4,19 @@ import numpy as np
 import pytest
 
 from masklab.lab.runner import MasklabError
-from masklab.lab.tasks.boolean import custom_task, fourier, make_task, minimum_degree_interpolator, monomials, parse_expression
+from masklab.lab.tasks.boolean import (
+    custom_task,
+    fourier,
+    make_task,
+    minimum_degree_interpolator,
+    monomials,
+    parse_expression,
+)
 
 
-@pytest.mark.parametrize("name,seen,unseen", [("2parity", 24576, 8192), ("maj3", 24576, 8192), ("cyclic3", 28672, 4096)])
+@pytest.mark.parametrize(
+    "name,seen,unseen", [("2parity", 24576, 8192), ("maj3", 24576, 8192), ("cyclic3", 28672, 4096)]
+)
 def test_split_sizes(name, seen, unseen):
     t = make_task(name)
     assert t.x.shape == (32768, 15)

@@ -16,7 +16,13 @@ from masklab.util.errors import MasklabError
 
 EXPECTED = json.loads(GOLDEN.read_text())
 # fields added after the golden file was written, with the default that keeps the old behaviour
-ADDED = {"prompt_format": None, "min_teacher_acc": 0.5, "attention_k": "25%", "fractions": ["10%", "25%"], "teacher_per_seed": True}
+ADDED = {
+    "prompt_format": None,
+    "min_teacher_acc": 0.5,
+    "attention_k": "25%",
+    "fractions": ["10%", "25%"],
+    "teacher_per_seed": True,
+}
 
 
 def without_added(config):
@@ -97,6 +103,8 @@ def test_bad_value_is_one_error_line_and_exit_2(capsys):
 def test_an_output_directory_that_cannot_be_created_is_one_clear_error(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    rc = cli.main(["gotu", "--quick", "--task", "cyclic3", "--method", "vanilla", "--steps", "1", "--out", str(blocker / "x")])
+    rc = cli.main(
+        ["gotu", "--quick", "--task", "cyclic3", "--method", "vanilla", "--steps", "1", "--out", str(blocker / "x")]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == [f"masklab: error: cannot create the output directory {blocker / 'x'}: Not a directory"]

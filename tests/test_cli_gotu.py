@@ -35,13 +35,35 @@ def check_contract(out):
 
 def test_gotu_custom_task_through_the_cli(tmp_path, capsys):
     out = tmp_path / "custom"
-    rc = main(["gotu", "--function", "x0*x1*x2", "--seen", "x0==1 or x1==1", "--support", "0,1,2", "--dim", "6",
-               "--method", "vanilla,mask", "--seeds", "2", "--out", str(out), "--jobs", "1", *TINY])
+    rc = main(
+        [
+            "gotu",
+            "--function",
+            "x0*x1*x2",
+            "--seen",
+            "x0==1 or x1==1",
+            "--support",
+            "0,1,2",
+            "--dim",
+            "6",
+            "--method",
+            "vanilla,mask",
+            "--seeds",
+            "2",
+            "--out",
+            str(out),
+            "--jobs",
+            "1",
+            *TINY,
+        ]
+    )
     assert rc == 0
     res = check_contract(out)
     assert [(r["method"], r["seed"]) for r in res["runs"]] == [("vanilla", 0), ("vanilla", 1), ("mask", 0), ("mask", 1)]
     assert {r["task"] for r in res["runs"]} == {"custom"}
-    assert res["runs"][0]["extra"]["fourier_target"] == pytest.approx({"1": 0, "x0": 0, "x1": 0, "x2": 0, "x0*x1": 0, "x0*x2": 0, "x1*x2": 0, "x0*x1*x2": 1})
+    assert res["runs"][0]["extra"]["fourier_target"] == pytest.approx(
+        {"1": 0, "x0": 0, "x1": 0, "x2": 0, "x0*x1": 0, "x0*x2": 0, "x1*x2": 0, "x0*x1*x2": 1}
+    )
     assert "| custom | mask | 2 |" in capsys.readouterr().out
 
 
@@ -70,7 +92,11 @@ def test_killed_study_resumes_and_ends_with_the_same_results(tmp_path):
     ref = masklab(*args, "--out", str(tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "masklab", *args, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "masklab", *args, "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not list((out / "runs").glob("*.json")):
         time.sleep(0.2)
@@ -115,7 +141,12 @@ def test_reproduce_quick_shows_the_cyclic3_effect(tmp_path, monkeypatch, capsys)
     acc = {(row["task"], row["method"]): row["unseen_acc_mean"] for row in res["summary"]}
     assert acc[("cyclic3", "mask")] > acc[("cyclic3", "vanilla")] + 0.2
     monkeypatch.setattr(gotu, "run", real)
-    assert main(["gotu", "--quick", "--task", "2parity", "--steps", "1", "--out", str(tmp_path / "step0"), "--no-progress"]) == 0
+    assert (
+        main(
+            ["gotu", "--quick", "--task", "2parity", "--steps", "1", "--out", str(tmp_path / "step0"), "--no-progress"]
+        )
+        == 0
+    )
     capsys.readouterr()
     res = json.loads((tmp_path / "step0" / "results.json").read_text())
     demo = {s.params["method"]: s.params for s in gotu.specs_for(asked["cfg"]) if s.task == "2parity"}

@@ -25,7 +25,9 @@ The treasurer, Margaret Okafor, presented the accounts for the winter quarter. D
 
 Other business: the summer opening hours will stay as they are. The café corner will get new chairs. The next meeting is planned for early May, in the small hall.
 """
-ANSWERING = "After some debate, the annual budget was approved by Daniel Reyes, the board president, on behalf of the members."
+ANSWERING = (
+    "After some debate, the annual budget was approved by Daniel Reyes, the board president, on behalf of the members."
+)
 
 TRAVEL = """Our trip started in Lisbon, where it rained for two days. We took the night train north and arrived in Porto before dawn.
 In Porto we stayed with an old friend who works as a baker. She told us that the best view of the river is from the monastery on the hill.
@@ -38,16 +40,25 @@ shares_smol = pytest.mark.usefixtures("shared_loads")
 
 
 @pytest.mark.parametrize("router", ["lexical", "bm25"])
-@pytest.mark.parametrize("text,question,answering", [
-    (REPORT, "Who approved the budget?", ANSWERING),
-    (TRAVEL, "Where did my sister lose her passport?", "My sister lost her passport in a small fishing village called Vila Nova"),
-    (TRAVEL, "Who works as a baker?", "In Porto we stayed with an old friend who works as a baker."),
-])
+@pytest.mark.parametrize(
+    "text,question,answering",
+    [
+        (REPORT, "Who approved the budget?", ANSWERING),
+        (
+            TRAVEL,
+            "Where did my sister lose her passport?",
+            "My sister lost her passport in a small fishing village called Vila Nova",
+        ),
+        (TRAVEL, "Who works as a baker?", "In Porto we stayed with an old friend who works as a baker."),
+    ],
+)
 def test_word_routers_keep_the_answering_sentence(router, text, question, answering):
     pruned = load_router(router).prune(Request(question, text, fraction=0.2))
     assert answering in pruned.text
     assert pruned.kept_fraction <= 0.2 + 1e-9 or len(pruned.kept) == 1
-    assert pruned.scores[pruned.doc.units.index(next(u for u in pruned.doc.units if answering in u))] == max(pruned.scores)
+    assert pruned.scores[pruned.doc.units.index(next(u for u in pruned.doc.units if answering in u))] == max(
+        pruned.scores
+    )
 
 
 def test_select_keeps_the_best_units_neighbours_right_after_it():
@@ -88,14 +99,17 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-@pytest.mark.parametrize("content,match", [
-    (None, "does not exist"),
-    (b"", "is empty"),
-    (b"   \n\t ", "is empty"),
-    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "looks binary"),
-    ("Caf\xe9 au lait. Le budget fut approuv\xe9.".encode("latin-1"), "not valid UTF-8"),
-    (b"x" * 1_100_000, "over the limit"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (None, "does not exist"),
+        (b"", "is empty"),
+        (b"   \n\t ", "is empty"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "looks binary"),
+        ("Caf\xe9 au lait. Le budget fut approuv\xe9.".encode("latin-1"), "not valid UTF-8"),
+        (b"x" * 1_100_000, "over the limit"),
+    ],
+)
 def test_bad_context_files_are_one_line_before_any_model_loads(tmp_path, capsys, content, match):
     path = tmp_path / "ctx.txt"
     if content is not None:
@@ -104,18 +118,24 @@ def test_bad_context_files_are_one_line_before_any_model_loads(tmp_path, capsys,
     assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err + out
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["--question", ""], "question is empty"),
-    (["--question", "   "], "question is empty"),
-    (["--question", "Who?", "--keep", "0"], "--keep must be in (0, 1]"),
-    (["--question", "Who?", "--keep", "1.5"], "--keep must be in (0, 1]"),
-    (["--question", "Who?", "--router", "nope"], "unknown router 'nope'"),
-    (["--question", "Who?", "--router", "snapkv"], "add --answer"),
-    (["--question", "Who?", "--model", "nope"], "unknown model 'nope'"),
-    (["--question", "Who?", "--unit-tokens", "0"], "--unit-tokens must be >= 1"),
-    (["--question", "Who?", "--html", "/no/such/folder/page.html"], "its folder does not exist"),
-    (["--question", "Who?", "--router", "snapkv", "--answer", "--html", "page.html"], "snapkv keeps none (it prunes the cache)"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--question", ""], "question is empty"),
+        (["--question", "   "], "question is empty"),
+        (["--question", "Who?", "--keep", "0"], "--keep must be in (0, 1]"),
+        (["--question", "Who?", "--keep", "1.5"], "--keep must be in (0, 1]"),
+        (["--question", "Who?", "--router", "nope"], "unknown router 'nope'"),
+        (["--question", "Who?", "--router", "snapkv"], "add --answer"),
+        (["--question", "Who?", "--model", "nope"], "unknown model 'nope'"),
+        (["--question", "Who?", "--unit-tokens", "0"], "--unit-tokens must be >= 1"),
+        (["--question", "Who?", "--html", "/no/such/folder/page.html"], "its folder does not exist"),
+        (
+            ["--question", "Who?", "--router", "snapkv", "--answer", "--html", "page.html"],
+            "snapkv keeps none (it prunes the cache)",
+        ),
+    ],
+)
 def test_bad_options_are_one_line(tmp_path, capsys, argv, match):
     path = tmp_path / "ctx.txt"
     path.write_text(REPORT)
@@ -130,7 +150,9 @@ def test_latin1_with_encoding_and_stdin(tmp_path, capsys, monkeypatch):
 
     path = tmp_path / "ctx.txt"
     path.write_bytes(REPORT.encode("latin-1"))
-    code, out, _ = run(capsys, "--context", str(path), "--encoding", "latin-1", "--question", "Who approved the budget?")
+    code, out, _ = run(
+        capsys, "--context", str(path), "--encoding", "latin-1", "--question", "Who approved the budget?"
+    )
     assert code == 0 and "Daniel Reyes" in out
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(TRAVEL.encode())))
     code, out, _ = run(capsys, "--context", "-", "--question", "Who works as a baker?", "--keep", "0.2")
@@ -156,8 +178,11 @@ def test_json_has_every_field(tmp_path, capsys):
     # the fields agree with one another: the pruned text is the kept units in reading order, the
     # fraction is theirs, and the best scored unit is among them
     at = [res["pruned_text"].index(units[i]) for i in kept]
-    assert at == sorted(at) and not any(units[i] in res["pruned_text"] for i in range(len(units)) if i not in kept
-                                         and all(units[i] not in units[k] for k in kept))
+    assert at == sorted(at) and not any(
+        units[i] in res["pruned_text"]
+        for i in range(len(units))
+        if i not in kept and all(units[i] not in units[k] for k in kept)
+    )
     assert res["kept_fraction"] == pytest.approx(sum(lengths[i] for i in kept) / sum(lengths))
     assert 0 < res["kept_fraction"] <= 0.25 and max(range(len(units)), key=scores.__getitem__) in kept
 
@@ -170,8 +195,19 @@ def test_int8_scores_with_the_quantised_encoder(tmp_path, capsys):
 
     path = tmp_path / "ctx.txt"
     path.write_text(REPORT)
-    code, out, _ = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--router",
-                       "pruner-ctx", "--int8", "--threshold", "0.2", "--json")
+    code, out, _ = run(
+        capsys,
+        "--context",
+        str(path),
+        "--question",
+        "Who approved the budget?",
+        "--router",
+        "pruner-ctx",
+        "--int8",
+        "--threshold",
+        "0.2",
+        "--json",
+    )
     res = json.loads(out)
     doc = segment(REPORT, load_router("pruner-ctx", "smollm2-135m").tokenizer)
     assert code == 0 and res["units"] == doc.units
@@ -186,9 +222,12 @@ def test_int8_scores_with_the_quantised_encoder(tmp_path, capsys):
 @shares_smol
 def test_text_without_sentence_punctuation_is_chunked_not_refused(tmp_path, capsys):
     path = tmp_path / "table.txt"
-    path.write_text("\n".join(f"row {i} | item-{i} | owner {'Dana' if i == 37 else 'Sam'} | shelf {i % 7}" for i in range(80)))
-    code, out, _ = run(capsys, "--context", str(path), "--question", "Which row has owner Dana?", "--json",
-                       "--unit-tokens", "40")
+    path.write_text(
+        "\n".join(f"row {i} | item-{i} | owner {'Dana' if i == 37 else 'Sam'} | shelf {i % 7}" for i in range(80))
+    )
+    code, out, _ = run(
+        capsys, "--context", str(path), "--question", "Which row has owner Dana?", "--json", "--unit-tokens", "40"
+    )
     res = json.loads(out)
     assert code == 0 and len(res["units"]) > 10 and "owner Dana" in res["pruned_text"]
 
@@ -199,7 +238,9 @@ def test_long_document_is_capped_to_the_model_window(tmp_path, capsys):
     filler = " ".join(f"Paragraph {i} talks about the weather in a town far away." for i in range(1200))
     path = tmp_path / "long.txt"
     path.write_text(filler + " " + ANSWERING)
-    code, out, _ = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--keep", "1", "--json")
+    code, out, _ = run(
+        capsys, "--context", str(path), "--question", "Who approved the budget?", "--keep", "1", "--json"
+    )
     res = json.loads(out)
     assert code == 0 and res["context_tokens"] > res["model_window"]
     assert any("capped" in n for n in res["notes"]) and ANSWERING in res["pruned_text"]
@@ -208,7 +249,9 @@ def test_long_document_is_capped_to_the_model_window(tmp_path, capsys):
 
 @needs_smol
 @shares_smol
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium (Debian package 'chromium'; .ci/run installs it)")
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="no chromium (Debian package 'chromium'; .ci/run installs it)"
+)
 def test_html_page_highlights_the_kept_units_in_a_browser(tmp_path, capsys):
     import numpy as np
     from PIL import Image
@@ -217,16 +260,32 @@ def test_html_page_highlights_the_kept_units_in_a_browser(tmp_path, capsys):
 
     path = tmp_path / "ctx.txt"
     path.write_text(REPORT)
-    code, _, _ = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--html", str(tmp_path / "p.html"))
+    code, _, _ = run(
+        capsys, "--context", str(path), "--question", "Who approved the budget?", "--html", str(tmp_path / "p.html")
+    )
     assert code == 0
 
     def highlighted(html_path):
         png = tmp_path / (html_path.stem + ".png")
-        subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        "--window-size=1000,700", f"--screenshot={png}", html_path.as_uri()],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                "chromium",
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--window-size=1000,700",
+                f"--screenshot={png}",
+                html_path.as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         a = np.asarray(Image.open(png).convert("RGB")).astype(int)
-        return int(((a[..., 0] > 240) & (a[..., 1] > 200) & (a[..., 1] < 235) & (a[..., 2] < 130)).sum())  # the kept units' yellow
+        return int(
+            ((a[..., 0] > 240) & (a[..., 1] > 200) & (a[..., 1] < 235) & (a[..., 2] < 130)).sum()
+        )  # the kept units' yellow
 
     assert highlighted(tmp_path / "p.html") > 2000
     pruned = load_router("bm25").prune(Request("Who approved the budget?", REPORT, fraction=0.2))
@@ -244,8 +303,19 @@ def test_answer_from_the_pruned_text_is_right(tmp_path, capsys, model):
         pytest.skip("Gemma 3 270M not installed")
     path = tmp_path / "ctx.txt"
     path.write_text(TRAVEL)
-    code, out, _ = run(capsys, "--model", model, "--context", str(path), "--question",
-                       "In which village did my sister lose her passport?", "--keep", "0.25", "--answer", "--json")
+    code, out, _ = run(
+        capsys,
+        "--model",
+        model,
+        "--context",
+        str(path),
+        "--question",
+        "In which village did my sister lose her passport?",
+        "--keep",
+        "0.25",
+        "--answer",
+        "--json",
+    )
     res = json.loads(out)
     assert code == 0 and "Vila Nova" in res["answer"], res["answer"]
 
@@ -257,8 +327,17 @@ def test_several_passages_where_the_pruner_decides_how_much(tmp_path, capsys, bu
     paths = [tmp_path / "a.txt", tmp_path / "b.txt"]
     paths[0].write_text(TRAVEL)
     paths[1].write_text(REPORT)
-    code, out, _ = run(capsys, "--context", *map(str, paths), "--question", "Who approved the budget?", "--router",
-                       "pruner-ctx", *budget, "--json")
+    code, out, _ = run(
+        capsys,
+        "--context",
+        *map(str, paths),
+        "--question",
+        "Who approved the budget?",
+        "--router",
+        "pruner-ctx",
+        *budget,
+        "--json",
+    )
     res = json.loads(out)
     r = load_router("pruner-ctx")
     top = max(range(len(res["scores"])), key=res["scores"].__getitem__)
@@ -277,14 +356,30 @@ def test_several_passages_one_budget_json_and_text(tmp_path, capsys):
     d.mkdir()
     (d / "1-report.txt").write_text(REPORT)
     (d / "2-travel.txt").write_text(TRAVEL)
-    code, out, _ = run(capsys, "--context", str(d), "--question", "Who approved the budget?", "--target-tokens", "40", "--json")
+    code, out, _ = run(
+        capsys, "--context", str(d), "--question", "Who approved the budget?", "--target-tokens", "40", "--json"
+    )
     res = json.loads(out)
-    assert code == 0 and res["compressed_tokens"] <= 40 and res["ratio"] == res["origin_tokens"] / res["compressed_tokens"]
+    assert (
+        code == 0 and res["compressed_tokens"] <= 40 and res["ratio"] == res["origin_tokens"] / res["compressed_tokens"]
+    )
     assert [p["index"] for p in res["passages"]] == [0, 1] and res["passages"][0]["rank"] == 0
-    assert ANSWERING in res["pruned_text"] and sum(p["kept_tokens"] for p in res["passages"]) == res["compressed_tokens"]
+    assert (
+        ANSWERING in res["pruned_text"] and sum(p["kept_tokens"] for p in res["passages"]) == res["compressed_tokens"]
+    )
     # the passages' order, not a router's judgement, is checked: dense keeps both facts of this two-part question
-    code, out, _ = run(capsys, "--context", str(d / "2-travel.txt"), str(d / "1-report.txt"), "--question",
-                       "Who approved the budget, and who works as a baker?", "--keep", "0.2", "--router", "dense")
+    code, out, _ = run(
+        capsys,
+        "--context",
+        str(d / "2-travel.txt"),
+        str(d / "1-report.txt"),
+        "--question",
+        "Who approved the budget, and who works as a baker?",
+        "--keep",
+        "0.2",
+        "--router",
+        "dense",
+    )
     text, summary = out.split("\n---\n")
     assert code == 0 and text.index("baker") < text.index("Daniel Reyes") and "\n\n" in text  # passages in order
     assert "of 2 passages" in summary
@@ -297,8 +392,12 @@ def test_a_budget_below_the_top_unit_says_so_and_an_empty_answer_is_named(tmp_pa
 
     path = tmp_path / "tiny.txt"
     path.write_text("The budget was approved by Daniel Reyes. It rained.")
-    monkeypatch.setattr(compress, "generate_answer", lambda *a, **k: {"generated": "\nQuestion: Who?\n", "seconds": 0.1})
-    code, out, _ = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--keep", "0.25", "--answer")
+    monkeypatch.setattr(
+        compress, "generate_answer", lambda *a, **k: {"generated": "\nQuestion: Who?\n", "seconds": 0.1}
+    )
+    code, out, _ = run(
+        capsys, "--context", str(path), "--question", "Who approved the budget?", "--keep", "0.25", "--answer"
+    )
     assert code == 0 and "note: --keep 0.25 kept " in out and "the top unit is always kept" in out
     assert out.rstrip().endswith("(empty answer)")
 
@@ -319,8 +418,17 @@ def test_the_pruned_answer_is_printed_before_the_whole_document_is_answered(tmp_
     monkeypatch.setattr(context_cli, "LONG_DOCUMENT_TOKENS", 10)
     path = tmp_path / "ctx.txt"
     path.write_text(REPORT)
-    code, out, err = run(capsys, "--context", str(path), "--question", "Who approved the budget?", "--answer",
-                         "--compare-full", "--max-new-tokens", "4")
+    code, out, err = run(
+        capsys,
+        "--context",
+        str(path),
+        "--question",
+        "Who approved the budget?",
+        "--answer",
+        "--compare-full",
+        "--max-new-tokens",
+        "4",
+    )
     assert code == 0 and len(calls) == 2
     assert f"answer ({DEFAULT_ROUTER} at keep 0.25" in calls[1].out and "answer (full document" in out
     assert calls[1].err.startswith("answering from the whole document (") and "tokens)..." in calls[1].err

@@ -63,10 +63,11 @@ def test_training_learns_a_target_only_the_context_reveals_and_survives_save_loa
     filler = ["Grass is green.", "Snow is white.", "The sky is blue.", "Coal is black."]
     examples = []
     for k in range(4):
-        units = filler[:k] + ["The next sentence is the answer.", filler[k]] + filler[k + 1:]
+        units = filler[:k] + ["The next sentence is the answer.", filler[k]] + filler[k + 1 :]
         examples.append(Example("Which sentence is the answer?", units, [k + 1]))
-    model, rec = train(examples * 3, CrossConfig(epochs=6, full=full, lr=lr, head_lr=head_lr, batch=4, negatives=0.0),
-                       progress=False)
+    model, rec = train(
+        examples * 3, CrossConfig(epochs=6, full=full, lr=lr, head_lr=head_lr, batch=4, negatives=0.0), progress=False
+    )
     assert rec["loss"][-1] < rec["loss"][0]
     for e in examples:
         assert int(model.rank(e.question, e.units).argmax()) == e.target[0]
@@ -74,8 +75,9 @@ def test_training_learns_a_target_only_the_context_reveals_and_survives_save_loa
     loaded, meta = load_cross(tmp_path / "c.safetensors")  # adapters merged into the encoder, or float16 weights
     assert meta["design"] == ("cross-full" if full else "cross") and meta["labels"] == "test"
     for e in examples:
-        torch.testing.assert_close(loaded.rank(e.question, e.units), model.rank(e.question, e.units),
-                                   atol=2e-2 if full else 1e-4, rtol=0)
+        torch.testing.assert_close(
+            loaded.rank(e.question, e.units), model.rank(e.question, e.units), atol=2e-2 if full else 1e-4, rtol=0
+        )
     with pytest.raises(MasklabError, match="no cross pruner"):
         load_cross(tmp_path / "missing.safetensors")
 
@@ -135,8 +137,9 @@ def test_keepset_labels_read_each_unit_alone_batched_as_one_by_one(tiny_folders)
     units = ["abc def.", "ghi jk lmnop.", "q.", "rst uvw xyz ab.", "cd ef gh.", "ij kl."]
     q, ans = Query("what?").text, answer_ids(lm, "ab cd")
     variants = [[]] + [[u] for u in units] + [[units[0], units[3]]]
-    torch.testing.assert_close(read_alone(lm, variants, q, ans, batch=16), read_alone(lm, variants, q, ans, batch=1),
-                               atol=1e-4, rtol=0)  # left padding changes nothing
+    torch.testing.assert_close(
+        read_alone(lm, variants, q, ans, batch=16), read_alone(lm, variants, q, ans, batch=1), atol=1e-4, rtol=0
+    )  # left padding changes nothing
     row = keepset_label(lm, units, "what?", "ab cd")
     assert len(row["logp_single"]) == len(units) and len(row["pairs"]) == PAIR_TOP * (PAIR_TOP - 1) // 2
     assert row["passes"] == 2 + len(units) + len(row["pairs"])
@@ -182,27 +185,34 @@ def test_prune_keeps_the_units_at_or_above_the_threshold_and_batches_one_documen
     assert out["scores"] == pytest.approx([0.1, 0.7, 0.3, 0.9, 0.5])
     assert out["compression_rate"] == pytest.approx(1 - out["kept_fraction"]) and 0 < out["compression_rate"] < 1
     none = prune("Which unit?", TEXT, threshold=0.95, router="test-decider")  # no unit reaches it: none kept
-    assert none["kept"] == [] and none["pruned_context"] == "" and "no unit scores at least the threshold 0.95 (the " \
-        "best 0.9)" in " ".join(none["notes"])
+    assert (
+        none["kept"] == []
+        and none["pruned_context"] == ""
+        and "no unit scores at least the threshold 0.95 (the best 0.9)" in " ".join(none["notes"])
+    )
     assert prune("Which unit?", "Unit 2 alone.", threshold=0.95, router="test-decider")["kept"] == []  # one unit
     assert prune("Which unit?", TEXT, threshold=0.9, router="test-decider")["kept"] == [3]  # at it counts
     assert prune("Which unit?", TEXT, router="test-decider")["kept"] == [1, 3, 4]  # keep auto: the router's own 0.5
     decider.clear()
-    many = prune(["Which unit?", "Another?", "A third?"], [TEXT, TEXT, "Unit 2 alone."], threshold=0.5,
-                 router="test-decider")
+    many = prune(
+        ["Which unit?", "Another?", "A third?"], [TEXT, TEXT, "Unit 2 alone."], threshold=0.5, router="test-decider"
+    )
     assert sorted(decider) == [1, 2]  # the two questions on one text were scored in one call
     assert [m["kept"] for m in many] == [[1, 3, 4], [1, 3, 4], []]
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"threshold": 1.5}, r"must be a number in \[0, 1\]"),
-    ({"threshold": "high"}, r"must be a number in \[0, 1\]"),
-    ({"question": "   "}, "question is empty"),
-    ({"context": ""}, "context is empty"),
-    ({"context": "text\x00\x01binary"}, "looks binary"),
-    ({"context": ["a", "b"]}, "one question and one context"),
-    ({"question": ["a?", "b?"], "context": ["x."]}, "2 questions and 1 contexts"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"threshold": 1.5}, r"must be a number in \[0, 1\]"),
+        ({"threshold": "high"}, r"must be a number in \[0, 1\]"),
+        ({"question": "   "}, "question is empty"),
+        ({"context": ""}, "context is empty"),
+        ({"context": "text\x00\x01binary"}, "looks binary"),
+        ({"context": ["a", "b"]}, "one question and one context"),
+        ({"question": ["a?", "b?"], "context": ["x."]}, "2 questions and 1 contexts"),
+    ],
+)
 def test_prune_refuses_bad_input_with_one_message(decider, kwargs, message):
     from masklab.context import prune
 
@@ -232,7 +242,11 @@ def test_a_threshold_keeps_the_units_at_or_above_it_across_passages(decider):
     assert passages_pruned(keep="auto").passage_kept == [[1], [], [0]]  # its own 0.5
     assert passages_pruned(keep=0.25).passage_kept == [[], [], [0]]  # a fraction
     kept = Adapter("test-decider", threshold=0.25).kept(PASSAGES, "Which unit?")
-    assert [(i, text) for i, text, _ in kept] == [(0, "Unit 7 is here."), (1, "Unit 3 is here."), (2, "Unit 9 is here.")]
+    assert [(i, text) for i, text, _ in kept] == [
+        (0, "Unit 7 is here."),
+        (1, "Unit 3 is here."),
+        (2, "Unit 9 is here."),
+    ]
     with pytest.raises(MasklabError, match="each set the budget"):
         passages_pruned(threshold=0.5, target_tokens=10)
 
@@ -319,8 +333,12 @@ def test_the_int8_context_pruner_ranks_as_the_float_one_does():
     from masklab.context.routers import load_router
     from masklab.text.document import segment
 
-    doc = segment(" ".join(f"Release {i} changed the {w} option to default to {i * 7}." for i, w in
-                           enumerate(["colour", "width", "depth", "cache", "retry", "timeout", "proxy", "quiet"])))
+    doc = segment(
+        " ".join(
+            f"Release {i} changed the {w} option to default to {i * 7}."
+            for i, w in enumerate(["colour", "width", "depth", "cache", "retry", "timeout", "proxy", "quiet"])
+        )
+    )
     q = "What does the timeout option default to now?"
     f, i8 = load_router("pruner-ctx"), load_router("pruner-ctx", int8=True)
     assert i8.pruner is not f.pruner  # its own encoder: the float router is not quantised
@@ -334,8 +352,14 @@ def test_a_second_hop_raises_the_unit_that_explains_what_the_best_unit_names():
     from masklab.text.document import Document
 
     # the question shares words only with the first unit; the second explains what the first names
-    doc = Document(units=["Colours are configurable.", "Per-user settings live in ~/.toolrc today.",
-                          "Nothing else here.", "The ~/.toolrc file is INI."])
+    doc = Document(
+        units=[
+            "Colours are configurable.",
+            "Per-user settings live in ~/.toolrc today.",
+            "Nothing else here.",
+            "The ~/.toolrc file is INI.",
+        ]
+    )
     question = "Which syntax do per-user settings use?"
     one, two = Lexical(), Lexical()
     two.hops = 2

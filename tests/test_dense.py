@@ -14,10 +14,12 @@ from masklab.text.document import Document
 from masklab.util.errors import MasklabError
 
 # A paraphrased question: the answer shares no content word with it; a distractor shares several.
-UNITS = ["The committee met on Tuesday to discuss the annual budget report.",
-         "Copies may be handed on for a fee covering the physical transfer.",
-         "The report on the budget was discussed again by the committee on Friday.",
-         "Weather in the region stayed mild all week."]
+UNITS = [
+    "The committee met on Tuesday to discuss the annual budget report.",
+    "Copies may be handed on for a fee covering the physical transfer.",
+    "The report on the budget was discussed again by the committee on Friday.",
+    "Weather in the region stayed mild all week.",
+]
 QUESTION = "Is it allowed to ask for money when I give someone a copy?"
 
 
@@ -78,18 +80,40 @@ def test_compress_refuses_a_bad_embedder_before_the_model_loads(tmp_path, capsys
 
     doc = tmp_path / "d.txt"
     doc.write_text("One sentence. Another one.")
-    assert main(["compress", "--context", str(doc), "--question", "Which?", "--router", "dense",
-                 "--embedder", str(tmp_path / "nowhere")]) == 2
+    assert (
+        main(
+            [
+                "compress",
+                "--context",
+                str(doc),
+                "--question",
+                "Which?",
+                "--router",
+                "dense",
+                "--embedder",
+                str(tmp_path / "nowhere"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("masklab: error:") and "does not exist" in err[0]
-    assert main(["compress", "--context", str(doc), "--question", "Which?", "--router", "bm25",
-                 "--embedder", str(tmp_path)]) == 2
+    assert (
+        main(
+            ["compress", "--context", str(doc), "--question", "Which?", "--router", "bm25", "--embedder", str(tmp_path)]
+        )
+        == 2
+    )
     assert "--embedder is for" in capsys.readouterr().err
 
 
 def test_the_dense_fusion_must_keep_as_often_as_both_parts():
-    grid = [{"how": "bm25", "weight": 0, "mrr": 0.3, "kept": 0.5}, {"how": "dense", "weight": 0, "mrr": 0.4, "kept": 0.6},
-            {"how": "z", "weight": 1, "mrr": 0.45, "kept": 0.55}, {"how": "z", "weight": 2, "mrr": 0.42, "kept": 0.6}]
+    grid = [
+        {"how": "bm25", "weight": 0, "mrr": 0.3, "kept": 0.5},
+        {"how": "dense", "weight": 0, "mrr": 0.4, "kept": 0.6},
+        {"how": "z", "weight": 1, "mrr": 0.45, "kept": 0.55},
+        {"how": "z", "weight": 2, "mrr": 0.42, "kept": 0.6},
+    ]
     assert choose(grid)["weight"] == 1  # against bm25 alone, the best MRR wins
     assert choose(grid, ("bm25", "dense"))["weight"] == 2  # must keep as often as dense too
     grid[3]["kept"] = 0.59
@@ -126,9 +150,23 @@ def test_a_changed_file_of_the_second_split_is_refused(tmp_path):
 def test_overlap_counts_the_question_words_found_in_the_evidence():
     from masklab.lab.tasks.realdocs import RealQuestion, overlap
 
-    q = RealQuestion("d-01", "d", "single", "Which option compresses the archive?", ("Use -z to compress it.",),
-                     ("-z",), "Use -z to compress it.")
+    q = RealQuestion(
+        "d-01",
+        "d",
+        "single",
+        "Which option compresses the archive?",
+        ("Use -z to compress it.",),
+        ("-z",),
+        "Use -z to compress it.",
+    )
     assert overlap(q) == 0.0  # "compresses" is not "compress"; "option", "archive" are absent
-    q2 = RealQuestion("d-02", "d", "single", "Does the option compress?", ("The option does compress.",),
-                      ("-z",), "The option does compress.")
+    q2 = RealQuestion(
+        "d-02",
+        "d",
+        "single",
+        "Does the option compress?",
+        ("The option does compress.",),
+        ("-z",),
+        "The option does compress.",
+    )
     assert overlap(q2) == 1.0

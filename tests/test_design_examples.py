@@ -36,15 +36,29 @@ def run_example(name: str, module: str = "masklab.design_example") -> types.Modu
 
 def test_every_example_is_tested():
     names = re.findall(r"^# example: ([\w-]+)$", DOC.read_text(), flags=re.M)
-    assert sorted(names) == sorted(["study", "design", "qk-init", "search", "router", "selector", "architecture",
-                                   "context-router", "context-deciding-router"])
+    assert sorted(names) == sorted(
+        [
+            "study",
+            "design",
+            "qk-init",
+            "search",
+            "router",
+            "selector",
+            "architecture",
+            "context-router",
+            "context-deciding-router",
+        ]
+    )
 
 
 def test_study_example_runs_resumes_and_takes_its_flags(tmp_path):
     toy = run_example("study", "masklab.lab.studies.toy")
     try:
         res = toy.run(toy.quick_config(), tmp_path, progress=False)
-        assert [(r["task"], r["method"], r["seed"]) for r in res["runs"]] == [("linear", "short", 0), ("linear", "long", 0)]
+        assert [(r["task"], r["method"], r["seed"]) for r in res["runs"]] == [
+            ("linear", "short", 0),
+            ("linear", "long", 0),
+        ]
         mse = {r["method"]: r["metrics"]["test_mse"] for r in res["runs"]}
         assert mse["long"] < mse["short"]  # twelve steps fit better than three
         assert all("model" not in row for row in res["summary"])
@@ -152,8 +166,15 @@ def test_architecture_example_makes_a_new_model_type_work():
     from masklab.pretrained.arch import ARCHITECTURES, sliding_window_layers
 
     torch.manual_seed(0)
-    cfg = transformers.Starcoder2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=4)
+    cfg = transformers.Starcoder2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+    )
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     x = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
     with pytest.raises(MasklabError, match="'starcoder2' is not supported"):
@@ -175,8 +196,9 @@ def test_context_router_example_prunes_a_text():
 
     run_example("context-router")
     try:
-        pruned = load_router("shortest").prune(Request("anything?", "A much longer first sentence than the rest here. "
-                                                       "Short one. Tiny.", fraction=0.3))
+        pruned = load_router("shortest").prune(
+            Request("anything?", "A much longer first sentence than the rest here. Short one. Tiny.", fraction=0.3)
+        )
         assert pruned.doc.units[pruned.kept[0]] == "Tiny." and pruned.kept_fraction <= 0.3 + 1e-9
     finally:
         del ROUTERS["shortest"]
@@ -196,8 +218,23 @@ def test_a_router_with_a_score_range_takes_a_threshold_and_keep_auto_everywhere(
         doc = tmp_path / "d.txt"
         doc.write_text(text)
         for budget in (["--threshold", "0.5"], ["--keep", "auto"]):  # accepted: refused only at the unknown model
-            assert main(["compress", "--context", str(doc), "--question", "Which?", "--router", "first-half",
-                         *budget, "--model", "no-such"]) == 2
+            assert (
+                main(
+                    [
+                        "compress",
+                        "--context",
+                        str(doc),
+                        "--question",
+                        "Which?",
+                        "--router",
+                        "first-half",
+                        *budget,
+                        "--model",
+                        "no-such",
+                    ]
+                )
+                == 2
+            )
             assert "no-such" in capsys.readouterr().err
     finally:
         del ROUTERS["first-half"]

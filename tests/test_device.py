@@ -198,11 +198,25 @@ def test_worker_takes_the_device_and_precision(tmp_path):
 
     spec = _spec()
     write_json(tmp_path / "spec.json", spec)
-    assert worker(["masklab.lab.studies.gotu:run_one", str(tmp_path / "spec.json"), str(tmp_path / "r.json"), "1", "cpu", "bf16"]) == 0
+    assert (
+        worker(
+            [
+                "masklab.lab.studies.gotu:run_one",
+                str(tmp_path / "spec.json"),
+                str(tmp_path / "r.json"),
+                "1",
+                "cpu",
+                "bf16",
+            ]
+        )
+        == 0
+    )
     rec = read_json(tmp_path / "r.json")
     assert rec["precision"] == "bf16" and rec["device"] == "cpu"
     assert all(v is None or v == v for v in rec["curves"]["train_loss"])  # finite (no NaN) under bf16 autocast
-    assert worker(["masklab.lab.studies.gotu:run_one", str(tmp_path / "spec.json"), str(tmp_path / "r2.json"), "1"]) == 0
+    assert (
+        worker(["masklab.lab.studies.gotu:run_one", str(tmp_path / "spec.json"), str(tmp_path / "r2.json"), "1"]) == 0
+    )
     assert read_json(tmp_path / "r2.json")["precision"] == "fp32"
 
 
@@ -243,15 +257,20 @@ def test_results_md_names_the_device_only_off_the_cpu_in_fp32():
     env = {"python": "3.11", "torch": "2.13.0", "cpus": 2, "git_rev": "abc"}
     res = {"environment": env, "runs": [{"seconds": 1.0}], "code": {"c0de": 1}}
     assert environment_line(res).startswith("Environment: python 3.11")
-    assert environment_line({**res, "environment": {**env, "device": "cpu", "precision": "fp32", "device_name": "X"}}) == environment_line(res)
+    assert environment_line(
+        {**res, "environment": {**env, "device": "cpu", "precision": "fp32", "device_name": "X"}}
+    ) == environment_line(res)
     gpu = {**env, "device": "cuda", "precision": "bf16", "device_name": "NVIDIA H200"}
-    assert environment_line({**res, "environment": gpu}).startswith("Environment: NVIDIA H200 (cuda, bf16), python 3.11")
+    assert environment_line({**res, "environment": gpu}).startswith(
+        "Environment: NVIDIA H200 (cuda, bf16), python 3.11"
+    )
 
 
 # ----------------------------------------------------------------------------- GPU
 # The studies on CUDA against the same runs on the CPU (same draws: batches are drawn on the
 # CPU). Tolerances: accuracies 0.02 (a few of 4096+ points may change sign), MSEs and losses
 # 1e-3 absolute after these few steps; bf16 only has to train (finite losses).
+
 
 @pytest.mark.gpu
 @needs_gpu
@@ -288,8 +307,30 @@ def test_gpu_arith_run_equals_the_cpu_run_and_bf16_trains(tmp_path):
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_study_through_the_cli_records_the_gpu(tmp_path, capsys):
-    assert cli.main(["gotu", "--quick", "--task", "2parity", "--method", "mask", "--steps", "20", "--evals", "2",
-                     "--device", "cuda", "--jobs", "2", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "gotu",
+                "--quick",
+                "--task",
+                "2parity",
+                "--method",
+                "mask",
+                "--steps",
+                "20",
+                "--evals",
+                "2",
+                "--device",
+                "cuda",
+                "--jobs",
+                "2",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     res = read_json(tmp_path / "results.json")
     assert res["environment"]["device"] == "cuda" and all(r["device"] == "cuda" for r in res["runs"])
     assert res["environment"]["device_name"] == torch.cuda.get_device_name(0)
@@ -303,8 +344,18 @@ def test_gpu_evidence_and_routing_runs_equal_the_cpu_runs(tmp_path):
     flip after 200 steps)."""
     from masklab.lab.studies import evidence, routing
 
-    cfg = evidence.Config(tasks=["kv"], items=6, vocab=32, dim=16, depth=2, heads=2, teacher_steps=200, examples=60,
-                          max_factor=1, cache=str(tmp_path / "cache"))
+    cfg = evidence.Config(
+        tasks=["kv"],
+        items=6,
+        vocab=32,
+        dim=16,
+        depth=2,
+        heads=2,
+        teacher_steps=200,
+        examples=60,
+        max_factor=1,
+        cache=str(tmp_path / "cache"),
+    )
     spec = asdict(evidence.specs_for(cfg)[0])
     cpu = evidence.run_one(spec, tmp_path / "cpu")
     with devices.using("cuda"):
@@ -313,9 +364,23 @@ def test_gpu_evidence_and_routing_runs_equal_the_cpu_runs(tmp_path):
     assert max(abs(a - b) for a, b in zip(gpu["curves"]["loss"][:3], cpu["curves"]["loss"][:3])) <= 1e-3
     for name in ("teacher_acc", "loo|recall", "last-mean/topk|recall"):
         assert abs(gpu["metrics"][name] - cpu["metrics"][name]) <= 0.05, name
-    rcfg = routing.Config(tasks=["kv"], items=6, vocab=32, depth=2, teacher_steps=200, router_steps=50, pool=256, examples=60,
-                          targets=["gold"], independent_targets=[], seeds=[0], lengths=[1], budgets=["1"], max_factor=1,
-                          cache=str(tmp_path / "cache"))
+    rcfg = routing.Config(
+        tasks=["kv"],
+        items=6,
+        vocab=32,
+        depth=2,
+        teacher_steps=200,
+        router_steps=50,
+        pool=256,
+        examples=60,
+        targets=["gold"],
+        independent_targets=[],
+        seeds=[0],
+        lengths=[1],
+        budgets=["1"],
+        max_factor=1,
+        cache=str(tmp_path / "cache"),
+    )
     cpu_res = routing.run(rcfg, tmp_path / "routing-cpu", progress=False)
     with devices.using("cuda"):
         gpu_res = routing.run(rcfg, tmp_path / "routing-cuda", progress=False)
@@ -334,11 +399,21 @@ def test_gpu_real_lm_studies_equal_the_cpu_runs(tmp_path):
     float32: the same greedy answers, losses within 1e-3; longctx records the GPU's peak memory."""
     from masklab.lab.studies import longctx, stale, tune_prior
 
-    runs = [(stale, stale.Config(models=["smollm2-135m"], prompts=3), ("accuracy", "n_correct")),
-            (tune_prior, tune_prior.Config(models=["smollm2-135m"], methods=["prior"], train_prompts=4, test_prompts=2,
-                                           steps=3, ppl_tokens=32), ("accuracy",)),
-            (longctx, longctx.Config(tasks=["niah"], lengths=[256], examples=1, routers=["lexical"], compare=[]),
-             ("acc|full", "acc|lexical@0.25"))]
+    runs = [
+        (stale, stale.Config(models=["smollm2-135m"], prompts=3), ("accuracy", "n_correct")),
+        (
+            tune_prior,
+            tune_prior.Config(
+                models=["smollm2-135m"], methods=["prior"], train_prompts=4, test_prompts=2, steps=3, ppl_tokens=32
+            ),
+            ("accuracy",),
+        ),
+        (
+            longctx,
+            longctx.Config(tasks=["niah"], lengths=[256], examples=1, routers=["lexical"], compare=[]),
+            ("acc|full", "acc|lexical@0.25"),
+        ),
+    ]
     for mod, cfg, same in runs:
         spec = asdict(mod.specs_for(cfg)[0])
         (tmp_path / mod.NAME / "cpu").mkdir(parents=True)
@@ -360,6 +435,11 @@ def test_gpu_real_lm_studies_equal_the_cpu_runs(tmp_path):
 def test_gpu_train_router_records_the_gpu(tmp_path):
     from masklab.context.routers.features import load_routers
 
-    assert cli.main(["train-router", "--quick", "--length", "256", "--device", "cuda", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert (
+        cli.main(
+            ["train-router", "--quick", "--length", "256", "--device", "cuda", "--out", str(tmp_path), "--no-progress"]
+        )
+        == 0
+    )
     _, meta = load_routers(tmp_path / "smollm2-135m")
     assert meta["device"]["device"] == "cuda" and meta["device"]["device_name"] == torch.cuda.get_device_name(0)

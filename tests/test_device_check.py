@@ -60,12 +60,22 @@ def test_cuda_on_a_machine_without_it_is_one_clear_error(tmp_path):
 
 def test_pytest_summary_counts():
     assert dc.pytest_counts("3 failed, 20 passed, 35 skipped, 1 error in 6.56s") == {
-        "passed": 20, "failed": 3, "skipped": 35, "deselected": 0, "errors": 1}
+        "passed": 20,
+        "failed": 3,
+        "skipped": 35,
+        "deselected": 0,
+        "errors": 1,
+    }
     assert dc.pytest_counts("35 skipped, 40 deselected in 5.91s")["deselected"] == 40
 
 
 def test_compare_runs_takes_the_largest_difference_per_metric_against_its_tolerance():
-    run = lambda seed, acc, mse: {"task": "2parity", "method": "mask", "seed": seed, "metrics": {"unseen_acc": acc, "train_mse": mse, "steps_to_99": None}}  # noqa: E731
+    run = lambda seed, acc, mse: {
+        "task": "2parity",
+        "method": "mask",
+        "seed": seed,
+        "metrics": {"unseen_acc": acc, "train_mse": mse, "steps_to_99": None},
+    }  # noqa: E731
     dev = {"runs": [run(0, 0.95, 0.001), run(1, 1.0, 0.002)]}
     cpu = {"runs": [run(0, 0.96, 0.001), run(1, 1.0, 0.030)]}
     out = dc.compare_runs(dev, cpu)
@@ -91,7 +101,9 @@ def test_the_whole_script_runs_tiny_on_the_cpu(tmp_path):
     assert dc.main(["--device", "cpu", "--tiny", "--reps", "1", "--out", str(out)]) == 0
     rep = json.loads(out.read_text())
     assert rep["device"] == "cpu" and set(rep["steps"]) == {"gpu_tests", "attention", "gotu_quick"}
-    assert rep["steps"]["gpu_tests"]["rc"] == 0 and rep["steps"]["gpu_tests"]["passed"] == 0  # every gpu test skips here
+    assert (
+        rep["steps"]["gpu_tests"]["rc"] == 0 and rep["steps"]["gpu_tests"]["passed"] == 0
+    )  # every gpu test skips here
     g = rep["steps"]["gotu_quick"]
     assert g["device_rc"] == g["cpu_rc"] == 0 and g["within"] is True
     assert set(g["max_abs_diff"].values()) == {0.0}  # CPU against CPU: the same numbers

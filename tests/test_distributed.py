@@ -12,11 +12,34 @@ import time
 
 import pytest
 
-ARGS = ["vision", "--model", "cpu-micro", "--method", "mask", "--seed", "0", "--batch", "32", "--jobs", "1", "--no-progress"]
+ARGS = [
+    "vision",
+    "--model",
+    "cpu-micro",
+    "--method",
+    "mask",
+    "--seed",
+    "0",
+    "--batch",
+    "32",
+    "--jobs",
+    "1",
+    "--no-progress",
+]
 
 
 def torchrun(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "masklab", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "masklab",
+        *args,
+    ]
 
 
 def single(args: list[str]) -> list[str]:
@@ -33,7 +56,11 @@ def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (torchrun starts its workers in their own sessions)."""
     out: list[int] = []
     try:
-        children = [int(c) for f in os.listdir(f"/proc/{pid}/task") for c in open(f"/proc/{pid}/task/{f}/children").read().split()]
+        children = [
+            int(c)
+            for f in os.listdir(f"/proc/{pid}/task")
+            for c in open(f"/proc/{pid}/task/{f}/children").read().split()
+        ]
     except OSError:
         return out
     for c in children:
@@ -69,7 +96,9 @@ def test_ddp_matches_single_process_and_resumes(tmp_path):
     # kill a distributed run after its first checkpoint, then run the same command again
     out = tmp_path / "resumed"
     cmd = torchrun([*ARGS, *steps, "--out", str(out)])
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), start_new_session=True)  # noqa: S603
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), start_new_session=True
+    )  # noqa: S603
     ckpt = out / "ckpt" / "digits__mask__s0" / "ckpt.json"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:

@@ -92,7 +92,7 @@ def test_all_variants_of_an_example_run_in_one_forward_pass():
     ok = holds(keep)
     assert ok.shape == (7,) and model.calls == 7
     calls = []
-    model.forward = (lambda f: (lambda *a, **k: (calls.append(a[0].shape[0]), f(*a, **k))[1]))(model.forward)
+    model.forward = (lambda f: lambda *a, **k: (calls.append(a[0].shape[0]), f(*a, **k))[1])(model.forward)
     evidence_sets(model, batch, "loo")
     assert calls[-1] == 5 * 10  # every leave-one-out variant of every example in one pass
 

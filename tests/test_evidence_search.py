@@ -66,7 +66,12 @@ def test_group_testing_with_redundancy_differs_from_loo_and_says_so():
 
 @pytest.mark.parametrize("name", ["loo", "greedy-minimal", "group-testing"])
 def test_batched_over_examples_equals_one_at_a_time(name):
-    cases = [(needs({2}, [{5, 9}])[0], 12, None), (needs({0, 3})[0], 5, [4, 3, 2, 1, 0]), (needs(set())[0], 3, None), (needs({40})[0], 64, None)]
+    cases = [
+        (needs({2}, [{5, 9}])[0], 12, None),
+        (needs({0, 3})[0], 5, [4, 3, 2, 1, 0]),
+        (needs(set())[0], 3, None),
+        (needs({40})[0], 64, None),
+    ]
     calls = []
 
     def holds_many(keeps):

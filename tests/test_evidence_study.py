@@ -11,7 +11,9 @@ from masklab.lab.evidence.teacher import TeacherConfig, load_or_train, schedule,
 
 
 def test_teacher_cache_round_trip_and_curriculum(tmp_path):
-    cfg = TeacherConfig(task="kv", items=6, vocab=32, dim=16, depth=1, heads=2, steps=5, batch=8, eval_examples=20, max_factor=2)
+    cfg = TeacherConfig(
+        task="kv", items=6, vocab=32, dim=16, depth=1, heads=2, steps=5, batch=8, eval_examples=20, max_factor=2
+    )
     a, info_a = load_or_train(cfg, tmp_path)
     b, info_b = load_or_train(cfg, tmp_path)
     assert not info_a["cached"] and info_b["cached"]
@@ -21,7 +23,12 @@ def test_teacher_cache_round_trip_and_curriculum(tmp_path):
     batch = gym_of(cfg).sample(4, 6, np.random.default_rng(0))
     args = (batch.items, batch.query, batch.valid, batch.positions)
     assert torch.equal(a(*args)[0], b(*args)[0])
-    assert cfg.key() != TeacherConfig(task="kv", items=6, vocab=32, dim=16, depth=1, heads=2, steps=6, batch=8, eval_examples=20, max_factor=2).key()
+    assert (
+        cfg.key()
+        != TeacherConfig(
+            task="kv", items=6, vocab=32, dim=16, depth=1, heads=2, steps=6, batch=8, eval_examples=20, max_factor=2
+        ).key()
+    )
     # length curriculum: N first, up to max_factor * N at the end; hop curriculum for multihop
     mh = TeacherConfig(task="multihop", items=16, hops=3, steps=100)
     g = gym_of(mh)
@@ -64,7 +71,10 @@ def test_per_gym_teacher_recipe_and_explicit_flags_win():
     assert (flags["kv"].steps, flags["kv"].recency) == (500, True)
     # the routing study reads the same recipe, so it finds the evidence study's cached teachers
     cfg = routing.Config(tasks=["stale", "kv", "multihop"], hops=[3])
-    route = {(s.task, s.seed): routing.teacher_config(s.params, s.params["gym"], s.params["hops"], s.seed) for s in routing.prepare_specs(cfg)}
+    route = {
+        (s.task, s.seed): routing.teacher_config(s.params, s.params["gym"], s.params["hops"], s.seed)
+        for s in routing.prepare_specs(cfg)
+    }
     assert route[("stale", 0)].key() == default["stale"].key() and route[("kv", 0)].key() == default["kv"].key()
     assert route[("multihop-h3", 0)].key() == h3["multihop-h3"].key()
     # one teacher per seed, trained from that seed (the evidence study's teacher of that seed) ...
@@ -72,13 +82,28 @@ def test_per_gym_teacher_recipe_and_explicit_flags_win():
     assert len({route[("kv", s)].key() for s in cfg.seeds}) == 3
     # ... unless --no-teacher-per-seed: every seed reads the teacher of teacher_seed
     shared = routing.Config(tasks=["kv"], teacher_per_seed=False)
-    assert {routing.teacher_config(s.params, "kv", 0, s.seed).key() for s in routing.prepare_specs(shared)} == {default["kv"].key()}
+    assert {routing.teacher_config(s.params, "kv", 0, s.seed).key() for s in routing.prepare_specs(shared)} == {
+        default["kv"].key()
+    }
 
 
 def test_aux_hop_targets_follow_the_chain(tmp_path):
     from masklab.lab.evidence.teacher import hop_targets, train_teacher
 
-    cfg = TeacherConfig(task="multihop", items=8, vocab=64, hops=3, dim=16, depth=4, heads=2, steps=3, batch=4, eval_examples=8, max_factor=1, aux=1.0)
+    cfg = TeacherConfig(
+        task="multihop",
+        items=8,
+        vocab=64,
+        hops=3,
+        dim=16,
+        depth=4,
+        heads=2,
+        steps=3,
+        batch=4,
+        eval_examples=8,
+        max_factor=1,
+        aux=1.0,
+    )
     batch = gym_of(cfg).sample(6, 8, np.random.default_rng(1))
     t = hop_targets(batch, 4)
     assert torch.equal(t[:, 2], batch.answer) and torch.equal(t[:, 3], batch.answer)  # stays at the answer
@@ -89,8 +114,21 @@ def test_aux_hop_targets_follow_the_chain(tmp_path):
 @pytest.mark.slow
 def test_quick_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "ev"
-    argv = ["evidence", "--quick", "--out", str(out), "--cache", str(tmp_path / "cache"), "--jobs", "1", "--no-progress",
-            "--teacher-steps", "150", "--examples", "30"]
+    argv = [
+        "evidence",
+        "--quick",
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "cache"),
+        "--jobs",
+        "1",
+        "--no-progress",
+        "--teacher-steps",
+        "150",
+        "--examples",
+        "30",
+    ]
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["study"] == "evidence" and {r["task"] for r in res["runs"]} == {"multihop-h2", "stale"}
@@ -110,8 +148,27 @@ def test_quick_cli_end_to_end(tmp_path, capsys):
 
 
 def test_an_untrained_teacher_warns_and_marks_its_rows_and_a_trained_one_does_not(tmp_path, capsys, monkeypatch):
-    argv = ["evidence", "--quick", "--task", "multihop", "--items", "6", "--teacher-steps", "30", "--examples", "60",
-            "--method", "loo", "--aggregate", "last-mean", "--cache", str(tmp_path / "cache"), "--jobs", "1", "--no-progress"]
+    argv = [
+        "evidence",
+        "--quick",
+        "--task",
+        "multihop",
+        "--items",
+        "6",
+        "--teacher-steps",
+        "30",
+        "--examples",
+        "60",
+        "--method",
+        "loo",
+        "--aggregate",
+        "last-mean",
+        "--cache",
+        str(tmp_path / "cache"),
+        "--jobs",
+        "1",
+        "--no-progress",
+    ]
     assert main([*argv, "--out", str(tmp_path / "untrained")]) == 0
     err = capsys.readouterr().err
     res = json.loads((tmp_path / "untrained" / "results.json").read_text())

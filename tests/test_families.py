@@ -53,8 +53,11 @@ def test_digest_names_the_text():
     assert ex.digest == make_example("licences", "date", "c", "chain", 384, seed=2).digest
     units = list(ex.units)
     units[ex.gold[0]] = "X."
-    for changed in (dataclasses.replace(ex, units=units), dataclasses.replace(ex, gold=ex.gold[:1]),
-                    make_example("licences", "date", "c", "chain", 384, seed=3)):
+    for changed in (
+        dataclasses.replace(ex, units=units),
+        dataclasses.replace(ex, gold=ex.gold[:1]),
+        make_example("licences", "date", "c", "chain", 384, seed=3),
+    ):
         assert changed.digest != ex.digest
 
 

@@ -55,7 +55,9 @@ def test_probe_covers_both_domains():
 def test_last_curve_value_equals_the_final_unseen_accuracy(task, tmp_path):
     """Built-in tasks score the whole unseen domain during training, so the curve's last value
     is the final metric (the old subsample could say 1.0 at a final 0.5)."""
-    cfg = gotu.Config(tasks=[task], methods=["vanilla"], seeds=[0], width=16, depth=1, heads=2, steps=5, batch=16, evals=1)
+    cfg = gotu.Config(
+        tasks=[task], methods=["vanilla"], seeds=[0], width=16, depth=1, heads=2, steps=5, batch=16, evals=1
+    )
     spec = gotu.specs_for(cfg)[0].as_dict()
     out = gotu.run_one(spec, tmp_path / "ckpt")
     assert out["curves"]["unseen_acc"][-1] == out["metrics"]["unseen_acc"]

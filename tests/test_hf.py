@@ -15,8 +15,15 @@ from transformers import AutoModelForCausalLM, GPT2Config  # noqa: E402
 
 from conftest import tiny_model  # noqa: E402
 from masklab.priors.bias import MaskPrior, RelativePrior, relative_buckets  # noqa: E402
-from masklab.pretrained.hf import (attach_priors, detach_priors, hide, load_priors, masklab_attention,  # noqa: E402
-                        priors_of, save_priors)
+from masklab.pretrained.hf import (
+    attach_priors,
+    detach_priors,
+    hide,
+    load_priors,
+    masklab_attention,  # noqa: E402
+    priors_of,
+    save_priors,
+)
 from masklab.lab.runner import MasklabError  # noqa: E402
 
 torch.set_num_threads(1)
@@ -154,8 +161,13 @@ def test_hide_with_priors_keeps_priors_attached():
 
 def test_hide_rejects_bad_arguments():
     m = tiny("llama")
-    for kw in ({}, {"spans": [(0, 1)], "keep": torch.ones(1, 3, dtype=torch.bool)}, {"spans": [(0, 1)], "layers": [5]},
-               {"spans": [(0, 1)], "heads": [9]}, {"keep": torch.ones(1, 3)}):
+    for kw in (
+        {},
+        {"spans": [(0, 1)], "keep": torch.ones(1, 3, dtype=torch.bool)},
+        {"spans": [(0, 1)], "layers": [5]},
+        {"spans": [(0, 1)], "heads": [9]},
+        {"keep": torch.ones(1, 3)},
+    ):
         with pytest.raises(MasklabError):
             with hide(m, **kw):
                 pass
@@ -187,8 +199,9 @@ def test_kvpress_press_runs_with_priors_attached(kind):
         full_layer = 1
         assert cache.layers[full_layer].keys.shape[-2] == 8  # the press pruned half the keys
         with press(m):
-            pressed = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=3, min_new_tokens=3,
-                                 do_sample=False)
+            pressed = m.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=3, min_new_tokens=3, do_sample=False
+            )
     assert pressed.shape == (1, 19)
 
 
@@ -281,10 +294,16 @@ def test_smollm2_all_allowed_prior_hide_and_generate(smol):
         try:
             torch.testing.assert_close(m(x).logits, ref, atol=1e-4, rtol=1e-4)
             scramble(m)
-            out = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=3, min_new_tokens=3,
-                             do_sample=False, pad_token_id=smol.tokenizer.pad_token_id)
+            out = m.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=3,
+                min_new_tokens=3,
+                do_sample=False,
+                pad_token_id=smol.tokenizer.pad_token_id,
+            )
             for t in range(3):
-                assert m(out[:, :T + t]).logits[0, -1].argmax().item() == out[0, T + t].item()
+                assert m(out[:, : T + t]).logits[0, -1].argmax().item() == out[0, T + t].item()
         finally:
             detach_priors(m)
         assert torch.equal(m(x).logits, ref)

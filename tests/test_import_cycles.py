@@ -17,9 +17,14 @@ from masklab.lab.revision import import_graph
 def with_packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """``graph`` plus an edge from each module to the packages above the modules it imports,
     where it is not inside them itself."""
+
     def above(m: str, d: str) -> set[str]:
         parts = d.split(".")
-        return {p for p in (".".join(parts[:i]) for i in range(2, len(parts))) if p in graph and m != p and not m.startswith(p + ".")}
+        return {
+            p
+            for p in (".".join(parts[:i]) for i in range(2, len(parts)))
+            if p in graph and m != p and not m.startswith(p + ".")
+        }
 
     return {m: deps | {p for d in deps for p in above(m, d)} for m, deps in graph.items()}
 
@@ -74,8 +79,12 @@ def test_the_detector_finds_a_cycle_through_a_package_init(tmp_path):
     (pkg / "routers" / "bm25.py").write_text("def g():\n    pass\n")
     (pkg / "routers" / "trained.py").write_text("from masklab.features import f\n")
     assert find_cycle(import_graph(pkg)) is None  # the plain graph misses it
-    assert find_cycle(with_packages(import_graph(pkg))) == ["masklab.features", "masklab.routers", "masklab.routers.trained",
-                                                           "masklab.features"]
+    assert find_cycle(with_packages(import_graph(pkg))) == [
+        "masklab.features",
+        "masklab.routers",
+        "masklab.routers.trained",
+        "masklab.features",
+    ]
     (pkg / "features.py").unlink()
     (pkg / "routers" / "features.py").write_text("def f():\n    from masklab.routers.bm25 import g\n")
     (pkg / "routers" / "trained.py").write_text("from masklab.routers.features import f\n")

@@ -42,13 +42,19 @@ def test_llamaindex_postprocessor_prunes_nodes_for_the_query():
 
     from masklab.integrations.llamaindex import MasklabPostprocessor
 
-    nodes = [NodeWithScore(node=TextNode(text=t, id_=f"n{i}", metadata={"i": i}), score=1 - i / 10)
-             for i, t in enumerate(TEXTS)]
+    nodes = [
+        NodeWithScore(node=TextNode(text=t, id_=f"n{i}", metadata={"i": i}), score=1 - i / 10)
+        for i, t in enumerate(TEXTS)
+    ]
     post = MasklabPostprocessor(router="bm25", target_tokens=30)
     assert isinstance(post, BaseNodePostprocessor)
     out = post.postprocess_nodes(nodes, query_str=QUESTION)
     assert len(out) == 1 and out[0].node.node_id == "n1" and out[0].score == pytest.approx(0.9)
-    assert ANSWERING in out[0].node.text and out[0].node.metadata["i"] == 1 and out[0].node.metadata["masklab"]["rank"] == 0
+    assert (
+        ANSWERING in out[0].node.text
+        and out[0].node.metadata["i"] == 1
+        and out[0].node.metadata["masklab"]["rank"] == 0
+    )
     assert nodes[1].node.text == REPORT  # the retrieved nodes are not changed
     wide = MasklabPostprocessor(keep=0.5).postprocess_nodes(nodes, QueryBundle(QUESTION))
     assert [n.node.metadata["i"] for n in wide] == sorted(n.node.metadata["i"] for n in wide) and len(wide) >= 2
@@ -56,15 +62,18 @@ def test_llamaindex_postprocessor_prunes_nodes_for_the_query():
         post.postprocess_nodes(nodes)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"router": "nope"}, "unknown router 'nope'"),
-    ({"keep": 0}, r"keep must be a fraction in \(0, 1\]"),
-    ({"target_tokens": 0}, "target_tokens must be at least 1"),
-    ({"unit_tokens": 0}, "unit_tokens must be a whole number"),
-    ({"router": "bm25", "threshold": 0.5}, "needs a router that decides how much to keep"),
-    ({"router": "pruner-ctx", "threshold": 1.5}, r"must be a number in \[0, 1\]"),
-    ({"router": "pruner-ctx", "threshold": 0.5, "target_tokens": 30}, "each set the budget"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"router": "nope"}, "unknown router 'nope'"),
+        ({"keep": 0}, r"keep must be a fraction in \(0, 1\]"),
+        ({"target_tokens": 0}, "target_tokens must be at least 1"),
+        ({"unit_tokens": 0}, "unit_tokens must be a whole number"),
+        ({"router": "bm25", "threshold": 0.5}, "needs a router that decides how much to keep"),
+        ({"router": "pruner-ctx", "threshold": 1.5}, r"must be a number in \[0, 1\]"),
+        ({"router": "pruner-ctx", "threshold": 0.5, "target_tokens": 30}, "each set the budget"),
+    ],
+)
 @pytest.mark.parametrize("which", ["langchain", "llamaindex"])
 def test_bad_settings_are_one_clear_error_at_construction(which, kwargs, match):
     if which == "langchain":

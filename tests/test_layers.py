@@ -20,11 +20,30 @@ LAYERS = {
     "pretrained": ["pretrained"],
     "product": ["context"],
     "integrations": ["integrations"],
-    "lab run utilities": ["lab", "lab.revision", "lab.runs", "lab.executors", "lab.runner", "lab.worker", "lab.distributed",
-                          "lab.report", "lab.doctables", "lab.stats"],
+    "lab run utilities": [
+        "lab",
+        "lab.revision",
+        "lab.runs",
+        "lab.executors",
+        "lab.runner",
+        "lab.worker",
+        "lab.distributed",
+        "lab.report",
+        "lab.doctables",
+        "lab.stats",
+    ],
     "lab tasks and evidence": ["lab.tasks", "lab.evidence", "lab.routing", "lab.lm_evidence"],
-    "lab routers": ["lab.routers", "lab.anchors", "lab.pipeline", "lab.labels", "lab.realdocs", "lab.train_router",
-                    "lab.train_pruner", "lab.train_ctx", "lab.linear_routers"],
+    "lab routers": [
+        "lab.routers",
+        "lab.anchors",
+        "lab.pipeline",
+        "lab.labels",
+        "lab.realdocs",
+        "lab.train_router",
+        "lab.train_pruner",
+        "lab.train_ctx",
+        "lab.linear_routers",
+    ],
     "training loop": ["lab.train"],
     "studies": ["lab.studies"],
     "CLI": ["cli", "pretrained.cli", "context.cli", "__main__"],
@@ -35,8 +54,12 @@ LAB = "masklab.lab"
 
 def layer_of(module: str) -> int | None:
     """Index in LAYERS of ``module``'s layer (None: not in the table)."""
-    found = [(len(p), i) for i, prefixes in enumerate(LAYERS.values()) for p in prefixes
-             if module == f"masklab.{p}" or module.startswith(f"masklab.{p}.")]
+    found = [
+        (len(p), i)
+        for i, prefixes in enumerate(LAYERS.values())
+        for p in prefixes
+        if module == f"masklab.{p}" or module.startswith(f"masklab.{p}.")
+    ]
     return max(found)[1] if found else None
 
 
@@ -48,8 +71,11 @@ def test_every_module_has_a_layer():
 def test_modules_import_only_from_their_layer_or_above():
     graph, names = import_graph(), list(LAYERS)
     edges = {(m, d) for m, deps in graph.items() for d in deps}
-    upward = sorted(f"{m} ({names[layer_of(m)]}) imports {d} ({names[layer_of(d)]})" for m, d in edges
-                    if m != "masklab" and layer_of(d) > layer_of(m))
+    upward = sorted(
+        f"{m} ({names[layer_of(m)]}) imports {d} ({names[layer_of(d)]})"
+        for m, d in edges
+        if m != "masklab" and layer_of(d) > layer_of(m)
+    )
     assert upward == []
 
 
@@ -61,8 +87,9 @@ def in_package(module: str, packages: tuple[str, ...] | str) -> bool:
 def lab_reached_by_product(graph: dict[str, set[str]]) -> list[str]:
     """``product module -> lab module`` for every lab module a product module reaches, by
     imports anywhere in the source (top level and inside functions) and through other modules."""
-    return sorted(f"{m} -> {d}" for m in graph if in_package(m, PRODUCT)
-                  for d in closure(m, graph) if in_package(d, LAB))
+    return sorted(
+        f"{m} -> {d}" for m in graph if in_package(m, PRODUCT) for d in closure(m, graph) if in_package(d, LAB)
+    )
 
 
 def test_the_product_reaches_nothing_in_the_lab():
@@ -70,15 +97,23 @@ def test_the_product_reaches_nothing_in_the_lab():
     assert lab_reached_by_product(import_graph()) == []
 
 
-@pytest.mark.parametrize("src", [
-    "from masklab.lab import realdocs\n",
-    "def f():\n    from masklab.lab.realdocs import run\n",
-    "def f():\n    import masklab.lab.realdocs\n",
-    "def f():\n    from masklab.text import query\n",  # through another module
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        "from masklab.lab import realdocs\n",
+        "def f():\n    from masklab.lab.realdocs import run\n",
+        "def f():\n    import masklab.lab.realdocs\n",
+        "def f():\n    from masklab.text import query\n",  # through another module
+    ],
+)
 def test_the_product_check_finds_a_lab_import_even_inside_a_function(src):
-    files = {"masklab.context.compress": src.encode(), "masklab.lab.realdocs": b"x = 1\n",
-             "masklab.text.query": b"def g():\n    from masklab.lab import realdocs\n", "masklab.lab": b"", "masklab.text": b""}
+    files = {
+        "masklab.context.compress": src.encode(),
+        "masklab.lab.realdocs": b"x = 1\n",
+        "masklab.text.query": b"def g():\n    from masklab.lab import realdocs\n",
+        "masklab.lab": b"",
+        "masklab.text": b"",
+    }
     if "text" not in src:
         files["masklab.text.query"] = b""
     assert "masklab.context.compress -> masklab.lab.realdocs" in lab_reached_by_product(graph_of(files))

@@ -70,7 +70,7 @@ def test_relative_distance_structure():
 def test_alibi_bias():
     b = ALiBi(4)(5)
     assert b.shape == (4, 5, 5) and (b.diagonal(dim1=-2, dim2=-1) == 0).all()
-    assert b[0, 4, 0] == pytest.approx(-4 * 2 ** -2) and b[3, 4, 0] == pytest.approx(-4 * 2 ** -8)
+    assert b[0, 4, 0] == pytest.approx(-4 * 2**-2) and b[3, 4, 0] == pytest.approx(-4 * 2**-8)
 
 
 @pytest.mark.parametrize("method", ["vanilla", "alibi", "mask", "mask-nopos", "mask-zero"])
@@ -99,7 +99,11 @@ def test_mask_prior_prefers_recent_tokens_at_step0():
 @pytest.mark.slow
 def test_lm_quick_cli(tmp_path):
     out = tmp_path / "lm"
-    proc = subprocess.run([sys.executable, "-m", "masklab", "lm", "--quick", "--out", str(out), "--no-progress"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "masklab", "lm", "--quick", "--out", str(out), "--no-progress"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "results.json").read_text())
     assert {r["method"] for r in res["runs"]} == {"vanilla", "alibi", "mask"}

@@ -128,11 +128,15 @@ def test_a_run_is_named_by_the_routers_it_uses(monkeypatch, tmp_path):
     (tmp_path / "gemma3-270m.safetensors").write_bytes(b"gemma weights")
     gemma = Config(**{**shipped.__dict__, "models": ["gemma3-270m"]})
     own = {s.task: s.params for s in specs_for(gemma)}["stale@512"]
-    ranked = {s.task: s.params for s in specs_for(Config(**{**gemma.__dict__, "router_model": "smollm2-135m"}))}["stale@512"]
+    ranked = {s.task: s.params for s in specs_for(Config(**{**gemma.__dict__, "router_model": "smollm2-135m"}))}[
+        "stale@512"
+    ]
     assert "router_model" not in own and ranked["router_model"] == "smollm2-135m"
     assert own["shipped_router"] != ranked["shipped_router"] == again["stale@512"]["shipped_router"]
     folder = {s.task: s.params for s in specs_for(Config(**{**shipped.__dict__, "models": [str(tmp_path)]}))}
-    assert folder["stale@512"]["shipped_router"] == again["stale@512"]["shipped_router"]  # no router of its own: SmolLM2's
+    assert (
+        folder["stale@512"]["shipped_router"] == again["stale@512"]["shipped_router"]
+    )  # no router of its own: SmolLM2's
 
 
 @pytest.mark.slow
@@ -141,12 +145,30 @@ def test_study_rows(smol, shared_loads, tmp_path):
 
     from masklab.lab.studies.longctx import Config, run
 
-    run(Config(tasks=["niah"], lengths=[256], keeps=[0.25], examples=1, train_examples=1, compare=["streaming"],
-               routers=["lexical", "evidence", "attention", "dense"]), tmp_path, progress=False)
+    run(
+        Config(
+            tasks=["niah"],
+            lengths=[256],
+            keeps=[0.25],
+            examples=1,
+            train_examples=1,
+            compare=["streaming"],
+            routers=["lexical", "evidence", "attention", "dense"],
+        ),
+        tmp_path,
+        progress=False,
+    )
     res = json.loads((tmp_path / "results.json").read_text())
     rows = {(r["task"], r["method"]): r for r in res["summary"]}
-    methods = ["full", "oracle-gold@0.25", "lexical@0.25", "evidence-router@0.25", "attention-router@0.25",
-               "dense@0.25", "streaming@0.25"]
+    methods = [
+        "full",
+        "oracle-gold@0.25",
+        "lexical@0.25",
+        "evidence-router@0.25",
+        "attention-router@0.25",
+        "dense@0.25",
+        "streaming@0.25",
+    ]
     assert set(rows) == {("niah@256", m) for m in methods}
     assert rows[("niah@256", "lexical@0.25")]["gold_kept_mean"] == 1.0
     for m in methods:
@@ -157,7 +179,10 @@ def test_study_rows(smol, shared_loads, tmp_path):
         if m not in ("streaming@0.25", "attention-router@0.25"):
             assert r["acc_mean"] == 1.0, m
     for m in methods[1:]:
-        assert rows[("niah@256", m)]["kept_mean"] <= 0.25 + 1e-9 and rows[("niah@256", m)]["kv_mb_mean"] < rows[("niah@256", "full")]["kv_mb_mean"]
+        assert (
+            rows[("niah@256", m)]["kept_mean"] <= 0.25 + 1e-9
+            and rows[("niah@256", m)]["kv_mb_mean"] < rows[("niah@256", "full")]["kv_mb_mean"]
+        )
     for m in ("evidence-router@0.25", "attention-router@0.25"):
         r = rows[("niah@256", m)]
         assert 0 < r["router_share_mean"] < 1 and r["train_passes_mean"] > 1 and r["train_labelled_mean"] == 1
@@ -178,8 +203,16 @@ def test_a_killed_run_resumes_after_its_last_example_with_the_same_answers(tmp_p
     from masklab.lab.studies.longctx import Config, run
 
     model = save_tiny_folder(tmp_path / "tiny", "llama", max_positions=1024)
-    cfg = Config(models=[str(model)], tasks=["niah"], lengths=[512], keeps=[0.25], examples=2,
-                 routers=["lexical", "bm25"], router_source="shipped", compare=[])
+    cfg = Config(
+        models=[str(model)],
+        tasks=["niah"],
+        lengths=[512],
+        keeps=[0.25],
+        examples=2,
+        routers=["lexical", "bm25"],
+        router_source="shipped",
+        compare=[],
+    )
     first = run(cfg, tmp_path, progress=False)
     ckpt = next((tmp_path / "ckpt").glob("*/examples-*.jsonl"))
     lines = ckpt.read_text().splitlines()
@@ -192,8 +225,10 @@ def test_a_killed_run_resumes_after_its_last_example_with_the_same_answers(tmp_p
 
     def outcomes(res):  # every measure of every example but its timings (the router's share of the time too)
         timed = ("seconds", "router_share")
-        return [{m: {k: v for k, v in row.items() if k not in timed and not k.endswith("_s")} for m, row in ex.items()}
-                for ex in res["runs"][0]["extra"]["examples"]]
+        return [
+            {m: {k: v for k, v in row.items() if k not in timed and not k.endswith("_s")} for m, row in ex.items()}
+            for ex in res["runs"][0]["extra"]["examples"]
+        ]
 
     assert outcomes(again) == outcomes(first) and outcomes(first)[0] != outcomes(first)[1]
     rows = {r["method"]: r for r in again["summary"]}

@@ -17,6 +17,7 @@ from masklab.context.routers.features import bm25_scores, hop, load_routers, sup
 from masklab.lab.linear_routers import fit_routers, save_routers
 from masklab.lab.tasks.longctx import make_examples
 
+
 def bow_features(ex, dims: int = 32, recency: bool = False) -> torch.Tensor:
     """``(N, dims + 1)``: hashed words of each sentence and its question overlap (``recency``:
     ``(N, dims + 2)``, and the overlap a later sentence matches too, as ``early_features``)."""
@@ -46,8 +47,7 @@ def test_router_trained_on_evidence_keeps_gold_and_random_labels_do_not(task):
     test = make_examples(task, 384, 10, seed=0)
     feats = [bow_features(ex) for ex in train]
     rng = random.Random(0)
-    labels = {"evidence": [ex.gold for ex in train],
-              "random": [[rng.randrange(len(ex.sentences))] for ex in train]}
+    labels = {"evidence": [ex.gold for ex in train], "random": [[rng.randrange(len(ex.sentences))] for ex in train]}
     routers = fit_routers(feats, labels)
     keep = 0.1  # a few sentences out of ~20
     assert gold_recall(routers["evidence"], test, keep) >= 0.9
@@ -79,8 +79,10 @@ def test_stale_router_drops_stale_statements_only_with_evidence_labels_and_recen
     train = make_examples("stale", 384, 16, seed=1000)
     test = make_examples("stale", 384, 10, seed=0)
     assert all(len(stale_statements(ex)) == 2 for ex in test)  # 2 updates: the first statement + 1 stale update
-    routers = fit_routers([bow_features(ex, recency=recency) for ex in train],
-                          {"evidence": [ex.gold for ex in train], "first": [stale_statements(ex)[:1] for ex in train]})
+    routers = fit_routers(
+        [bow_features(ex, recency=recency) for ex in train],
+        {"evidence": [ex.gold for ex in train], "first": [stale_statements(ex)[:1] for ex in train]},
+    )
 
     def clean(kind):  # gold kept, no stale statement kept
         hits = 0
@@ -102,11 +104,13 @@ def test_superseded_is_the_overlap_a_later_sentence_matches():
 
 
 def test_hop_points_from_a_chains_link_to_the_fact_it_names():
-    units = ["The harbour opens at dawn.",
-             "The violin of Priya is kept in the same place as the old map of Tomas.",  # the link (the anchor)
-             "Nobody moves the old map of Tomas from the attic trunk.",  # the fact it points to
-             "You will find the logbook of Anna in the boathouse.",  # another key's fact
-             "The violin of Priya sounds sweet in the evening."]  # matches the question, not the link
+    units = [
+        "The harbour opens at dawn.",
+        "The violin of Priya is kept in the same place as the old map of Tomas.",  # the link (the anchor)
+        "Nobody moves the old map of Tomas from the attic trunk.",  # the fact it points to
+        "You will find the logbook of Anna in the boathouse.",  # another key's fact
+        "The violin of Priya sounds sweet in the evening.",
+    ]  # matches the question, not the link
     question = "Where is the violin of Priya kept?"
     ov = torch.tensor(question_overlap(units, question))
     h = hop(units, question, bm25_scores(units, question), ov)

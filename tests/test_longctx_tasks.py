@@ -11,8 +11,14 @@ SEEDS = range(6)
 
 
 @pytest.mark.parametrize("task", TASKS)
-@pytest.mark.parametrize("kw", [{}, {"hops": 1, "updates": 1, "distractors": 1, "count": 1},
-                                {"hops": 5, "updates": 4, "distractors": 6, "count": 7}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"hops": 1, "updates": 1, "distractors": 1, "count": 1},
+        {"hops": 5, "updates": 4, "distractors": 6, "count": 7},
+    ],
+)
 def test_gold_suffices_and_is_necessary(task, kw):
     for seed in SEEDS:
         ex = make_example(task, 512, seed, **kw)
@@ -33,8 +39,9 @@ def test_tasks_have_distractors_the_solver_must_reject():
     assert len(vt.gold) == 4 and sum(s.startswith("VAR ") for s in vt.sentences) == 8
     mv = make_example("multivalue", 512, 0, count=3, distractors=2)
     assert len(mv.gold) == 3 and sum("special magic numbers" in s for s in mv.sentences) == 5
-    assert mv.answer.split(", ") == mv.meta["values"] and all(mv.sentences[g].endswith(f"{v}.")
-                                                               for g, v in zip(mv.gold, mv.meta["values"]))
+    assert mv.answer.split(", ") == mv.meta["values"] and all(
+        mv.sentences[g].endswith(f"{v}.") for g, v in zip(mv.gold, mv.meta["values"])
+    )
     st = make_example("stale", 512, 0, updates=2)
     assert sum("access code" in s for s in st.sentences) == 3 and ex_answer_is_last(st)
 

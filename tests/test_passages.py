@@ -8,8 +8,10 @@ import pytest
 from masklab.context import Request, load_router, segment
 from masklab.util.errors import MasklabError
 
-BUDGET = ("The annual budget was approved by Daniel Reyes. The budget vote was close, said Reyes. "
-          "The budget covers the library roof.")
+BUDGET = (
+    "The annual budget was approved by Daniel Reyes. The budget vote was close, said Reyes. "
+    "The budget covers the library roof."
+)
 WEATHER = "It rained all week in Porto. The river rose above the quay. Nobody went out."
 TRAIN = "We took the night train north. The train was late. The budget airline was cheaper."
 
@@ -45,8 +47,9 @@ def test_target_tokens_caps_the_kept_tokens_and_wins_over_keep():
         out = pruned(passages, "Who approved the budget?", keep=1.0, target_tokens=target)
         assert out.to_json()["target_tokens"] == target and out.to_json()["keep"] is None
         assert out.kept_tokens <= target or len(out.kept) == 1
-    assert pruned(passages, "Who approved the budget?", target_tokens=10_000).kept_tokens \
-        == sum(sum(segment(p).lengths(None)) for p in passages)
+    assert pruned(passages, "Who approved the budget?", target_tokens=10_000).kept_tokens == sum(
+        sum(segment(p).lengths(None)) for p in passages
+    )
 
 
 def test_the_top_unit_of_the_top_passage_is_always_kept_with_a_note():
@@ -86,20 +89,23 @@ def test_a_budget_of_zero_is_a_budget():
         Request("Who?", BUDGET, tokens=5, threshold=0.0, router="pruner-ctx")
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"passages": []}, "non-empty list of strings"),
-    ({"passages": [BUDGET, "  \n"]}, "passage 1 is empty"),
-    ({"passages": [BUDGET, 3]}, "passage 1 is a int"),
-    ({"question": " "}, "question is empty"),
-    ({"target_tokens": 0}, "target_tokens must be at least 1, got 0"),
-    ({"target_tokens": 2.5}, "whole number of tokens"),
-    ({"keep": 0}, r"keep must be a fraction in \(0, 1\]"),
-    ({"router": "nope"}, "unknown router 'nope'"),
-    ({"threshold": 0.5}, "threshold needs a router that decides how much to keep"),
-    ({"keep": "auto"}, "keep auto needs a router that decides how much to keep"),
-    ({"unit_tokens": 0}, "unit_tokens must be a whole number"),
-    ({"options": {"int8": True}}, r"int8 quantises the pruner's encoder \(cross, pruner, pruner-ctx\), not bm25"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"passages": []}, "non-empty list of strings"),
+        ({"passages": [BUDGET, "  \n"]}, "passage 1 is empty"),
+        ({"passages": [BUDGET, 3]}, "passage 1 is a int"),
+        ({"question": " "}, "question is empty"),
+        ({"target_tokens": 0}, "target_tokens must be at least 1, got 0"),
+        ({"target_tokens": 2.5}, "whole number of tokens"),
+        ({"keep": 0}, r"keep must be a fraction in \(0, 1\]"),
+        ({"router": "nope"}, "unknown router 'nope'"),
+        ({"threshold": 0.5}, "threshold needs a router that decides how much to keep"),
+        ({"keep": "auto"}, "keep auto needs a router that decides how much to keep"),
+        ({"unit_tokens": 0}, "unit_tokens must be a whole number"),
+        ({"options": {"int8": True}}, r"int8 quantises the pruner's encoder \(cross, pruner, pruner-ctx\), not bm25"),
+    ],
+)
 def test_bad_requests_are_one_clear_error_when_made(kwargs, match):
     args = {"passages": [BUDGET, WEATHER], "question": "Who?", "router": "bm25", **kwargs}
     with pytest.raises(MasklabError, match=match):

@@ -24,8 +24,11 @@ def test_methods_are_interleaved_rows_logged_and_a_killed_run_resumes(tmp_path):
     def step(name, prefill=None):
         def run(ex):
             order.append((ex, name))
-            row = {"acc": float(ex % 2 == 0), "router_s": 0.5} if prefill is None else {"acc": 1.0, "prefill_s": prefill}
+            row = (
+                {"acc": float(ex % 2 == 0), "router_s": 0.5} if prefill is None else {"acc": 1.0, "prefill_s": prefill}
+            )
             return row, f"{name} on {ex}"
+
         return run
 
     def methods(i, ex):

@@ -91,8 +91,21 @@ def test_empty_answer_is_refused_with_exit_code_2(smol, shared_loads, tmp_path, 
         lm.prompt_format = old
     ctx = tmp_path / "ctx.txt"
     ctx.write_text(" ".join(OBSERVATORY))
-    rc = main(["cite", "--model", "smollm2-135m", "--context", str(ctx), "--query",
-               "Who succeeded Helen Marsh as director?", "--prompt-format", "raw", "--threads", "1"])
+    rc = main(
+        [
+            "cite",
+            "--model",
+            "smollm2-135m",
+            "--context",
+            str(ctx),
+            "--query",
+            "Who succeeded Helen Marsh as director?",
+            "--prompt-format",
+            "raw",
+            "--threads",
+            "1",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     assert err.count("masklab: error:") == 1 and "empty answer" in err and "--prompt-format chat" in err

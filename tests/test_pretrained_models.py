@@ -21,6 +21,7 @@ from masklab.lab.runner import MasklabError
 
 pytestmark = pytest.mark.slow
 
+
 def _have(module):
     return HAVE_GGUF and importlib.util.find_spec(module) is not None
 
@@ -102,11 +103,23 @@ def test_concurrent_first_loads_build_the_cache_once(tmp_path, monkeypatch):
 def _simple_prompt():
     from masklab.lab.tasks.stale_prompts import StalePrompt
 
-    sents = ["Omar lives in Lisbon.", "Lists implement all of the common and mutable sequence operations.",
-             "Later, Omar moved to Oslo."]
-    return StalePrompt(units=sents, gold=[2], query="\nQuestion: In which city does Omar live now?\nAnswer: Omar lives in",
-                       entity="Omar", attribute="city", values=["Lisbon", "Oslo"], stale_spans=[(14, 20)],
-                       current_spans=[(len(" ".join(sents)) - 5, len(" ".join(sents)) - 1)], n_updates=1, distance=1)
+    sents = [
+        "Omar lives in Lisbon.",
+        "Lists implement all of the common and mutable sequence operations.",
+        "Later, Omar moved to Oslo.",
+    ]
+    return StalePrompt(
+        units=sents,
+        gold=[2],
+        query="\nQuestion: In which city does Omar live now?\nAnswer: Omar lives in",
+        entity="Omar",
+        attribute="city",
+        values=["Lisbon", "Oslo"],
+        stale_spans=[(14, 20)],
+        current_spans=[(len(" ".join(sents)) - 5, len(" ".join(sents)) - 1)],
+        n_updates=1,
+        distance=1,
+    )
 
 
 @needs_gguf
@@ -168,7 +181,24 @@ def test_stale_cli_end_to_end(smol, shared_loads, tmp_path):
     from masklab.cli import main
 
     out = tmp_path / "stale"
-    assert main(["stale", "--quick", "--model", "smollm2-135m", "--prompts", "3", "--out", str(out), "--no-progress", "--jobs", "1"]) == 0
+    assert (
+        main(
+            [
+                "stale",
+                "--quick",
+                "--model",
+                "smollm2-135m",
+                "--prompts",
+                "3",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--jobs",
+                "1",
+            ]
+        )
+        == 0
+    )
     res = json.loads((out / "results.json").read_text())
     run = res["runs"][0]
     assert (run["model"], run["method"]) == ("smollm2-135m", "answer-attention") and run["metrics"]["n_prompts"] == 3
@@ -183,9 +213,28 @@ def test_prune_cli_end_to_end(smol, shared_loads, tmp_path):
     from masklab.cli import main
 
     out = tmp_path / "prune"
-    argv = ["prune", "--model", "smollm2-135m", "--train-prompts", "6", "--test-prompts", "1", "--filler-max", "1",
-            "--budget", "0.5", "--compare", "snapkv", "--methods", "full,router-evidence,random",
-            "--out", str(out), "--no-progress", "--jobs", "1"]
+    argv = [
+        "prune",
+        "--model",
+        "smollm2-135m",
+        "--train-prompts",
+        "6",
+        "--test-prompts",
+        "1",
+        "--filler-max",
+        "1",
+        "--budget",
+        "0.5",
+        "--compare",
+        "snapkv",
+        "--methods",
+        "full,router-evidence,random",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--jobs",
+        "1",
+    ]
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     methods = {s["method"]: s for s in res["summary"]}

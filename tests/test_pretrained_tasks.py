@@ -47,7 +47,12 @@ def test_scoring_exact_match():
 
 def test_regex_sentences():
     text = "Alice lives in Rome. Later, she moved to Oslo! Did she?\n\nNew paragraph here e.g. this"
-    assert regex_sentences(text) == ["Alice lives in Rome.", "Later, she moved to Oslo!", "Did she?", "New paragraph here e.g. this"]
+    assert regex_sentences(text) == [
+        "Alice lives in Rome.",
+        "Later, she moved to Oslo!",
+        "Did she?",
+        "New paragraph here e.g. this",
+    ]
 
 
 def _squad(tmp_path, data):
@@ -58,11 +63,31 @@ def _squad(tmp_path, data):
 
 def test_squad_loader_reads_official_format(tmp_path):
     ctx = "Paris is the capital of France. It has 2 million people. The Seine flows through it."
-    data = {"version": "1.1", "data": [{"title": "Paris", "paragraphs": [{"context": ctx, "qas": [
-        {"id": "q1", "question": "How many people live in Paris?",
-         "answers": [{"text": "2 million", "answer_start": ctx.index("2 million")}]},
-        {"id": "q2", "question": "Which river?", "answers": [{"text": "The Seine", "answer_start": ctx.index("The Seine")}]},
-    ]}]}]}
+    data = {
+        "version": "1.1",
+        "data": [
+            {
+                "title": "Paris",
+                "paragraphs": [
+                    {
+                        "context": ctx,
+                        "qas": [
+                            {
+                                "id": "q1",
+                                "question": "How many people live in Paris?",
+                                "answers": [{"text": "2 million", "answer_start": ctx.index("2 million")}],
+                            },
+                            {
+                                "id": "q2",
+                                "question": "Which river?",
+                                "answers": [{"text": "The Seine", "answer_start": ctx.index("The Seine")}],
+                            },
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
     exs = load_squad(_squad(tmp_path, data))
     assert [e.id for e in exs] == ["q1", "q2"] and exs[0].answers == ["2 million"]
     items = [to_item(e) for e in exs]
@@ -73,8 +98,9 @@ def test_squad_loader_reads_official_format(tmp_path):
     assert len(load_squad(_squad(tmp_path, data), limit=1)) == 1
 
 
-@pytest.mark.parametrize("bad", ["not json", json.dumps({"version": "1.1"}),
-                                 json.dumps({"data": [{"paragraphs": [{"qas": [{"id": 1}]}]}]})])
+@pytest.mark.parametrize(
+    "bad", ["not json", json.dumps({"version": "1.1"}), json.dumps({"data": [{"paragraphs": [{"qas": [{"id": 1}]}]}]})]
+)
 def test_squad_loader_rejects_malformed(tmp_path, bad):
     path = tmp_path / "bad.json"
     path.write_text(bad)

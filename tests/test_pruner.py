@@ -32,15 +32,19 @@ def test_training_ranks_the_target_first_and_a_wrong_target_does_not(design, epo
     from masklab.lab.train_pruner import Example, TrainConfig, save, train
     from masklab.context.pruner import load_pruner
 
-    facts = [("Which fruit is yellow?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."]),
-             ("What colour is the sky?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."])]
+    facts = [
+        ("Which fruit is yellow?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."]),
+        ("What colour is the sky?", ["Bananas are yellow.", "The sky is blue.", "Grass is green.", "Snow is white."]),
+    ]
     # a target the cosine does not prefer: the unit about snow, for every question
     assert not any(int(load_embedder_scores(q, u).argmax()) == 3 for q, u in facts)
     ex = [Example(q, u, [3]) for q, u in facts] * 4
     model, rec = train(ex, TrainConfig(design=design, epochs=epochs, lr=lr), progress=False)
     assert rec["loss"][-1] < rec["loss"][0] and rec["epochs"] == epochs
     assert all(int(model.rank(q, u).argmax()) == 3 for q, u in facts)
-    save(model, tmp_path / "p.safetensors", {"labels": "causal"})  # stored and loaded (adapters merged): the same ranking
+    save(
+        model, tmp_path / "p.safetensors", {"labels": "causal"}
+    )  # stored and loaded (adapters merged): the same ranking
     loaded, meta = load_pruner(tmp_path / "p.safetensors")
     assert meta["design"] == design
     for q, u in facts:
@@ -106,8 +110,9 @@ def _pairs(tmp_path, n):
         sent = [f"Box {d}{i} is {c}." for i, c in enumerate(colours)]
         (docs / f"d{d}.txt").write_text(" ".join(sent))
         for i, c in enumerate(colours):
-            lines.append({"doc": f"d{d}.txt", "question": f"What colour has box {d}{i}?", "answers": [c],
-                          "evidence": [sent[i]]})
+            lines.append(
+                {"doc": f"d{d}.txt", "question": f"What colour has box {d}{i}?", "answers": [c], "evidence": [sent[i]]}
+            )
     qf = tmp_path / "q.jsonl"
     qf.write_text("".join(json.dumps(r) + "\n" for r in lines[:n]))
     return docs, qf
@@ -117,8 +122,22 @@ def test_too_few_pairs_are_refused_before_the_model_loads(tmp_path, capsys):
     from masklab.cli import main
 
     docs, qf = _pairs(tmp_path, 19)
-    assert main(["train-router", "--docs", str(docs), "--questions", str(qf), "--model", "no-such",
-                 "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "train-router",
+                "--docs",
+                str(docs),
+                "--questions",
+                str(qf),
+                "--model",
+                "no-such",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "19 usable question / answer pairs" in err[0] and "at least 20" in err[0]
     qf.write_text('{"doc": "d0.txt", "question": "Q?"}\n')
@@ -135,8 +154,20 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
     model = save_tiny_folder(tmp_path / "tiny", "llama", max_positions=4096)
     docs, qf = _pairs(tmp_path, 22)
     out = tmp_path / "out"
-    args = ["train-router", "--docs", str(docs), "--questions", str(qf), "--model", str(model), "--out", str(out),
-            "--no-progress", "--causal-threshold", "-1"]  # a random model moves no likelihood: every unit counts
+    args = [
+        "train-router",
+        "--docs",
+        str(docs),
+        "--questions",
+        str(qf),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--causal-threshold",
+        "-1",
+    ]  # a random model moves no likelihood: every unit counts
     assert main(args) == 0
     cap = capsys.readouterr()
     assert "labelling cost estimate: 22 pairs" in cap.err and "pruner-causal.safetensors" in cap.out
@@ -148,9 +179,27 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     ctx = tmp_path / "ctx.txt"
     ctx.write_text((docs / "d1.txt").read_text())
-    assert main(["compress", "--context", str(ctx), "--question", "Which colour has box 13?", "--model", str(model),
-                 "--router", "pruner", "--router-file", str(out / "pruner-causal.safetensors"), "--keep", "0.2",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "compress",
+                "--context",
+                str(ctx),
+                "--question",
+                "Which colour has box 13?",
+                "--model",
+                str(model),
+                "--router",
+                "pruner",
+                "--router-file",
+                str(out / "pruner-causal.safetensors"),
+                "--keep",
+                "0.2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
     assert got["router"] == "pruner" and got["kept"]
     # the scores are the trained file's, not the shipped pruner's
@@ -167,29 +216,75 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
     # the default router's kind, on the same labels (read again, not relabelled), through the same command
     assert main(args + ["--kind", "pruner-ctx"]) == 0
     assert (out / "labels.jsonl").read_bytes() == labelled and "ctx-causal.safetensors" in capsys.readouterr().out
-    assert main(["compress", "--context", str(ctx), "--question", question, "--model", str(model), "--router",
-                 "pruner-ctx", "--router-file", str(out / "ctx-causal.safetensors"), "--keep", "auto", "--json"]) == 0
+    assert (
+        main(
+            [
+                "compress",
+                "--context",
+                str(ctx),
+                "--question",
+                question,
+                "--model",
+                str(model),
+                "--router",
+                "pruner-ctx",
+                "--router-file",
+                str(out / "ctx-causal.safetensors"),
+                "--keep",
+                "auto",
+                "--json",
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
     mine = load_router("pruner-ctx", path=out / "ctx-causal.safetensors").score(Document(units=got["units"]), question)
     assert got["kept"] and got["scores"] == pytest.approx(mine.tolist(), abs=1e-5)
-    assert mine.tolist() != pytest.approx(load_router("pruner-ctx").score(Document(units=got["units"]), question).tolist(),
-                                          abs=1e-4)  # its own head, not the shipped one
+    assert mine.tolist() != pytest.approx(
+        load_router("pruner-ctx").score(Document(units=got["units"]), question).tolist(), abs=1e-4
+    )  # its own head, not the shipped one
     # the cross pruner on the same labels, every weight fine-tuned, read back by the cross router
     assert main(args + ["--kind", "cross"]) == 0
     assert (out / "labels.jsonl").read_bytes() == labelled and "cross-causal.safetensors" in capsys.readouterr().out
-    assert main(["compress", "--context", str(ctx), "--question", question, "--model", str(model), "--router",
-                 "cross", "--router-file", str(out / "cross-causal.safetensors"), "--keep", "auto", "--json"]) == 0
+    assert (
+        main(
+            [
+                "compress",
+                "--context",
+                str(ctx),
+                "--question",
+                question,
+                "--model",
+                str(model),
+                "--router",
+                "cross",
+                "--router-file",
+                str(out / "cross-causal.safetensors"),
+                "--keep",
+                "auto",
+                "--json",
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
     mine = load_router("cross", path=out / "cross-causal.safetensors").score(Document(units=got["units"]), question)
-    assert got["kept"] and mine.tolist() != pytest.approx(load_router("cross").score(
-        Document(units=got["units"]), question).tolist(), abs=1e-4)  # its own weights, not the shipped ones
+    assert got["kept"] and mine.tolist() != pytest.approx(
+        load_router("cross").score(Document(units=got["units"]), question).tolist(), abs=1e-4
+    )  # its own weights, not the shipped ones
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["--kind", "evidence", "--docs", "d", "--questions", "q.jsonl"], "--kind evidence trains on the generated families"),
-    (["--kind", "pruner-ctx", "--docs", "d"], "--docs and --questions go together"),
-    (["--kind", "pruner", "--model", "no-such-model"], "no corpus labels for no-such-model"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (
+            ["--kind", "evidence", "--docs", "d", "--questions", "q.jsonl"],
+            "--kind evidence trains on the generated families",
+        ),
+        (["--kind", "pruner-ctx", "--docs", "d"], "--docs and --questions go together"),
+        (["--kind", "pruner", "--model", "no-such-model"], "no corpus labels for no-such-model"),
+    ],
+)
 def test_train_router_kinds_refuse_what_they_cannot_train(tmp_path, capsys, argv, match):
     from masklab.cli import main
 
@@ -208,8 +303,11 @@ def test_the_shipped_pruners_load_with_their_labels_and_keep_auto():
         r = load_any(name)
         assert r.meta["labels"] == labels and r.keep_auto is not None
         # the variants differ only in their labels
-        assert (r.meta["design"], r.meta["threshold"], r.meta["epochs"]) == (chosen["design"], chosen["threshold"],
-                                                                            chosen["epochs"])
+        assert (r.meta["design"], r.meta["threshold"], r.meta["epochs"]) == (
+            chosen["design"],
+            chosen["threshold"],
+            chosen["epochs"],
+        )
         assert r.path.name == f"{labels}.safetensors"  # each reads its own shipped file
     doc = Document(units=["Bananas are yellow.", "The sky is blue.", "Snow is white."])
     causal, attention = (load_any(n).score(doc, "Which fruit is yellow?") for n in ("pruner", "pruner-attention"))

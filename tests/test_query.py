@@ -24,12 +24,15 @@ def test_without_prefix_the_text_ends_at_answer():
     assert Query.parse(q.text) == q
 
 
-@pytest.mark.parametrize("query", [
-    Query("Which river?").text,
-    Query("Where does Omar live now?", "Omar lives in").text,
-    make_example("vt", 256, 0).query,
-    make_prompt(random.Random(0)).query,
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        Query("Which river?").text,
+        Query("Where does Omar live now?", "Omar lives in").text,
+        make_example("vt", 256, 0).query,
+        make_prompt(random.Random(0)).query,
+    ],
+)
 def test_chat_prompt_splits_the_query_between_its_question_and_answer_lines(query):
     """The chat turns go where the query text breaks from its question line to its answer
     line (the last ``"\\nAnswer:"``); the raw format keeps the text as it is."""

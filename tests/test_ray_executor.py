@@ -22,7 +22,17 @@ from masklab.lab.studies.gotu import Config, specs_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one cluster: every test here on one worker
 
-TINY = dict(tasks=["2parity"], methods=["vanilla", "mask"], seeds=[0, 1], steps=30, evals=3, width=16, depth=1, heads=2, batch=32)
+TINY = dict(
+    tasks=["2parity"],
+    methods=["vanilla", "mask"],
+    seeds=[0, 1],
+    steps=30,
+    evals=3,
+    width=16,
+    depth=1,
+    heads=2,
+    batch=32,
+)
 # loopback only: Ray would otherwise swap 127.0.0.1 for this machine's outward address, and a
 # token left in ~/.ray by another Ray would switch on authentication
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -42,8 +52,22 @@ def cluster():
     os.environ.update(LOOPBACK_ENV)
     tmp = tempfile.mkdtemp(prefix="mlray")  # short: Ray's unix sockets live under it
     port = _free_port()
-    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus", "2", "--port", str(port),
-           "--node-ip-address", "127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", tmp]
+    cmd = [
+        str(Path(sys.executable).parent / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--num-cpus",
+        "2",
+        "--port",
+        str(port),
+        "--node-ip-address",
+        "127.0.0.1",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--temp-dir",
+        tmp,
+    ]
     with open(Path(tmp) / "start.log", "w") as log:
         head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"127.0.0.1:{port}"
@@ -94,15 +118,33 @@ def test_ray_runs_give_the_same_results_as_local(cluster, tmp_path):
     specs = specs_for(Config(**TINY))
     # the local runs in this process (local parallel runs equal serial ones: tests/test_runner.py)
     local = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "local", jobs=1, progress=False)
-    remote = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
+    remote = run_study(
+        "gotu",
+        {},
+        specs,
+        "masklab.lab.studies.gotu:run_one",
+        tmp_path / "ray",
+        progress=False,
+        executor=RayExecutor(cluster),
+    )
     assert len(remote["runs"]) == 4
     assert _strip(remote["runs"]) == _strip(local["runs"])  # every metric and curve, exactly
     assert remote["summary"] == local["summary"]
     for s in specs:  # each task wrote its own run file, and the gathered record is that file
-        assert read_json(tmp_path / "ray" / "runs" / f"{s.key}.json") == next(r for r in remote["runs"] if r["spec"] == s.as_dict())
+        assert read_json(tmp_path / "ray" / "runs" / f"{s.key}.json") == next(
+            r for r in remote["runs"] if r["spec"] == s.as_dict()
+        )
     assert read_json(tmp_path / "ray" / "results.json")["environment"]["executor"] == "RayExecutor"
     # the same command again resumes: nothing is resubmitted
-    again = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
+    again = run_study(
+        "gotu",
+        {},
+        specs,
+        "masklab.lab.studies.gotu:run_one",
+        tmp_path / "ray",
+        progress=False,
+        executor=RayExecutor(cluster),
+    )
     assert [r["seconds"] for r in again["runs"]] == [r["seconds"] for r in remote["runs"]]
 
 
@@ -126,11 +168,28 @@ def _kill_first_worker_mid_run(out: Path, key: str, killed: dict) -> None:
 def test_worker_killed_mid_run_is_retried_and_gives_the_same_numbers(cluster, tmp_path):
     cfg = Config(**{**TINY, "methods": ["mask"], "seeds": [0], "steps": 300, "evals": 10})
     specs = specs_for(cfg)
-    local = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "local", jobs=1, progress=False, executor=LocalExecutor(1))
+    local = run_study(
+        "gotu",
+        {},
+        specs,
+        "masklab.lab.studies.gotu:run_one",
+        tmp_path / "local",
+        jobs=1,
+        progress=False,
+        executor=LocalExecutor(1),
+    )
     killed: dict = {}
     killer = threading.Thread(target=_kill_first_worker_mid_run, args=(tmp_path / "ray", specs[0].key, killed))
     killer.start()
-    remote = run_study("gotu", {}, specs, "masklab.lab.studies.gotu:run_one", tmp_path / "ray", progress=False, executor=RayExecutor(cluster))
+    remote = run_study(
+        "gotu",
+        {},
+        specs,
+        "masklab.lab.studies.gotu:run_one",
+        tmp_path / "ray",
+        progress=False,
+        executor=RayExecutor(cluster),
+    )
     killer.join()
     assert "pid" in killed, "the run finished before its worker could be killed"
     assert 0 < killed["step"] < 300
@@ -139,8 +198,23 @@ def test_worker_killed_mid_run_is_retried_and_gives_the_same_numbers(cluster, tm
 
 def test_bad_address_is_one_clear_error(cluster, tmp_path, capsys):
     port = _free_port()  # nobody listens there
-    code = cli.main(["gotu", "--quick", "--seed", "0", "--steps", "5", "--out", str(tmp_path), "--no-progress",
-                     "--executor", "ray", "--ray-address", f"127.0.0.1:{port}"])
+    code = cli.main(
+        [
+            "gotu",
+            "--quick",
+            "--seed",
+            "0",
+            "--steps",
+            "5",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--executor",
+            "ray",
+            "--ray-address",
+            f"127.0.0.1:{port}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("masklab: error: cannot connect to the Ray cluster at") and err.count("\n") == 1
@@ -150,7 +224,23 @@ def test_bad_address_is_one_clear_error(cluster, tmp_path, capsys):
 
 
 def test_cli_executor_ray_uses_the_cluster_and_writes_the_usual_results(cluster, tmp_path, capsys):
-    argv = ["gotu", "--quick", "--task", "2parity", "--method", "vanilla,mask", "--seed", "0", "--steps", "20", "--no-progress", "--executor", "ray", "--ray-address", cluster]
+    argv = [
+        "gotu",
+        "--quick",
+        "--task",
+        "2parity",
+        "--method",
+        "vanilla,mask",
+        "--seed",
+        "0",
+        "--steps",
+        "20",
+        "--no-progress",
+        "--executor",
+        "ray",
+        "--ray-address",
+        cluster,
+    ]
     assert cli.main([*argv, "--out", str(tmp_path / "ray")]) == 0
     assert cli.main([*argv[:-4], "--jobs", "1", "--out", str(tmp_path / "local")]) == 0
     capsys.readouterr()

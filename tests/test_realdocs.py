@@ -79,32 +79,48 @@ def _writer(root, docs: dict, rows: list[dict], split: str = "train") -> None:
         f = root / "questions" / (f"multi-{root.name}.jsonl" if r["kind"] == "multi" else f"{r['doc']}.jsonl")
         with open(f, "a") as out:
             out.write(json.dumps(r) + "\n")
-    spec = {name: {"kind": "README", "source": f"/x/{name}", "package": "p", "terms": "t", "split": split}
-            for name in docs}
+    spec = {
+        name: {"kind": "README", "source": f"/x/{name}", "package": "p", "terms": "t", "split": split} for name in docs
+    }
     (root / "sources.json").write_text(json.dumps({"chars": 9000, "docs": spec}))
 
 
-DOCS = {f"d{i}": f"Tool {i} keeps its settings in file{i}.conf.\n\nThe file{i}.conf format is INI with "
-        f"sections number {i}.\n\nUnrelated words {i}.\n" for i in range(6)}
+DOCS = {
+    f"d{i}": f"Tool {i} keeps its settings in file{i}.conf.\n\nThe file{i}.conf format is INI with "
+    f"sections number {i}.\n\nUnrelated words {i}.\n"
+    for i in range(6)
+}
 
 
 def test_bridge_and_multi_passage_questions_load_from_merged_writers(tmp_path):
     import subprocess
     import sys
 
-    bridge = {"id": "d0-01", "doc": "d0", "kind": "bridge", "question": "Which syntax does tool 0's settings use?",
-              "evidence": ["keeps its settings in file0.conf", "format is INI with sections number 0"],
-              "answers": ["INI"], "negatives": ["Unrelated words 0."]}
-    passages = [{"doc": d, "text": t[:t.index("\n\nUnrelated")]} for d, t in DOCS.items()]
-    multi = {"id": "multi-w-01", "kind": "multi", "question": "Which syntax do tool 1 and 2 use?",
-             "passages": passages, "evidence": ["file1.conf format is INI", "file2.conf format is INI"],
-             "answers": ["INI"]}
+    bridge = {
+        "id": "d0-01",
+        "doc": "d0",
+        "kind": "bridge",
+        "question": "Which syntax does tool 0's settings use?",
+        "evidence": ["keeps its settings in file0.conf", "format is INI with sections number 0"],
+        "answers": ["INI"],
+        "negatives": ["Unrelated words 0."],
+    }
+    passages = [{"doc": d, "text": t[: t.index("\n\nUnrelated")]} for d, t in DOCS.items()]
+    multi = {
+        "id": "multi-w-01",
+        "kind": "multi",
+        "question": "Which syntax do tool 1 and 2 use?",
+        "passages": passages,
+        "evidence": ["file1.conf format is INI", "file2.conf format is INI"],
+        "answers": ["INI"],
+    }
     _writer(tmp_path / "w", DOCS, [bridge, multi])
     into = tmp_path / "corpus"
     into.mkdir()
     script = realdocs.DATA.parent.parent / "scripts" / "merge_writers.py"
-    run = subprocess.run([sys.executable, str(script), "--into", str(into), str(tmp_path / "w")],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(script), "--into", str(into), str(tmp_path / "w")], capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     _, qs = realdocs._read(into)
     by_id = {q.id: q for q in qs}
@@ -112,21 +128,31 @@ def test_bridge_and_multi_passage_questions_load_from_merged_writers(tmp_path):
     m = by_id["multi-w-01"]
     assert m.sources == tuple(DOCS) and m.text.count("file1.conf format is INI") == 1
     assert [m.text[a:b] for a, b in m.spans()] == list(m.evidence)
-    again = subprocess.run([sys.executable, str(script), "--into", str(into), str(tmp_path / "w")],
-                           capture_output=True, text=True)
+    again = subprocess.run(
+        [sys.executable, str(script), "--into", str(into), str(tmp_path / "w")], capture_output=True, text=True
+    )
     assert again.returncode != 0 and "already" in again.stderr  # a writer cannot overwrite another's files
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda m: m.update(passages=m["passages"][:4]), "5-10 passages"),
-    (lambda m: m.update(evidence=["file1.conf format is INI", "keeps its settings in file1.conf"]), "two passages"),
-    (lambda m: m["passages"][0].update(text="not in the document"), "no excerpt"),
-    (lambda m: m.update(kind="bridge", doc="d0", evidence=["file0.conf format is INI"]), "two evidence"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda m: m.update(passages=m["passages"][:4]), "5-10 passages"),
+        (lambda m: m.update(evidence=["file1.conf format is INI", "keeps its settings in file1.conf"]), "two passages"),
+        (lambda m: m["passages"][0].update(text="not in the document"), "no excerpt"),
+        (lambda m: m.update(kind="bridge", doc="d0", evidence=["file0.conf format is INI"]), "two evidence"),
+    ],
+)
 def test_a_bad_multi_passage_or_bridge_line_is_refused(tmp_path, change, message):
     passages = [{"doc": d, "text": t} for d, t in DOCS.items()]
-    m = {"id": "m-01", "kind": "multi", "question": "q?", "passages": passages, "answers": ["INI"],
-         "evidence": ["file1.conf format is INI", "file2.conf format is INI"]}
+    m = {
+        "id": "m-01",
+        "kind": "multi",
+        "question": "q?",
+        "passages": passages,
+        "answers": ["INI"],
+        "evidence": ["file1.conf format is INI", "file2.conf format is INI"],
+    }
     change(m)
     _writer(tmp_path, DOCS, [m])
     (tmp_path / "split.json").write_text(json.dumps({"train": list(DOCS)}))

@@ -29,8 +29,9 @@ def test_fusion_keeps_a_clear_bm25_winner_and_lets_the_trained_router_break_ties
     later = torch.tensor([0.0, 0.0, 2.0, 0.0, 0.0])
     assert int(fuse(tied, later, "z", 0.5).argmax()) == 2
     assert int(fuse(tied, later, "rrf", 1.0).argmax()) == 2
-    order = torch.argsort(fuse(torch.tensor([5.0, 4, 3, 2, 1]), torch.tensor([0.0, 0, 9, 0, 0]), "rerank", 3),
-                          descending=True).tolist()
+    order = torch.argsort(
+        fuse(torch.tensor([5.0, 4, 3, 2, 1]), torch.tensor([0.0, 0, 9, 0, 0]), "rerank", 3), descending=True
+    ).tolist()
     assert order[:3] == [2, 0, 1] and order[3:] == [3, 4]  # re-ranked inside BM25's top 3 only
 
 
@@ -51,17 +52,36 @@ class FusedFixed(Fused):
 
 
 def test_a_fused_router_ranks_with_bm25_and_its_trained_part():
-    doc = Document(units=["The budget was approved by Ana.", "Filler about weather.", "Nothing here.",
-                          "The budget was approved by Ben later."])
+    doc = Document(
+        units=[
+            "The budget was approved by Ana.",
+            "Filler about weather.",
+            "Nothing here.",
+            "The budget was approved by Ben later.",
+        ]
+    )
     s = FusedFixed(how="z", weight=0.5).score(doc, "Who approved the budget?")
     assert int(s.argmax()) == 3  # BM25 ties units 0 and 3; the trained part prefers the later one
     assert float(s[1]) < float(s[0])
 
 
 def _row(i, kind, bm25_rr, ev_rr, bm25_kept, ev_kept):
-    return {"id": str(i), "kind": kind,
-            "bm25": {"router_seconds": 0.01, "rr": bm25_rr, "rank": round(1 / bm25_rr), "0.1": {"kept": bm25_kept, "kept_fraction": 0.1}},
-            "evidence": {"router_seconds": 0.5, "rr": ev_rr, "rank": round(1 / ev_rr), "0.1": {"kept": ev_kept, "kept_fraction": 0.1}}}
+    return {
+        "id": str(i),
+        "kind": kind,
+        "bm25": {
+            "router_seconds": 0.01,
+            "rr": bm25_rr,
+            "rank": round(1 / bm25_rr),
+            "0.1": {"kept": bm25_kept, "kept_fraction": 0.1},
+        },
+        "evidence": {
+            "router_seconds": 0.5,
+            "rr": ev_rr,
+            "rank": round(1 / ev_rr),
+            "0.1": {"kept": ev_kept, "kept_fraction": 0.1},
+        },
+    }
 
 
 def test_summary_tests_each_router_against_bm25_paired():
@@ -77,8 +97,14 @@ def test_summary_tests_each_router_against_bm25_paired():
 def test_the_fusion_grid_and_the_rule_that_chooses():
     rows = []
     for i in range(6):  # BM25 ranks the answer second; the trained router first
-        rows.append({"lengths": [5, 5, 5, 5], "gold": [[2]],
-                     "bm25": {"scores": [0.0, 0.0, 1.0, 1.1]}, "evidence": {"scores": [0.0, 0.0, 2.0, -1.0]}})
+        rows.append(
+            {
+                "lengths": [5, 5, 5, 5],
+                "gold": [[2]],
+                "bm25": {"scores": [0.0, 0.0, 1.0, 1.1]},
+                "evidence": {"scores": [0.0, 0.0, 2.0, -1.0]},
+            }
+        )
     grid = fusion_grid({"m": rows}, keep=0.25)
     by = {(g["how"], g["weight"]): g for g in grid}
     assert by[("bm25", 0.0)]["mrr"] == 0.5 and by[("evidence", 0.0)]["mrr"] == 1.0
@@ -90,16 +116,50 @@ def test_the_fusion_grid_and_the_rule_that_chooses():
 def test_the_command_measures_word_routers_on_the_val_split(shared_loads, tmp_path, capsys):
     from masklab.cli import main
 
-    assert main(["realdocs", "--model", "smollm2-135m", "--split", "val", "--routers", "bm25,lexical",
-                 "--keep", "0.25", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "realdocs",
+                "--model",
+                "smollm2-135m",
+                "--split",
+                "val",
+                "--routers",
+                "bm25,lexical",
+                "--keep",
+                "0.25",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     res = json.loads((tmp_path / "results_val.json").read_text())
     assert len(res["rows"]) >= 50 and res["benchmark"] and not (tmp_path / "reads.jsonl").exists()
     every = {(s["task"], s["method"]): s for s in res["summary"]}
     assert 0 < every[("all", "bm25")]["mrr"] <= 1 and "p_mrr_vs_bm25" in every[("all", "lexical")]
     assert "| all | bm25 |" in capsys.readouterr().out
     # the same settings again: a re-summary of the stored rows, the measuring run's seconds kept
-    assert main(["realdocs", "--model", "smollm2-135m", "--split", "val", "--routers", "bm25,lexical",
-                 "--keep", "0.25", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "realdocs",
+                "--model",
+                "smollm2-135m",
+                "--split",
+                "val",
+                "--routers",
+                "bm25,lexical",
+                "--keep",
+                "0.25",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "results_val.json").read_text())["seconds"] == res["seconds"]
 
 

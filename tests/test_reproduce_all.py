@@ -72,7 +72,9 @@ def test_every_run_in_results_records_its_code():
         data = json.loads(path.read_text())
         if not isinstance(data, dict):
             continue
-        records = list(data.get("runs") or []) + [r["stamp"] for r in data.get("rows") or [] if isinstance(r, dict) and "stamp" in r]
+        records = list(data.get("runs") or []) + [
+            r["stamp"] for r in data.get("rows") or [] if isinstance(r, dict) and "stamp" in r
+        ]
         if any(not (r.get("code") or r.get("code_ast")) for r in records):
             missing.append(str(path.relative_to(ROOT)))
     assert missing == []

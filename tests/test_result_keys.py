@@ -21,7 +21,7 @@ QUESTION = "Who approved the budget?"
 def listed() -> dict[str, str]:
     """key -> where docs/context.md says it is (``all``, ``compress and serve``, ...)."""
     text = DOCS.read_text()
-    table = text[text.index("<!-- result-keys -->"):text.index("<!-- /result-keys -->")]
+    table = text[text.index("<!-- result-keys -->") : text.index("<!-- /result-keys -->")]
     out = {}
     for row in table.splitlines()[3:]:
         cells = [c.strip() for c in row.strip("|").split("|")]
@@ -37,8 +37,13 @@ def where(*places: str) -> set[str]:
 def test_the_list_is_read():
     keys = listed()
     assert {"pruned_text", "pruned_context", "compression_rate", "model_window", "full_answer"} <= set(keys)
-    assert set(keys.values()) == {"all", "all, when set", "compress and serve", "with an answer",
-                                  "compress --compare-full"}
+    assert set(keys.values()) == {
+        "all",
+        "all, when set",
+        "compress and serve",
+        "with an answer",
+        "compress --compare-full",
+    }
 
 
 @pytest.fixture
@@ -81,8 +86,23 @@ def test_compress_json_and_the_service_return_the_listed_keys(folder, tmp_path, 
     for i, t in enumerate(texts):
         paths.append(tmp_path / f"{i}.txt")
         paths[-1].write_text(t)
-    argv = ["compress", "--model", str(folder), "--context", *map(str, paths), "--question", QUESTION,
-            "--router", "bm25", "--unit-tokens", "400", "--json", "--answer", "--max-new-tokens", "2"]
+    argv = [
+        "compress",
+        "--model",
+        str(folder),
+        "--context",
+        *map(str, paths),
+        "--question",
+        QUESTION,
+        "--router",
+        "bm25",
+        "--unit-tokens",
+        "400",
+        "--json",
+        "--answer",
+        "--max-new-tokens",
+        "2",
+    ]
     assert main(argv + ([] if several else ["--compare-full"])) == 0
     out = json.loads(capsys.readouterr().out)
     want = where("all", "compress and serve", "with an answer")
@@ -90,8 +110,13 @@ def test_compress_json_and_the_service_return_the_listed_keys(folder, tmp_path, 
     assert set(out) == want
     cfg = serve.ServeConfig(model=str(folder), unit_tokens=400)
     lm = load(str(folder))
-    body = {"context": texts if several else REPORT, "question": QUESTION, "router": "bm25", "answer": True,
-            "max_new_tokens": 2}
+    body = {
+        "context": texts if several else REPORT,
+        "question": QUESTION,
+        "router": "bm25",
+        "answer": True,
+        "max_new_tokens": 2,
+    }
     req = serve.parse_request(json.dumps(body).encode(), cfg)
     served = serve.compress_request(lm, load_router("bm25", lm), req, cfg)
     assert set(served) == where("all", "compress and serve", "with an answer")

@@ -24,12 +24,15 @@ def package(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_hash_covers_what_a_module_imports_and_nothing_else(tmp_path):
-    pkg = package(tmp_path, {
-        "a.py": "from masklab import b\n",
-        "b.py": "def f():\n    from masklab.c import g\n",  # a lazy import counts too
-        "c.py": "def g(): return 1\n",
-        "other.py": "x = 1\n",
-    })
+    pkg = package(
+        tmp_path,
+        {
+            "a.py": "from masklab import b\n",
+            "b.py": "def f():\n    from masklab.c import g\n",  # a lazy import counts too
+            "c.py": "def g(): return 1\n",
+            "other.py": "x = 1\n",
+        },
+    )
     assert closure("masklab.a", import_graph(pkg)) == ["masklab", "masklab.a", "masklab.b", "masklab.c"]
     before = code_hash("masklab.a", pkg)
     (pkg / "other.py").write_text("x = 2\n")
@@ -49,16 +52,27 @@ def run_one(spec, ckpt_dir):
 '''
 
 
-@pytest.mark.parametrize("edit, same", [
-    (lambda s: s.replace("def run_one", "# why it is so\ndef run_one"), True),  # a comment
-    (lambda s: s.replace('"""One run."""', '"""One run, reworded."""'), True),  # a docstring
-    (lambda s: s.replace('"""A study."""\n', ""), True),  # a docstring gone
-    (lambda s: s.replace('util.twice(spec["seed"])', "util.twice(\n        spec['seed']  # the seed\n    )"), True),  # formatting
-    (lambda s: s.replace('spec["seed"]', 'spec["seed"] + 1'), False),  # the body
-    (lambda s: s.replace('"""One run."""', '"""One run."""\n    spec = dict(spec)'), False),  # a statement after the docstring
-])
+@pytest.mark.parametrize(
+    "edit, same",
+    [
+        (lambda s: s.replace("def run_one", "# why it is so\ndef run_one"), True),  # a comment
+        (lambda s: s.replace('"""One run."""', '"""One run, reworded."""'), True),  # a docstring
+        (lambda s: s.replace('"""A study."""\n', ""), True),  # a docstring gone
+        (
+            lambda s: s.replace('util.twice(spec["seed"])', "util.twice(\n        spec['seed']  # the seed\n    )"),
+            True,
+        ),  # formatting
+        (lambda s: s.replace('spec["seed"]', 'spec["seed"] + 1'), False),  # the body
+        (
+            lambda s: s.replace('"""One run."""', '"""One run."""\n    spec = dict(spec)'),
+            False,
+        ),  # a statement after the docstring
+    ],
+)
 def test_code_ast_ignores_comments_docstrings_and_formatting(tmp_path, edit, same):
-    pkg = package(tmp_path, {"studies/__init__.py": "", "studies/s.py": STUDY, "util.py": "def twice(x):\n    return 2 * x\n"})
+    pkg = package(
+        tmp_path, {"studies/__init__.py": "", "studies/s.py": STUDY, "util.py": "def twice(x):\n    return 2 * x\n"}
+    )
     before = code_hash("masklab.studies.s", pkg), code_ast("masklab.studies.s", pkg)
     assert len(before[1]) == 12 and int(before[1], 16) >= 0
     (pkg / "studies" / "s.py").write_text(edit(STUDY))
@@ -72,14 +86,22 @@ def test_code_ast_ignores_comments_docstrings_and_formatting(tmp_path, edit, sam
 def git(root: Path, *args: str) -> str:
     import subprocess
 
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "PATH": "/usr/bin:/bin",
+    }
     return subprocess.run(["git", *args], cwd=root, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def test_staleness_of_old_records_compares_the_code_at_their_revision(tmp_path):
     """A record with only the byte hash and its git revision: its code is read back from git
     and compared, normalised, with today's."""
-    pkg = package(tmp_path, {"studies/__init__.py": "", "studies/s.py": STUDY, "util.py": "def twice(x):\n    return 2 * x\n"})
+    pkg = package(
+        tmp_path, {"studies/__init__.py": "", "studies/s.py": STUDY, "util.py": "def twice(x):\n    return 2 * x\n"}
+    )
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", ".")
     git(tmp_path, "commit", "-qm", "one")
@@ -143,7 +165,9 @@ def test_a_checkpoint_from_other_code_is_not_resumed(tmp_path):
     claim_checkpoint(ckpt, "aaa")
     assert (ckpt / "ckpt.json").exists()  # same code: resume
     claim_checkpoint(ckpt, "ccc", also="aaa")
-    assert (ckpt / "ckpt.json").exists() and (ckpt / "code.txt").read_text().strip() == "ccc"  # stamped with the older hash
+    assert (ckpt / "ckpt.json").exists() and (
+        ckpt / "code.txt"
+    ).read_text().strip() == "ccc"  # stamped with the older hash
     claim_checkpoint(ckpt, "bbb")
     assert not (ckpt / "ckpt.json").exists() and (ckpt / "code.txt").read_text().strip() == "bbb"
 
@@ -158,10 +182,14 @@ def commit_titled(title: str) -> str | None:
     """The commit of this checkout whose subject starts with ``title`` (None outside git)."""
     import subprocess
 
-    p = subprocess.run(["git", "log", "--all", "--format=%H %s"], capture_output=True, text=True,
-                       cwd=Path(__file__).parent, timeout=60)
-    return next((line.split()[0] for line in p.stdout.splitlines() if line.split(" ", 1)[1].startswith(title)), None) \
-        if p.returncode == 0 else None
+    p = subprocess.run(
+        ["git", "log", "--all", "--format=%H %s"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=60
+    )
+    return (
+        next((line.split()[0] for line in p.stdout.splitlines() if line.split(" ", 1)[1].startswith(title)), None)
+        if p.returncode == 0
+        else None
+    )
 
 
 def test_the_rename_map_reads_sources_from_before_the_layout_move_as_the_move_left_them():
@@ -181,10 +209,18 @@ def test_the_rename_map_reads_sources_from_before_the_layout_move_as_the_move_le
     read = after_move(before)
     # the move's own fix-ups: revision.ROOT and the benchmark's data folder (one line each), and
     # the lazily resolved names of masklab/__init__.py (their own commit); longllmlingua moved later
-    later = {"masklab", "masklab.lab.tasks.realdocs", "masklab.context.routers", "masklab.lab.routers.longllmlingua",
-             "masklab.context.routers.longllmlingua"}
+    later = {
+        "masklab",
+        "masklab.lab.tasks.realdocs",
+        "masklab.context.routers",
+        "masklab.lab.routers.longllmlingua",
+        "masklab.context.routers.longllmlingua",
+    }
     assert set(read) - later - BOOKKEEPING == set(after) - later - BOOKKEEPING
     differs = [m for m in sorted(set(after) - later - BOOKKEEPING) if parsed(read[m])[0] != parsed(after[m])[0]]
     assert differs == []
     assert parsed(read["masklab"])[0] == parsed(history.sources(lazy)["masklab"])[0]
-    assert moved("masklab.studies.gotu") == "masklab.lab.studies.gotu" and moved("masklab.context.router") == "masklab.context.router"
+    assert (
+        moved("masklab.studies.gotu") == "masklab.lab.studies.gotu"
+        and moved("masklab.context.router") == "masklab.context.router"
+    )

@@ -19,8 +19,14 @@ ROOT = Path(__file__).resolve().parents[1] / "masklab"
 DEFINING = ("context/router.py", "context/routers/", "lab/routers/")
 PRODUCT = ("context/", "integrations/")
 # the callers that run routers by name: the product and the lab's router evaluations
-CALLERS = PRODUCT + ("cli.py", "lab/realdocs.py", "lab/pipeline.py", "lab/train_router.py", "lab/studies/longctx.py",
-                     "lab/studies/prune.py")
+CALLERS = PRODUCT + (
+    "cli.py",
+    "lab/realdocs.py",
+    "lab/pipeline.py",
+    "lab/train_router.py",
+    "lab/studies/longctx.py",
+    "lab/studies/prune.py",
+)
 
 
 def sources(under: tuple[str, ...] = ("",)) -> dict[str, ast.AST]:
@@ -50,8 +56,11 @@ def name_branches(tree: ast.AST, router_names: set[str]) -> list[str]:
         for op, left, right in zip(node.ops, sides, sides[1:]):
             if isinstance(op, (ast.Eq, ast.NotEq)) and (names_a_router(left) or names_a_router(right)):
                 lits = [s.value for s in (left, right) if isinstance(s, ast.Constant)]
-            elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)) \
-                    and names_a_router(left):
+            elif (
+                isinstance(op, (ast.In, ast.NotIn))
+                and isinstance(right, (ast.Tuple, ast.List, ast.Set))
+                and names_a_router(left)
+            ):
                 lits = [e.value for e in right.elts if isinstance(e, ast.Constant)]
             else:
                 continue
@@ -61,9 +70,15 @@ def name_branches(tree: ast.AST, router_names: set[str]) -> list[str]:
 
 def attribute_probes(tree: ast.AST) -> list[str]:
     """``getattr(router, "...", default)`` and ``hasattr(router, "...")`` on a router."""
-    return [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
-            and n.args and "router" in ast.unparse(n.args[0]).lower()]
+    return [
+        f"line {n.lineno}: {ast.unparse(n)}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id in ("getattr", "hasattr")
+        and n.args
+        and "router" in ast.unparse(n.args[0]).lower()
+    ]
 
 
 def test_no_router_overrides_how_a_request_is_pruned():
@@ -105,9 +120,11 @@ def test_no_keeps_units_flag_is_left():
 
 
 def test_the_checks_find_what_they_look_for():
-    tree = ast.parse('if name == "longllmlingua" or cfg.router in ("pruner", "x") or "bm25" != router.name:\n'
-                     '    getattr(router, "keeps_units", True)\n'
-                     'if "bm25" in computed or labels == "attention":\n    pass\n')
+    tree = ast.parse(
+        'if name == "longllmlingua" or cfg.router in ("pruner", "x") or "bm25" != router.name:\n'
+        '    getattr(router, "keeps_units", True)\n'
+        'if "bm25" in computed or labels == "attention":\n    pass\n'
+    )
     assert name_branches(tree, set(names())) == ["line 1: 'longllmlingua'", "line 1: 'pruner'", "line 1: 'bm25'"]
     assert attribute_probes(tree) == ["line 2: getattr(router, 'keeps_units', True)"]
 
@@ -156,7 +173,11 @@ def test_every_router_a_help_text_names_is_accepted_and_takes_what_it_names(comm
     if command == "compress":
         router = helps["--router"]
         assert f"default {DEFAULT_ROUTER}" in router and all(n in router for n in ROUTERS)
-        for flag, option in (("--router-file", "path"), ("--router-model", "router_model"), ("--int8", "int8"),
-                             ("--embedder", "embedder")):
+        for flag, option in (
+            ("--router-file", "path"),
+            ("--router-model", "router_model"),
+            ("--int8", "int8"),
+            ("--embedder", "embedder"),
+        ):
             lead = helps[flag].split(":")[0]  # "pruner, pruner-ctx: ..." names the routers that take it
             assert sorted(w.strip() for w in lead.split(",")) == sorted(takers(option)), flag

@@ -21,7 +21,9 @@ from masklab.pretrained import arch  # noqa: E402
 from masklab.pretrained.models import load, set_attention  # noqa: E402
 
 torch.set_num_threads(1)
-UNITS = [f"The {w} key is in room {i * 7 % 13}." for i, w in enumerate(["red", "blue", "old", "spare", "brass", "iron"])]
+UNITS = [
+    f"The {w} key is in room {i * 7 % 13}." for i, w in enumerate(["red", "blue", "old", "spare", "brass", "iron"])
+]
 QUESTION = "Where is the brass key kept?"
 
 
@@ -65,8 +67,9 @@ def router(lm, kind: str, layers: int, progress: bool = False) -> EvidenceRouter
     n = 16 if kind == "v4-hop" else 15
     g = torch.Generator().manual_seed(layers)
     r = LinearRouter(torch.randn(n, generator=g), torch.zeros(1), torch.randn(n, generator=g) * 0.1, torch.ones(n))
-    return EvidenceRouter(lm, routers={"evidence": r}, meta={"model": lm.name, "features": kind, "layers": layers},
-                          progress=progress)
+    return EvidenceRouter(
+        lm, routers={"evidence": r}, meta={"model": lm.name, "features": kind, "layers": layers}, progress=progress
+    )
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3_text"])
@@ -85,8 +88,11 @@ def test_scores_equal_the_transformers_attention_path(models, kind, features, la
     # imported (kvpress, by an earlier test) holds a copy that arch.causal_attention no longer names
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, arch.LONG_ATTN,
-                        lambda *a, **kw: calls.append(kw.get("sliding_window")) or real(*a, **kw))
+    monkeypatch.setitem(
+        ALL_ATTENTION_FUNCTIONS,
+        arch.LONG_ATTN,
+        lambda *a, **kw: calls.append(kw.get("sliding_window")) or real(*a, **kw),
+    )
     read = r.read(doc, [QUESTION])
     fast = read.values[0]
     assert read.windows == 1 and len(calls) == layers  # the fast function ran in every layer read

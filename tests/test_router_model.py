@@ -22,8 +22,10 @@ from masklab.util.errors import MasklabError  # noqa: E402
 from masklab.pretrained.models import load  # noqa: E402
 
 torch.set_num_threads(1)
-TEXT = ("The red key is in the hall. Anna moved to Oslo in May. The blue key is in room nine. "
-        "Bob stayed in Rome. The brass key was lost.")
+TEXT = (
+    "The red key is in the hall. Anna moved to Oslo in May. The blue key is in room nine. "
+    "Bob stayed in Rome. The brass key was lost."
+)
 QUESTION = "Where does Anna live now?"
 
 
@@ -33,11 +35,27 @@ def folder(tmp_path_factory):
 
 
 @needs_smol
-def test_a_folder_without_a_router_is_ranked_by_smollm2_and_counts_its_own_tokens(folder, smol, shared_loads, tmp_path, capsys):
+def test_a_folder_without_a_router_is_ranked_by_smollm2_and_counts_its_own_tokens(
+    folder, smol, shared_loads, tmp_path, capsys
+):
     ctx = tmp_path / "ctx.txt"
     ctx.write_text(TEXT)
-    rc = main(["compress", "--model", str(folder), "--context", str(ctx), "--question", QUESTION, "--router", "evidence",
-               "--keep", "0.4", "--json"])
+    rc = main(
+        [
+            "compress",
+            "--model",
+            str(folder),
+            "--context",
+            str(ctx),
+            "--question",
+            QUESTION,
+            "--router",
+            "evidence",
+            "--keep",
+            "0.4",
+            "--json",
+        ]
+    )
     res = json.loads(capsys.readouterr().out)
     assert rc == 0 and res["kept"]
     (note,) = [n for n in res["notes"] if "ranked" in n]
@@ -58,7 +76,19 @@ def test_a_folder_without_a_router_is_ranked_by_smollm2_and_counts_its_own_token
 def test_router_model_errors_are_one_line(folder, smol, shared_loads, tmp_path, capsys):
     ctx = tmp_path / "ctx.txt"
     ctx.write_text(TEXT)
-    rc = main(["compress", "--context", str(ctx), "--question", QUESTION, "--router", "bm25", "--router-model", "smollm2-135m"])
+    rc = main(
+        [
+            "compress",
+            "--context",
+            str(ctx),
+            "--question",
+            QUESTION,
+            "--router",
+            "bm25",
+            "--router-model",
+            "smollm2-135m",
+        ]
+    )
     assert rc != 0 and "--router-model is for the trained routers" in capsys.readouterr().err
     with pytest.raises(MasklabError) as e:  # a folder ships no router: the hint names the file train-router writes
         load_router("evidence", smol, router_model=str(folder))
@@ -71,8 +101,22 @@ def fake_labels(lm, ex, query, accept, **kw):
 
 
 def test_train_router_on_a_folder_refuses_too_few_right_answers_and_prices_the_labels(folder, tmp_path, capsys):
-    rc = main(["train-router", "--model", str(folder), "--out", str(tmp_path / "r"), "--examples", "1", "--length", "1024",
-               "--no-progress", "--device", "cpu"])
+    rc = main(
+        [
+            "train-router",
+            "--model",
+            str(folder),
+            "--out",
+            str(tmp_path / "r"),
+            "--examples",
+            "1",
+            "--length",
+            "1024",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc != 0 and "a router needs at least 20" in err and "--router-model smollm2-135m" in err
     assert "labelling cost estimate: 4 examples x" in err  # printed after the first example
@@ -82,8 +126,23 @@ def test_train_router_on_a_folder_refuses_too_few_right_answers_and_prices_the_l
 def test_train_router_on_a_folder_prints_a_router_file_that_exists_and_warns(folder, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("masklab.lab.linear_routers.make_labels", fake_labels)
     out = tmp_path / "r"
-    rc = main(["train-router", "--model", str(folder), "--out", str(out), "--quick", "--length", "1024", "--no-progress",
-               "--layers", "1", "--device", "cpu"])
+    rc = main(
+        [
+            "train-router",
+            "--model",
+            str(folder),
+            "--out",
+            str(out),
+            "--quick",
+            "--length",
+            "1024",
+            "--no-progress",
+            "--layers",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0 and "fitted on only 8 labelled examples" in captured.err
     (hint,) = [line for line in captured.out.splitlines() if "--router-file" in line]
@@ -93,8 +152,22 @@ def test_train_router_on_a_folder_prints_a_router_file_that_exists_and_warns(fol
     assert not (folder.parent / "my.model-v1.safetensors").exists()  # nothing written beside the user's folder
     ctx = tmp_path / "ctx.txt"
     ctx.write_text(TEXT)
-    rc = main(["compress", "--model", str(folder), "--context", str(ctx), "--question", QUESTION, "--router", "evidence",
-               "--router-file", path, "--json"])
+    rc = main(
+        [
+            "compress",
+            "--model",
+            str(folder),
+            "--context",
+            str(ctx),
+            "--question",
+            QUESTION,
+            "--router",
+            "evidence",
+            "--router-file",
+            path,
+            "--json",
+        ]
+    )
     res = json.loads(capsys.readouterr().out)
     assert rc == 0 and [n for n in res["notes"] if "only 8 labelled examples" in n]
     assert not [n for n in res["notes"] if "ranked" in n]  # its own router: no other model ranked

@@ -9,7 +9,16 @@ import torch
 from masklab.cli import build_parser, main
 from masklab.lab.evidence.interventions import answer_logits
 from masklab.lab.evidence.teacher import TeacherConfig, build_teacher
-from masklab.lab.routing import TOKEN_ROUTERS, build_router, keep_mask, parse_budget, router_loss, sparse_answer, train_router, transformer_flops
+from masklab.lab.routing import (
+    TOKEN_ROUTERS,
+    build_router,
+    keep_mask,
+    parse_budget,
+    router_loss,
+    sparse_answer,
+    train_router,
+    transformer_flops,
+)
 from masklab.lab.routing.sparse import SELECTORS, budget_k, teacher_answer
 from masklab.lab.routing.train import fit_recall
 from masklab.lab.runner import MasklabError
@@ -63,11 +72,17 @@ def test_budget_handling_k_above_n_zero_fraction_and_ties():
     scores = torch.tensor([[1.0, 1.0, 1.0, 9.0], [0.5, 2.0, 2.0, 0.1]])
     assert keep_mask(scores, valid, 10).tolist() == valid.tolist()  # k > n keeps every real item, never padding
     assert not keep_mask(scores, valid, 0).any()
-    assert keep_mask(scores, valid, 1).tolist() == [[True, False, False, False], [False, True, False, False]]  # ties: earlier item
+    assert keep_mask(scores, valid, 1).tolist() == [
+        [True, False, False, False],
+        [False, True, False, False],
+    ]  # ties: earlier item
     assert budget_k(0.5, valid).tolist() == [2, 2]  # ceil(0.5 * n)
     gold = torch.tensor([[False, True, False, False], [True, True, True, False]])
     assert budget_k("gold", valid, gold).tolist() == [1, 3]
-    assert keep_mask(scores, valid, threshold=0.8).tolist() == [[False, False, False, False], [False, True, True, False]]
+    assert keep_mask(scores, valid, threshold=0.8).tolist() == [
+        [False, False, False, False],
+        [False, True, True, False],
+    ]
     with pytest.raises(MasklabError):
         keep_mask(scores, valid)
 
@@ -162,8 +177,33 @@ def test_reproduce_routing_is_the_routing_study_and_the_target_sweep_uses_it():
 
 def test_routing_cli_quick_end_to_end(tmp_path, capsys):
     out, cache = tmp_path / "r", tmp_path / "cache"
-    argv = ["routing", "--quick", "--task", "kv", "--items", "6", "--teacher-steps", "150", "--router-steps", "60", "--pool", "200",
-            "--examples", "40", "--budgets", "1,2", "--lengths", "1,2", "--out", str(out), "--cache", str(cache), "--jobs", "1", "--no-progress"]
+    argv = [
+        "routing",
+        "--quick",
+        "--task",
+        "kv",
+        "--items",
+        "6",
+        "--teacher-steps",
+        "150",
+        "--router-steps",
+        "60",
+        "--pool",
+        "200",
+        "--examples",
+        "40",
+        "--budgets",
+        "1,2",
+        "--lengths",
+        "1,2",
+        "--out",
+        str(out),
+        "--cache",
+        str(cache),
+        "--jobs",
+        "1",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     # a 150-step teacher is untrained (below --min-teacher-acc): one warning, marked runs and table
@@ -174,14 +214,25 @@ def test_routing_cli_quick_end_to_end(tmp_path, capsys):
     assert md[0].startswith("> **Smoke test** (`--quick`)")  # then a blank line and the study's own results.md
     assert md[6].startswith("**Untrained teacher**: held-out accuracy at N below 0.5")
     methods = {r["method"] for r in res["summary"]}
-    assert {"router/gold", "router/causal", "router/attention", "dense", "random", "oracle-gold", "teacher-attention"} <= methods
+    assert {
+        "router/gold",
+        "router/causal",
+        "router/attention",
+        "dense",
+        "random",
+        "oracle-gold",
+        "teacher-attention",
+    } <= methods
     gold = next(r for r in res["summary"] if r["method"] == "oracle-gold")
     assert gold["recall_1x_mean"] == 1.0 and gold["kept_1x_mean"] == 1.0
     dense = next(r for r in res["summary"] if r["method"] == "dense")
     assert 0.0 <= dense["acc_2x_mean"] <= 1.0 and "acc_2x@1_mean" in dense
     # the headline fractions of the context (no gold size) are measured and tabled beside the gold budget
     assert gold["acc_1x@10pct_mean"] is not None and gold["recall_2x@25pct_mean"] == 1.0
-    assert "## Teacher accuracy from the kept items (budget 25% of each context; N = 6)" in (out / "results.md").read_text()
+    assert (
+        "## Teacher accuracy from the kept items (budget 25% of each context; N = 6)"
+        in (out / "results.md").read_text()
+    )
     assert (out / "routing_budget.png").stat().st_size > 0 and "router/causal" in (out / "results.md").read_text()
     assert any((cache / "pools").iterdir())
     # a second run resumes everything (nothing retrained)
@@ -201,10 +252,28 @@ def test_the_causal_router_keeps_the_second_link_that_the_attention_router_misse
     teacher = ChainTeacher(64)
     info = {"acc_n": 1.0, "acc_max": None, "cached": True, "curves": {}}
     monkeypatch.setattr(routing, "load_or_train", lambda *a, **k: (teacher, info))
-    cfg = routing.Config(tasks=["multihop"], hops=[2], items=6, vocab=64, max_factor=1, lengths=[1], seeds=[0],
-                         targets=["causal", "attention-gold-k"], independent_targets=[], baselines=["dense"],
-                         budgets=["2"], fractions=[], router_dim=32, router_depth=2, router_heads=4, router_lr=5e-3,
-                         router_steps=400, pool=2000, examples=200, cache=str(tmp_path / "c"))
+    cfg = routing.Config(
+        tasks=["multihop"],
+        hops=[2],
+        items=6,
+        vocab=64,
+        max_factor=1,
+        lengths=[1],
+        seeds=[0],
+        targets=["causal", "attention-gold-k"],
+        independent_targets=[],
+        baselines=["dense"],
+        budgets=["2"],
+        fractions=[],
+        router_dim=32,
+        router_depth=2,
+        router_heads=4,
+        router_lr=5e-3,
+        router_steps=400,
+        pool=2000,
+        examples=200,
+        cache=str(tmp_path / "c"),
+    )
     res = routing.run(cfg, tmp_path / "r", progress=False)
     rows = {r["method"]: r for r in res["summary"]}
     assert rows["dense"]["acc_1x_mean"] == 1.0  # the teacher is exact
@@ -220,8 +289,16 @@ def test_the_attention_target_takes_k_from_a_fixed_fraction_and_attention_gold_k
 
     from masklab.lab.studies import routing
 
-    cfg = routing.Config(tasks=["multihop"], hops=[2], items=8, vocab=64, max_factor=1, pool=64,
-                         targets=["causal", "attention", "attention-gold-k"], independent_targets=[])
+    cfg = routing.Config(
+        tasks=["multihop"],
+        hops=[2],
+        items=8,
+        vocab=64,
+        max_factor=1,
+        pool=64,
+        targets=["causal", "attention", "attention-gold-k"],
+        independent_targets=[],
+    )
     p = routing.gym_params(cfg, "multihop", 2)
     assert [routing.target_key(t, p) for t in cfg.targets] == ["loo", "last-mean/topk@25pct", "last-mean/topk"]
     pool, targets = routing.build_pool(ChainTeacher(64), p, "multihop", 2, 0)

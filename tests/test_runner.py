@@ -62,7 +62,9 @@ def test_checkpoint_round_trip_restores_optimizer_and_generator(tmp_path):
     assert step == 7 and extra == {"curve": [1.0]}
     assert torch.equal(model2.weight, model.weight)
     assert opt2.param_groups[0]["lr"] == 0.1
-    assert torch.equal(opt2.state[opt2.param_groups[0]["params"][0]]["exp_avg"], opt.state[opt.param_groups[0]["params"][0]]["exp_avg"])
+    assert torch.equal(
+        opt2.state[opt2.param_groups[0]["params"][0]]["exp_avg"], opt.state[opt.param_groups[0]["params"][0]]["exp_avg"]
+    )
     assert torch.equal(torch.rand(3, generator=gen2), want_next)
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -115,12 +117,17 @@ def test_model_has_its_own_place_and_leaves_other_studies_unchanged():
     ]
     rows = summarize(runs)
     assert [(r["task"], r.get("model"), r["method"], r["acc_mean"]) for r in rows] == [
-        ("t", "a", "m", 1.0), ("t", "b", "m", 0.0), ("t", None, "m", 0.5)]
+        ("t", "a", "m", 1.0),
+        ("t", "b", "m", 0.0),
+        ("t", None, "m", 0.5),
+    ]
     assert "model" not in rows[2]
 
 
 def test_results_of_a_study_without_models_have_no_model_key(tmp_path):
-    res = run_study("gotu", {}, specs_for(Config(**TINY))[:1], "masklab.lab.studies.gotu:run_one", tmp_path, progress=False)
+    res = run_study(
+        "gotu", {}, specs_for(Config(**TINY))[:1], "masklab.lab.studies.gotu:run_one", tmp_path, progress=False
+    )
     assert all("model" not in r and "model" not in r["spec"] for r in res["runs"])
     assert all("model" not in row for row in res["summary"])
     assert "| task | method | n |" in markdown_table(res["summary"], [], ["unseen_acc"])

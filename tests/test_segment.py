@@ -167,8 +167,20 @@ president, on behalf of the members.
 CASES = {"apache": APACHE, "faq": FAQ, "man": MAN, "markdown": MARKDOWN, "rest": REST, "prose": PROSE}
 
 REALDOCS = Path(masklab.__file__).parent / "data" / "realdocs" / "docs"
-REAL_NAMES = ["apache-2.0", "gpl-3", "mpl-2.0", "procps-faq", "base-files-faq", "man-db-faq", "xargs-man",
-              "gzip-man", "sed-man", "zstd-readme", "pydoc-try", "pydoc-import"]
+REAL_NAMES = [
+    "apache-2.0",
+    "gpl-3",
+    "mpl-2.0",
+    "procps-faq",
+    "base-files-faq",
+    "man-db-faq",
+    "xargs-man",
+    "gzip-man",
+    "sed-man",
+    "zstd-readme",
+    "pydoc-try",
+    "pydoc-import",
+]
 
 
 def check_invariants(text, doc):
@@ -183,7 +195,7 @@ def check_invariants(text, doc):
         for i in range(a, b):
             owner[i] += 1
     missing = [i for i, c in enumerate(text) if not c.isspace() and owner[i] != 1]
-    assert not missing, f"characters in no unit: {text[missing[0]:missing[0] + 40]!r}"
+    assert not missing, f"characters in no unit: {text[missing[0] : missing[0] + 40]!r}"
 
 
 def unit_with(doc, needle):
@@ -198,8 +210,26 @@ def test_no_label_stands_alone_and_spans_cover_the_text(name):
 
 
 def test_is_label_tells_markers_and_headings_from_short_sentences():
-    assert all(map(is_label, ["2.", "1)", "Q.", "A:", "(a)", "-", "*", "Definitions.", "## Install",
-                              "DESCRIPTION", "TERMS AND CONDITIONS", "Preamble", "Then"]))
+    assert all(
+        map(
+            is_label,
+            [
+                "2.",
+                "1)",
+                "Q.",
+                "A:",
+                "(a)",
+                "-",
+                "*",
+                "Definitions.",
+                "## Install",
+                "DESCRIPTION",
+                "TERMS AND CONDITIONS",
+                "Preamble",
+                "Then",
+            ],
+        )
+    )
     assert not any(map(is_label, ["Is this ok?", "A. Yes.", "It works.", "Implies -x."]))
 
 
@@ -208,7 +238,9 @@ def test_numbers_and_titles_join_their_clause():
     assert unit_with(doc, "Trademarks").startswith("6. Trademarks. This License does not grant")
     assert unit_with(doc, "Disclaimer").startswith("7. Disclaimer of Warranty. Unless required")
     # a numbered title alone on its line leads the paragraph below it
-    assert unit_with(doc, "Definitions").startswith("TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION\n\n   1. Definitions.\n\n      \"License\" shall mean")
+    assert unit_with(doc, "Definitions").startswith(
+        'TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION\n\n   1. Definitions.\n\n      "License" shall mean'
+    )
     # a heading with no text after it ends the unit before it
     assert doc.units[-1].endswith("under this License.\n\n   END OF TERMS AND CONDITIONS")
 
@@ -217,9 +249,11 @@ def test_faq_markers_join_their_question_and_answer():
     doc = segment(FAQ)
     q = unit_with(doc, "I upgraded my system")
     assert q.startswith("Frequently Asked Questions about base-files\n===")  # the headings lead it
-    assert q.endswith('Q. I upgraded my system to the testing distribution and now my /etc/issue\nsays "trixie/sid". Should it not read "trixie" or "testing"?')
+    assert q.endswith(
+        'Q. I upgraded my system to the testing distribution and now my /etc/issue\nsays "trixie/sid". Should it not read "trixie" or "testing"?'
+    )
     assert unit_with(doc, "That would be nice").startswith("A. That would be nice")
-    assert unit_with(doc, "Why \"trixie/sid\"") == 'Q: Why "trixie/sid" and not "testing/unstable" as it used to be?'
+    assert unit_with(doc, 'Why "trixie/sid"') == 'Q: Why "trixie/sid" and not "testing/unstable" as it used to be?'
     assert "A: The codename is a little bit more informative." in doc.units
 
 
@@ -236,16 +270,18 @@ def test_markdown_headings_lists_tables_and_fenced_code():
     doc = segment(MARKDOWN)
     assert doc.units[0] == "# zstd\n\nZstandard is a fast lossless compression algorithm."
     assert unit_with(doc, "If your system").startswith("## Build instructions\n\n### Makefile\n\nIf your system")
-    fence = MARKDOWN[MARKDOWN.index("```"):MARKDOWN.rindex("```") + 3]
+    fence = MARKDOWN[MARKDOWN.index("```") : MARKDOWN.rindex("```") + 3]
     assert unit_with(doc, "zstd --train") == "1. Create the dictionary\n\n" + fence  # whole, blank line and all
-    table = MARKDOWN[MARKDOWN.index("| Compressor"):MARKDOWN.index("395 MB/s  |") + 11]
+    table = MARKDOWN[MARKDOWN.index("| Compressor") : MARKDOWN.index("395 MB/s  |") + 11]
     assert table in doc.units
     assert "- Bug fixes.\n- New function mpfr_cmpabs_ui.\n- Improved MPFR manual." in doc.units
 
 
 def test_rest_titles_and_indented_code_blocks():
     doc = segment(REST)
-    assert unit_with(doc, "specifies exception handlers").startswith('The "try" statement\n*******************\n\nThe "try"')
+    assert unit_with(doc, "specifies exception handlers").startswith(
+        'The "try" statement\n*******************\n\nThe "try"'
+    )
     code = "except E as N:\n       try:\n           foo\n       finally:\n           del N"
     assert unit_with(doc, "finally:") == "was translated to\n\n   " + code
     assert unit_with(doc, "       foo").startswith("This is as if\n\n   except E as N:")
@@ -306,16 +342,18 @@ def test_apache_license_from_the_system():
     assert unit_with(doc, "Grant of Copyright License").startswith("2. Grant of Copyright License. Subject to")
     i = doc.units.index(unit_with(doc, "6. Trademarks."))
     assert doc.units[i + 1].startswith("7. Disclaimer of Warranty.")
-    assert doc.text_of([i, i + 1]) == text[doc.spans[i][0]:doc.spans[i + 1][1]]  # neighbours keep their source text
+    assert doc.text_of([i, i + 1]) == text[doc.spans[i][0] : doc.spans[i + 1][1]]  # neighbours keep their source text
 
 
 def test_a_short_lower_case_tail_cut_after_a_quotation_ends_its_sentence():
-    item = ("- Bug fixes. In particular: a speed improvement when the --enable-assert\n"
-            "  or --enable-assert=full configure option is used with GCC; mpfr_get_str\n"
-            "  now sets the NaN flag on NaN input and the inexact flag when the conversion\n"
-            "  is inexact. For a full list, see https://www.mpfr.org/mpfr-3.1.6/#fixed\n"
-            "  and the same section for any previous 3.1.x version (follow the links\n"
-            '  in the "Changes..." sections).\n')
+    item = (
+        "- Bug fixes. In particular: a speed improvement when the --enable-assert\n"
+        "  or --enable-assert=full configure option is used with GCC; mpfr_get_str\n"
+        "  now sets the NaN flag on NaN input and the inexact flag when the conversion\n"
+        "  is inexact. For a full list, see https://www.mpfr.org/mpfr-3.1.6/#fixed\n"
+        "  and the same section for any previous 3.1.x version (follow the links\n"
+        '  in the "Changes..." sections).\n'
+    )
     units = segment(item + "- Microsoft Windows: Added support for thread-safe DLL (shared library).\n").units
     assert not any(u.strip() == "sections)." for u in units)
     assert any(u.endswith('"Changes..." sections).') for u in units)

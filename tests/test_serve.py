@@ -39,8 +39,9 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(folder):
     """``(base_url, service)``: the app on a free port, served by uvicorn in a thread."""
-    cfg = serve.ServeConfig(model=str(folder), max_request_bytes=20_000, max_context_bytes=10_000,
-                            unit_tokens=UNIT_CHARS)
+    cfg = serve.ServeConfig(
+        model=str(folder), max_request_bytes=20_000, max_context_bytes=10_000, unit_tokens=UNIT_CHARS
+    )
     service = serve.Service(load(str(folder), threads=1), cfg)
     sock = serve.bind("127.0.0.1", 0)
     srv = uvicorn.Server(uvicorn.Config(serve.create_app(service), log_level="warning", access_log=False))
@@ -76,12 +77,43 @@ def test_compress_returns_what_the_cli_prints(server, folder, tmp_path, capsys):
     got = r.json()
     path = tmp_path / "report.txt"
     path.write_text(REPORT)
-    assert main(["compress", "--context", str(path), "--question", QUESTION, "--keep", "0.2", "--json",
-                 "--model", str(folder), "--device", "cpu", "--unit-tokens", str(UNIT_CHARS)]) == 0
+    assert (
+        main(
+            [
+                "compress",
+                "--context",
+                str(path),
+                "--question",
+                QUESTION,
+                "--keep",
+                "0.2",
+                "--json",
+                "--model",
+                str(folder),
+                "--device",
+                "cpu",
+                "--unit-tokens",
+                str(UNIT_CHARS),
+            ]
+        )
+        == 0
+    )
     cli = json.loads(capsys.readouterr().out)
     assert set(cli) - {"router_seconds"} <= set(got)
-    for key in ("units", "kept", "scores", "unit_tokens", "pruned_text", "kept_fraction", "context_tokens",
-                "model_window", "notes", "question", "router", "keep"):
+    for key in (
+        "units",
+        "kept",
+        "scores",
+        "unit_tokens",
+        "pruned_text",
+        "kept_fraction",
+        "context_tokens",
+        "model_window",
+        "notes",
+        "question",
+        "router",
+        "keep",
+    ):
         assert got[key] == pytest.approx(cli[key]) if isinstance(cli[key], float) else got[key] == cli[key], key
     assert ANSWERING in got["pruned_text"] and got["compressed_tokens"] <= 0.2 * got["origin_tokens"]
 
@@ -106,43 +138,62 @@ def test_answer_is_generated_when_asked(server):
     assert "answer" not in post(url, {"context": REPORT, "question": QUESTION}).json()
 
 
-@pytest.mark.parametrize("body,status,match", [
-    ("not json", 400, "not valid JSON"),
-    (b"\xff\xfe{}", 400, "not valid UTF-8"),
-    ('{"context": "a b", "question": "q", "keep": NaN}', 400, "NaN is not a JSON number"),
-    ([REPORT], 400, "must be a JSON object"),
-    ({"question": QUESTION}, 400, "context is required"),
-    ({"context": REPORT, "question": "  "}, 400, "the question is empty"),
-    ({"context": REPORT}, 400, "the question is empty"),
-    ({"context": " \n", "question": QUESTION}, 400, "the context is empty"),
-    ({"context": ["ok", ""], "question": QUESTION}, 400, "passage 1 of the context is empty"),
-    ({"context": [], "question": QUESTION}, 400, "non-empty list of strings"),
-    ({"context": ["a", 3], "question": QUESTION}, 400, "non-empty list of strings"),
-    ({"context": 5, "question": QUESTION}, 400, "non-empty list of strings"),
-    ({"context": "a\x00b", "question": QUESTION}, 400, "looks binary"),
-    ('{"context": "a \\ud800 b", "question": "q"}', 400, "lone surrogate"),
-    ({"context": "x" * 10_001, "question": QUESTION}, 400, "over the limit of 10,000"),
-    ({"context": ["x" * 6000, "y" * 6000], "question": QUESTION}, 400, "over the limit of 10,000"),
-    ({"context": REPORT, "question": 7}, 400, "question must be a string"),
-    ({"context": REPORT, "question": QUESTION, "keep": 0}, 400, r"keep must be a fraction in \(0, 1\]"),
-    ({"context": REPORT, "question": QUESTION, "keep": 1.5}, 400, r"keep must be a fraction in \(0, 1\]"),
-    ({"context": REPORT, "question": QUESTION, "keep": "0.5"}, 400, "keep must be a number"),
-    ({"context": REPORT, "question": QUESTION, "keep": True}, 400, "keep must be a number"),
-    ({"context": REPORT, "question": QUESTION, "target_tokens": 0}, 400, "target_tokens must be at least 1"),
-    ({"context": REPORT, "question": QUESTION, "target_tokens": 2.5}, 400, "whole number of tokens"),
-    ({"context": REPORT, "question": QUESTION, "router": "nope"}, 400, "unknown router 'nope'; choose from"),
-    ({"context": REPORT, "question": QUESTION, "router": ["bm25"]}, 400, "router must be a string"),
-    ({"context": REPORT, "question": QUESTION, "router": "snapkv"}, 400, "KV-cache press"),
-    ({"context": REPORT, "question": QUESTION, "answer": "yes"}, 400, "answer must be true or false"),
-    ({"context": REPORT, "question": QUESTION, "max_new_tokens": 0}, 400, r"max_new_tokens must be in \[1, 512\]"),
-    ({"context": REPORT, "question": QUESTION, "max_new_tokens": 10**9}, 400, r"max_new_tokens must be in \[1, 512\]"),
-    ({"context": REPORT, "question": QUESTION, "budget": 3}, 400, "unknown field 'budget'"),
-    ({"context": REPORT, "question": QUESTION, "router": "bm25", "threshold": 0.5}, 400, "decides how much to keep"),
-    ({"context": REPORT, "question": QUESTION, "router": "pruner-ctx", "threshold": 2}, 400, r"must be a number in \[0, 1\]"),
-    ({"context": REPORT, "question": QUESTION, "threshold": "high"}, 400, "threshold must be a number"),
-    ({"context": [REPORT, REPORT], "question": QUESTION, "threshold": 0.5, "target_tokens": 9}, 400, "each set the budget"),
-    ("x" * 20_001, 413, "over the limit of 20,000 bytes"),
-])
+@pytest.mark.parametrize(
+    "body,status,match",
+    [
+        ("not json", 400, "not valid JSON"),
+        (b"\xff\xfe{}", 400, "not valid UTF-8"),
+        ('{"context": "a b", "question": "q", "keep": NaN}', 400, "NaN is not a JSON number"),
+        ([REPORT], 400, "must be a JSON object"),
+        ({"question": QUESTION}, 400, "context is required"),
+        ({"context": REPORT, "question": "  "}, 400, "the question is empty"),
+        ({"context": REPORT}, 400, "the question is empty"),
+        ({"context": " \n", "question": QUESTION}, 400, "the context is empty"),
+        ({"context": ["ok", ""], "question": QUESTION}, 400, "passage 1 of the context is empty"),
+        ({"context": [], "question": QUESTION}, 400, "non-empty list of strings"),
+        ({"context": ["a", 3], "question": QUESTION}, 400, "non-empty list of strings"),
+        ({"context": 5, "question": QUESTION}, 400, "non-empty list of strings"),
+        ({"context": "a\x00b", "question": QUESTION}, 400, "looks binary"),
+        ('{"context": "a \\ud800 b", "question": "q"}', 400, "lone surrogate"),
+        ({"context": "x" * 10_001, "question": QUESTION}, 400, "over the limit of 10,000"),
+        ({"context": ["x" * 6000, "y" * 6000], "question": QUESTION}, 400, "over the limit of 10,000"),
+        ({"context": REPORT, "question": 7}, 400, "question must be a string"),
+        ({"context": REPORT, "question": QUESTION, "keep": 0}, 400, r"keep must be a fraction in \(0, 1\]"),
+        ({"context": REPORT, "question": QUESTION, "keep": 1.5}, 400, r"keep must be a fraction in \(0, 1\]"),
+        ({"context": REPORT, "question": QUESTION, "keep": "0.5"}, 400, "keep must be a number"),
+        ({"context": REPORT, "question": QUESTION, "keep": True}, 400, "keep must be a number"),
+        ({"context": REPORT, "question": QUESTION, "target_tokens": 0}, 400, "target_tokens must be at least 1"),
+        ({"context": REPORT, "question": QUESTION, "target_tokens": 2.5}, 400, "whole number of tokens"),
+        ({"context": REPORT, "question": QUESTION, "router": "nope"}, 400, "unknown router 'nope'; choose from"),
+        ({"context": REPORT, "question": QUESTION, "router": ["bm25"]}, 400, "router must be a string"),
+        ({"context": REPORT, "question": QUESTION, "router": "snapkv"}, 400, "KV-cache press"),
+        ({"context": REPORT, "question": QUESTION, "answer": "yes"}, 400, "answer must be true or false"),
+        ({"context": REPORT, "question": QUESTION, "max_new_tokens": 0}, 400, r"max_new_tokens must be in \[1, 512\]"),
+        (
+            {"context": REPORT, "question": QUESTION, "max_new_tokens": 10**9},
+            400,
+            r"max_new_tokens must be in \[1, 512\]",
+        ),
+        ({"context": REPORT, "question": QUESTION, "budget": 3}, 400, "unknown field 'budget'"),
+        (
+            {"context": REPORT, "question": QUESTION, "router": "bm25", "threshold": 0.5},
+            400,
+            "decides how much to keep",
+        ),
+        (
+            {"context": REPORT, "question": QUESTION, "router": "pruner-ctx", "threshold": 2},
+            400,
+            r"must be a number in \[0, 1\]",
+        ),
+        ({"context": REPORT, "question": QUESTION, "threshold": "high"}, 400, "threshold must be a number"),
+        (
+            {"context": [REPORT, REPORT], "question": QUESTION, "threshold": 0.5, "target_tokens": 9},
+            400,
+            "each set the budget",
+        ),
+        ("x" * 20_001, 413, "over the limit of 20,000 bytes"),
+    ],
+)
 def test_bad_requests_are_4xx_json_errors(server, body, status, match):
     url, _ = server
     r = post(url, body)
@@ -226,8 +277,9 @@ def test_health_reports_every_cache_with_its_limit(server):
     assert h["queue"]["in_flight"] == 0 and h["queue"]["max"] == cfg.max_queue
     assert h["caches"]["routers"] == {"entries": len(service.routers), "max_entries": cfg.max_routers}
     emb = h["caches"]["embeddings"]
-    assert emb and all(e["max_entries"] == cfg.cache_documents and e["max_bytes"] == int(cfg.cache_mb * 2**20)
-                       for e in emb)
+    assert emb and all(
+        e["max_entries"] == cfg.cache_documents and e["max_bytes"] == int(cfg.cache_mb * 2**20) for e in emb
+    )
     assert any(e["entries"] >= 1 and e["bytes"] > 0 for e in emb)  # the pruner's embedder cached REPORT
     for lru in ("embedders_loaded", "pruners_loaded"):
         assert h["caches"][lru]["max_entries"] >= 1 and h["caches"][lru]["entries"] <= h["caches"][lru]["max_entries"]
@@ -258,8 +310,9 @@ def test_the_embedding_cache_holds_at_its_limit_of_documents(server, cache_limit
     cache_limits(3, 2**30)
     before = None
     for i in range(3 + 4):  # 3 + k distinct documents
-        r = post(url, {"context": f"Note {i}: the budget of unit {i} was approved by Dana. It rained.",
-                       "question": QUESTION})
+        r = post(
+            url, {"context": f"Note {i}: the budget of unit {i} was approved by Dana. It rained.", "question": QUESTION}
+        )
         assert r.status_code == 200, r.text
         got = _embedding_cache(url)
         before = got if before is None else before
@@ -344,7 +397,9 @@ def test_a_client_that_disconnects_before_its_turn_is_dropped_unrun(server, slow
         first = pool.submit(post, url, {"context": REPORT, "question": "Who approved it, first?"})
         assert started.wait(30)
         with pytest.raises(httpx.TimeoutException):  # queued behind the first; the client gives up
-            httpx.post(f"{url}/v1/compress", json={"context": REPORT, "question": "Who approved it, gone?"}, timeout=0.3)
+            httpx.post(
+                f"{url}/v1/compress", json={"context": REPORT, "question": "Who approved it, gone?"}, timeout=0.3
+            )
         time.sleep(0.3)  # the server sees the disconnect
         release.set()
         assert first.result().status_code == 200
@@ -377,10 +432,21 @@ def test_the_worker_trims_the_allocator_after_each_request(server, monkeypatch):
 
 
 # --------------------------------------------------------------------------- batches and slices (issue 61)
-LONG = "\n\n".join(f"Item {i}: the {w} committee met on day {i} and discussed the {w} plan at length."
-                   for i, w in enumerate(["roof", "garden", "budget", "library", "river", "school"] * 14)) + "\n\n" + REPORT
-QUESTIONS = ["Who approved the budget?", "What happened to the roof?", "When did the meeting open?",
-             "Who will run the reading hour?", "What was discussed about the garden plan?"]
+LONG = (
+    "\n\n".join(
+        f"Item {i}: the {w} committee met on day {i} and discussed the {w} plan at length."
+        for i, w in enumerate(["roof", "garden", "budget", "library", "river", "school"] * 14)
+    )
+    + "\n\n"
+    + REPORT
+)
+QUESTIONS = [
+    "Who approved the budget?",
+    "What happened to the roof?",
+    "When did the meeting open?",
+    "Who will run the reading hour?",
+    "What was discussed about the garden plan?",
+]
 
 
 @pytest.fixture
@@ -423,8 +489,10 @@ def _held(service):
 
 def test_concurrent_requests_on_one_document_are_scored_in_one_pass_with_the_same_results(direct, monkeypatch):
     one = direct(max_batch=1)
-    reqs = [serve.parse_request(json.dumps({"context": REPORT, "question": q, "keep": 0.3}).encode(), one.cfg)
-            for q in QUESTIONS]
+    reqs = [
+        serve.parse_request(json.dumps({"context": REPORT, "question": q, "keep": 0.3}).encode(), one.cfg)
+        for q in QUESTIONS
+    ]
     alone = [one.submit(r, float("inf")).future.result(60) for r in reqs]  # one at a time
     assert one.scheduler.batches == len(reqs)
     service = direct(max_batch=16)
@@ -485,8 +553,9 @@ def test_a_long_document_whose_client_left_is_dropped_between_slices(direct):
             yield step
 
     service.scheduler.run_long = watched
-    job = service.submit(serve.parse_request(json.dumps({"context": LONG, "question": QUESTION}).encode(),
-                                             service.cfg), float("inf"))
+    job = service.submit(
+        serve.parse_request(json.dumps({"context": LONG, "question": QUESTION}).encode(), service.cfg), float("inf")
+    )
     with pytest.raises(serve.Dropped, match="disconnected"):
         job.future.result(60)
     assert len(steps_run) == 1 and service.counts["disconnected"] == 1 and service.served == 0
@@ -495,10 +564,12 @@ def test_a_long_document_whose_client_left_is_dropped_between_slices(direct):
 def test_health_shows_what_is_in_flight_by_size(direct):
     service = direct(slice_bytes=4096)
     release = _held(service)
-    short = service.submit(serve.parse_request(json.dumps({"context": REPORT, "question": QUESTION}).encode(),
-                                               service.cfg), float("inf"))
-    long = service.submit(serve.parse_request(json.dumps({"context": LONG, "question": QUESTION}).encode(),
-                                              service.cfg), float("inf"))
+    short = service.submit(
+        serve.parse_request(json.dumps({"context": REPORT, "question": QUESTION}).encode(), service.cfg), float("inf")
+    )
+    long = service.submit(
+        serve.parse_request(json.dumps({"context": LONG, "question": QUESTION}).encode(), service.cfg), float("inf")
+    )
     lanes = service.scheduler.lanes()
     assert lanes["short"] == {"in_flight": 1, "bytes": len(REPORT.encode())}
     assert lanes["long"]["in_flight"] == 1 and lanes["long"]["bytes"] == len(LONG.encode())

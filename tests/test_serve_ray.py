@@ -22,11 +22,13 @@ from masklab.pretrained.models import load  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
-BODIES = [{"context": REPORT, "question": "Who approved the budget?", "keep": 0.2},
-          {"context": TRAVEL, "question": "Where did my sister lose her passport?", "target_tokens": 40},
-          {"context": [TRAVEL, REPORT], "question": "Who approved the budget?", "keep": 0.3},
-          {"context": REPORT, "question": "  "},
-          {"context": REPORT, "question": "Who?", "router": "nope"}]
+BODIES = [
+    {"context": REPORT, "question": "Who approved the budget?", "keep": 0.2},
+    {"context": TRAVEL, "question": "Where did my sister lose her passport?", "target_tokens": 40},
+    {"context": [TRAVEL, REPORT], "question": "Who approved the budget?", "keep": 0.3},
+    {"context": REPORT, "question": "  "},
+    {"context": REPORT, "question": "Who?", "router": "nope"},
+]
 
 
 def _answers(url):
@@ -75,8 +77,12 @@ def test_two_ray_serve_replicas_answer_as_the_plain_server(cluster, tmp_path):  
 
 def test_replica_flags_become_ray_serve_options():
     cfg = serve.ServeConfig(replicas=3, replica_cpus=2)
-    assert ray_serve.deployment_options(cfg) == {"name": "masklab", "num_replicas": 3, "max_ongoing_requests": 16,
-                                                 "ray_actor_options": {"num_cpus": 2}}
+    assert ray_serve.deployment_options(cfg) == {
+        "name": "masklab",
+        "num_replicas": 3,
+        "max_ongoing_requests": 16,
+        "ray_actor_options": {"num_cpus": 2},
+    }
     auto = ray_serve.deployment_options(serve.ServeConfig(min_replicas=1, max_replicas=4))
     assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 16}
     assert "num_replicas" not in auto

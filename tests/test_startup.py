@@ -6,8 +6,10 @@ import sys
 
 
 def test_importing_masklab_loads_no_torch_and_names_still_resolve():
-    code = ("import sys, masklab; assert 'torch' not in sys.modules; "
-            "from masklab import Attention, MasklabError, run_study; assert 'torch' in sys.modules; print('ok')")
+    code = (
+        "import sys, masklab; assert 'torch' not in sys.modules; "
+        "from masklab import Attention, MasklabError, run_study; assert 'torch' in sys.modules; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
 

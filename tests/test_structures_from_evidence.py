@@ -36,7 +36,11 @@ def pairs_of(groups):
         # x0 x1 + x2 x3 x4: edges inside each monomial; x5 has no effect
         (6, lambda x: x[:, 0] * x[:, 1] + x[:, 2] * x[:, 3] * x[:, 4], [(0, 1), (2, 3), (2, 4), (3, 4)]),
         # a chain x0x1 + x1x2 + x2x3 + a linear x4 (an effect, no interaction)
-        (5, lambda x: x[:, 0] * x[:, 1] + x[:, 1] * x[:, 2] + x[:, 2] * x[:, 3] + 0.5 * x[:, 4], [(0, 1), (1, 2), (2, 3)]),
+        (
+            5,
+            lambda x: x[:, 0] * x[:, 1] + x[:, 1] * x[:, 2] + x[:, 2] * x[:, 3] + 0.5 * x[:, 4],
+            [(0, 1), (1, 2), (2, 3)],
+        ),
         # a non-polynomial form: majority of x1, x2, x3 (all three pairs interact)
         (5, lambda x: np.sign(x[:, 1] + x[:, 2] + x[:, 3]), [(1, 2), (1, 3), (2, 3)]),
     ],
@@ -125,9 +129,34 @@ def test_probe_hiding_finds_the_only_key_a_query_can_use():
 
 def test_evidence_prior_study_quick(tmp_path):
     out = tmp_path / "ep"
-    rc = main(["evidence-prior", "--task", "maj3", "--steps", "8", "--width", "16", "--depth", "1", "--heads", "2",
-               "--batch", "16", "--evals", "2", "--seeds", "1", "--jobs", "1", "--no-progress",
-               "--unidentifiable", "drop", "--out", str(out)])
+    rc = main(
+        [
+            "evidence-prior",
+            "--task",
+            "maj3",
+            "--steps",
+            "8",
+            "--width",
+            "16",
+            "--depth",
+            "1",
+            "--heads",
+            "2",
+            "--batch",
+            "16",
+            "--evals",
+            "2",
+            "--seeds",
+            "1",
+            "--jobs",
+            "1",
+            "--no-progress",
+            "--unidentifiable",
+            "drop",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert sorted(r["method"] for r in res["runs"]) == ["mask", "mask-derived", "mask-shuffled", "vanilla"]
@@ -164,7 +193,12 @@ def test_probe_recovers_a_chain_graph_exactly(depth):
     assert torch.equal(to_structure(pe.effects, threshold=1e-4), s)
     # a wrong graph (a model that reads every earlier key) is not mistaken for the chain
     dense = GPT(7, 6, 16, depth, 2)
-    assert not torch.equal(to_structure(probe_effects(dense, tokens, head_rows=tuple(range(6)), distribution=True).effects, threshold=1e-4), s)
+    assert not torch.equal(
+        to_structure(
+            probe_effects(dense, tokens, head_rows=tuple(range(6)), distribution=True).effects, threshold=1e-4
+        ),
+        s,
+    )
 
 
 def test_probe_rows_restrict_what_is_measured():
@@ -205,9 +239,34 @@ def test_evidence_prior_arith_derives_a_causal_structure_and_trains_with_it(tmp_
     from masklab.priors.structures import arith_structure
 
     out = tmp_path / "ep-arith"
-    rc = main(["evidence-prior", "--task", "arith", "--op", "add", "--fraction", "0.004", "--steps", "20", "--evals", "1",
-               "--probe-points", "32", "--top-k", "2", "--method", "mask-derived,mask-shuffled", "--seeds", "1", "--jobs", "1",
-               "--no-progress", "--out", str(out)])
+    rc = main(
+        [
+            "evidence-prior",
+            "--task",
+            "arith",
+            "--op",
+            "add",
+            "--fraction",
+            "0.004",
+            "--steps",
+            "20",
+            "--evals",
+            "1",
+            "--probe-points",
+            "32",
+            "--top-k",
+            "2",
+            "--method",
+            "mask-derived,mask-shuffled",
+            "--seeds",
+            "1",
+            "--jobs",
+            "1",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rec = json.loads((out / "derivation.json").read_text())["arith"]
     hand, derived = torch.tensor(rec["hand"][0]), torch.tensor(rec["derived"][0])
@@ -229,12 +288,31 @@ def test_evidence_prior_arith_derives_a_causal_structure_and_trains_with_it(tmp_
 
 def test_evidence_prior_vision_and_lm_derive(tmp_path):
     out = tmp_path / "ep-vl"
-    rc = main(["evidence-prior", "--task", "vision,lm", "--steps", "10", "--derive-only", "--probe-points", "4",
-               "--probe-rows", "2", "--top-k", "3", "--no-progress", "--out", str(out)])
+    rc = main(
+        [
+            "evidence-prior",
+            "--task",
+            "vision,lm",
+            "--steps",
+            "10",
+            "--derive-only",
+            "--probe-points",
+            "4",
+            "--probe-rows",
+            "2",
+            "--top-k",
+            "3",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rec = json.loads((out / "derivation.json").read_text())
     v, lm_rec = rec["vision"], rec["lm"]
-    assert torch.tensor(v["derived"][0]).shape == (1, 17, 17) and len(v["derived"]) == 4  # cpu-digits: 16 patches, 4 blocks
+    assert (
+        torch.tensor(v["derived"][0]).shape == (1, 17, 17) and len(v["derived"]) == 4
+    )  # cpu-digits: 16 patches, 4 blocks
     assert (torch.tensor(v["derived"][0][0]).sum(1) <= 3 + 1).all()  # top-3 per row, plus itself
     assert 0 <= v["report"]["fraction_within_radius_1"] <= 1
     assert lm_rec["report"]["rows"] == [31, 63] and len(lm_rec["report"]["kept_offsets"]) == 3
@@ -259,8 +337,29 @@ def test_probe_pairs_find_a_product_and_flag_the_unmeasurable_square(tmp_path):
     assert pp.single[3] < 1e-6 and pp.single[1] > 1e-3
     assert pp.forwards == 1 + 3 + 3
     out = tmp_path / "ep-probe"
-    rc = main(["evidence-prior", "--task", "maj3", "--source", "probe", "--steps", "20", "--width", "16", "--depth", "1",
-               "--heads", "2", "--probe-points", "32", "--derive-only", "--no-progress", "--out", str(out)])
+    rc = main(
+        [
+            "evidence-prior",
+            "--task",
+            "maj3",
+            "--source",
+            "probe",
+            "--steps",
+            "20",
+            "--width",
+            "16",
+            "--depth",
+            "1",
+            "--heads",
+            "2",
+            "--probe-points",
+            "32",
+            "--derive-only",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     so = json.loads((out / "derivation.json").read_text())["maj3"]["second_order"]
     assert [u["pair"] for u in so["unidentifiable"]] == [[0, 1]] and "four corners" in so["unidentifiable"][0]["reason"]

@@ -64,7 +64,9 @@ def test_frozen_parameters_are_left_out_of_the_optimiser():
 def parity_setup(mode: str = "learnable", seed: int = 0):
     """A 1-block encoder with a MaskPrior on 2-bit parity of 4 variables, its data and generator."""
     gen = seed_everything(seed)
-    priors = priors_for({"learnable": "mask", "frozen": "mask-frozen", "hard": "mask-hard"}[mode], [torch.eye(5)], 4.0, 4.0)
+    priors = priors_for(
+        {"learnable": "mask", "frozen": "mask-frozen", "hard": "mask-hard"}[mode], [torch.eye(5)], 4.0, 4.0
+    )
     model = TokenEncoder(2, 4, dim=16, depth=1, heads=2, priors=priors)
     x = torch.tensor([[(i >> b) & 1 for b in range(4)] for i in range(16)])
     y = (1 - 2 * x[:, 0]) * (1 - 2 * x[:, 1]) * 1.0
@@ -157,7 +159,12 @@ def test_priors_from_the_method_name():
     s = [torch.eye(4)[None].expand(2, -1, -1)] * 3
     assert priors_for("vanilla", s) is None and priors_for("qk-svd", s) is None
     modes = {m: [p.mode for p in priors_for(m, s)] for m in ("mask", "mask-frozen", "mask-hard", "mask-nopos")}
-    assert modes == {"mask": ["learnable"] * 3, "mask-frozen": ["frozen"] * 3, "mask-hard": ["hard"] * 3, "mask-nopos": ["learnable"] * 3}
+    assert modes == {
+        "mask": ["learnable"] * 3,
+        "mask-frozen": ["frozen"] * 3,
+        "mask-hard": ["hard"] * 3,
+        "mask-nopos": ["learnable"] * 3,
+    }
     alibi = priors_for("alibi", s)
     assert len(alibi) == 3 and all(isinstance(p, ALiBi) and len(p.slopes) == 2 for p in alibi)
 
@@ -192,8 +199,15 @@ def test_mask_zero_is_the_mask_prior_without_its_structure(tmp_path):
         no_decay = {id(q) for q in param_groups(model, 0.1)[1]["params"]}
         assert prior_ids <= no_decay  # the same group as mask's M: trained, never decayed
         gen = torch.Generator().manual_seed(0)
-        train(model, Recipe(steps=3, lr=1e-2, evals=1), lambda net, step: net(x)[0].square().mean(),
-              lambda step: {}, gen, tmp_path / method, method)
+        train(
+            model,
+            Recipe(steps=3, lr=1e-2, evals=1),
+            lambda net, step: net(x)[0].square().mean(),
+            lambda step: {},
+            gen,
+            tmp_path / method,
+            method,
+        )
         assert all(b.attn.prior.drift() > 0 for b in model.blocks)  # learnable: it moves
     assert "mask-zero" in lm.reproduce_config().methods and "mask-zero" in vision.reproduce_config().methods
 

@@ -39,8 +39,17 @@ def test_summary_has_wilson_intervals_and_paired_tests():
     def record(length, seed, **rows):
         return {"length": length, "kind": "update", "seed": seed, "rows": rows}
 
-    rows = [record(1024, i, evidence=rec(True, True), attention=rec(i < 5, False), lexical=rec(i < 20, i < 3),
-                   bm25=rec(i < 20, False)) for i in range(30)]
+    rows = [
+        record(
+            1024,
+            i,
+            evidence=rec(True, True),
+            attention=rec(i < 5, False),
+            lexical=rec(i < 20, i < 3),
+            bm25=rec(i < 20, False),
+        )
+        for i in range(30)
+    ]
     rows += [record(2048, r["seed"], **{**r["rows"], "evidence": rec(r["seed"] < 15, False)}) for r in rows]
     summary = summarise(rows, answers=False)
     s = {r["method"]: r for r in summary if r["task"] == "update@1024"}
@@ -49,12 +58,18 @@ def test_summary_has_wilson_intervals_and_paired_tests():
     assert s["attention"]["all_gold_kept_hi"] < 0.4 and s["evidence"]["p_top_vs_lexical"] < 1e-5
     pooled = {r["method"]: r for r in summary if r["task"] == "all"}  # over both lengths: 45 / 60 kept, 30 / 60 top
     assert pooled["evidence"]["n"] == 60 and pooled["evidence"]["all_gold_kept"] == 0.75
-    assert pooled["evidence"]["gold_top"] == 0.5 and pooled["evidence"]["gold_top_lo"] < 0.5 < pooled["evidence"]["gold_top_hi"]
+    assert (
+        pooled["evidence"]["gold_top"] == 0.5
+        and pooled["evidence"]["gold_top_lo"] < 0.5 < pooled["evidence"]["gold_top_hi"]
+    )
     assert not [r for r in summarise(rows, answers=True) if r["task"] == "all"]
     # other routers (scripts/heldout_routers.py): only the named ones, in their order; no paired
     # tests of evidence against routers that were not measured
-    named = summarise([record(1024, i, dense=rec(True, True), evidence=rec(False, False)) for i in range(30)], False,
-                      ("dense", "evidence"))
+    named = summarise(
+        [record(1024, i, dense=rec(True, True), evidence=rec(False, False)) for i in range(30)],
+        False,
+        ("dense", "evidence"),
+    )
     assert [r["method"] for r in named if r["task"] == "all"] == ["dense", "evidence"]
     assert named[0]["all_gold_kept"] == 1.0 and named[1]["all_gold_kept"] == 0.0 and "p_gold_vs_bm25" not in named[1]
 
@@ -79,12 +94,24 @@ def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(shar
     assert again[:-1] == labels[:-1] and json.loads(again[-1])["seed"] == json.loads(labels[-1])["seed"]
     # a label made from other text (a changed generator) is made again; the others are kept
     first = json.loads(again[0])
-    (tmp_path / "labels.jsonl").write_text("\n".join([json.dumps({**first, "example": "0ther0text00"})] + again[1:]) + "\n")
+    (tmp_path / "labels.jsonl").write_text(
+        "\n".join([json.dumps({**first, "example": "0ther0text00"})] + again[1:]) + "\n"
+    )
     assert main(argv) == 0
     relabelled = (tmp_path / "labels.jsonl").read_text().splitlines()
     assert relabelled[:-1] == again[1:] and json.loads(relabelled[-1])["example"] == first["example"]
     # the held-out rows are named after the routers' weights: rows of other routers are never read
-    ev = argv + ["--eval", "--eval-split", "val", "--eval-lengths", "256", "--eval-examples", "1", "--eval-kinds", "single"]
+    ev = argv + [
+        "--eval",
+        "--eval-split",
+        "val",
+        "--eval-lengths",
+        "256",
+        "--eval-examples",
+        "1",
+        "--eval-kinds",
+        "single",
+    ]
     assert main(ev) == 0
     (rows_path,) = tmp_path.glob("eval_rows_val-*.jsonl")
     (row,) = [json.loads(line) for line in rows_path.read_text().splitlines()]
@@ -95,8 +122,9 @@ def test_train_router_quick_makes_a_router_of_the_shipped_shape_and_resumes(shar
     assert main(ev) == 0
     assert [json.loads(line)["key"] for line in rows_path.read_text().splitlines()] == [row["key"]]
     # a row of the same routers made from other text is measured again, not reused
-    rows_path.write_text(json.dumps({**row, "key": row["key"].replace(row["example"], "0ther0text00"),
-                                     "example": "0ther0text00"}) + "\n")
+    rows_path.write_text(
+        json.dumps({**row, "key": row["key"].replace(row["example"], "0ther0text00"), "example": "0ther0text00"}) + "\n"
+    )
     assert main(ev) == 0
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
     assert [r["example"] for r in rows] == ["0ther0text00", row["example"]]
@@ -112,8 +140,20 @@ def test_routers_on_generated_tasks_are_measured_once_and_resume(tasks, shared_l
     spec = importlib.util.spec_from_file_location("heldout_routers", root / "scripts" / "heldout_routers.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    argv = ["heldout_routers.py", "--tasks", tasks, "--routers", "bm25,lexical", "--lengths", "256", "--examples", "1",
-            "--out", str(tmp_path), "--no-progress"]
+    argv = [
+        "heldout_routers.py",
+        "--tasks",
+        tasks,
+        "--routers",
+        "bm25,lexical",
+        "--lengths",
+        "256",
+        "--examples",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     assert script.main() == 0
     res = json.loads((tmp_path / "results.json").read_text())

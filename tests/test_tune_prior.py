@@ -141,9 +141,28 @@ def test_cli_writes_one_row_per_method_and_resumes(tiny_model_dir, tmp_path, cap
     from masklab.cli import main
 
     out = tmp_path / "tp"
-    argv = ["tune-prior", "--model", str(tiny_model_dir), "--method", "base,prior,lora", "--train-prompts", "3",
-            "--test-prompts", "2", "--steps", "2", "--ppl-tokens", "16", "--max-new-tokens", "2", "--jobs", "1",
-            "--no-progress", "--out", str(out)]
+    argv = [
+        "tune-prior",
+        "--model",
+        str(tiny_model_dir),
+        "--method",
+        "base,prior,lora",
+        "--train-prompts",
+        "3",
+        "--test-prompts",
+        "2",
+        "--steps",
+        "2",
+        "--ppl-tokens",
+        "16",
+        "--max-new-tokens",
+        "2",
+        "--jobs",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     rows = {r["method"]: r for r in res["summary"]}

@@ -173,13 +173,31 @@ def test_mimetic_value_output_product():
 def test_missing_data_dir_cli(tmp_path):
     from masklab.cli import main
 
-    assert main(["vision", "--data", "cifar10", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "vision",
+                "--data",
+                "cifar10",
+                "--data-dir",
+                str(tmp_path / "none"),
+                "--out",
+                str(tmp_path / "o"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
 
 
 @pytest.mark.slow
 def test_vision_quick_cli(tmp_path):
     out = tmp_path / "vit"
-    proc = subprocess.run([sys.executable, "-m", "masklab", "vision", "--quick", "--out", str(out), "--no-progress"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "masklab", "vision", "--quick", "--out", str(out), "--no-progress"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "results.json").read_text())
     assert {r["method"] for r in res["runs"]} == {"default", "mimetic", "impulse", "mask"}

@@ -16,10 +16,15 @@ NEXT_TURN = re.compile(r"\b(?:Question|Context)\s*:", re.I)  # the model startin
 ANSWER_ROOM = 16  # tokens kept free for the chat turns around the question
 
 
-
 @torch.no_grad()
-def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, stop_at_sentence: bool = False,
-                    stop_at_line: bool = False) -> dict:
+def generate_answer(
+    lm,
+    units: list[str],
+    query: str,
+    max_new_tokens: int = 10,
+    stop_at_sentence: bool = False,
+    stop_at_line: bool = False,
+) -> dict:
     """Greedy continuation of ``" ".join(units) + query`` in ``lm``'s prompt format.
 
     ``stop_at_sentence`` stops after the first sentence end (or second line) of the answer,
@@ -47,8 +52,13 @@ def generate_answer(lm, units: list[str], query: str, max_new_tokens: int = 10, 
                 break
         out = lm.model(input_ids=torch.tensor([[nxt]], device=dev), past_key_values=out.past_key_values, use_cache=True)
     text = lm.tokenizer.decode(new, skip_special_tokens=True)
-    return {"generated": text, "seconds": time.perf_counter() - t0, "prefill_seconds": t1 - t0,
-            "tokens": int(enc.ids.numel()), "new_tokens": len(new)}
+    return {
+        "generated": text,
+        "seconds": time.perf_counter() - t0,
+        "prefill_seconds": t1 - t0,
+        "tokens": int(enc.ids.numel()),
+        "new_tokens": len(new),
+    }
 
 
 def first_answer(text: str) -> str:
@@ -59,8 +69,7 @@ def first_answer(text: str) -> str:
     t = t.split("\n", 1)[0]
     t = NEXT_TURN.split(t, 1)[0]
     m = re.search(r"(?<!\d)[.!?](?=\s|$)", t)
-    return (t[:m.end()] if m else t).strip()
-
+    return (t[: m.end()] if m else t).strip()
 
 
 def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[int, int]:

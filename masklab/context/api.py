@@ -25,8 +25,14 @@ def _router(name: str):
     return load_router(name)
 
 
-def prune(question: str | list[str], context: str | list[str], threshold: float | None = None,
-          keep: float | str = AUTO, router: str = DEFAULT_ROUTER, fill: bool | None = None) -> dict | list[dict]:
+def prune(
+    question: str | list[str],
+    context: str | list[str],
+    threshold: float | None = None,
+    keep: float | str = AUTO,
+    router: str = DEFAULT_ROUTER,
+    fill: bool | None = None,
+) -> dict | list[dict]:
     """``context`` pruned for ``question``: ``pruned_context`` (the kept units in reading order),
     ``units`` and each one's ``scores``, ``kept`` (unit indices), ``kept_fraction`` and
     ``compression_rate`` (1 - kept fraction, in words: no model's tokenizer is loaded), and the

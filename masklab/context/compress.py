@@ -19,21 +19,41 @@ from masklab.util.flags import flag
 class SharedFlags:
     """The flags ``masklab compress`` and ``masklab serve`` share, declared once."""
 
-    model: str = flag(DEFAULT_MODEL, help="registered model (see `masklab models`) or a model directory: it counts "
-                      "tokens, answers, and is read by the routers that read a model")
-    embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
-                                help="dense, bm25+dense: a local sentence-transformers model folder that embeds the "
-                                "question and the units")
-    int8: bool = flag(False, help="pruner, pruner-ctx, cross: the pruners' encoder with its linear layers in int8 (torch "
-                      "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
-                      "MRR close to float's (docs/context.md)")
-    fill: bool = flag(True, help="fill the kept fraction with the next-best units even where they score below 0 "
-                      "(--no-fill: stop at the first unit scored below 0: a cosine below 0 for the embedding "
-                      "routers and the pruner, \"not evidence\" for a trained router)")
-    unit_tokens: int = flag(UNIT_TOKENS, min=1, help="longest unit in tokens: list items, tables and code stay whole "
-                            "up to this many; longer sentences and blocks are cut into chunks of at most this many")
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="the model's own",
-                                     help="raw completion or the model's chat turns (for answers)")
+    model: str = flag(
+        DEFAULT_MODEL,
+        help="registered model (see `masklab models`) or a model directory: it counts "
+        "tokens, answers, and is read by the routers that read a model",
+    )
+    embedder: str | None = flag(
+        None,
+        metavar="DIR",
+        default_text="the packaged all-MiniLM-L6-v2",
+        help="dense, bm25+dense: a local sentence-transformers model folder that embeds the question and the units",
+    )
+    int8: bool = flag(
+        False,
+        help="pruner, pruner-ctx, cross: the pruners' encoder with its linear layers in int8 (torch "
+        "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
+        "MRR close to float's (docs/context.md)",
+    )
+    fill: bool = flag(
+        True,
+        help="fill the kept fraction with the next-best units even where they score below 0 "
+        "(--no-fill: stop at the first unit scored below 0: a cosine below 0 for the embedding "
+        'routers and the pruner, "not evidence" for a trained router)',
+    )
+    unit_tokens: int = flag(
+        UNIT_TOKENS,
+        min=1,
+        help="longest unit in tokens: list items, tables and code stay whole "
+        "up to this many; longer sentences and blocks are cut into chunks of at most this many",
+    )
+    prompt_format: str | None = flag(
+        None,
+        choices=["raw", "chat"],
+        default_text="the model's own",
+        help="raw completion or the model's chat turns (for answers)",
+    )
     threads: int = flag(1, min=1, help="torch threads")
 
 
@@ -48,8 +68,13 @@ def fit_window(req: Request, lm, max_new_tokens: int) -> tuple[Request, int, int
 
 def render(pruned: Pruned, lm, window: int) -> dict:
     """The JSON object of ``masklab compress --json`` and ``POST /v1/compress`` (docs/context.md)."""
-    return {"model": lm.name, "question": pruned.request.question, "context_tokens": pruned.origin_tokens,
-            "model_window": window, **pruned.to_json()}
+    return {
+        "model": lm.name,
+        "question": pruned.request.question,
+        "context_tokens": pruned.origin_tokens,
+        "model_window": window,
+        **pruned.to_json(),
+    }
 
 
 def answer(lm, text: str, question: str, max_new_tokens: int) -> tuple[str, float]:

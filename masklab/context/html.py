@@ -26,18 +26,24 @@ def page(pruned: Pruned, question: str, extra: dict | None = None) -> str:
     parts = []
     for i, unit in enumerate(doc.units):
         if i:
-            gap = doc.source[doc.spans[i - 1][1]:doc.spans[i][0]] if doc.spans and doc.source else " "
+            gap = doc.source[doc.spans[i - 1][1] : doc.spans[i][0]] if doc.spans and doc.source else " "
             parts.append(html.escape(gap))
         cls = "kept" if i in kept else "dropped"
         s = pruned.scores[i]
-        parts.append(f'<span class="unit {cls}" data-unit="{i}" title="unit {i}: score {s:.4g}">{html.escape(unit)}'
-                     f'<span class="score">{s:.2f}</span></span>')
-    info = [f"<b>Question:</b> {html.escape(question)}",
-            f"<b>Router:</b> {html.escape(pruned.router)} &middot; kept {len(kept)} of {len(doc.units)} units, "
-            f"{pruned.kept_fraction:.0%} of the tokens &middot; {pruned.seconds:.3f} s"]
+        parts.append(
+            f'<span class="unit {cls}" data-unit="{i}" title="unit {i}: score {s:.4g}">{html.escape(unit)}'
+            f'<span class="score">{s:.2f}</span></span>'
+        )
+    info = [
+        f"<b>Question:</b> {html.escape(question)}",
+        f"<b>Router:</b> {html.escape(pruned.router)} &middot; kept {len(kept)} of {len(doc.units)} units, "
+        f"{pruned.kept_fraction:.0%} of the tokens &middot; {pruned.seconds:.3f} s",
+    ]
     info += [f"<b>Note:</b> {html.escape(n)}" for n in pruned.notes]
     for k, v in (extra or {}).items():
         info.append(f'<div class="answer"><b>{html.escape(k)}:</b> {html.escape(str(v))}</div>')
-    return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>masklab compress</title>"
-            f"<style>{STYLE}</style></head><body><header>{'<br>'.join(info)}</header>"
-            f"<div class=\"doc\">{''.join(parts)}</div></body></html>\n")
+    return (
+        '<!doctype html>\n<html><head><meta charset="utf-8"><title>masklab compress</title>'
+        f"<style>{STYLE}</style></head><body><header>{'<br>'.join(info)}</header>"
+        f'<div class="doc">{"".join(parts)}</div></body></html>\n'
+    )

@@ -55,8 +55,9 @@ def token_units(tokenizer, ids: Tensor, doc: Document | None) -> tuple[Tensor, D
     text = tokenizer.decode(ids, skip_special_tokens=False)
     enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
     if enc["input_ids"] != ids.tolist():
-        raise MasklabError("the context press cannot map the prefill's tokens back to text (decode and re-encode "
-                           "differ)")
+        raise MasklabError(
+            "the context press cannot map the prefill's tokens back to text (decode and re-encode differ)"
+        )
     offsets = enc["offset_mapping"]
     if doc is not None:
         c0 = text.find(doc.context)

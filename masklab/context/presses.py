@@ -66,7 +66,7 @@ def make_press(name: str, keep: float):
         raise MasklabError(f"unknown press {name!r}; choose from {', '.join(press_names())}")
     ratio = max(0.0, min(0.99, 1.0 - keep))
     if name.startswith(ADAKV_PREFIX):
-        return _kvpress().AdaKVPress(KVPRESS[name[len(ADAKV_PREFIX):]](ratio))
+        return _kvpress().AdaKVPress(KVPRESS[name[len(ADAKV_PREFIX) :]](ratio))
     return KVPRESS[name](ratio)
 
 
@@ -88,8 +88,9 @@ class KVPressRunner:
         self.pipe = pipeline("kv-press-text-generation", model=lm.model, tokenizer=lm.tokenizer, device=lm.model.device)
         self.last_cache_tokens: int | None = None
 
-    def answer(self, context: str, question: str, answer_prefix: str, press, keep: float,
-               max_new_tokens: int = 6) -> tuple[str, float]:
+    def answer(
+        self, context: str, question: str, answer_prefix: str, press, keep: float, max_new_tokens: int = 6
+    ) -> tuple[str, float]:
         """``question`` and ``answer_prefix`` are joined by a line break (kvpress's format
         for a model without a chat template) in the raw prompt format; in the chat format
         a one-turn template puts the context and question in the user turn and the prefix
@@ -113,12 +114,17 @@ class KVPressRunner:
         cache = DynamicCache()  # ours, so the pressed length can be read back (the pipeline removes the answer from it)
         t0 = time.perf_counter()
         with chat_template_set(self.lm.tokenizer, chat_template(self.lm)):
-            out = self.pipe(context, question=question, answer_prefix=answer_prefix, press=obj,
-                            max_new_tokens=max_new_tokens, cache=cache)
+            out = self.pipe(
+                context,
+                question=question,
+                answer_prefix=answer_prefix,
+                press=obj,
+                max_new_tokens=max_new_tokens,
+                cache=cache,
+            )
         seconds = time.perf_counter() - t0
         self.last_cache_tokens = int(cache.get_seq_length())
         return out["answer"], seconds
-
 
     def finch_delimiter(self, press) -> str:
         """Set FinchPress's delimiter to an unused special token of the vocabulary."""

@@ -36,11 +36,23 @@ def deployment_options(cfg) -> dict:
     ``--replica-cpus``, and takes at most ``--max-queue`` requests at once (more wait in Ray)."""
     if cfg.max_replicas is not None and cfg.min_replicas > cfg.max_replicas:
         raise MasklabError(f"--min-replicas {cfg.min_replicas} is over --max-replicas {cfg.max_replicas}")
-    scale = ({"autoscaling_config": {"min_replicas": cfg.min_replicas, "max_replicas": cfg.max_replicas,
-                                     "target_ongoing_requests": cfg.max_batch}}
-             if cfg.max_replicas is not None else {"num_replicas": cfg.replicas})
-    return {"name": APP, **scale, "max_ongoing_requests": cfg.max_queue,
-            "ray_actor_options": {"num_cpus": cfg.replica_cpus}}
+    scale = (
+        {
+            "autoscaling_config": {
+                "min_replicas": cfg.min_replicas,
+                "max_replicas": cfg.max_replicas,
+                "target_ongoing_requests": cfg.max_batch,
+            }
+        }
+        if cfg.max_replicas is not None
+        else {"num_replicas": cfg.replicas}
+    )
+    return {
+        "name": APP,
+        **scale,
+        "max_ongoing_requests": cfg.max_queue,
+        "ray_actor_options": {"num_cpus": cfg.replica_cpus},
+    }
 
 
 def application(cfg, build, device: str = "cpu", precision: str = "fp32"):
@@ -99,10 +111,16 @@ def main(cfg, build, device, precision: str) -> int:
     signal.signal(signal.SIGTERM, _stop)  # a plain kill ends it as Ctrl-C does: the application deleted, Ray stopped
     try:
         url = deploy(cfg, build, str(device), precision)
-        how = (f"{cfg.min_replicas} to {cfg.max_replicas} replicas (autoscaled)" if cfg.max_replicas is not None
-               else f"{cfg.replicas} replica{'s' * (cfg.replicas > 1)}")
-        print(f"masklab serve --ray: {cfg.model} and router {cfg.router} on {how}; listening on {url} "
-              "(POST /v1/compress, GET /healthz); Ctrl-C stops it", flush=True)
+        how = (
+            f"{cfg.min_replicas} to {cfg.max_replicas} replicas (autoscaled)"
+            if cfg.max_replicas is not None
+            else f"{cfg.replicas} replica{'s' * (cfg.replicas > 1)}"
+        )
+        print(
+            f"masklab serve --ray: {cfg.model} and router {cfg.router} on {how}; listening on {url} "
+            "(POST /v1/compress, GET /healthz); Ctrl-C stops it",
+            flush=True,
+        )
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

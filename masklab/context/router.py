@@ -55,11 +55,23 @@ DEFAULT_ROUTER = "pruner-ctx"
 DEFAULT_KEEP = 0.25  # the fraction kept when a request sets no budget
 BUDGETS = ("fraction", "tokens", "threshold", "auto")
 # how each field is named to a Python caller; the CLI passes its flags (``names=``) so its messages name them
-PYTHON_NAMES = {"fraction": "keep", "tokens": "target_tokens", "threshold": "threshold", "auto": "keep auto",
-                "path": "path", "int8": "int8", "embedder": "embedder", "router_model": "router_model"}
+PYTHON_NAMES = {
+    "fraction": "keep",
+    "tokens": "target_tokens",
+    "threshold": "threshold",
+    "auto": "keep auto",
+    "path": "path",
+    "int8": "int8",
+    "embedder": "embedder",
+    "router_model": "router_model",
+}
 # what each router option is for, in its refusal (a router declares the options it takes: Router.options)
-OPTION_USE = {"path": "is for the trained routers", "int8": "quantises the pruner's encoder",
-              "embedder": "is for the routers that embed sentences", "router_model": "is for the trained routers"}
+OPTION_USE = {
+    "path": "is for the trained routers",
+    "int8": "quantises the pruner's encoder",
+    "embedder": "is for the routers that embed sentences",
+    "router_model": "is for the trained routers",
+}
 SOFT_OPTIONS = ("progress",)  # given to the routers that take them, never refused
 
 
@@ -94,8 +106,10 @@ def router_options(cls: type, options: Mapping[str, Any], names: Mapping[str, st
         if key not in cls.options:
             if key in SOFT_OPTIONS:
                 continue
-            raise MasklabError(f"{names.get(key, key)} {OPTION_USE.get(key, 'is not an option of')} "
-                               f"({', '.join(takers(key))}), not {cls.name}")
+            raise MasklabError(
+                f"{names.get(key, key)} {OPTION_USE.get(key, 'is not an option of')} "
+                f"({', '.join(takers(key))}), not {cls.name}"
+            )
         if key == "embedder":
             from masklab.context.embedder import check_folder
 
@@ -149,21 +163,31 @@ class Request:
         if (self.threshold is not None and cls.score_range is None) or (self.auto and not decides):
             what = self.names["threshold" if self.threshold is not None else "auto"]
             deciders = ", ".join(takers("score_range"))
-            raise MasklabError(f"{what} needs a router that decides how much to keep ({deciders}); {cls.name} does "
-                               "not: give a fraction")
+            raise MasklabError(
+                f"{what} needs a router that decides how much to keep ({deciders}); {cls.name} does "
+                "not: give a fraction"
+            )
         if self.threshold is not None:
             lo, hi = cls.score_range
             t = self.threshold
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not lo <= t <= hi:
-                raise MasklabError(f"the threshold of {cls.name} must be a number in [{lo:g}, {hi:g}] (its scores' "
-                                   f"range), got {t!r}")
+                raise MasklabError(
+                    f"the threshold of {cls.name} must be a number in [{lo:g}, {hi:g}] (its scores' range), got {t!r}"
+                )
         if isinstance(self.unit_tokens, bool) or not isinstance(self.unit_tokens, int) or self.unit_tokens < 1:
             raise MasklabError(f"unit_tokens must be a whole number >= 1, got {self.unit_tokens!r}")
         router_options(cls, self.options, self.names)
 
     @classmethod
-    def of(cls, question: str, passages, keep: float | str | None = None, target_tokens: int | None = None,
-           threshold: float | None = None, **rest) -> Request:
+    def of(
+        cls,
+        question: str,
+        passages,
+        keep: float | str | None = None,
+        target_tokens: int | None = None,
+        threshold: float | None = None,
+        **rest,
+    ) -> Request:
         """The request of the front ends' ``keep`` / ``target_tokens`` / ``threshold``:
         ``target_tokens`` or ``threshold`` wins over ``keep`` (a fraction, or ``"auto"``), and
         ``target_tokens`` with ``threshold`` is refused."""
@@ -171,8 +195,15 @@ class Request:
             keep = None
         if keep is not None:
             check_keep(keep)
-        return cls(question, passages, fraction=None if keep in (None, AUTO) else keep, tokens=target_tokens,
-                   threshold=threshold, auto=keep == AUTO, **rest)
+        return cls(
+            question,
+            passages,
+            fraction=None if keep in (None, AUTO) else keep,
+            tokens=target_tokens,
+            threshold=threshold,
+            auto=keep == AUTO,
+            **rest,
+        )
 
     @property
     def decides(self) -> bool:
@@ -285,25 +316,48 @@ class Pruned:
         """The one JSON shape of a result (its keys are listed once, in docs/context.md)."""
         units, req = self.compressed is None, self.request
         ranks = {p: r for r, p in enumerate(self.rank)}
-        out = {"router": self.router, "keep": None if req is None else req.keep,
-               "target_tokens": None if req is None else req.tokens,
-               **({"threshold": req.threshold} if req is not None and req.threshold is not None else {}),
-               "units": self.doc.units, "kept": self.kept if units else None, "scores": self.scores if units else None,
-               "unit_tokens": self.lengths, "pruned_text": self.text, "kept_fraction": self.kept_fraction,
-               "origin_tokens": self.origin_tokens, "compressed_tokens": self.kept_tokens, "ratio": self.ratio,
-               "router_seconds": self.seconds, "notes": self.notes,
-               "passages": [{"index": p, "rank": ranks.get(p, p), "units": len(d.units), "kept_units": len(k),
-                             "tokens": sum(self.lengths[a:b]), "kept_tokens": sum(self.lengths[a + i] for i in k),
-                             "kept": k, "text": t}
-                            for p, (d, k, t, a, b) in enumerate(zip(self.docs, self.passage_kept, self.texts,
-                                                                     self.starts, self.starts[1:]))] if units else None}
+        out = {
+            "router": self.router,
+            "keep": None if req is None else req.keep,
+            "target_tokens": None if req is None else req.tokens,
+            **({"threshold": req.threshold} if req is not None and req.threshold is not None else {}),
+            "units": self.doc.units,
+            "kept": self.kept if units else None,
+            "scores": self.scores if units else None,
+            "unit_tokens": self.lengths,
+            "pruned_text": self.text,
+            "kept_fraction": self.kept_fraction,
+            "origin_tokens": self.origin_tokens,
+            "compressed_tokens": self.kept_tokens,
+            "ratio": self.ratio,
+            "router_seconds": self.seconds,
+            "notes": self.notes,
+            "passages": [
+                {
+                    "index": p,
+                    "rank": ranks.get(p, p),
+                    "units": len(d.units),
+                    "kept_units": len(k),
+                    "tokens": sum(self.lengths[a:b]),
+                    "kept_tokens": sum(self.lengths[a + i] for i in k),
+                    "kept": k,
+                    "text": t,
+                }
+                for p, (d, k, t, a, b) in enumerate(
+                    zip(self.docs, self.passage_kept, self.texts, self.starts, self.starts[1:])
+                )
+            ]
+            if units
+            else None,
+        }
         # the names prune() gave before one result type (kept beside the new ones: docs/context.md)
         out.update(pruned_context=out["pruned_text"], compression_rate=1 - self.kept_fraction, seconds=self.seconds)
         return out
 
 
-def select_units(router, docs: list[Document], scores: Tensor, lengths: list[int],
-                 req: Request) -> tuple[list[int], list[int]]:
+def select_units(
+    router, docs: list[Document], scores: Tensor, lengths: list[int], req: Request
+) -> tuple[list[int], list[int]]:
     """``(kept, rank)``: the units of ``docs`` (indices over all their units, ascending) that
     ``router`` keeps for ``req`` from ``scores`` (one per unit of every passage), and the
     passages best first. The units of the best passage come first in the order
@@ -313,7 +367,7 @@ def select_units(router, docs: list[Document], scores: Tensor, lengths: list[int
     starts = [0]
     for d in docs:
         starts.append(starts[-1] + len(d.units))
-    rank = sorted(range(len(docs)), key=lambda p: (-float(scores[starts[p]:starts[p + 1]].max()), p))
+    rank = sorted(range(len(docs)), key=lambda p: (-float(scores[starts[p] : starts[p + 1]].max()), p))
     order = [i for p in rank for i in range(starts[p], starts[p + 1])]
     ordered, ordered_lengths = scores[order], [lengths[i] for i in order]
     within = len(docs[rank[0]].units)
@@ -326,8 +380,10 @@ def select_units(router, docs: list[Document], scores: Tensor, lengths: list[int
         return sorted(order[above[j]] for j in chosen), rank
     if req.auto:
         if router.keep_auto is None:
-            raise MasklabError(f"{req.names['auto']} needs a router that decides how much to keep; {router.name} "
-                               "has no rule of its own: give a fraction")
+            raise MasklabError(
+                f"{req.names['auto']} needs a router that decides how much to keep; {router.name} "
+                "has no rule of its own: give a fraction"
+            )
         keep = auto_fraction(ordered, ordered_lengths, router.keep_auto, router.keep_rule, router.neighbours, within)
     fill = router.fill if req.fill is None else req.fill
     chosen = select(ordered, ordered_lengths, keep, fill=fill, limit=cap, context=router.neighbours, within=within)
@@ -341,17 +397,25 @@ def notes_of(pruned: Pruned, req: Request, windows: int) -> list[str]:
     budget = req.tokens if req.tokens is not None else total if req.decides else req.fraction * total
     notes = []
     if req.threshold is not None and not pruned.kept:
-        notes.append(f"no unit scores at least the threshold {req.threshold:g} (the best {max(pruned.scores):.3g}): "
-                     "nothing was kept")
-    if req.cap is not None and budget > req.cap and (not req.decides
-                                                     or pruned.kept_tokens >= req.cap - max(pruned.lengths)):
-        notes.append(f"the {what} {total} tokens: the kept units were capped at {req.cap} tokens to fit "
-                     f"{req.fits or 'the cap'}")
+        notes.append(
+            f"no unit scores at least the threshold {req.threshold:g} (the best {max(pruned.scores):.3g}): "
+            "nothing was kept"
+        )
+    if (
+        req.cap is not None
+        and budget > req.cap
+        and (not req.decides or pruned.kept_tokens >= req.cap - max(pruned.lengths))
+    ):
+        notes.append(
+            f"the {what} {total} tokens: the kept units were capped at {req.cap} tokens to fit {req.fits or 'the cap'}"
+        )
     if windows > 1:
         notes.append(f"the router read the {what.split()[0]} in {windows} windows")
     if len(pruned.kept) == 1 and pruned.kept_tokens > budget and not req.decides:
-        notes.append(f"{req.budget_text()} kept {pruned.kept_fraction:.0%} of the tokens: the top unit alone is "
-                     f"{pruned.kept_tokens} tokens, over the budget of {budget:.0f}, and the top unit is always kept")
+        notes.append(
+            f"{req.budget_text()} kept {pruned.kept_fraction:.0%} of the tokens: the top unit alone is "
+            f"{pruned.kept_tokens} tokens, over the budget of {budget:.0f}, and the top unit is always kept"
+        )
     return notes
 
 
@@ -420,14 +484,19 @@ class Router:
         if self.hops < 2 or len(doc.units) < 2:
             return first
         again = self.read(doc, [f"{q} {doc.units[int(s.argmax())]}" for q, s in zip(questions, first.values)])
-        return Scores([torch.maximum(a, b) for a, b in zip(first.values, again.values)], first.windows + again.windows,
-                      tuple(dict.fromkeys(first.notes + again.notes)))
+        return Scores(
+            [torch.maximum(a, b) for a, b in zip(first.values, again.values)],
+            first.windows + again.windows,
+            tuple(dict.fromkeys(first.notes + again.notes)),
+        )
 
     def checked(self, doc: Document, scores: Tensor) -> Tensor:
         """``scores``, refused unless there is one per unit of ``doc``."""
         if scores.shape != (len(doc.units),):
-            raise MasklabError(f"router {self.name!r} returned scores of shape {tuple(scores.shape)} "
-                               f"for {len(doc.units)} units; expected ({len(doc.units)},)")
+            raise MasklabError(
+                f"router {self.name!r} returned scores of shape {tuple(scores.shape)} "
+                f"for {len(doc.units)} units; expected ({len(doc.units)},)"
+            )
         return scores
 
     def prune(self, request: Request) -> Pruned:
@@ -446,8 +515,9 @@ class Router:
         out: list[Pruned | None] = [None] * len(requests)
         for ks in groups.values():
             first = requests[ks[0]]
-            docs = [p if isinstance(p, Document) else segment(p, self.tokenizer, first.unit_tokens)
-                    for p in first.passages]
+            docs = [
+                p if isinstance(p, Document) else segment(p, self.tokenizer, first.unit_tokens) for p in first.passages
+            ]
             doc = stack(docs)
             lengths = doc.lengths(self.tokenizer)
             t0 = time.perf_counter()
@@ -456,17 +526,34 @@ class Router:
             for k, scores in zip(ks, read.values):
                 req, scores = requests[k], self.checked(doc, scores)
                 kept, rank = select_units(self, docs, scores, lengths, req)
-                out[k] = Pruned(doc, kept, [float(s) for s in scores], lengths, seconds, self.name,
-                                passages=docs if len(docs) > 1 else None, rank=rank, request=req)
+                out[k] = Pruned(
+                    doc,
+                    kept,
+                    [float(s) for s in scores],
+                    lengths,
+                    seconds,
+                    self.name,
+                    passages=docs if len(docs) > 1 else None,
+                    rank=rank,
+                    request=req,
+                )
                 out[k].notes = [*self.notes, *read.notes, *notes_of(out[k], req, read.windows)]
         return out
 
-    def choose(self, doc: Document, question: str, keep: float | str, fill: bool | None = None,
-               limit: int | None = None, threshold: float | None = None) -> Pruned:
+    def choose(
+        self,
+        doc: Document,
+        question: str,
+        keep: float | str,
+        fill: bool | None = None,
+        limit: int | None = None,
+        threshold: float | None = None,
+    ) -> Pruned:
         """:meth:`prune` of ``doc`` (already cut) for ``question`` within ``keep`` of its tokens (or
         ``threshold``) and ``limit`` tokens: the lab's shorthand."""
-        return self.prune(Request.of(question, [doc], keep=keep, threshold=threshold, fill=fill, cap=limit,
-                                     router=type(self)))
+        return self.prune(
+            Request.of(question, [doc], keep=keep, threshold=threshold, fill=fill, cap=limit, router=type(self))
+        )
 
     def press(self, question: str, keep: float = 0.25, fill: bool | None = None):
         """A kvpress press that prefills only the units this router keeps of the context the

@@ -74,8 +74,15 @@ class Scheduler:
     docstring says. ``counts`` gets ``timed_out`` / ``disconnected`` for the jobs dropped;
     ``trim()`` runs after every step (the allocator's free memory back to the system)."""
 
-    def __init__(self, run_batch: Callable[[list[Job]], None], run_long: Callable[[Job], Iterator],
-                 batch_seconds: float, max_batch: int, counts: dict, trim: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        run_batch: Callable[[list[Job]], None],
+        run_long: Callable[[Job], Iterator],
+        batch_seconds: float,
+        max_batch: int,
+        counts: dict,
+        trim: Callable[[], None] | None = None,
+    ) -> None:
         self.run_batch, self.run_long = run_batch, run_long
         self.batch_seconds, self.max_batch = batch_seconds, max_batch
         self.counts, self.trim = counts, trim
@@ -116,8 +123,11 @@ class Scheduler:
         for lane in LANES:
             mine = [j for j in jobs if j.lane == lane]
             out[lane] = {"in_flight": len(mine), "bytes": sum(j.size for j in mine)}
-        out["long"]["slices"] = [{"bytes": j.size, "units_embedded": j.progress[0], "units": j.progress[1]}
-                                 for j in jobs if j.lane == "long" and j.progress is not None]
+        out["long"]["slices"] = [
+            {"bytes": j.size, "units_embedded": j.progress[0], "units": j.progress[1]}
+            for j in jobs
+            if j.lane == "long" and j.progress is not None
+        ]
         return out
 
     def close(self) -> None:
@@ -292,7 +302,6 @@ def embedders_of(router, depth: int = 3) -> list:
 
     walk(router, depth)
     return found
-
 
 
 class CutOnce(Document):

@@ -59,53 +59,116 @@ FIELDS = ("context", "question", "router", "keep", "target_tokens", "threshold",
 
 @dataclass
 class ServeConfig(SharedFlags):
-    host: str = flag("127.0.0.1", help="address to listen on (0.0.0.0: every interface; the service has no "
-                     "authentication, so expose it only behind one)")
+    host: str = flag(
+        "127.0.0.1",
+        help="address to listen on (0.0.0.0: every interface; the service has no "
+        "authentication, so expose it only behind one)",
+    )
     port: int = flag(8000, min=1, max=65535, help="TCP port to listen on")
-    router: str = flag(DEFAULT_ROUTER, help="the router of requests that name none, loaded at start (others load once, "
-                       "the first time a request names them); `masklab compress --list-routers` lists them")
-    keep: float | str = flag(0.25, above=0, max=1, parse=parse_keep, metavar="FRACTION|auto",
-                             help="kept fraction of requests that give neither keep nor target_tokens (auto: the "
-                             "pruner decides)")
-    max_new_tokens: int = flag(48, min=1, max=MAX_NEW_TOKENS, help="longest answer in tokens of requests that "
-                               "give no max_new_tokens")
+    router: str = flag(
+        DEFAULT_ROUTER,
+        help="the router of requests that name none, loaded at start (others load once, "
+        "the first time a request names them); `masklab compress --list-routers` lists them",
+    )
+    keep: float | str = flag(
+        0.25,
+        above=0,
+        max=1,
+        parse=parse_keep,
+        metavar="FRACTION|auto",
+        help="kept fraction of requests that give neither keep nor target_tokens (auto: the pruner decides)",
+    )
+    max_new_tokens: int = flag(
+        48, min=1, max=MAX_NEW_TOKENS, help="longest answer in tokens of requests that give no max_new_tokens"
+    )
     max_request_bytes: int = flag(4_000_000, min=1, help="refuse request bodies larger than this (413)")
-    max_context_bytes: int = flag(MAX_CONTEXT_BYTES, min=1, help="refuse contexts larger than this in UTF-8, all "
-                                  "passages together (as masklab compress --max-context-bytes)")
-    request_seconds: float = flag(60.0, above=0, help="answer 503 to a request not done within this many seconds "
-                                  "of its arrival (waiting in the queue included)")
-    max_queue: int = flag(16, min=1, help="requests admitted at once, running and waiting for the worker; one more "
-                          "is answered 503 with Retry-After at once")
-    cache_documents: int = flag(256, min=0, help="documents whose unit embeddings each embedder keeps (least "
-                                "recently used out; 0: none)")
+    max_context_bytes: int = flag(
+        MAX_CONTEXT_BYTES,
+        min=1,
+        help="refuse contexts larger than this in UTF-8, all "
+        "passages together (as masklab compress --max-context-bytes)",
+    )
+    request_seconds: float = flag(
+        60.0,
+        above=0,
+        help="answer 503 to a request not done within this many seconds of its arrival (waiting in the queue included)",
+    )
+    max_queue: int = flag(
+        16,
+        min=1,
+        help="requests admitted at once, running and waiting for the worker; one more "
+        "is answered 503 with Retry-After at once",
+    )
+    cache_documents: int = flag(
+        256, min=0, help="documents whose unit embeddings each embedder keeps (least recently used out; 0: none)"
+    )
     cache_mb: float = flag(256.0, min=0, help="MiB of cached unit embeddings per embedder (least recently used out)")
-    max_routers: int = flag(4, min=1, help="routers kept loaded (least recently used out; the default router "
-                            "counts as one)")
-    trim: bool = flag(True, help="after each batch or slice of work, return the C allocator's free memory to the "
-                      "system (glibc malloc_trim; --no-trim: keep it)")
-    batch_ms: float = flag(2.0, min=0, max=1000, help="milliseconds the idle worker waits for more requests to batch "
-                           "with the first one (0: none; requests that arrive while it works are batched anyway)")
-    max_batch: int = flag(16, min=1, help="short requests run together in one batch at most; those on one document "
-                          "with one router are scored in one pass (1: one request at a time)")
-    slice_bytes: int = flag(16_384, min=1, help="a context of at least this many bytes (UTF-8, passages together) is "
-                            "scored in slices between the short requests' batches, not in one go")
-    slice_units: int = flag(8, min=1, help="units of a long document embedded per slice (one encoder pass; "
-                            "longest units first): what a short request may wait behind it")
-    ray: bool = flag(False, help="deploy on Ray Serve instead (--ray-address, --replicas or --min/--max-replicas; "
-                     "docs/serve.md); --host/--port are then Ray Serve's HTTP proxy's")
-    ray_address: str | None = flag(None, metavar="HOST:PORT|auto", default_text="a new local Ray",
-                                   help="--ray: the Ray cluster to deploy on (auto: the one this node belongs to)")
-    replicas: int = flag(1, min=1, help="--ray: replicas of the service (each loads the model and runs its own "
-                         "worker); ignored with --max-replicas")
+    max_routers: int = flag(
+        4, min=1, help="routers kept loaded (least recently used out; the default router counts as one)"
+    )
+    trim: bool = flag(
+        True,
+        help="after each batch or slice of work, return the C allocator's free memory to the "
+        "system (glibc malloc_trim; --no-trim: keep it)",
+    )
+    batch_ms: float = flag(
+        2.0,
+        min=0,
+        max=1000,
+        help="milliseconds the idle worker waits for more requests to batch "
+        "with the first one (0: none; requests that arrive while it works are batched anyway)",
+    )
+    max_batch: int = flag(
+        16,
+        min=1,
+        help="short requests run together in one batch at most; those on one document "
+        "with one router are scored in one pass (1: one request at a time)",
+    )
+    slice_bytes: int = flag(
+        16_384,
+        min=1,
+        help="a context of at least this many bytes (UTF-8, passages together) is "
+        "scored in slices between the short requests' batches, not in one go",
+    )
+    slice_units: int = flag(
+        8,
+        min=1,
+        help="units of a long document embedded per slice (one encoder pass; "
+        "longest units first): what a short request may wait behind it",
+    )
+    ray: bool = flag(
+        False,
+        help="deploy on Ray Serve instead (--ray-address, --replicas or --min/--max-replicas; "
+        "docs/serve.md); --host/--port are then Ray Serve's HTTP proxy's",
+    )
+    ray_address: str | None = flag(
+        None,
+        metavar="HOST:PORT|auto",
+        default_text="a new local Ray",
+        help="--ray: the Ray cluster to deploy on (auto: the one this node belongs to)",
+    )
+    replicas: int = flag(
+        1,
+        min=1,
+        help="--ray: replicas of the service (each loads the model and runs its own "
+        "worker); ignored with --max-replicas",
+    )
     min_replicas: int = flag(1, min=0, help="--ray with --max-replicas: the fewest replicas autoscaling keeps")
-    max_replicas: int | None = flag(None, min=1, help="--ray: autoscale between --min-replicas and this many replicas "
-                                    "(on requests in flight per replica; none: a fixed --replicas)")
+    max_replicas: int | None = flag(
+        None,
+        min=1,
+        help="--ray: autoscale between --min-replicas and this many replicas "
+        "(on requests in flight per replica; none: a fixed --replicas)",
+    )
     replica_cpus: float = flag(1.0, above=0, help="--ray: CPUs Ray reserves per replica (as many as its --threads)")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve masklab compress over HTTP (JSON), the model loaded once",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "serve",
+        help="serve masklab compress over HTTP (JSON), the model loaded once",
+        description=__doc__.splitlines()[0],
+    )
     add_flags(p, ServeConfig)
     p.set_defaults(handler=main)
 
@@ -159,10 +222,12 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     if not isinstance(router, str):
         raise MasklabError("router must be a string (a router name)")
     if router in PRESSES:
-        raise MasklabError(f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
-                           "returns pruned text, so name a router that prunes the text")
+        raise MasklabError(
+            f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
+            "returns pruned text, so name a router that prunes the text"
+        )
     keep = body.get("keep")
-    keep = keep if keep == "auto" else _number(body, "keep", float, "a number in (0, 1] or \"auto\"")
+    keep = keep if keep == "auto" else _number(body, "keep", float, 'a number in (0, 1] or "auto"')
     threshold = _number(body, "threshold", float, "a number")
     answer = body.get("answer", False)
     if not isinstance(answer, bool):
@@ -171,9 +236,16 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     new = cfg.max_new_tokens if new is None else new
     if not 1 <= new <= MAX_NEW_TOKENS:
         raise MasklabError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {new}")
-    req = Request.of(question, contexts, keep=cfg.keep if keep is None else keep,
-                     target_tokens=body.get("target_tokens"), threshold=threshold, fill=cfg.fill,
-                     unit_tokens=cfg.unit_tokens, router=router)
+    req = Request.of(
+        question,
+        contexts,
+        keep=cfg.keep if keep is None else keep,
+        target_tokens=body.get("target_tokens"),
+        threshold=threshold,
+        fill=cfg.fill,
+        unit_tokens=cfg.unit_tokens,
+        router=router,
+    )
     return CompressRequest(req, answer, new)
 
 
@@ -186,8 +258,9 @@ def json_body(raw: bytes) -> dict:
     try:
         body = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
-        raise MasklabError(f"the request body is not valid JSON ({e.msg} at line {e.lineno} column "
-                           f"{e.colno})") from None
+        raise MasklabError(
+            f"the request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+        ) from None
     if not isinstance(body, dict):
         raise MasklabError("the request body must be a JSON object with context and question")
     unknown = [k for k in body if k not in FIELDS]
@@ -260,8 +333,9 @@ class Service:
         self._lock = threading.Lock()
         self.trim = _malloc_trim() if cfg.trim else None
         embedder.set_cache_limits(cfg.cache_documents, int(cfg.cache_mb * 2**20))
-        self.scheduler = Scheduler(self._run_batch, self._run_long, cfg.batch_ms / 1000, cfg.max_batch, self.counts,
-                                   trim=self._trim)
+        self.scheduler = Scheduler(
+            self._run_batch, self._run_long, cfg.batch_ms / 1000, cfg.max_batch, self.counts, trim=self._trim
+        )
 
     def admit(self) -> None:
         """Count one more request in, or :class:`Overloaded` at ``--max-queue``."""
@@ -383,20 +457,32 @@ class Service:
 
         rss = rss_bytes()
         s = self.scheduler
-        return {"status": "ok", "model": self.lm.name, "router": self.cfg.router, "routers_loaded": list(self.routers),
-                "pid": os.getpid(),  # which process answered (a replica, under --ray)
-                "served": self.served, "uptime_seconds": round(time.time() - self.started, 3),
-                "rss_bytes": rss, "queue": {"in_flight": self.in_flight, "max": self.cfg.max_queue, **s.lanes()},
-                "batches": {"batches": s.batches, "requests": s.batched_requests, "max_batch": self.cfg.max_batch},
-                "dropped": dict(self.counts),
-                "caches": {
-                    "routers": {"entries": len(self.routers), "max_entries": self.cfg.max_routers},
-                    "embeddings": sorted((e.cache_stats() for e in embedder.live_embedders()),
-                                         key=lambda c: (c["embedder"], -c["misses"])),
-                    "embedders_loaded": _lru_stats(embedder.load_embedder),
-                    "pruners_loaded": _lru_stats(pruner.cached_pruner),
-                    "documents": {"entries": 0, "max_entries": 0,
-                                  "note": "not cached: each request's context is cut into units anew"}}}
+        return {
+            "status": "ok",
+            "model": self.lm.name,
+            "router": self.cfg.router,
+            "routers_loaded": list(self.routers),
+            "pid": os.getpid(),  # which process answered (a replica, under --ray)
+            "served": self.served,
+            "uptime_seconds": round(time.time() - self.started, 3),
+            "rss_bytes": rss,
+            "queue": {"in_flight": self.in_flight, "max": self.cfg.max_queue, **s.lanes()},
+            "batches": {"batches": s.batches, "requests": s.batched_requests, "max_batch": self.cfg.max_batch},
+            "dropped": dict(self.counts),
+            "caches": {
+                "routers": {"entries": len(self.routers), "max_entries": self.cfg.max_routers},
+                "embeddings": sorted(
+                    (e.cache_stats() for e in embedder.live_embedders()), key=lambda c: (c["embedder"], -c["misses"])
+                ),
+                "embedders_loaded": _lru_stats(embedder.load_embedder),
+                "pruners_loaded": _lru_stats(pruner.cached_pruner),
+                "documents": {
+                    "entries": 0,
+                    "max_entries": 0,
+                    "note": "not cached: each request's context is cut into units anew",
+                },
+            },
+        }
 
     def close(self) -> None:
         self.scheduler.close()
@@ -463,8 +549,12 @@ def error(status: int, message: str, **headers):
 
 
 def _late(cfg: ServeConfig):
-    return error(503, f"the request did not finish within {cfg.request_seconds:g} s of its arrival "
-                      "(the server's --request-seconds; queue wait included): retry later", **{"Retry-After": "1"})
+    return error(
+        503,
+        f"the request did not finish within {cfg.request_seconds:g} s of its arrival "
+        "(the server's --request-seconds; queue wait included): retry later",
+        **{"Retry-After": "1"},
+    )
 
 
 async def _disconnected(request) -> None:
@@ -485,8 +575,9 @@ async def _answer(service: Service, job: Job, request):
     result = asyncio.wrap_future(job.future)
     watch = asyncio.ensure_future(_disconnected(request))
     try:
-        done, _ = await asyncio.wait({result, watch}, timeout=max(0.0, job.deadline - time.monotonic()),
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {result, watch}, timeout=max(0.0, job.deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
         watch.cancel()
     if result not in done:
@@ -502,8 +593,10 @@ async def _answer(service: Service, job: Job, request):
     except MasklabError as e:  # input only the model can judge (e.g. a document with no units)
         return error(400, str(e))
     total = time.monotonic() - job.arrived
-    return JSONResponse(out, headers={"Server-Timing": f"queue;dur={1000 * max(0.0, total - job.work):.1f}, "
-                                                       f"work;dur={1000 * job.work:.1f}"})
+    return JSONResponse(
+        out,
+        headers={"Server-Timing": f"queue;dur={1000 * max(0.0, total - job.work):.1f}, work;dur={1000 * job.work:.1f}"},
+    )
 
 
 async def compress_endpoint(service: Service, request):
@@ -514,8 +607,10 @@ async def compress_endpoint(service: Service, request):
     try:
         body = await read_body(request, cfg.max_request_bytes)
     except _TooLarge:
-        return error(413, f"the request body is over the limit of {cfg.max_request_bytes:,} bytes "
-                          "(the server's --max-request-bytes)")
+        return error(
+            413,
+            f"the request body is over the limit of {cfg.max_request_bytes:,} bytes (the server's --max-request-bytes)",
+        )
     try:
         req = parse_request(body, cfg)
     except MasklabError as e:
@@ -523,8 +618,12 @@ async def compress_endpoint(service: Service, request):
     try:
         service.admit()
     except Overloaded as e:
-        return error(503, f"the server is busy: {cfg.max_queue} requests are already running or waiting (the "
-                          f"server's --max-queue): retry in {e.retry_after} s", **{"Retry-After": str(e.retry_after)})
+        return error(
+            503,
+            f"the server is busy: {cfg.max_queue} requests are already running or waiting (the "
+            f"server's --max-queue): retry in {e.retry_after} s",
+            **{"Retry-After": str(e.retry_after)},
+        )
     job = service.submit(req, deadline)
     job.future.add_done_callback(service.release)  # the slot is freed when the worker is done with it
     return await _answer(service, job, request)
@@ -536,8 +635,13 @@ def create_app(service: Service):
     from fastapi import FastAPI, Request
     from starlette.exceptions import HTTPException
 
-    app = FastAPI(title="masklab", description="Prune a context to what a question needs.", docs_url=None,
-                  redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="masklab",
+        description="Prune a context to what a question needs.",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc):  # unknown path (404), wrong method (405)
@@ -597,8 +701,10 @@ def check_config(cfg: ServeConfig) -> None:
     if cfg.embedder:
         check_folder(cfg.embedder)
     if cfg.router in PRESSES:
-        raise MasklabError(f"--router {cfg.router} is a KV-cache press: the service returns pruned text, so give a "
-                           "router that prunes the text")
+        raise MasklabError(
+            f"--router {cfg.router} is a KV-cache press: the service returns pruned text, so give a "
+            "router that prunes the text"
+        )
     ROUTERS[cfg.router]  # noqa: B018
     check_models([cfg.model])
 
@@ -646,8 +752,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         service = start_service(cfg, dev, args.precision)
         try:
-            print(f"masklab serve: {service.lm.name} and router {cfg.router} loaded in {service.lm.load_seconds:.1f} s; "
-                  f"listening on http://{cfg.host}:{cfg.port} (POST /v1/compress, GET /healthz)", flush=True)
+            print(
+                f"masklab serve: {service.lm.name} and router {cfg.router} loaded in {service.lm.load_seconds:.1f} s; "
+                f"listening on http://{cfg.host}:{cfg.port} (POST /v1/compress, GET /healthz)",
+                flush=True,
+            )
             server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=False))
             server.run(sockets=[sock])
         finally:

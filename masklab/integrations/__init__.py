@@ -29,13 +29,27 @@ class Adapter:
     ``embedder``: a sentence-transformers folder for the ``dense`` routers (None: the packaged
     all-MiniLM-L6-v2). The settings are checked at once, as one request on a stand-in passage."""
 
-    def __init__(self, router: str = DEFAULT_ROUTER, model=None, keep: float | str | None = None,
-                 target_tokens: int | None = None, unit_tokens: int = UNIT_TOKENS, embedder: str | None = None,
-                 threshold: float | None = None) -> None:
+    def __init__(
+        self,
+        router: str = DEFAULT_ROUTER,
+        model=None,
+        keep: float | str | None = None,
+        target_tokens: int | None = None,
+        unit_tokens: int = UNIT_TOKENS,
+        embedder: str | None = None,
+        threshold: float | None = None,
+    ) -> None:
         self.model = model
-        self.request = Request.of("?", ["(the retrieved passages)"], keep=keep, target_tokens=target_tokens,
-                                  threshold=threshold, unit_tokens=unit_tokens, router=router,
-                                  options={"embedder": embedder})
+        self.request = Request.of(
+            "?",
+            ["(the retrieved passages)"],
+            keep=keep,
+            target_tokens=target_tokens,
+            threshold=threshold,
+            unit_tokens=unit_tokens,
+            router=router,
+            options={"embedder": embedder},
+        )
         self._router = None
 
     @property
@@ -55,6 +69,12 @@ class Adapter:
         if not live:
             return []
         out = self.router.prune(replace(self.request, question=query, passages=[texts[i] for i in live])).to_json()
-        return [(live[p["index"]], p["text"], {"rank": p["rank"], "tokens": p["tokens"],
-                                                "kept_tokens": p["kept_tokens"], "router": out["router"]})
-                for p in out["passages"] if p["kept_units"]]
+        return [
+            (
+                live[p["index"]],
+                p["text"],
+                {"rank": p["rank"], "tokens": p["tokens"], "kept_tokens": p["kept_tokens"], "router": out["router"]},
+            )
+            for p in out["passages"]
+            if p["kept_units"]
+        ]

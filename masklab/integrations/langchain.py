@@ -27,8 +27,9 @@ from masklab.integrations import Adapter
 try:
     from langchain_core.documents import BaseDocumentCompressor, Document
 except ImportError:  # pragma: no cover (the extra is missing)
-    raise MasklabError("masklab.integrations.langchain needs langchain-core: "
-                       "pip install 'masklab[langchain]'") from None
+    raise MasklabError(
+        "masklab.integrations.langchain needs langchain-core: pip install 'masklab[langchain]'"
+    ) from None
 from pydantic import ConfigDict, PrivateAttr
 
 
@@ -49,10 +50,13 @@ class MasklabCompressor(BaseDocumentCompressor):
     _adapter: Adapter = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
-        self._adapter = Adapter(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens,
-                              self.embedder, self.threshold)
+        self._adapter = Adapter(
+            self.router, self.model, self.keep, self.target_tokens, self.unit_tokens, self.embedder, self.threshold
+        )
 
     def compress_documents(self, documents: Sequence[Document], query: str, callbacks=None) -> Sequence[Document]:
         kept = self._adapter.kept([d.page_content for d in documents], query)
-        return [Document(page_content=text, metadata={**documents[i].metadata, "masklab": info}, id=documents[i].id)
-                for i, text, info in kept]
+        return [
+            Document(page_content=text, metadata={**documents[i].metadata, "masklab": info}, id=documents[i].id)
+            for i, text, info in kept
+        ]

@@ -30,8 +30,9 @@ try:
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
     from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 except ImportError:  # pragma: no cover (the extra is missing)
-    raise MasklabError("masklab.integrations.llamaindex needs llama-index-core: "
-                       "pip install 'masklab[llamaindex]'") from None
+    raise MasklabError(
+        "masklab.integrations.llamaindex needs llama-index-core: pip install 'masklab[llamaindex]'"
+    ) from None
 
 
 class MasklabPostprocessor(BaseNodePostprocessor):
@@ -49,15 +50,17 @@ class MasklabPostprocessor(BaseNodePostprocessor):
     _adapter: Adapter = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
-        self._adapter = Adapter(self.router, self.model, self.keep, self.target_tokens, self.unit_tokens,
-                              self.embedder, self.threshold)
+        self._adapter = Adapter(
+            self.router, self.model, self.keep, self.target_tokens, self.unit_tokens, self.embedder, self.threshold
+        )
 
     @classmethod
     def class_name(cls) -> str:
         return "MasklabPostprocessor"
 
-    def _postprocess_nodes(self, nodes: list[NodeWithScore],
-                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
         if query_bundle is None:
             raise MasklabError("MasklabPostprocessor prunes for a query: pass query_str= or query_bundle=")
         texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]

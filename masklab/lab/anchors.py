@@ -44,8 +44,10 @@ def check(names) -> None:
             try:
                 importlib.import_module(module)
             except ImportError as e:
-                raise MasklabError(f"the anchor {name} needs {module.split('.')[0].replace('_', '-')} "
-                                   f"({type(e).__name__}: {e}): {INSTALL}") from None
+                raise MasklabError(
+                    f"the anchor {name} needs {module.split('.')[0].replace('_', '-')} "
+                    f"({type(e).__name__}: {e}): {INSTALL}"
+                ) from None
 
 
 def _versions(*dists: str) -> dict[str, str]:
@@ -122,8 +124,10 @@ class LangChainAnchor:
         check([self.name])
         self.embedder = load_embedder(embedder)
         self.embeddings = _langchain_embeddings_class()(self.embedder)
-        self.meta = {"embedder": str(self.embedder.path),
-                     **_versions("langchain-core", "langchain-classic", "langchain-community")}
+        self.meta = {
+            "embedder": str(self.embedder.path),
+            **_versions("langchain-core", "langchain-classic", "langchain-community"),
+        }
 
     def compress(self, units: list[str], question: str, k: int | None) -> list[tuple[int, float]]:
         """``(unit index, similarity)`` of what ``EmbeddingsFilter(k=k)`` returns, in its order."""
@@ -152,8 +156,12 @@ class LangChainAnchor:
         threshold): how many units, whether every answering unit is among them, their share
         of the tokens."""
         returned = {i for i, _ in self.compress(doc.units, question, LANGCHAIN_DEFAULT_K)}
-        return {"k": LANGCHAIN_DEFAULT_K, "units": len(returned), "kept": _covered(returned, gold),
-                "kept_fraction": sum(lengths[i] for i in returned) / sum(lengths)}
+        return {
+            "k": LANGCHAIN_DEFAULT_K,
+            "units": len(returned),
+            "kept": _covered(returned, gold),
+            "kept_fraction": sum(lengths[i] for i in returned) / sum(lengths),
+        }
 
 
 def units_in(text: str, units: list[str]) -> set[int]:
@@ -169,12 +177,15 @@ def units_in(text: str, units: list[str]) -> set[int]:
     claimed = [False] * len(text)
     found: set[int] = set()
     for u in sorted(by_text, key=len, reverse=True):
-        hits = [m.start() for m in re.finditer(r"(?<!\S)" + re.escape(u) + r"(?!\S)", text)
-                if not any(claimed[m.start():m.start() + len(u)])]
+        hits = [
+            m.start()
+            for m in re.finditer(r"(?<!\S)" + re.escape(u) + r"(?!\S)", text)
+            if not any(claimed[m.start() : m.start() + len(u)])
+        ]
         if hits:
             found.update(by_text[u])
             for a in hits:
-                claimed[a:a + len(u)] = [True] * len(u)
+                claimed[a : a + len(u)] = [True] * len(u)
     return found
 
 
@@ -209,7 +220,9 @@ class LlamaIndexAnchor:
         from llama_index.core.postprocessor import SentenceEmbeddingOptimizer
         from llama_index.core.schema import NodeWithScore, TextNode
 
-        opt = SentenceEmbeddingOptimizer(embed_model=self.embed_model, percentile_cutoff=keep, tokenizer_fn=self.units_of)
+        opt = SentenceEmbeddingOptimizer(
+            embed_model=self.embed_model, percentile_cutoff=keep, tokenizer_fn=self.units_of
+        )
         nodes = opt.postprocess_nodes([NodeWithScore(node=TextNode(text=text))], query_str=question)
         return nodes[0].node.get_content()
 
@@ -229,9 +242,13 @@ class LlamaIndexAnchor:
             rec["router_seconds"] += time.perf_counter() - t0
             kept = units_in(text, doc.units)
             texts[k] = text
-            rec[str(k)] = {"kept": _covered(kept, gold), "kept_fraction": sum(lengths[i] for i in kept) / total,
-                           "text_fraction": count_tokens(self.tokenizer, text) / total, "units": len(kept),
-                           "top": int(k * len(doc.units))}
+            rec[str(k)] = {
+                "kept": _covered(kept, gold),
+                "kept_fraction": sum(lengths[i] for i in kept) / total,
+                "text_fraction": count_tokens(self.tokenizer, text) / total,
+                "units": len(kept),
+                "top": int(k * len(doc.units)),
+            }
         return rec, texts
 
 

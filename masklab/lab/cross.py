@@ -63,8 +63,13 @@ def training_windows(model: CrossPruner, examples: list[Example], rng: random.Ra
     return out
 
 
-def train(examples: list[Example], cfg: CrossConfig, checkpoint: Path | None = None,
-          progress: bool = True, limit_seconds: float | None = None) -> tuple[CrossPruner, dict]:
+def train(
+    examples: list[Example],
+    cfg: CrossConfig,
+    checkpoint: Path | None = None,
+    progress: bool = True,
+    limit_seconds: float | None = None,
+) -> tuple[CrossPruner, dict]:
     """Fit a :class:`CrossPruner` on ``examples`` (module docstring). ``checkpoint``: a folder
     where the run is saved every ``cfg.checkpoint_steps`` steps and at each epoch's end; a run
     given the same folder continues from there. ``limit_seconds``: save and stop after the
@@ -88,15 +93,25 @@ def train(examples: list[Example], cfg: CrossConfig, checkpoint: Path | None = N
     gen = torch.Generator().manual_seed(cfg.seed)
     ckpt = Checkpoint(checkpoint) if checkpoint is not None else None
     data = hashlib.sha256(json.dumps([[e.question, e.target, len(e.units)] for e in usable]).encode()).hexdigest()[:12]
-    record = {"loss": [], "seconds": 0.0, "windows": 0, "epoch": 0, "batch": 0, "done": False,
-              "config": asdict(cfg), "data": data, "questions": len(usable)}
+    record = {
+        "loss": [],
+        "seconds": 0.0,
+        "windows": 0,
+        "epoch": 0,
+        "batch": 0,
+        "done": False,
+        "config": asdict(cfg),
+        "data": data,
+        "questions": len(usable),
+    }
     if ckpt is not None and ckpt.exists:
         from masklab.util.files import read_json
 
         saved = read_json(Path(checkpoint) / "ckpt.json")["extra"]
         if saved.get("config") != asdict(cfg) or saved.get("data") != data:
-            raise MasklabError(f"the checkpoint in {checkpoint} was made with other settings or data: remove it "
-                               "or give the same")
+            raise MasklabError(
+                f"the checkpoint in {checkpoint} was made with other settings or data: remove it or give the same"
+            )
         _, record = ckpt.load(model, opt, gen)
     model.train(False)  # no dropout: the same scores in training and use
     lossf = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(cfg.pos_weight), reduction="sum")
@@ -111,12 +126,17 @@ def train(examples: list[Example], cfg: CrossConfig, checkpoint: Path | None = N
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(starts), initial=record["batch"], desc=f"cross pruner epoch {ep + 1}/{cfg.epochs}",
-                       unit="step", file=sys.stderr)
+            bar = tqdm(
+                total=len(starts),
+                initial=record["batch"],
+                desc=f"cross pruner epoch {ep + 1}/{cfg.epochs}",
+                unit="step",
+                file=sys.stderr,
+            )
         sums = record.setdefault("epoch_loss", [0.0, 0])
         t0 = time.perf_counter()
         for k in range(record["batch"], len(starts)):
-            chunk = pairs[starts[k]:starts[k] + cfg.batch]
+            chunk = pairs[starts[k] : starts[k] + cfg.batch]
             opt.zero_grad()
             logits = model.window_logits([w for w, _ in chunk], batch=cfg.batch)
             loss = lossf(torch.cat(logits), torch.cat([y for _, y in chunk])) / len(chunk)
@@ -152,11 +172,17 @@ def save(model: CrossPruner, path: Path, meta: dict) -> None:
     from safetensors.torch import save_file
 
     full = not hasattr(model, "adapters")
-    state = ({k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()} if full
-             else {k: v.detach().contiguous() for k, v in model.trainable().items()})
+    state = (
+        {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+        if full
+        else {k: v.detach().contiguous() for k, v in model.trainable().items()}
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path))
-    path.with_suffix(".json").write_text(json.dumps({"design": "cross-full" if full else "cross", "max_tokens":
-                                                     model.max_tokens, "carry": model.carry, **meta}, indent=1) + "\n")
-
-
+    path.with_suffix(".json").write_text(
+        json.dumps(
+            {"design": "cross-full" if full else "cross", "max_tokens": model.max_tokens, "carry": model.carry, **meta},
+            indent=1,
+        )
+        + "\n"
+    )

@@ -85,7 +85,9 @@ def shard(*batch: Tensor) -> tuple[Tensor, ...]:
         return batch
     size = batch[0].shape[0]
     if size % n:
-        raise MasklabError(f"the global batch {size} is not divisible by the {n} processes; pick --batch as a multiple of {n}")
+        raise MasklabError(
+            f"the global batch {size} is not divisible by the {n} processes; pick --batch as a multiple of {n}"
+        )
     w = size // n
     r = rank()
     return tuple(t[r * w : (r + 1) * w] for t in batch)

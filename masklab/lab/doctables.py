@@ -55,7 +55,9 @@ def parse(kind: str, words: str, where: str) -> tuple[str, dict[str, str]]:
     for w in rest:
         name, eq, value = w.partition("=")
         if not eq or name not in OPTIONS[kind]:
-            raise MasklabError(f"{where}: bad option {w!r} in a {kind} block (options: {', '.join(sorted(OPTIONS[kind]))})")
+            raise MasklabError(
+                f"{where}: bad option {w!r} in a {kind} block (options: {', '.join(sorted(OPTIONS[kind]))})"
+            )
         opts[name] = value
     return head, opts
 
@@ -100,7 +102,9 @@ def table(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) 
     metrics = opts["metrics"].split(",")
     digits = int(opts.get("digits", 3))
     # task and model get a column when they vary over the rows; method and n always do
-    keys = [k for k in ("task", "model") if len({r.get(k) for r in rows}) > 1] + [k for k in ("method", "n") if any(k in r for r in rows)]
+    keys = [k for k in ("task", "model") if len({r.get(k) for r in rows}) > 1] + [
+        k for k in ("method", "n") if any(k in r for r in rows)
+    ]
     head = [*keys, *metrics, *(["paper"] if opts.get("paper") == "yes" else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -114,7 +118,11 @@ def table(root: Path, name: str, opts: dict[str, str], where: str, cache: dict) 
 def cell(row: dict, metric: str, digits: int, ci: bool = False) -> str:
     """One table cell: mean ± std (or the value), and with ``ci`` the row's 95% interval
     ``[metric_lo, metric_hi]`` where it has one (``ci=yes`` on a table block)."""
-    text = stat_cell(row, metric, digits) if f"{metric}_mean" in row else (fmt_p if is_p_value(metric) else fmt)(row.get(metric), digits)
+    text = (
+        stat_cell(row, metric, digits)
+        if f"{metric}_mean" in row
+        else (fmt_p if is_p_value(metric) else fmt)(row.get(metric), digits)
+    )
     if ci and row.get(f"{metric}_lo") is not None:
         text += f" [{fmt(row[f'{metric}_lo'], 2)}, {fmt(row[f'{metric}_hi'], 2)}]"
     return text
@@ -178,7 +186,11 @@ def render_prose(text: str, root: Path, where: str, first_line: int, cache: dict
     return out
 
 
-RUN_MODULES = ("masklab.lab.", "masklab.pretrained.", "masklab.context.")  # masklab.lab.: studies, realdocs, train-router
+RUN_MODULES = (
+    "masklab.lab.",
+    "masklab.pretrained.",
+    "masklab.context.",
+)  # masklab.lab.: studies, realdocs, train-router
 
 
 def stale_results(root: Path) -> list[tuple[Path, str, dict[str, int]]]:
@@ -228,7 +240,9 @@ def stale_results(root: Path) -> list[tuple[Path, str, dict[str, int]]]:
 def results_paths(root: Path) -> list[Path]:
     """Every ``results.json`` under ``root/results`` and every other results file a README/docs block quotes."""
     quoted = {root / m.group(2).split()[0] for doc in doc_files(root) for m in BLOCK.finditer(doc.read_text())}
-    return sorted(set((root / "results").rglob("results.json")) | {p for p in quoted if p.is_file() and "results" in p.parts})
+    return sorted(
+        set((root / "results").rglob("results.json")) | {p for p in quoted if p.is_file() and "results" in p.parts}
+    )
 
 
 def update(root: Path, check: bool = False) -> list[Path]:

@@ -105,7 +105,9 @@ class LocalExecutor:
         self.jobs = jobs
         self.write = write
 
-    def run(self, fn_path: str, todo: list[RunSpec], out: Path, threads: int, show: Callable[[str], None]) -> Iterator[tuple[str, dict]]:
+    def run(
+        self, fn_path: str, todo: list[RunSpec], out: Path, threads: int, show: Callable[[str], None]
+    ) -> Iterator[tuple[str, dict]]:
         if self.jobs <= 1:
             for s in todo:
                 show(s.key)
@@ -133,7 +135,9 @@ class LocalExecutor:
                 log = None
             raise MasklabError(failure_message(s.key, _last_line(e), log, out)) from None
 
-    def _parallel(self, fn_path: str, todo: list[RunSpec], out: Path, threads: int, show: Callable[[str], None]) -> Iterator[tuple[str, dict]]:
+    def _parallel(
+        self, fn_path: str, todo: list[RunSpec], out: Path, threads: int, show: Callable[[str], None]
+    ) -> Iterator[tuple[str, dict]]:
         queue = list(todo)
         active: dict[str, subprocess.Popen] = {}
         failure: str | None = None
@@ -143,8 +147,17 @@ class LocalExecutor:
                     s = queue.pop(0)
                     spec_path = out / "ckpt" / s.key / "spec.json"
                     write_json(spec_path, s.as_dict())
-                    cmd = [sys.executable, "-m", "masklab.lab.worker", fn_path, str(spec_path), str(out / "runs" / f"{s.key}.json"), str(threads),
-                           str(devices.current()), devices.precision()]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "masklab.lab.worker",
+                        fn_path,
+                        str(spec_path),
+                        str(out / "runs" / f"{s.key}.json"),
+                        str(threads),
+                        str(devices.current()),
+                        devices.precision(),
+                    ]
                     with open(out / "ckpt" / s.key / "stderr.log", "w") as log:
                         active[s.key] = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
                     show(", ".join(active))
@@ -158,7 +171,9 @@ class LocalExecutor:
                     if proc.returncode != 0:
                         log = out / "ckpt" / key / "stderr.log"
                         err = log.read_text()
-                        failure = failure or failure_message(key, (err.strip().splitlines() or [f"worker exited {proc.returncode}"])[-1], log, out)
+                        failure = failure or failure_message(
+                            key, (err.strip().splitlines() or [f"worker exited {proc.returncode}"])[-1], log, out
+                        )
                         continue
                     show(", ".join(active) or key)
                     yield key, read_json(out / "runs" / f"{key}.json")
@@ -177,14 +192,18 @@ def import_ray():
     try:
         import ray  # noqa: PLC0415 (optional dependency)
     except ImportError:
-        raise MasklabError(f"--executor ray needs Ray, which is not installed; install it with: {RAY_INSTALL}") from None
+        raise MasklabError(
+            f"--executor ray needs Ray, which is not installed; install it with: {RAY_INSTALL}"
+        ) from None
     return ray
 
 
 def _ray_task(fn_path: str, spec: dict, out: str, threads: int, device: str = "cpu", precision: str = "fp32") -> str:
     """One run on a Ray worker: execute, write ``runs/<key>.json``, return the record as JSON text."""
     key = RunSpec(**spec).key
-    rec = execute(fn_path, spec, Path(out) / "ckpt" / key, threads, device, precision)  # sets torch's threads and device
+    rec = execute(
+        fn_path, spec, Path(out) / "ckpt" / key, threads, device, precision
+    )  # sets torch's threads and device
     write_json(Path(out) / "runs" / f"{key}.json", rec)
     return json.dumps(rec, default=json_default)
 
@@ -239,7 +258,11 @@ class RayExecutor:
         try:
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
-            where = "an existing Ray cluster (--ray-address auto)" if self.address == "auto" else f"the Ray cluster at {self.address!r}"
+            where = (
+                "an existing Ray cluster (--ray-address auto)"
+                if self.address == "auto"
+                else f"the Ray cluster at {self.address!r}"
+            )
             if self.address is None:
                 where = "a local Ray cluster"
             raise MasklabError(
@@ -260,7 +283,9 @@ class RayExecutor:
             probe = ray.remote(_ray_probe)
             nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
             refs = [
-                probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(str(out), name, token)
+                probe.options(
+                    num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+                ).remote(str(out), name, token)
                 for n in nodes
             ]
             problems = [p for p in ray.get(refs) if p]
@@ -273,7 +298,9 @@ class RayExecutor:
                 "On a multi-node cluster --out must be on storage mounted at the same path on every node (NFS, Lustre, ...)"
             )
 
-    def run(self, fn_path: str, todo: list[RunSpec], out: Path, threads: int, show: Callable[[str], None]) -> Iterator[tuple[str, dict]]:
+    def run(
+        self, fn_path: str, todo: list[RunSpec], out: Path, threads: int, show: Callable[[str], None]
+    ) -> Iterator[tuple[str, dict]]:
         if not todo:  # everything resumed: no cluster needed
             return
         ray = self.connect()
@@ -284,9 +311,13 @@ class RayExecutor:
         for s in todo:
             cpus = max(threads, int(s.params.get("cpus", 1)))
             gpus = 1 if devices.current().type == "cuda" else 0  # a CUDA run asks Ray for one GPU
-            ref = task.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.max_retries, retry_exceptions=False, name=f"masklab:{s.key}").remote(
-                fn_path, s.as_dict(), str(out), threads, "cuda" if gpus else "cpu", devices.precision()
-            )
+            ref = task.options(
+                num_cpus=cpus,
+                num_gpus=gpus,
+                max_retries=self.max_retries,
+                retry_exceptions=False,
+                name=f"masklab:{s.key}",
+            ).remote(fn_path, s.as_dict(), str(out), threads, "cuda" if gpus else "cpu", devices.precision())
             keys[ref] = s.key
         pending = list(keys)
         try:
@@ -299,7 +330,9 @@ class RayExecutor:
                     except ray.exceptions.RayTaskError as e:
                         cause = getattr(e, "cause", None)
                         msg = str(cause) if isinstance(cause, Exception) else str(e).strip().splitlines()[-1]
-                        raise MasklabError(f"a run failed: {key}: {msg} (finished runs are kept in {out / 'runs'})") from None
+                        raise MasklabError(
+                            f"a run failed: {key}: {msg} (finished runs are kept in {out / 'runs'})"
+                        ) from None
                     except ray.exceptions.RayError as e:
                         raise MasklabError(
                             f"a run failed: {key}: {type(e).__name__} after {self.max_retries} retries "

@@ -89,9 +89,15 @@ def label(lm, units: list[str], question: str, answer: str, ablations: int = ABL
     x, y = keep.float().numpy(), logp.numpy()
     surrogate = Lasso(alpha=LASSO_ALPHA, max_iter=10000).fit(x, y)
     att = attention_per_unit(lm, oracle.enc.ids, oracle.enc.item_of_token, len(units), oracle.prefix)
-    return {"weights": [round(float(w), 5) for w in surrogate.coef_], "attention": [round(float(a), 6) for a in att],
-            "logp_full": oracle.full_logp, "logp_mean": float(y.mean()), "r2": float(surrogate.score(x, y)),
-            "passes": oracle.passes + 2, "seconds": time.perf_counter() - t0}
+    return {
+        "weights": [round(float(w), 5) for w in surrogate.coef_],
+        "attention": [round(float(a), 6) for a in att],
+        "logp_full": oracle.full_logp,
+        "logp_mean": float(y.mean()),
+        "r2": float(surrogate.score(x, y)),
+        "passes": oracle.passes + 2,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 @torch.no_grad()
@@ -104,16 +110,20 @@ def read_alone(lm, variants: list[list[str]], query: str, answer: torch.Tensor, 
     A, out = answer.numel(), []
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     for b in range(0, len(seqs), batch):
-        chunk = seqs[b:b + batch]
+        chunk = seqs[b : b + batch]
         T = max(x.numel() for x in chunk)
         ids = torch.full((len(chunk), T), pad, dtype=torch.long)
         mask = torch.zeros(len(chunk), T, dtype=torch.long)
         for r, x in enumerate(chunk):
-            ids[r, T - x.numel():], mask[r, T - x.numel():] = x, 1
+            ids[r, T - x.numel() :], mask[r, T - x.numel() :] = x, 1
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         dev = lm.model.device
-        logits = lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                          logits_to_keep=A + 1).logits[:, :A].float().cpu()
+        logits = (
+            lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), logits_to_keep=A + 1)
+            .logits[:, :A]
+            .float()
+            .cpu()
+        )
         lp = torch.log_softmax(logits, -1).gather(-1, answer[None, :, None].expand(len(chunk), -1, 1))[..., 0]
         out.append(lp.sum(-1))
     return torch.cat(out)
@@ -145,10 +155,15 @@ def keepset_label(lm, units: list[str], question: str, answer: str, pair_top: in
     for (i, j), lp in zip(pairs, pair_lp):
         if lp - max(single[i], single[j]) > PAIR_MARGIN:
             best[i], best[j] = max(best[i], lp), max(best[j], lp)
-    return {"logp_empty": empty, "logp_single": [round(float(x), 4) for x in single],
-            "pairs": [[i, j, round(float(lp), 4)] for (i, j), lp in zip(pairs, pair_lp)],
-            "logp_full": full, "gains": [round(float(b) - empty, 4) for b in best],
-            "passes": 2 + n + len(pairs), "seconds": time.perf_counter() - t0}
+    return {
+        "logp_empty": empty,
+        "logp_single": [round(float(x), 4) for x in single],
+        "pairs": [[i, j, round(float(lp), 4)] for (i, j), lp in zip(pairs, pair_lp)],
+        "logp_full": full,
+        "gains": [round(float(b) - empty, 4) for b in best],
+        "passes": 2 + n + len(pairs),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def keepset_target(row: dict, gain: float, margin: float = PAIR_MARGIN) -> list[int]:
@@ -181,8 +196,16 @@ def question_key(q) -> str:
     return f"{q.id}:{h}"
 
 
-def label_questions(lm, questions: list, path: Path, top: int = WINDOW_TOP, ablations: int = ABLATIONS,
-                    progress: bool = True, limit_seconds: float | None = None, labels: str = "lasso") -> list[dict]:
+def label_questions(
+    lm,
+    questions: list,
+    path: Path,
+    top: int = WINDOW_TOP,
+    ablations: int = ABLATIONS,
+    progress: bool = True,
+    limit_seconds: float | None = None,
+    labels: str = "lasso",
+) -> list[dict]:
     """Label ``questions`` (each with ``id``, ``question``, ``text``, ``answers``, ``evidence``)
     into ``path`` (JSON lines, resumable); returns every row made for them with this stamp.
     ``limit_seconds``: stop after the question that passes this much time (the rest wait
@@ -213,12 +236,24 @@ def label_questions(lm, questions: list, path: Path, top: int = WINDOW_TOP, abla
         doc = docs[q.doc]
         win = window(doc, q.question, top)
         units = [doc.units[i] for i in win]
-        res = (keepset_label(lm, units, q.question, q.answers[0]) if labels == "keepset"
-               else label(lm, units, q.question, q.answers[0], ablations))
+        res = (
+            keepset_label(lm, units, q.question, q.answers[0])
+            if labels == "keepset"
+            else label(lm, units, q.question, q.answers[0], ablations)
+        )
         marked = sorted({u for g in answering_units(doc, q.spans()) for u in g})
-        row = {"key": question_key(q), "id": q.id, "doc": q.doc, "kind": q.kind, "units": len(doc.units),
-               "window": win, "marked": marked, **res, "precision": devices.precision(),
-               "stamp": {**st, "code": code_hash("masklab.lab.labels")}}
+        row = {
+            "key": question_key(q),
+            "id": q.id,
+            "doc": q.doc,
+            "kind": q.kind,
+            "units": len(doc.units),
+            "window": win,
+            "marked": marked,
+            **res,
+            "precision": devices.precision(),
+            "stamp": {**st, "code": code_hash("masklab.lab.labels")},
+        }
         append_jsonl(path, row)
         done[row["key"]] = row
         if limit_seconds is not None and time.perf_counter() - t0 > limit_seconds:
@@ -260,5 +295,10 @@ def label_shard(spec: dict, ckpt_dir: Path) -> dict:
     limit = None if p.get("minutes") is None else p["minutes"] * 60
     with devices.autocast(torch.device("cpu"), devices.precision()):
         rows = label_questions(lm, qs, path, WINDOW_TOP, ABLATIONS, False, limit, labels=p["labels"])
-    return {"metrics": {"labelled": len(rows), "of": len(qs),
-                        "seconds_per_question": sum(r["seconds"] for r in rows) / max(1, len(rows))}}
+    return {
+        "metrics": {
+            "labelled": len(rows),
+            "of": len(qs),
+            "seconds_per_question": sum(r["seconds"] for r in rows) / max(1, len(rows)),
+        }
+    }

@@ -94,9 +94,17 @@ def fit_linear(
     return LinearRouter(w.detach(), b.detach(), mean, std)
 
 
-def make_labels(lm, doc: Document, query: str, accept: Callable[[str], bool], search: str = "group-testing",
-                max_new_tokens: int = 10, chunk_tokens: int | None = None, tolerance: float = 1.0,
-                reuse_prefix: bool = True) -> dict:
+def make_labels(
+    lm,
+    doc: Document,
+    query: str,
+    accept: Callable[[str], bool],
+    search: str = "group-testing",
+    max_new_tokens: int = 10,
+    chunk_tokens: int | None = None,
+    tolerance: float = 1.0,
+    reuse_prefix: bool = True,
+) -> dict:
     """Evidence and attention labels of one document (module docstring).
 
     The LM answers ``query`` from ``doc`` (one greedy generation); a document whose answer
@@ -115,8 +123,9 @@ def make_labels(lm, doc: Document, query: str, accept: Callable[[str], bool], se
     t0 = time.perf_counter()
     chunks = chunk_units(doc.lengths(lm.tokenizer), chunk_tokens)
     texts = [" ".join(doc.units[i] for i in c) for c in chunks]
-    oracle = SentenceOracle(lm, texts, query, hide="mask", tolerance=tolerance, max_new_tokens=max_new_tokens,
-                            reuse_prefix=reuse_prefix)
+    oracle = SentenceOracle(
+        lm, texts, query, hide="mask", tolerance=tolerance, max_new_tokens=max_new_tokens, reuse_prefix=reuse_prefix
+    )
     out = {"answer": oracle.answer, "correct": False, "passes": 1, "evidence": None, "attention": None}
     if is_empty_answer(oracle.generated) or not accept(oracle.generated):
         return {**out, "seconds": time.perf_counter() - t0}
@@ -127,9 +136,15 @@ def make_labels(lm, doc: Document, query: str, accept: Callable[[str], bool], se
     enc = encode(lm, doc.units, query)  # tokens mapped to units (not chunks)
     same = torch.equal(enc.ids, oracle.enc.ids)  # units read as the search's chunks: its cached keys and values serve
     att = attention_per_unit(lm, enc.ids, enc.item_of_token, len(doc.units), oracle.prefix if same else None)
-    top = torch.argsort(att, descending=True, stable=True)[:max(1, len(evidence))].tolist()
-    return {**out, "correct": True, "passes": ev.forward_passes + 2, "seconds": time.perf_counter() - t0,
-            "evidence": evidence, "attention": sorted(top)}
+    top = torch.argsort(att, descending=True, stable=True)[: max(1, len(evidence))].tolist()
+    return {
+        **out,
+        "correct": True,
+        "passes": ev.forward_passes + 2,
+        "seconds": time.perf_counter() - t0,
+        "evidence": evidence,
+        "attention": sorted(top),
+    }
 
 
 def fit_routers(feats: list[Tensor], labels: dict[str, list[list[int]]], seed: int = 0) -> dict[str, LinearRouter]:
@@ -137,8 +152,12 @@ def fit_routers(feats: list[Tensor], labels: dict[str, list[list[int]]], seed: i
     X = torch.cat(feats)
     out = {}
     for kind, per_doc in labels.items():
-        y = torch.cat([torch.zeros(f.shape[0]).index_fill_(0, torch.tensor(idx, dtype=torch.long), 1.0)
-                       for f, idx in zip(feats, per_doc)])
+        y = torch.cat(
+            [
+                torch.zeros(f.shape[0]).index_fill_(0, torch.tensor(idx, dtype=torch.long), 1.0)
+                for f, idx in zip(feats, per_doc)
+            ]
+        )
         if y.sum() == 0:
             raise MasklabError(f"no positive {kind} labels to train a router on")
         out[kind] = fit_linear(X, y, seed=seed)
@@ -174,9 +193,20 @@ def router_key(model: str, tasks: list[str], length: int, params: dict) -> str:
     return f"{model}-{length}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def train_or_load(lm, model: str, tasks: list[str], length: int, n_per_task: int, cache_dir: Path,
-                  seed: int = 0, task_kw: dict | None = None, max_new_tokens: int = 10,
-                  chunk_tokens: int | None = None, layers: int = ROUTER_LAYERS, log=None) -> tuple[dict, dict]:
+def train_or_load(
+    lm,
+    model: str,
+    tasks: list[str],
+    length: int,
+    n_per_task: int,
+    cache_dir: Path,
+    seed: int = 0,
+    task_kw: dict | None = None,
+    max_new_tokens: int = 10,
+    chunk_tokens: int | None = None,
+    layers: int = ROUTER_LAYERS,
+    log=None,
+) -> tuple[dict, dict]:
     """The evidence and attention routers for (model, task set, length): loaded from
     ``cache_dir`` when trained before with the same settings, else trained on
     ``n_per_task`` generated examples per task from seeds disjoint from the test seeds
@@ -214,8 +244,14 @@ def train_or_load(lm, model: str, tasks: list[str], length: int, n_per_task: int
             )
             got = 0
             for ex in exs:
-                lab = make_labels(lm, ex, ex.query, accept=lambda text, ex=ex: score(text, ex),
-                                  max_new_tokens=max_new_tokens, chunk_tokens=chunk_tokens)
+                lab = make_labels(
+                    lm,
+                    ex,
+                    ex.query,
+                    accept=lambda text, ex=ex: score(text, ex),
+                    max_new_tokens=max_new_tokens,
+                    chunk_tokens=chunk_tokens,
+                )
                 passes += lab["passes"]
                 if lab["evidence"] is None:
                     continue
@@ -227,12 +263,22 @@ def train_or_load(lm, model: str, tasks: list[str], length: int, n_per_task: int
             if log:
                 log(f"router labels {model} {task}@{length}: {got}/{len(exs)} answered correctly")
         if not feats:
-            raise MasklabError(f"{model} answered none of the {n_per_task} training examples per task correctly "
-                               f"at {length} tokens: no evidence to train a router on")
+            raise MasklabError(
+                f"{model} answered none of the {n_per_task} training examples per task correctly "
+                f"at {length} tokens: no evidence to train a router on"
+            )
         routers = fit_routers(feats, labels, seed=seed)
-        meta = {"model": model, "tasks": tasks, "length": length, **params,
-                "examples": n_per_task * len(tasks), "labelled": len(feats), "per_task": per_task,
-                "ev_passes": passes, "seconds": time.perf_counter() - t0,
-                "positives": {k: sum(len(v) for v in labels[k]) for k in LABELS}}
+        meta = {
+            "model": model,
+            "tasks": tasks,
+            "length": length,
+            **params,
+            "examples": n_per_task * len(tasks),
+            "labelled": len(feats),
+            "per_task": per_task,
+            "ev_passes": passes,
+            "seconds": time.perf_counter() - t0,
+            "positives": {k: sum(len(v) for v in labels[k]) for k in LABELS},
+        }
         save_routers(path, routers, meta)
         return load_routers(path)

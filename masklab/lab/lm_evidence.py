@@ -46,9 +46,11 @@ def is_empty_answer(text: str) -> bool:
 
 def empty_answer_message(lm: LoadedModel, generated: str) -> str:
     other = "chat" if getattr(lm, "prompt_format", "raw") == "raw" else "raw"
-    return (f"{lm.name} gave an empty answer ({generated!r}) with prompt format "
-            f"{getattr(lm, 'prompt_format', 'raw')!r}, so there is no evidence to find; the prompt format is "
-            f"the likely cause: try --prompt-format {other}")
+    return (
+        f"{lm.name} gave an empty answer ({generated!r}) with prompt format "
+        f"{getattr(lm, 'prompt_format', 'raw')!r}, so there is no evidence to find; the prompt format is "
+        f"the likely cause: try --prompt-format {other}"
+    )
 
 
 class SentenceOracle:
@@ -60,9 +62,19 @@ class SentenceOracle:
     is read from its first hidden token on (:func:`~masklab.pretrained.lm.answer_scores`).
     """
 
-    def __init__(self, lm: LoadedModel, sentences: list[str], query: str, hide: str = "mask",
-                 tolerance: float = 1.0, max_new_tokens: int = 8, answer_ids: Tensor | None = None,
-                 layers: list[int] | None = None, heads: list[int] | None = None, reuse_prefix: bool = True):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        sentences: list[str],
+        query: str,
+        hide: str = "mask",
+        tolerance: float = 1.0,
+        max_new_tokens: int = 8,
+        answer_ids: Tensor | None = None,
+        layers: list[int] | None = None,
+        heads: list[int] | None = None,
+        reuse_prefix: bool = True,
+    ):
         if hide not in HIDES:
             raise MasklabError(f"unknown hiding method {hide!r}: use one of {', '.join(HIDES)}")
         if hide != "layers" and (layers is not None or heads is not None):
@@ -86,8 +98,9 @@ class SentenceOracle:
         self.answer_ids = answer_ids
         self.answer = lm.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
         self.prefix = context_cache(lm, self.enc.ids, cache) if reuse else None
-        logp, _ = answer_scores(lm, self.enc.ids, answer_ids, torch.ones(1, self.enc.ids.numel(), dtype=torch.bool),
-                                prefix=self.prefix)
+        logp, _ = answer_scores(
+            lm, self.enc.ids, answer_ids, torch.ones(1, self.enc.ids.numel(), dtype=torch.bool), prefix=self.prefix
+        )
         self.full_logp = float(logp[0])
         self.passes = 0
 
@@ -104,8 +117,9 @@ class SentenceOracle:
             in_ctx = item >= 0
             visible[:, in_ctx] = keep[:, item[in_ctx]]
             if self.hide == "layers":
-                return answer_scores(self.lm, self.enc.ids, self.answer_ids, visible, layers=self.layers,
-                                     heads=self.heads, via="hide")
+                return answer_scores(
+                    self.lm, self.enc.ids, self.answer_ids, visible, layers=self.layers, heads=self.heads, via="hide"
+                )
             return answer_scores(self.lm, self.enc.ids, self.answer_ids, visible, prefix=self.prefix)
         out_lp, out_g = [], []
         for row in keep:
@@ -121,9 +135,18 @@ class SentenceOracle:
         return greedy & (logp >= self.full_logp - self.tolerance)
 
 
-def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "group-testing", hide: str = "mask",
-         tolerance: float = 1.0, max_new_tokens: int = 8, contextcite_ablations: int = 32,
-         layers: list[int] | None = None, heads: list[int] | None = None) -> dict:
+def cite(
+    lm: LoadedModel,
+    context: str | list[str],
+    query: str,
+    method: str = "group-testing",
+    hide: str = "mask",
+    tolerance: float = 1.0,
+    max_new_tokens: int = 8,
+    contextcite_ablations: int = 32,
+    layers: list[int] | None = None,
+    heads: list[int] | None = None,
+) -> dict:
     """Evidence sentences of ``lm``'s answer to ``query`` about ``context``.
 
     ``context``: text (split into sentences without downloads) or a list of sentences.
@@ -145,13 +168,21 @@ def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "g
             raise EmptyAnswer(empty_answer_message(lm, res["answer"]))
         scores = res["scores"]
         top = max(range(len(scores)), key=lambda i: scores[i])
-        return {"sentences": sentences, "answer": res["answer"], "answer_logprob": float("nan"), "method": method,
-                "evidence": [top] if scores[top] > 0 else [], "scores": scores,
-                "forward_passes": res["forward_passes"], "seconds": time.perf_counter() - t0}
+        return {
+            "sentences": sentences,
+            "answer": res["answer"],
+            "answer_logprob": float("nan"),
+            "method": method,
+            "evidence": [top] if scores[top] > 0 else [],
+            "scores": scores,
+            "forward_passes": res["forward_passes"],
+            "seconds": time.perf_counter() - t0,
+        }
     if method not in SEARCHES:
         raise MasklabError(f"unknown method {method!r}: use one of {', '.join(list(SEARCHES) + ['contextcite'])}")
-    oracle = SentenceOracle(lm, sentences, query, hide=hide, tolerance=tolerance, max_new_tokens=max_new_tokens,
-                            layers=layers, heads=heads)
+    oracle = SentenceOracle(
+        lm, sentences, query, hide=hide, tolerance=tolerance, max_new_tokens=max_new_tokens, layers=layers, heads=heads
+    )
     if is_empty_answer(oracle.generated):
         raise EmptyAnswer(empty_answer_message(lm, oracle.generated))
     scores = None
@@ -166,8 +197,16 @@ def cite(lm: LoadedModel, context: str | list[str], query: str, method: str = "g
     else:
         ev = SEARCHES[method].find(oracle, len(sentences))
         items, passes = ev.items, ev.forward_passes
-    return {"sentences": sentences, "answer": oracle.answer, "answer_logprob": oracle.full_logp, "method": method,
-            "evidence": items, "scores": scores, "forward_passes": passes + 1, "seconds": time.perf_counter() - t0}
+    return {
+        "sentences": sentences,
+        "answer": oracle.answer,
+        "answer_logprob": oracle.full_logp,
+        "method": method,
+        "evidence": items,
+        "scores": scores,
+        "forward_passes": passes + 1,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def finite(x: float) -> float | None:

@@ -49,7 +49,6 @@ from masklab.text.query import Query
 Step = Callable[[object], tuple[dict, str]]
 
 
-
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, in MiB (monotone over a run)."""
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -78,12 +77,13 @@ def gold_kept(example, pruned: Pruned) -> float:
 
 def gold_top(example, pruned: Pruned) -> float:
     """1.0 when the ``len(gold)`` best-scored units are exactly the gold ones (ties: the earlier unit)."""
-    top = torch.argsort(torch.tensor(pruned.scores), descending=True, stable=True)[:len(example.gold)].tolist()
+    top = torch.argsort(torch.tensor(pruned.scores), descending=True, stable=True)[: len(example.gold)].tolist()
     return float(sorted(top) == sorted(example.gold))
 
 
 def full(lm, new_tokens: int, stop_at_sentence: bool = False) -> Step:
     """The whole context."""
+
     def step(ex) -> tuple[dict, str]:
         r = generate_answer(lm, ex.units, ex.query, new_tokens, stop_at_sentence=stop_at_sentence)
         return {
@@ -100,24 +100,38 @@ def full(lm, new_tokens: int, stop_at_sentence: bool = False) -> Step:
 
 def routed(lm, choose: Callable[[object], Pruned], new_tokens: int, stop_at_sentence: bool = False) -> Step:
     """The units ``choose(example)`` keeps (a router's :meth:`~masklab.context.router.Router.choose`)."""
+
     def step(ex) -> tuple[dict, str]:
         pruned = choose(ex)
         r = generate_answer(lm, [pruned.text], ex.query, new_tokens, stop_at_sentence=stop_at_sentence)
-        row = {"acc": float(ex.is_correct(r["generated"])), "seconds": pruned.seconds + r["seconds"],
-               "prefill_s": r["prefill_seconds"], "kept": pruned.kept_fraction, "gold_kept": gold_kept(ex, pruned),
-               "router_s": pruned.seconds, "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"])}
+        row = {
+            "acc": float(ex.is_correct(r["generated"])),
+            "seconds": pruned.seconds + r["seconds"],
+            "prefill_s": r["prefill_seconds"],
+            "kept": pruned.kept_fraction,
+            "gold_kept": gold_kept(ex, pruned),
+            "router_s": pruned.seconds,
+            "kv_mb": kv_cache_mb(lm, r["tokens"] + r["new_tokens"]),
+        }
         if pruned.compressed is None:
             row["gold_top"] = gold_top(ex, pruned)
         return row, r["generated"]
+
     return step
 
 
 def ranked(choose: Callable[[object], Pruned]) -> Step:
     """A router's choice measured without answering (no model call after the router)."""
+
     def step(ex) -> tuple[dict, str]:
         pruned = choose(ex)
-        return {"kept": pruned.kept_fraction, "gold_kept": gold_kept(ex, pruned), "gold_top": gold_top(ex, pruned),
-                "router_s": pruned.seconds}, ""
+        return {
+            "kept": pruned.kept_fraction,
+            "gold_kept": gold_kept(ex, pruned),
+            "gold_top": gold_top(ex, pruned),
+            "router_s": pruned.seconds,
+        }, ""
+
     return step
 
 
@@ -125,6 +139,7 @@ def pressed(lm, press, keep: float, new_tokens: int) -> Step:
     """A kvpress press (:class:`~masklab.context.presses.Press`) keeping ``keep`` of the
     context's key/value pairs at prefill; ``kv_mb``: the kept context (AdaKV masks, so all of
     it) + the rest of the prompt."""
+
     def step(ex) -> tuple[dict, str]:
         text, secs = press.answer(ex.context, Query.parse(ex.query), keep, max_new_tokens=new_tokens)
         n_ctx = sum(ex.lengths(lm.tokenizer))
@@ -137,6 +152,7 @@ def pressed(lm, press, keep: float, new_tokens: int) -> Step:
             "cache_tokens": press.last_cache_tokens,
             "kv_mb": kv_cache_mb(lm, ctx + rest),
         }, text
+
     return step
 
 

@@ -42,37 +42,80 @@ from masklab.util.files import append_jsonl, make_out_dir, read_jsonl
 from masklab.util.flags import flag, float_list, str_list
 from masklab.text.query import Query
 
-MEASURED = ("bm25", "lexical", "evidence", "attention", "bm25+evidence", "bm25+attention", "dense", "bm25+dense",
-           "longllmlingua")
+MEASURED = (
+    "bm25",
+    "lexical",
+    "evidence",
+    "attention",
+    "bm25+evidence",
+    "bm25+attention",
+    "dense",
+    "bm25+dense",
+    "longllmlingua",
+)
 CONTROL = "bm25"
-PAIRED = ("dense", "bm25+dense", "pruner", "pruner-attention", "pruner-ctx-attention")  # further paired tests: embeddings, their hybrid, the pruners
+PAIRED = (
+    "dense",
+    "bm25+dense",
+    "pruner",
+    "pruner-attention",
+    "pruner-ctx-attention",
+)  # further paired tests: embeddings, their hybrid, the pruners
 
 
 @dataclass
 class RealDocsConfig:
-    model: str = flag(DEFAULT_MODEL, help="registered model (see `masklab models`) or a model directory: it "
-                      "answers, counts tokens and (for trained routers) routes")
-    router_model: str | None = flag(None, metavar="MODEL", default_text="--model's own router",
-                                    help="the packaged model whose first layers and router rank the units for the "
-                                    "trained routers (--model still answers and counts the tokens)")
-    split: str = flag("val", choices=["val", "corpus-val", "test", "test2", "test3"], help="val or corpus-val (the "
-                      "training corpus's val documents: choose methods), test, test2 or test3 (report; test2 and test3 "
-                      "were written later, test3 mostly of evidence across units and passages; every run is logged "
-                      "in OUT/reads.jsonl)")
-    routers: list[str] = flag(factory=lambda: list(MEASURED[:8]), parse=str_list, default_text=",".join(MEASURED[:8]),
-                              help="comma-separated routers: the product's (`masklab compress --list-routers`; "
-                              "the default leaves out the pruner, which is measured by name), the lab's controls "
-                              "and references (masklab.lab.routers: attention, bm25+attention, pruner-attention, "
-                              "pruner-marks, oracle-gold, longllmlingua), and the framework anchors "
-                              f"{', '.join(ANCHORS)} (the anchors extra)")
-    embedder: str | None = flag(None, metavar="DIR", default_text="the packaged all-MiniLM-L6-v2",
-                                help="dense, bm25+dense and the anchors: a sentence-transformers model folder")
-    keep: list[float] = flag(factory=lambda: [0.1, 0.25], parse=float_list, above=0, max=1,
-                             help="kept fractions of the document's tokens")
-    kinds: list[str] = flag(factory=list, parse=str_list, default_text="every kind", help="comma-separated question "
-                            "kinds to measure (single, two, bridge, comparison, latest, multi)")
-    questions: int = flag(0, min=0, help="measure only this many questions (0: every one), taken in turn from each "
-                          "document of the split so every document is in (for slow routers such as longllmlingua)")
+    model: str = flag(
+        DEFAULT_MODEL,
+        help="registered model (see `masklab models`) or a model directory: it "
+        "answers, counts tokens and (for trained routers) routes",
+    )
+    router_model: str | None = flag(
+        None,
+        metavar="MODEL",
+        default_text="--model's own router",
+        help="the packaged model whose first layers and router rank the units for the "
+        "trained routers (--model still answers and counts the tokens)",
+    )
+    split: str = flag(
+        "val",
+        choices=["val", "corpus-val", "test", "test2", "test3"],
+        help="val or corpus-val (the "
+        "training corpus's val documents: choose methods), test, test2 or test3 (report; test2 and test3 "
+        "were written later, test3 mostly of evidence across units and passages; every run is logged "
+        "in OUT/reads.jsonl)",
+    )
+    routers: list[str] = flag(
+        factory=lambda: list(MEASURED[:8]),
+        parse=str_list,
+        default_text=",".join(MEASURED[:8]),
+        help="comma-separated routers: the product's (`masklab compress --list-routers`; "
+        "the default leaves out the pruner, which is measured by name), the lab's controls "
+        "and references (masklab.lab.routers: attention, bm25+attention, pruner-attention, "
+        "pruner-marks, oracle-gold, longllmlingua), and the framework anchors "
+        f"{', '.join(ANCHORS)} (the anchors extra)",
+    )
+    embedder: str | None = flag(
+        None,
+        metavar="DIR",
+        default_text="the packaged all-MiniLM-L6-v2",
+        help="dense, bm25+dense and the anchors: a sentence-transformers model folder",
+    )
+    keep: list[float] = flag(
+        factory=lambda: [0.1, 0.25], parse=float_list, above=0, max=1, help="kept fractions of the document's tokens"
+    )
+    kinds: list[str] = flag(
+        factory=list,
+        parse=str_list,
+        default_text="every kind",
+        help="comma-separated question kinds to measure (single, two, bridge, comparison, latest, multi)",
+    )
+    questions: int = flag(
+        0,
+        min=0,
+        help="measure only this many questions (0: every one), taken in turn from each "
+        "document of the split so every document is in (for slow routers such as longllmlingua)",
+    )
     answers: bool = flag(False, help="also answer from the kept text and from the whole document (slow)")
     max_new_tokens: int = flag(24, min=1, help="longest answer in tokens (answers stop at their first sentence)")
     out: str = flag("runs/realdocs", metavar="DIR", help="output directory")
@@ -96,8 +139,7 @@ def _norm(s: str) -> str:
     return " ".join(s.split())
 
 
-def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, max_new_tokens: int,
-                      docs: dict) -> dict:
+def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, max_new_tokens: int, docs: dict) -> dict:
     """One row: every router on question ``q`` (module docstring)."""
     from masklab.context.answer import generate_answer
     from masklab.text.document import segment
@@ -119,12 +161,24 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
             said[text] = generate_answer(lm, [text], query, max_new_tokens, stop_at_sentence=True)
         return said[text]
 
-    row = {"id": q.id, "doc": q.doc, "kind": q.kind, "units": len(doc.units), "tokens": sum(lengths),
-           "lengths": lengths, "gold": gold, "stale": stale}
+    row = {
+        "id": q.id,
+        "doc": q.doc,
+        "kind": q.kind,
+        "units": len(doc.units),
+        "tokens": sum(lengths),
+        "lengths": lengths,
+        "gold": gold,
+        "stale": stale,
+    }
     if answers:
         r = answer(q.text)
-        row["full"] = {"answer": r["generated"], "correct": q.is_correct(r["generated"]), "seconds": r["seconds"],
-                       "prefill_seconds": r["prefill_seconds"]}
+        row["full"] = {
+            "answer": r["generated"],
+            "correct": q.is_correct(r["generated"]),
+            "seconds": r["seconds"],
+            "prefill_seconds": r["prefill_seconds"],
+        }
     computed: dict = {}  # name -> (scores, seconds): a fused router reuses its parts' scores
     for name, router in sorted(routers.items(), key=lambda kv: isinstance(kv[1], Fused)):
         rec: dict = {}
@@ -137,7 +191,9 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
                 cell = {"kept": all(_norm(e) in text for e in q.evidence), "kept_fraction": p.kept_fraction}
                 if answers:
                     r = answer(p.text)
-                    cell.update(answer=r["generated"], correct=q.is_correct(r["generated"]), seconds=p.seconds + r["seconds"])
+                    cell.update(
+                        answer=r["generated"], correct=q.is_correct(r["generated"]), seconds=p.seconds + r["seconds"]
+                    )
                 rec[str(k)] = cell
             row[name] = rec
             continue
@@ -146,13 +202,20 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
             if answers:
                 for k in keeps:
                     r = answer(texts[k])
-                    rec[str(k)].update(answer=r["generated"], correct=q.is_correct(r["generated"]),
-                                       seconds=rec["router_seconds"] / len(keeps) + r["seconds"])
+                    rec[str(k)].update(
+                        answer=r["generated"],
+                        correct=q.is_correct(r["generated"]),
+                        seconds=rec["router_seconds"] / len(keeps) + r["seconds"],
+                    )
             row[name] = rec
             continue
         part = getattr(router, "other", None)
-        if (isinstance(router, Fused) and "bm25" in computed and part.name in computed
-                and part.meta == getattr(routers[part.name], "meta", None)):  # the same second router: scores reused
+        if (
+            isinstance(router, Fused)
+            and "bm25" in computed
+            and part.name in computed
+            and part.meta == getattr(routers[part.name], "meta", None)
+        ):  # the same second router: scores reused
             (b, tb), (t, tt) = computed["bm25"], computed[part.name]
             scores, rec["router_seconds"] = fuse(b, t, router.how, router.weight), tb + tt
         else:
@@ -172,12 +235,17 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
             rec["default"] = router.default(doc, q.question, gold, lengths)
         for k in keeps:
             kept = set(select(scores, lengths, k, fill=True, context=router.neighbours))
-            cell = {"kept": all(u in kept for g in gold for u in g),
-                    "kept_fraction": sum(lengths[i] for i in kept) / sum(lengths)}
+            cell = {
+                "kept": all(u in kept for g in gold for u in g),
+                "kept_fraction": sum(lengths[i] for i in kept) / sum(lengths),
+            }
             if answers:
                 r = answer(doc.text_of(sorted(kept)))
-                cell.update(answer=r["generated"], correct=q.is_correct(r["generated"]),
-                            seconds=rec["router_seconds"] + r["seconds"])
+                cell.update(
+                    answer=r["generated"],
+                    correct=q.is_correct(r["generated"]),
+                    seconds=rec["router_seconds"] + r["seconds"],
+                )
             rec[str(k)] = cell
         row[name] = rec
     return row
@@ -211,9 +279,12 @@ def summarise(rows: list[dict], names: list[str], keeps: list[float]) -> list[di
 
     from masklab.lab.tasks.realdocs import KINDS, MULTI_UNIT
 
-    groups = {"all": rows, "two+latest": [r for r in rows if r["kind"] != "single"],
-              "multi-unit": [r for r in rows if r["kind"] in MULTI_UNIT],
-              **{k: [r for r in rows if r["kind"] == k] for k in KINDS}}
+    groups = {
+        "all": rows,
+        "two+latest": [r for r in rows if r["kind"] != "single"],
+        "multi-unit": [r for r in rows if r["kind"] in MULTI_UNIT],
+        **{k: [r for r in rows if r["kind"] == k] for k in KINDS},
+    }
     out = []
     for g, cell in groups.items():
         if not cell:
@@ -223,8 +294,12 @@ def summarise(rows: list[dict], names: list[str], keeps: list[float]) -> list[di
             lo, hi = wilson(k, len(cell))
             out.append({"task": g, "method": "full", "n": len(cell), "acc": k / len(cell), "acc_lo": lo, "acc_hi": hi})
         for m in names:
-            s: dict = {"task": g, "method": m, "n": len(cell),
-                       "router_seconds": sum(r[m]["router_seconds"] for r in cell) / len(cell)}
+            s: dict = {
+                "task": g,
+                "method": m,
+                "n": len(cell),
+                "router_seconds": sum(r[m]["router_seconds"] for r in cell) / len(cell),
+            }
             if "rr" in cell[0][m]:
                 s["mrr"] = sum(r[m]["rr"] for r in cell) / len(cell)
                 for at in (1, 3):
@@ -234,10 +309,16 @@ def summarise(rows: list[dict], names: list[str], keeps: list[float]) -> list[di
                 if "default" in cell[0][m]:  # LangChain's EmbeddingsFilter at its default k
                     k = sum(r[m]["default"]["kept"] for r in cell)
                     lo, hi = wilson(k, len(cell))
-                    s.update({"default_k": cell[0][m]["default"]["k"], "default_kept": k / len(cell),
-                              "default_kept_lo": lo, "default_kept_hi": hi,
-                              "default_units": sum(r[m]["default"]["units"] for r in cell) / len(cell),
-                              "default_fraction": sum(r[m]["default"]["kept_fraction"] for r in cell) / len(cell)})
+                    s.update(
+                        {
+                            "default_k": cell[0][m]["default"]["k"],
+                            "default_kept": k / len(cell),
+                            "default_kept_lo": lo,
+                            "default_kept_hi": hi,
+                            "default_units": sum(r[m]["default"]["units"] for r in cell) / len(cell),
+                            "default_fraction": sum(r[m]["default"]["kept_fraction"] for r in cell) / len(cell),
+                        }
+                    )
                 lat = [r for r in cell if "latest_first" in r[m]]
                 if lat:
                     k = sum(r[m]["latest_first"] for r in lat)
@@ -245,33 +326,50 @@ def summarise(rows: list[dict], names: list[str], keeps: list[float]) -> list[di
                 if m != CONTROL and CONTROL in cell[0]:
                     s["p_mrr_vs_bm25"] = sign_flip_p([r[m]["rr"] for r in cell], [r[CONTROL]["rr"] for r in cell])
                     if lat:
-                        s["p_latest_vs_bm25"] = mcnemar([r[m]["latest_first"] for r in lat],
-                                                        [r[CONTROL]["latest_first"] for r in lat])
+                        s["p_latest_vs_bm25"] = mcnemar(
+                            [r[m]["latest_first"] for r in lat], [r[CONTROL]["latest_first"] for r in lat]
+                        )
             for kp in keeps:
                 key, tag = str(kp), pct(kp)
                 k = sum(r[m][key]["kept"] for r in cell)
                 lo, hi = wilson(k, len(cell))
-                s.update({f"kept@{tag}": k / len(cell), f"kept@{tag}_lo": lo, f"kept@{tag}_hi": hi,
-                          f"fraction@{tag}": sum(r[m][key]["kept_fraction"] for r in cell) / len(cell)})
+                s.update(
+                    {
+                        f"kept@{tag}": k / len(cell),
+                        f"kept@{tag}_lo": lo,
+                        f"kept@{tag}_hi": hi,
+                        f"fraction@{tag}": sum(r[m][key]["kept_fraction"] for r in cell) / len(cell),
+                    }
+                )
                 if m != CONTROL and CONTROL in cell[0]:
-                    s[f"p_kept@{tag}_vs_bm25"] = mcnemar([r[m][key]["kept"] for r in cell],
-                                                         [r[CONTROL][key]["kept"] for r in cell])
+                    s[f"p_kept@{tag}_vs_bm25"] = mcnemar(
+                        [r[m][key]["kept"] for r in cell], [r[CONTROL][key]["kept"] for r in cell]
+                    )
                 if "correct" in cell[0][m][key]:
                     k = sum(r[m][key]["correct"] for r in cell)
                     lo, hi = wilson(k, len(cell))
-                    s.update({f"acc@{tag}": k / len(cell), f"acc@{tag}_lo": lo, f"acc@{tag}_hi": hi,
-                              f"p_acc@{tag}_vs_full": mcnemar([r[m][key]["correct"] for r in cell],
-                                                              [r["full"]["correct"] for r in cell])})
+                    s.update(
+                        {
+                            f"acc@{tag}": k / len(cell),
+                            f"acc@{tag}_lo": lo,
+                            f"acc@{tag}_hi": hi,
+                            f"p_acc@{tag}_vs_full": mcnemar(
+                                [r[m][key]["correct"] for r in cell], [r["full"]["correct"] for r in cell]
+                            ),
+                        }
+                    )
                     if m != CONTROL and CONTROL in cell[0]:
-                        s[f"p_acc@{tag}_vs_bm25"] = mcnemar([r[m][key]["correct"] for r in cell],
-                                                            [r[CONTROL][key]["correct"] for r in cell])
+                        s[f"p_acc@{tag}_vs_bm25"] = mcnemar(
+                            [r[m][key]["correct"] for r in cell], [r[CONTROL][key]["correct"] for r in cell]
+                        )
             for other in PAIRED:  # the further controls, where measured beside
                 if m == other or other not in cell[0] or "rr" not in cell[0][m] or "rr" not in cell[0][other]:
                     continue
                 s[f"p_mrr_vs_{other}"] = sign_flip_p([r[m]["rr"] for r in cell], [r[other]["rr"] for r in cell])
                 for kp in keeps:
-                    s[f"p_kept@{pct(kp)}_vs_{other}"] = mcnemar([r[m][str(kp)]["kept"] for r in cell],
-                                                               [r[other][str(kp)]["kept"] for r in cell])
+                    s[f"p_kept@{pct(kp)}_vs_{other}"] = mcnemar(
+                        [r[m][str(kp)]["kept"] for r in cell], [r[other][str(kp)]["kept"] for r in cell]
+                    )
             out.append(s)
     return out
 
@@ -288,21 +386,34 @@ def markdown(res: dict) -> str:
     head = ["questions", "router", "n", "MRR", "recall@1", "latest first"] + [f"kept@{k}%" for k in keeps]
     if res["config"]["answers"]:
         head += [f"acc@{k}%" for k in keeps] + ["acc (full)"]
-    lines = [f"# Routers on the real-document benchmark ({res['split']}, {res['model']}, benchmark "
-             f"{res['benchmark']})", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"# Routers on the real-document benchmark ({res['split']}, {res['model']}, benchmark {res['benchmark']})",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     full = {s["task"]: s for s in res["summary"] if s["method"] == "full"}
     for s in res["summary"]:
         if s["method"] == "full":
             continue
-        cells = [s["task"], s["method"], str(s["n"]), f"{s['mrr']:.3f}" if "mrr" in s else "-", _fmt(s, "r@1"),
-                 f"{s['latest_first']:.2f}" if "latest_first" in s else "-"] + [_kept_cell(s, k) for k in keeps]
+        cells = [
+            s["task"],
+            s["method"],
+            str(s["n"]),
+            f"{s['mrr']:.3f}" if "mrr" in s else "-",
+            _fmt(s, "r@1"),
+            f"{s['latest_first']:.2f}" if "latest_first" in s else "-",
+        ] + [_kept_cell(s, k) for k in keeps]
         if res["config"]["answers"]:
             cells += [_fmt(s, f"acc@{k}") for k in keeps] + [_fmt(full.get(s["task"], {}), "acc")]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [f"\n{s['method']} at its default k={s['default_k']} ({s['task']}): every answering unit among what it "
-              f"returns for {_fmt(s, 'default_kept')} of questions; it returns {s['default_units']:.1f} units, "
-              f"{s['default_fraction']:.2f} of the tokens" for s in res["summary"]
-              if "default_kept" in s and s["task"] == "all"]
+    lines += [
+        f"\n{s['method']} at its default k={s['default_k']} ({s['task']}): every answering unit among what it "
+        f"returns for {_fmt(s, 'default_kept')} of questions; it returns {s['default_units']:.1f} units, "
+        f"{s['default_fraction']:.2f} of the tokens"
+        for s in res["summary"]
+        if "default_kept" in s and s["task"] == "all"
+    ]
     return "\n".join(lines)
 
 
@@ -367,28 +478,49 @@ def run(cfg: RealDocsConfig) -> int:
     if cfg.kinds:
         questions = [q for q in questions if q.kind in cfg.kinds]
     if cfg.questions:
-        questions = in_turn(questions)[:cfg.questions]
+        questions = in_turn(questions)[: cfg.questions]
     out = make_out_dir(cfg.out)
     lm = load(cfg.model, threads=cfg.threads, device=dev)
     given = {"embedder": cfg.embedder, "router_model": cfg.router_model}  # for the routers that take them
-    routers = {n: anchors.load_anchor(n, lm, cfg.embedder) if n in ANCHORS else
-               load_any(n, lm, **{k: v for k, v in given.items() if takes(n, k)}) for n in cfg.routers}
-    stamp = {"benchmark": realdocs.benchmark_digest(cfg.split), "model": lm.name,
-             "router_model": cfg.router_model or lm.name, "embedder": cfg.embedder,
-             "weights": weights_digest(cfg.router_model or lm.name, cfg.routers),
-             "answers": cfg.answers, "keep": cfg.keep, "max_new_tokens": cfg.max_new_tokens}
+    routers = {
+        n: anchors.load_anchor(n, lm, cfg.embedder)
+        if n in ANCHORS
+        else load_any(n, lm, **{k: v for k, v in given.items() if takes(n, k)})
+        for n in cfg.routers
+    }
+    stamp = {
+        "benchmark": realdocs.benchmark_digest(cfg.split),
+        "model": lm.name,
+        "router_model": cfg.router_model or lm.name,
+        "embedder": cfg.embedder,
+        "weights": weights_digest(cfg.router_model or lm.name, cfg.routers),
+        "answers": cfg.answers,
+        "keep": cfg.keep,
+        "max_new_tokens": cfg.max_new_tokens,
+    }
     code = {"code": code_hash("masklab.lab.realdocs"), "code_ast": code_ast("masklab.lab.realdocs")}
     # recorded per row, taken at the start (`masklab report --stale` reads them); resume keys on the stamp
     path = out / f"rows_{cfg.split}.jsonl"
-    done = {r["id"]: r for r in read_jsonl(path)
-            if {k: _stamp_of(r).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)}
+    done = {
+        r["id"]: r
+        for r in read_jsonl(path)
+        if {k: _stamp_of(r).get(k) for k in stamp} == stamp and all(n in r for n in cfg.routers)
+    }
     todo = [q for q in questions if q.id not in done]
     if cfg.split.startswith("test") and todo:  # a new measurement on a test split, not a re-summary
-        append_jsonl(out / "reads.jsonl", {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "split": cfg.split,
-                                           "model": lm.name,
-                                           "routers": cfg.routers, "weights": stamp["weights"],
-                                           "benchmark": stamp["benchmark"], "answers": cfg.answers,
-                                           "questions": len(todo)})
+        append_jsonl(
+            out / "reads.jsonl",
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "split": cfg.split,
+                "model": lm.name,
+                "routers": cfg.routers,
+                "weights": stamp["weights"],
+                "benchmark": stamp["benchmark"],
+                "answers": cfg.answers,
+                "questions": len(todo),
+            },
+        )
     docs: dict = {}
     it = todo
     if cfg.progress and todo:
@@ -404,14 +536,26 @@ def run(cfg: RealDocsConfig) -> int:
             done[q.id] = row
     rows = [done[q.id] for q in questions]
     reads = sum(r.get("split", "test") == cfg.split for r in read_jsonl(out / "reads.jsonl"))
-    res = {"command": cfg.command, "model": lm.name, "router_model": stamp["router_model"], "split": cfg.split,
-           "benchmark": stamp["benchmark"],
-           "weights": stamp["weights"], "code": sorted({r["stamp"]["code"] for r in rows}),
-           "questions": {"n": len(rows), "documents": len({r["doc"] for r in rows}),
-                         **{k: sum(r["kind"] == k for r in rows) for k in realdocs.KINDS}}, "config": asdict(cfg), "test_reads": reads,
-           "device": devices.describe(lm.model.device, cfg.precision),
-           "seconds": {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0},
-           "summary": summarise(rows, cfg.routers, cfg.keep), "rows": rows}
+    res = {
+        "command": cfg.command,
+        "model": lm.name,
+        "router_model": stamp["router_model"],
+        "split": cfg.split,
+        "benchmark": stamp["benchmark"],
+        "weights": stamp["weights"],
+        "code": sorted({r["stamp"]["code"] for r in rows}),
+        "questions": {
+            "n": len(rows),
+            "documents": len({r["doc"] for r in rows}),
+            **{k: sum(r["kind"] == k for r in rows) for k in realdocs.KINDS},
+        },
+        "config": asdict(cfg),
+        "test_reads": reads,
+        "device": devices.describe(lm.model.device, cfg.precision),
+        "seconds": {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0},
+        "summary": summarise(rows, cfg.routers, cfg.keep),
+        "rows": rows,
+    }
     previous = out / f"results_{cfg.split}.json"
     if not todo and previous.is_file():  # a re-summary: the seconds stay those of the run that measured
         res["seconds"] = json.loads(previous.read_text()).get("seconds", res["seconds"])
@@ -424,8 +568,9 @@ def run(cfg: RealDocsConfig) -> int:
 def add_parser(sub) -> None:
     from masklab.util.flags import add_flags
 
-    p = sub.add_parser("realdocs", help="measure routers on the frozen real-document benchmark",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "realdocs", help="measure routers on the frozen real-document benchmark", description=__doc__.splitlines()[0]
+    )
     add_flags(p, RealDocsConfig)
     p.set_defaults(handler=main)
 
@@ -437,13 +582,17 @@ def main(args) -> int:
     from masklab.util.flags import config_from_args
 
     cfg = config_from_args(args, RealDocsConfig())
-    cfg = dataclasses.replace(cfg, command="masklab " + shlex.join(sys.argv[1:]), device=args.device,
-                              precision=args.precision)
+    cfg = dataclasses.replace(
+        cfg, command="masklab " + shlex.join(sys.argv[1:]), device=args.device, precision=args.precision
+    )
     return run(cfg)
 
 
-CANDIDATES = ([("z", w) for w in (0.25, 0.5, 1.0, 2.0)] + [("rrf", w) for w in (0.5, 1.0, 2.0)]
-              + [("rerank", k) for k in (3, 5, 10)])
+CANDIDATES = (
+    [("z", w) for w in (0.25, 0.5, 1.0, 2.0)]
+    + [("rrf", w) for w in (0.5, 1.0, 2.0)]
+    + [("rerank", k) for k in (3, 5, 10)]
+)
 
 
 def fusion_grid(runs: dict[str, list[dict]], other: str = "evidence", keep: float = 0.1) -> list[dict]:

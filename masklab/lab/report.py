@@ -38,8 +38,8 @@ def is_p_value(name: str) -> bool:
 def fmt_p(value: Any, digits: int = 3) -> str:
     """A p-value: as :func:`fmt`, but one that rounds to zero prints ``< 0.001`` (for 3 digits),
     not ``0.000``: a test never shows p = 0."""
-    if isinstance(value, (int, float)) and 0 <= value < 0.5 * 10 ** -digits:
-        return f"< {10 ** -digits:.{digits}f}"
+    if isinstance(value, (int, float)) and 0 <= value < 0.5 * 10**-digits:
+        return f"< {10**-digits:.{digits}f}"
     return fmt(value, digits)
 
 
@@ -85,7 +85,9 @@ def code_note(results: dict) -> str:
     return f"**Warning: this table mixes runs made by different code** ({parts}); rerun without `--keep-old-runs` to redo the old ones."
 
 
-def write_markdown(results: dict, out: Path, metrics: list[str], command: str, notes: str = "", figures: list[str] = ()) -> None:
+def write_markdown(
+    results: dict, out: Path, metrics: list[str], command: str, notes: str = "", figures: list[str] = ()
+) -> None:
     """Write ``out/results.md``."""
     parts = [
         f"# {results['study']}",
@@ -169,7 +171,9 @@ def plot_curves(
     save_figure(fig, path)
 
 
-def plot_bars(runs: list[dict], metric: str, path: Path, ylabel: str | None = None, title: str = "", hline: float | None = None) -> None:
+def plot_bars(
+    runs: list[dict], metric: str, path: Path, ylabel: str | None = None, title: str = "", hline: float | None = None
+) -> None:
     """Panel per task; one bar per method (mean over seeds) with every seed as a dot."""
     tasks = list(dict.fromkeys(r["task"] for r in runs))
     methods = list(dict.fromkeys(r["method"] for r in runs))

@@ -79,8 +79,11 @@ MOVED = {  # old module or package -> new (the layout move of 2026-12-04, issue 
 BEFORE_MOVE = "masklab.errors"
 # the packages the move made (each ``__init__`` a docstring only, as ``pass`` once normalised)
 NEW_PACKAGES = ("masklab.util", "masklab.priors", "masklab.text", "masklab.lab", "masklab.lab.routers")
-_FROM = re.compile(r"^(?P<indent>[ \t]*)from (?P<mod>masklab(?:\.\w+)*) import (?P<names>\([^)]*\)|[^\n#]*?)"
-                   r"(?P<tail>[ \t]*(?:#[^\n]*)?)$", re.M)
+_FROM = re.compile(
+    r"^(?P<indent>[ \t]*)from (?P<mod>masklab(?:\.\w+)*) import (?P<names>\([^)]*\)|[^\n#]*?)"
+    r"(?P<tail>[ \t]*(?:#[^\n]*)?)$",
+    re.M,
+)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -145,11 +148,15 @@ def after_move(files: dict[str, bytes]) -> dict[str, bytes]:
     :data:`NEW_PACKAGES`, are there with an empty body); later ones as they are."""
     if BEFORE_MOVE not in files:
         return files
-    out = {**{p: b"pass\n" for p in NEW_PACKAGES}, **{moved(m): moved_source(src.decode()).encode() for m, src in files.items()}}
+    out = {
+        **{p: b"pass\n" for p in NEW_PACKAGES},
+        **{moved(m): moved_source(src.decode()).encode() for m, src in files.items()},
+    }
     if "masklab" in out:
         relative = re.compile(r'(": ")(\w+)(")')
-        out["masklab"] = relative.sub(lambda m: m[1] + moved(f"masklab.{m[2]}").removeprefix("masklab.") + m[3],
-                                      out["masklab"].decode()).encode()
+        out["masklab"] = relative.sub(
+            lambda m: m[1] + moved(f"masklab.{m[2]}").removeprefix("masklab.") + m[3], out["masklab"].decode()
+        ).encode()
     return out
 
 
@@ -194,14 +201,24 @@ def normalised(tree: ast.AST) -> str:
     of every class and function dropped (a body left empty reads as ``pass``) and with
     fields that are None or empty left out (so a field a newer Python adds with an empty
     default, as 3.12 added ``type_params``, does not change it)."""
+
     def text(node: object) -> str:
         if isinstance(node, ast.AST):
             body = getattr(node, "body", None)
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
-                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            if (
+                isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 body = body[1:] or [ast.Pass()]
             fields = [(f, body if f == "body" else getattr(node, f, None)) for f in node._fields]
-            return f"{type(node).__name__}(" + ", ".join(f"{f}={text(v)}" for f, v in fields if v is not None and v != []) + ")"
+            return (
+                f"{type(node).__name__}("
+                + ", ".join(f"{f}={text(v)}" for f, v in fields if v is not None and v != [])
+                + ")"
+            )
         if isinstance(node, list):
             return "[" + ", ".join(text(v) for v in node) + "]"
         return repr(node)
@@ -248,7 +265,9 @@ def code_ast(module: str, root: Path = ROOT) -> str:
     return closure_hash(module, sources(root), normalise=True)
 
 
-def closure_hash(module: str, files: dict[str, bytes], normalise: bool = False, graph: dict[str, set[str]] | None = None) -> str:
+def closure_hash(
+    module: str, files: dict[str, bytes], normalise: bool = False, graph: dict[str, set[str]] | None = None
+) -> str:
     """:func:`code_hash` (or with ``normalise`` :func:`code_ast`) of ``module`` over the
     sources ``files`` (module name -> bytes; ``graph``: their :func:`graph_of`, if known)."""
     graph = graph_of(files) if graph is None else graph
@@ -275,6 +294,7 @@ def outside_source(module: str) -> str:
 def git_rev() -> str | None:
     """Short git revision of the checkout masklab runs from, with ``+`` when masklab's
     source has uncommitted changes; None when it is not a git checkout."""
+
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=5)
 
@@ -330,18 +350,27 @@ class History:
             self._read([b for b in files.values() if b not in self.blobs])
         except (OSError, subprocess.SubprocessError):
             return None
-        return {module_name(self.root / Path(path).relative_to(self.prefix), self.root): self.blobs[blob] for path, blob in files.items()}
+        return {
+            module_name(self.root / Path(path).relative_to(self.prefix), self.root): self.blobs[blob]
+            for path, blob in files.items()
+        }
 
     def _read(self, blobs: list[str]) -> None:
         if not blobs:
             return
-        p = subprocess.run(["git", "cat-file", "--batch"], cwd=self.cwd, input="".join(b + "\n" for b in blobs).encode(),
-                           capture_output=True, timeout=120, check=True)
+        p = subprocess.run(
+            ["git", "cat-file", "--batch"],
+            cwd=self.cwd,
+            input="".join(b + "\n" for b in blobs).encode(),
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
         data, at = p.stdout, 0
         for blob in blobs:
             end = data.index(b"\n", at)
             size = int(data[at:end].split()[2])
-            self.blobs[blob] = data[end + 1:end + 1 + size]
+            self.blobs[blob] = data[end + 1 : end + 1 + size]
             at = end + 1 + size + 1
 
     def commits(self, since: str | None, until: str) -> list[str]:
@@ -447,7 +476,9 @@ class Staleness:
             except (SyntaxError, ValueError):  # a revision whose source does not parse made no run
                 graph = {}
             name = moved if BEFORE_MOVE in files else str
-            memo[rev] = {closure_hash(m, files, normalise, graph): m for m in graph if name(m).startswith(self.prefixes)}
+            memo[rev] = {
+                closure_hash(m, files, normalise, graph): m for m in graph if name(m).startswith(self.prefixes)
+            }
         return memo[rev]
 
     def changed(self, module: str, then: dict[str, bytes]) -> list[str]:

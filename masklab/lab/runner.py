@@ -92,7 +92,9 @@ class Checkpoint:
     def exists(self) -> bool:
         return (self.dir / "ckpt.json").exists() and (self.dir / "ckpt.safetensors").exists()
 
-    def save(self, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, extra: dict) -> None:
+    def save(
+        self, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, extra: dict
+    ) -> None:
         # cloned: tied weights (a GPT's embedding and LM head) share memory, which safetensors refuses
         # (.cpu(): a model on CUDA is saved as CPU tensors, a no-op on the CPU)
         tensors = {f"model.{k}": v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
@@ -221,7 +223,11 @@ def run_study(
         raise MasklabError(f"--threads must be >= 1, got {threads}")
     if device is not None or precision is not None:
         keep = device is None  # only the precision given: keep the device and how it was chosen
-        with devices.using(devices.current() if keep else device, precision or devices.precision(), devices.chosen_by_auto() if keep else None):
+        with devices.using(
+            devices.current() if keep else device,
+            precision or devices.precision(),
+            devices.chosen_by_auto() if keep else None,
+        ):
             return run_study(study, config, specs, fn_path, out, jobs, threads, paper, progress, executor)
     # a run function whose module declares no DEVICES computes on the CPU only, no PRECISIONS in fp32 only
     module = sys.modules[resolve(fn_path).__module__]
@@ -229,8 +235,9 @@ def run_study(
     if fallback is not None:
         return run_study(study, config, specs, fn_path, out, jobs, threads, paper, progress, executor, device=fallback)
     if devices.precision() not in getattr(module, "PRECISIONS", ("fp32",)):
-        raise MasklabError(f"{study} computes in fp32 only: its passes do not autocast to {devices.precision()} yet; "
-                           "drop --precision")
+        raise MasklabError(
+            f"{study} computes in fp32 only: its passes do not autocast to {devices.precision()} yet; drop --precision"
+        )
     where = devices.describe()
     main = distributed.is_main()
     if distributed.world_size() > 1:
@@ -249,7 +256,9 @@ def run_study(
         path = out / "runs" / f"{s.key}.json"
         if path.exists():
             rec = read_json(path)
-            same_place = rec.get("device", "cpu") == where["device"] and rec.get("precision", "fp32") == where["precision"]
+            same_place = (
+                rec.get("device", "cpu") == where["device"] and rec.get("precision", "fp32") == where["precision"]
+            )
             # by code_ast (comments, docstrings, formatting aside); a record older than it by code
             same_code = rec["code_ast"] == code_ast if "code_ast" in rec else rec.get("code") == code
             if rec.get("spec") == s.as_dict() and (KEEP_OLD_RUNS or (same_code and same_place)):
@@ -261,8 +270,14 @@ def run_study(
             claim_checkpoint(out / "ckpt" / s.key, code_ast, also=code)
     distributed.barrier()  # every rank has decided what to resume before anyone writes
     if executor is None:
-        executor = executors.current(jobs, write=main) if distributed.world_size() == 1 else executors.LocalExecutor(1, write=main)
-    bar = tqdm(total=len(specs), initial=len(done), desc=study, unit="run", disable=not (progress and main), file=sys.stderr)
+        executor = (
+            executors.current(jobs, write=main)
+            if distributed.world_size() == 1
+            else executors.LocalExecutor(1, write=main)
+        )
+    bar = tqdm(
+        total=len(specs), initial=len(done), desc=study, unit="run", disable=not (progress and main), file=sys.stderr
+    )
     try:
         for key, rec in executor.run(fn_path, todo, out, threads, bar.set_postfix_str):
             done[key] = rec

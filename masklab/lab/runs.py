@@ -18,6 +18,7 @@ from masklab.util import device as devices
 from masklab.lab import revision
 from masklab.util.errors import MasklabError
 
+
 @dataclass
 class RunSpec:
     """One run of a study. ``params`` must be JSON-serialisable.
@@ -55,7 +56,9 @@ def resolve(path: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
-def execute(fn_path: str, spec: dict, ckpt_dir: Path, threads: int, device: str | None = None, precision: str | None = None) -> dict:
+def execute(
+    fn_path: str, spec: dict, ckpt_dir: Path, threads: int, device: str | None = None, precision: str | None = None
+) -> dict:
     """Run one spec and return its result record (what lands in ``runs/<key>.json``), with
     the code that made it (``code``, ``code_ast``, ``git_rev``: :mod:`masklab.lab.revision`;
     the hashes are taken before the run starts, once per process) and where it

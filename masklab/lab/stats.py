@@ -36,8 +36,9 @@ def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> float:
     return float(binomtest(only_a, only_a + only_b, 0.5).pvalue)
 
 
-def bootstrap_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 2000,
-                    seed: int = 0) -> tuple[float, float]:
+def bootstrap_ratio(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     """``(low, high)`` percentile bootstrap interval of ``mean(a) / mean(b)``, resampling
     the paired examples."""
     import numpy as np

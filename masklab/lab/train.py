@@ -36,7 +36,13 @@ from masklab.priors.qk_init import QK_INITS
 from masklab.lab.runner import Checkpoint, MasklabError, warmup_cosine
 
 #: method name -> MaskPrior mode (``mask-nopos``: the lm study's prior without position embeddings)
-MASK_MODES = {"mask": "learnable", "mask-frozen": "frozen", "mask-hard": "hard", "mask-nopos": "learnable", "mask-zero": "learnable"}
+MASK_MODES = {
+    "mask": "learnable",
+    "mask-frozen": "frozen",
+    "mask-hard": "hard",
+    "mask-nopos": "learnable",
+    "mask-zero": "learnable",
+}
 #: methods whose MaskPrior has the structure's shape but none of its pattern (``M = 0``
 #: everywhere, :meth:`masklab.priors.bias.MaskPrior.uniform`): ``mask-zero`` has the learnable
 #: parameters of ``mask`` (same shape, optimiser group, no weight decay) without the prior,
@@ -47,7 +53,9 @@ UNSTRUCTURED = {"mask-zero"}
 # ----------------------------------------------------------------------------- methods
 
 
-def priors_for(method: str, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0) -> list[nn.Module] | None:
+def priors_for(
+    method: str, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0
+) -> list[nn.Module] | None:
     """One attention prior per block for ``method``, or None (no prior).
 
     structures: one ``(H|1, T, T)`` structure in [0, 1] per block. ``mask``, ``mask-frozen``,
@@ -65,7 +73,14 @@ def priors_for(method: str, structures: list[Tensor], allowed: float = 6.0, supp
     return None
 
 
-def init_qk(method: str, model: nn.Module, structures: list[Tensor], allowed: float, suppressed: float, sample: Callable[[], Tensor]) -> None:
+def init_qk(
+    method: str,
+    model: nn.Module,
+    structures: list[Tensor],
+    allowed: float,
+    suppressed: float,
+    sample: Callable[[], Tensor],
+) -> None:
     """Apply the QK init named ``method`` (:data:`masklab.priors.qk_init.QK_INITS`: ``vanilla``,
     ``default``, ``qk-svd``, ``qk-opt``, ``mimetic``, ``impulse``) to ``model`` in place; other
     methods (priors) leave the model alone. ``sample()`` returns the init-time model inputs
@@ -93,6 +108,7 @@ class Recipe:
     @property
     def warmup_steps(self) -> int:
         return max(1, int(self.warmup * self.steps)) if self.warmup > 0 else 0
+
     floor: float = 1.0
     evals: int = 10
     clip: float | None = None
@@ -187,7 +203,9 @@ def train(
             record(step, float(np.mean(running)))
             running = []
             if dist.is_main():
-                ckpt.save(step, model, opt, gen, {"curves": curves, "cpu_seconds": cpu_before + time.process_time() - cpu0})
+                ckpt.save(
+                    step, model, opt, gen, {"curves": curves, "cpu_seconds": cpu_before + time.process_time() - cpu0}
+                )
             dist.barrier()
     dist.barrier()
     if dist.is_main():
@@ -198,7 +216,9 @@ def train(
 # ----------------------------------------------------------------------------- metrics
 
 
-def steps_to(steps: list[int], values: list[float], target: float, above: bool = True, stay: bool = False) -> int | None:
+def steps_to(
+    steps: list[int], values: list[float], target: float, above: bool = True, stay: bool = False
+) -> int | None:
     """The first evaluation step whose value reaches ``target`` (``>=`` when ``above``, else
     ``<=``); with ``stay``, the first step from which every later value reaches it. None if
     none does."""

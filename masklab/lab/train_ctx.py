@@ -72,11 +72,11 @@ def train(examples: list[Example], cfg: HeadConfig) -> tuple[ContextHead, dict]:
         for b in range(0, len(order), 16):
             opt.zero_grad()
             loss = torch.zeros(())
-            for k in order[b:b + 16]:
+            for k in order[b : b + 16]:
                 s, x = feats[k]
                 logp = (head.rank_scores(s, x) / TEMPERATURE).log_softmax(-1)
                 loss = loss - logp[usable[k].target].mean()
-            (loss / len(order[b:b + 16])).backward()
+            (loss / len(order[b : b + 16])).backward()
             opt.step()
             total += float(loss.detach())
         losses.append(total / len(order))
@@ -88,8 +88,13 @@ def train(examples: list[Example], cfg: HeadConfig) -> tuple[ContextHead, dict]:
     lr = LogisticRegression(C=10.0).fit(r[:, None].numpy(), y.numpy())
     head.calibration.copy_(torch.tensor([float(lr.coef_[0, 0]), float(lr.intercept_[0])]))
     head.eval()
-    return head, {"examples": len(usable), "loss": losses, "calibration": head.calibration.tolist(),
-                  "seconds": time.perf_counter() - t0, "config": asdict(cfg)}
+    return head, {
+        "examples": len(usable),
+        "loss": losses,
+        "calibration": head.calibration.tolist(),
+        "seconds": time.perf_counter() - t0,
+        "config": asdict(cfg),
+    }
 
 
 def save(head: ContextHead, path: Path, meta: dict) -> None:
@@ -98,8 +103,9 @@ def save(head: ContextHead, path: Path, meta: dict) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(path))
-    path.with_suffix(".json").write_text(json.dumps({"design": "context-head", "features": list(FEATURES), **meta},
-                                                    indent=1) + "\n")
+    path.with_suffix(".json").write_text(
+        json.dumps({"design": "context-head", "features": list(FEATURES), **meta}, indent=1) + "\n"
+    )
 
 
 VARIANTS = ("lasso", "keepset", "union", "attention", "marks")
@@ -137,8 +143,10 @@ def material(model: str, tok) -> tuple[dict, dict, dict, list, dict]:
     labels = CORPUS_LABELS
     lasso = {r["id"]: r for f in sorted(labels.glob(f"labels-{model}-train*.jsonl")) for r in read_jsonl(f)}
     if not lasso:
-        raise MasklabError(f"no corpus labels for {model} in {labels} (scripts/label_corpus.py makes them): "
-                           "train on your own documents instead (--docs, --questions)")
+        raise MasklabError(
+            f"no corpus labels for {model} in {labels} (scripts/label_corpus.py makes them): "
+            "train on your own documents instead (--docs, --questions)"
+        )
     keepset_file = labels / f"labels-keepset-{model}-train.jsonl"
     keepset = {r["id"]: r for r in read_jsonl(keepset_file)} if keepset_file.is_file() else {}
     corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
@@ -195,8 +203,16 @@ def keep_rules(rows: list[dict], target: float, context: int = 0) -> list[dict]:
             continue
         p, kept, frac = best
         fixed = kept_at(rows, frac, context)
-        out.append({"rule": name, "param": p, "kept": sum(kept) / len(rows), "fraction": frac,
-                    "fixed_kept": sum(fixed) / len(rows), "p_vs_fixed": mcnemar(kept, fixed)})
+        out.append(
+            {
+                "rule": name,
+                "param": p,
+                "kept": sum(kept) / len(rows),
+                "fraction": frac,
+                "fixed_kept": sum(fixed) / len(rows),
+                "p_vs_fixed": mcnemar(kept, fixed),
+            }
+        )
     return out
 
 
@@ -204,13 +220,22 @@ def choose_context(rows: list[dict]) -> dict:
     """kept@0.1 and kept@0.25 with each of :data:`CONTEXTS` (the units on each side of the best one kept
     right after it, :func:`masklab.text.selection.select`), and the one chosen: the best kept@0.1 (ties:
     the fewer units)."""
-    figs = {k: {f"kept@{round(keep * 100)}": sum(kept_at(rows, keep, k)) / len(rows) for keep in (0.1, 0.25)}
-            for k in CONTEXTS}
+    figs = {
+        k: {f"kept@{round(keep * 100)}": sum(kept_at(rows, keep, k)) / len(rows) for keep in (0.1, 0.25)}
+        for k in CONTEXTS
+    }
     return {"by_context": figs, "context": max(CONTEXTS, key=lambda k: (figs[k]["kept@10"], -k))}
 
 
-def run_corpus(model: str, variants: list[str], out: Path, command: str, epochs: int = HeadConfig.epochs,
-               threads: int = 1, ship: tuple[str, ...] = ()) -> dict:
+def run_corpus(
+    model: str,
+    variants: list[str],
+    out: Path,
+    command: str,
+    epochs: int = HeadConfig.epochs,
+    threads: int = 1,
+    ship: tuple[str, ...] = (),
+) -> dict:
     """Every label variant of ``variants`` trained on the corpus labels of ``model`` and measured on
     val (module docstring): ``out/results.json``, and ``out/ctx-VARIANT.safetensors`` (+ ``.json``) for
     each variant (``ship``: also into ``masklab/context/weights/pruner``). Returns the results."""
@@ -232,39 +257,58 @@ def run_corpus(model: str, variants: list[str], out: Path, command: str, epochs:
     t0 = time.perf_counter()
     needed = {corpus[i].doc for i in lasso} | {q.doc for q in val}
     units = {d: emb.units(docs[d].units) for d in sorted(needed)}
-    qvec = {q.id: v for q, v in zip(list(corpus.values()) + val,
-                                    emb.encode([q.question for q in list(corpus.values()) + val]))}
+    qvec = {
+        q.id: v
+        for q, v in zip(list(corpus.values()) + val, emb.encode([q.question for q in list(corpus.values()) + val]))
+    }
     embed_s = time.perf_counter() - t0
     threshold = shipped_recipe()["threshold"]
-    print(f"{len(lasso)} labelled questions ({len(keepset)} with keep-set labels); val: {len(val)}; "
-          f"embedded in {embed_s:.0f} s", file=sys.stderr)
+    print(
+        f"{len(lasso)} labelled questions ({len(keepset)} with keep-set labels); val: {len(val)}; "
+        f"embedded in {embed_s:.0f} s",
+        file=sys.stderr,
+    )
 
     base = val_figures(lambda question, us: emb.units(us) @ emb.query(question), val, docs, tok)
     base["keep_auto"] = None
     base.update(choose_context(base["rows"]))  # the same selection rule on the round-5 pruner (a control)
     cfg = HeadConfig(epochs=epochs)
-    res = {"command": command, "model": model, "code": code_hash("masklab.lab.train_ctx"), "config": cfg.__dict__,
-           "lasso_threshold": threshold, "keepset_gain": KEEPSET_GAIN, "labelled": len(lasso),
-           "keepset_labelled": len(keepset),
-           "keepset_kinds": sorted({r["kind"] for r in keepset.values()}), "val_questions": len(val),
-           "train_kinds": {k: sum(corpus[i].kind == k for i in lasso) for k in ("single", "two", "latest")},
-           "embed_seconds": embed_s, "variants": {"pruner-round5": base}}
+    res = {
+        "command": command,
+        "model": model,
+        "code": code_hash("masklab.lab.train_ctx"),
+        "config": cfg.__dict__,
+        "lasso_threshold": threshold,
+        "keepset_gain": KEEPSET_GAIN,
+        "labelled": len(lasso),
+        "keepset_labelled": len(keepset),
+        "keepset_kinds": sorted({r["kind"] for r in keepset.values()}),
+        "val_questions": len(val),
+        "train_kinds": {k: sum(corpus[i].kind == k for i in lasso) for k in ("single", "two", "latest")},
+        "embed_seconds": embed_s,
+        "variants": {"pruner-round5": base},
+    }
     heads = {}
     for v in variants:
-        ex = [Example(units[corpus[i].doc], qvec[i], targets(r, keepset.get(i), v, threshold))
-              for i, r in lasso.items()]
+        ex = [
+            Example(units[corpus[i].doc], qvec[i], targets(r, keepset.get(i), v, threshold)) for i, r in lasso.items()
+        ]
         head, rec = train(ex, cfg)
         heads[v] = head
         t0, c0 = time.perf_counter(), time.process_time()
-        fig = val_figures(lambda question, us: probabilities(head, emb.units(us), emb.query(question)), val,
-                          docs, tok)
+        fig = val_figures(lambda question, us: probabilities(head, emb.units(us), emb.query(question)), val, docs, tok)
         fig.update(choose_context(fig["rows"]))
         fig["keep_rules"] = keep_rules(fig["rows"], fig["by_context"][fig["context"]]["kept@25"], fig["context"])
-        fig["keep_auto"] = min((r for r in fig["keep_rules"] if r["rule"] in KEEP_RULES), key=lambda r: r["fraction"],
-                               default=None)  # of the rules a router reads, the one needing the fewest tokens
-        res["variants"][v] = {"train": rec, "val_wall_s": time.perf_counter() - t0,
-                              "val_cpu_s": time.process_time() - c0,
-                              "targets_per_question": sum(len(e.target) for e in ex) / len(ex), **fig}
+        fig["keep_auto"] = min(
+            (r for r in fig["keep_rules"] if r["rule"] in KEEP_RULES), key=lambda r: r["fraction"], default=None
+        )  # of the rules a router reads, the one needing the fewest tokens
+        res["variants"][v] = {
+            "train": rec,
+            "val_wall_s": time.perf_counter() - t0,
+            "val_cpu_s": time.process_time() - c0,
+            "targets_per_question": sum(len(e.target) for e in ex) / len(ex),
+            **fig,
+        }
         print(v, {k: round(fig[k], 3) for k in ("mrr", "kept@10", "kept@25")}, fig["keep_auto"], file=sys.stderr)
     res["summary"] = summary_rows(res)
     compact(res)
@@ -273,9 +317,17 @@ def run_corpus(model: str, variants: list[str], out: Path, command: str, epochs:
     for v in variants:
         f = res["variants"][v]
         auto = f["keep_auto"] or {}
-        meta = {"labels": v, "model": model, "train": f["train"], "keep_auto": auto.get("param"),
-                "keep_rule": auto.get("rule"), "context": f["context"],
-                "val": {k: f[k] for k in ("n", "mrr", "kept@10", "kept@25")}, "command": command, "code": res["code"]}
+        meta = {
+            "labels": v,
+            "model": model,
+            "train": f["train"],
+            "keep_auto": auto.get("param"),
+            "keep_rule": auto.get("rule"),
+            "context": f["context"],
+            "val": {k: f[k] for k in ("n", "mrr", "kept@10", "kept@25")},
+            "command": command,
+            "code": res["code"],
+        }
         for folder in (out, *([WEIGHTS] if v in ship else [])):
             save(heads[v], folder / f"ctx-{v}.safetensors", meta)
     return res
@@ -301,16 +353,21 @@ def summary_rows(res: dict) -> list[dict]:
             s["targets"] = f["targets_per_question"]
             s["train_s"] = f["train"]["seconds"]
             if f["keep_auto"]:
-                s.update({"auto_rule": f["keep_auto"]["rule"], "auto_threshold": f["keep_auto"]["param"],
-                          "auto_fraction": f["keep_auto"]["fraction"], "auto_kept": f["keep_auto"]["kept"],
-                          "fixed_kept": f["keep_auto"]["fixed_kept"]})
+                s.update(
+                    {
+                        "auto_rule": f["keep_auto"]["rule"],
+                        "auto_threshold": f["keep_auto"]["param"],
+                        "auto_fraction": f["keep_auto"]["fraction"],
+                        "auto_kept": f["keep_auto"]["kept"],
+                        "fixed_kept": f["keep_auto"]["fixed_kept"],
+                    }
+                )
         s["context"] = f["context"]
         for k, fig in f["by_context"].items():  # k units beside the best: a rule any ranker can use
             s.update({f"{key}_context{k}": x for key, x in fig.items()})
         s["p_kept@10_context_vs_0"] = mcnemar(kept_at(f["rows"], 0.1, f["context"]), kept_at(f["rows"], 0.1))
         summary.append(s)
-        summary += [{"task": f"keep-{name}", "method": r["rule"], "n": f["n"], **r}
-                    for r in f.get("keep_rules", [])]
+        summary += [{"task": f"keep-{name}", "method": r["rule"], "n": f["n"], **r} for r in f.get("keep_rules", [])]
     return summary
 
 
@@ -331,7 +388,11 @@ def ranks(rows: list[dict]) -> list[int]:
 def kept_at(rows: list[dict], keep: float, context: int = 0) -> list[bool]:
     from masklab.text.selection import select
 
-    return [all(u in set(select(torch.tensor(r["scores"]), r["lengths"], keep, fill=True, context=context))
-                for g in r["gold"] for u in g) for r in rows]
-
-
+    return [
+        all(
+            u in set(select(torch.tensor(r["scores"]), r["lengths"], keep, fill=True, context=context))
+            for g in r["gold"]
+            for u in g
+        )
+        for r in rows
+    ]

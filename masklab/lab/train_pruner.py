@@ -58,7 +58,7 @@ def target_set(row: dict, labels: str, threshold: float) -> list[int]:
         return causal
     if labels == "attention":
         order = sorted(range(len(w)), key=lambda i: -row["attention"][i])
-        return sorted(order[:len(causal)])
+        return sorted(order[: len(causal)])
     if labels == "marks":
         return [row["window"].index(u) for u in row["marked"] if u in row["window"]]
     raise MasklabError(f"unknown labels {labels!r}; choose from {', '.join(LABELS)}")
@@ -86,8 +86,11 @@ def shipped_recipe() -> dict:
     """The shipped pruner's design, causal threshold and ``keep_auto`` (chosen on val); the
     defaults of :class:`TrainConfig` where none is shipped."""
     meta = json.loads(SHIPPED.read_text()) if SHIPPED.is_file() else {}
-    return {"design": meta.get("design", TrainConfig.design), "threshold": meta.get("threshold", TrainConfig.threshold),
-            "keep_auto": meta.get("keep_auto")}
+    return {
+        "design": meta.get("design", TrainConfig.design),
+        "threshold": meta.get("threshold", TrainConfig.threshold),
+        "keep_auto": meta.get("keep_auto"),
+    }
 
 
 def val_figures(rank, val: list, docs: dict, tokenizer) -> dict:
@@ -139,8 +142,10 @@ def train(examples: list[Example], cfg: TrainConfig, progress: bool = True) -> t
     model = PrunerModel(cfg.design)
     frozen = {}  # the head reads frozen embeddings: each example's computed once, not every epoch
     if cfg.design == "head":
-        frozen = {id(e): (model.embedder.encode(e.units).clone(), model.embedder.encode([e.question])[0].clone())
-                  for e in usable}
+        frozen = {
+            id(e): (model.embedder.encode(e.units).clone(), model.embedder.encode([e.question])[0].clone())
+            for e in usable
+        }
     params = list(model.trainable().values())
     opt = torch.optim.AdamW(params, lr=cfg.lr or (1e-3 if cfg.design == "head" else 5e-4), weight_decay=0.0)
     rng = random.Random(cfg.seed)
@@ -161,14 +166,14 @@ def train(examples: list[Example], cfg: TrainConfig, progress: bool = True) -> t
         for b in range(0, len(order), cfg.batch):
             opt.zero_grad()
             loss = torch.zeros(())
-            for e in order[b:b + cfg.batch]:
+            for e in order[b : b + cfg.batch]:
                 logits = model.scores(e.question, e.units, frozen.get(id(e))) / TEMPERATURE
                 logp = logits.log_softmax(-1)
                 loss = loss - logp[e.target].mean()
-            loss = loss / len(order[b:b + cfg.batch])
+            loss = loss / len(order[b : b + cfg.batch])
             loss.backward()
             opt.step()
-            total += float(loss.detach()) * len(order[b:b + cfg.batch])
+            total += float(loss.detach()) * len(order[b : b + cfg.batch])
             if bar is not None:
                 bar.update()
         losses.append(total / len(order))

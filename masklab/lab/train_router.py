@@ -82,31 +82,53 @@ class TrainConfig:
     layers: int = flag(2, min=1, help="the router reads the LM's first this many layers")
     max_new_tokens: int = flag(12, min=1, help="greedy answer tokens when labelling")
     seed: int = flag(0, help="seed of the training examples (evaluation examples use other seeds)")
-    quick: bool = flag(False, help="a small run to check the pipeline (2 training examples per kind, no evaluation "
-                       "unless --eval)")
+    quick: bool = flag(
+        False, help="a small run to check the pipeline (2 training examples per kind, no evaluation unless --eval)"
+    )
     eval: bool = flag(False, help="measure the routers on held-out families")
-    eval_split: str = flag("test", choices=["val", "test"], help="families to measure on: val (choose features) or "
-                           "test (report)")
+    eval_split: str = flag(
+        "test", choices=["val", "test"], help="families to measure on: val (choose features) or test (report)"
+    )
     eval_lengths: list[int] = flag(
         factory=lambda: [1024, 2048], parse=int_list, min=256, max=8192, help="evaluation context lengths"
     )
     eval_examples: int = flag(30, min=1, help="evaluation examples per task kind and length")
     eval_answers: bool = flag(False, help="also answer from the kept text and from the full context (slow)")
-    eval_kinds: list[str] = flag(factory=list, parse=str_list, default_text="every kind of the split",
-                                 help="task kinds to evaluate (single, multikey, update, chain, multi)")
+    eval_kinds: list[str] = flag(
+        factory=list,
+        parse=str_list,
+        default_text="every kind of the split",
+        help="task kinds to evaluate (single, multikey, update, chain, multi)",
+    )
     keep: float = flag(0.25, above=0, max=1, help="kept fraction in the evaluation")
-    kind: str | None = flag(None, choices=list(KINDS), default_text="pruner with --docs, else evidence",
-                            help="what to train: evidence (the evidence and attention routers, on generated "
-                            "families), pruner, pruner-ctx or cross (on your --docs and --questions, else on the "
-                            "corpus labels)")
-    docs: str | None = flag(None, metavar="DIR", help="your own documents (text files): with --questions, label "
-                            "them with causal evidence and train a pruner for your domain instead of the routers")
-    questions: str | None = flag(None, metavar="FILE", help="with --docs: JSON lines {doc, question, answers, "
-                                 "evidence?}, doc a file name in DIR, answers short written answers (the first is "
-                                 "scored), evidence optional exact sentences")
-    causal_threshold: float | None = flag(None, metavar="NATS", default_text="the shipped pruner's, chosen on val",
-                                          help="with --docs: a unit is in a question's causal set when keeping it "
-                                          "raises the written answer's log-likelihood by more than this")
+    kind: str | None = flag(
+        None,
+        choices=list(KINDS),
+        default_text="pruner with --docs, else evidence",
+        help="what to train: evidence (the evidence and attention routers, on generated "
+        "families), pruner, pruner-ctx or cross (on your --docs and --questions, else on the "
+        "corpus labels)",
+    )
+    docs: str | None = flag(
+        None,
+        metavar="DIR",
+        help="your own documents (text files): with --questions, label "
+        "them with causal evidence and train a pruner for your domain instead of the routers",
+    )
+    questions: str | None = flag(
+        None,
+        metavar="FILE",
+        help="with --docs: JSON lines {doc, question, answers, "
+        "evidence?}, doc a file name in DIR, answers short written answers (the first is "
+        "scored), evidence optional exact sentences",
+    )
+    causal_threshold: float | None = flag(
+        None,
+        metavar="NATS",
+        default_text="the shipped pruner's, chosen on val",
+        help="with --docs: a unit is in a question's causal set when keeping it "
+        "raises the written answer's log-likelihood by more than this",
+    )
     threads: int = flag(1, min=1, help="torch threads")
     progress: bool = flag(True, help="progress bars")
     command: str = field(default="", repr=False)
@@ -151,8 +173,11 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
         raise MasklabError(f"{path} holds duplicate examples: remove it to label again")
     fresh = [r for r in labelled if key(r) not in want or r.get("example") == want[key(r)].digest]
     if len(fresh) < len(labelled):  # made from other text: labelled again, the rest kept
-        print(f"{len(labelled) - len(fresh)} of the labelled examples in {path} were made from other text (the "
-              "generator changed): labelling them again", file=sys.stderr)
+        print(
+            f"{len(labelled) - len(fresh)} of the labelled examples in {path} were made from other text (the "
+            "generator changed): labelling them again",
+            file=sys.stderr,
+        )
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in fresh))
     done = {key(r) for r in fresh}
     todo = sum(k not in done for k in want)
@@ -163,10 +188,25 @@ def label(lm, cfg: TrainConfig, out: Path) -> list[dict]:
         if todo:  # the first example labelled here prices the rest
             print(cost_estimate(todo, lab), file=sys.stderr, flush=True)
             todo = 0
-        append_jsonl(path, {"kind": ex.kind, "seed": ex.seed, "template": ex.template, "filler": ex.filler,
-                       "wording": ex.wording, "example": ex.digest, "gold": ex.gold, "answer": lab["answer"],
-                       "correct": lab["correct"], "evidence": lab["evidence"], "attention": lab["attention"],
-                       "passes": lab["passes"], "seconds": lab["seconds"], "tokens": ex.n_tokens})
+        append_jsonl(
+            path,
+            {
+                "kind": ex.kind,
+                "seed": ex.seed,
+                "template": ex.template,
+                "filler": ex.filler,
+                "wording": ex.wording,
+                "example": ex.digest,
+                "gold": ex.gold,
+                "answer": lab["answer"],
+                "correct": lab["correct"],
+                "evidence": lab["evidence"],
+                "attention": lab["attention"],
+                "passes": lab["passes"],
+                "seconds": lab["seconds"],
+                "tokens": ex.n_tokens,
+            },
+        )
     return [r for r in read_jsonl(path) if key(r) in want]
 
 
@@ -182,8 +222,10 @@ def cost_estimate(examples: int, first: dict) -> str:
     if not first["correct"]:
         passes = read_json(shipped(DEFAULT_ROUTER_MODEL).with_suffix(".json"))["label_cost"]["passes_per_labelled"]
     total = examples * passes * per_pass
-    return (f"labelling cost estimate: {examples} examples x {passes:.0f} passes x {per_pass:.2f} s per pass = "
-            f"about {total / 60:.0f} min (measured on the first example; a wrongly answered one costs one pass)")
+    return (
+        f"labelling cost estimate: {examples} examples x {passes:.0f} passes x {per_pass:.2f} s per pass = "
+        f"about {total / 60:.0f} min (measured on the first example; a wrongly answered one costs one pass)"
+    )
 
 
 def labels_digest(rows: list[dict]) -> str:
@@ -197,8 +239,11 @@ def code_stamp() -> dict:
     """The code training runs (:mod:`masklab.lab.revision`), taken when training starts."""
     from masklab.lab.revision import code_ast, code_hash, git_rev
 
-    return {"code": code_hash("masklab.lab.train_router"), "code_ast": code_ast("masklab.lab.train_router"),
-            "git_rev": git_rev()}
+    return {
+        "code": code_hash("masklab.lab.train_router"),
+        "code_ast": code_ast("masklab.lab.train_router"),
+        "git_rev": git_rev(),
+    }
 
 
 def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = None) -> tuple[dict, dict]:
@@ -251,8 +296,9 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = 
         "device": devices.describe(lm.model.device, cfg.precision),
     }
     if len(labelled) < FEW_LABELLED:
-        meta["warning"] = (f"fitted on only {len(labelled)} labelled examples (fewer than {FEW_LABELLED}): "
-                           "its ranking may be poor")
+        meta["warning"] = (
+            f"fitted on only {len(labelled)} labelled examples (fewer than {FEW_LABELLED}): its ranking may be poor"
+        )
     save_routers(out / router_stem(lm.name), routers, meta)
     return load_routers(out / router_stem(lm.name))
 
@@ -266,8 +312,10 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     from masklab.util.files import write_json
     from masklab.lab.tasks.families import SPLITS, split_examples
 
-    ranking = {name: factory(name)(lm=lm, **({"routers": routers, "meta": meta} if name in routers else {}))
-               for name in EVAL_METHODS}
+    ranking = {
+        name: factory(name)(lm=lm, **({"routers": routers, "meta": meta} if name in routers else {}))
+        for name in EVAL_METHODS
+    }
     kinds = cfg.eval_kinds or SPLITS[cfg.eval_split]["kind"]
     tag = cfg.eval_split + ("-answers" if cfg.eval_answers else "")
     weights = hashlib.sha256((out / f"{router_stem(lm.name)}.safetensors").read_bytes()).hexdigest()[:12]
@@ -290,17 +338,40 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
         ]
 
     def describe(i: int, ex, record: dict) -> None:
-        record.update({"length": length[i], "kind": ex.kind, "seed": ex.seed, "example": ex.digest,
-                       "template": ex.template, "filler": ex.filler, "tokens": ex.n_tokens, "gold": ex.gold,
-                       "router": weights})
+        record.update(
+            {
+                "length": length[i],
+                "kind": ex.kind,
+                "seed": ex.seed,
+                "example": ex.digest,
+                "template": ex.template,
+                "filler": ex.filler,
+                "tokens": ex.n_tokens,
+                "gold": ex.gold,
+                "router": weights,
+            }
+        )
 
     # rows of these routers (their weights) and of this text (each example's digest) only
-    records = pipeline.evaluate([ex for _, ex in cells], methods, out / f"eval_rows_{tag}-{weights}.jsonl",
-                                key=lambda i, ex: f"{length[i]}/{ex.kind}/{ex.seed}/{ex.digest}", after=describe,
-                                progress=lambda todo: _bar(todo, cfg.progress, f"held-out {cfg.eval_split} {lm.name}"))
-    res = {"command": cfg.command, "model": lm.name, "split": cfg.eval_split, "keep": cfg.keep, "router": meta,
-           "config": asdict(cfg), "device": devices.describe(lm.model.device, cfg.precision),
-           "summary": summarise(records, cfg.eval_answers), "rows": records}
+    records = pipeline.evaluate(
+        [ex for _, ex in cells],
+        methods,
+        out / f"eval_rows_{tag}-{weights}.jsonl",
+        key=lambda i, ex: f"{length[i]}/{ex.kind}/{ex.seed}/{ex.digest}",
+        after=describe,
+        progress=lambda todo: _bar(todo, cfg.progress, f"held-out {cfg.eval_split} {lm.name}"),
+    )
+    res = {
+        "command": cfg.command,
+        "model": lm.name,
+        "split": cfg.eval_split,
+        "keep": cfg.keep,
+        "router": meta,
+        "config": asdict(cfg),
+        "device": devices.describe(lm.model.device, cfg.precision),
+        "summary": summarise(records, cfg.eval_answers),
+        "rows": records,
+    }
     write_json(out / f"eval_{tag}.json", res)
     (out / f"eval_{tag}.md").write_text(markdown(res) + "\n")
     return res
@@ -398,7 +469,9 @@ def markdown(res: dict) -> str:
 
 def run(cfg: TrainConfig) -> int:
     check(cfg)
-    return {"evidence": run_families, "pruner": run_pruner, "pruner-ctx": run_ctx, "cross": run_cross}[kind_of(cfg)](cfg)
+    return {"evidence": run_families, "pruner": run_pruner, "pruner-ctx": run_ctx, "cross": run_cross}[kind_of(cfg)](
+        cfg
+    )
 
 
 def kind_of(cfg: TrainConfig) -> str:
@@ -412,8 +485,10 @@ def run_families(cfg: TrainConfig) -> int:
     from masklab.pretrained.models import check_models, load
 
     if cfg.docs or cfg.questions:
-        raise MasklabError("--kind evidence trains on the generated families; --docs and --questions train a pruner "
-                           "(--kind pruner or pruner-ctx)")
+        raise MasklabError(
+            "--kind evidence trains on the generated families; --docs and --questions train a pruner "
+            "(--kind pruner or pruner-ctx)"
+        )
     stamp = code_stamp()  # before labelling, which takes hours: the code that runs, not the code at the end
     dev = devices.resolve(cfg.device)  # one clear error for cuda without a GPU, before anything is written
     devices.check_precision(cfg.precision)
@@ -472,10 +547,10 @@ def read_pairs(docs: str, questions: str) -> list:
         except json.JSONDecodeError as e:
             raise MasklabError(f"{where}: not JSON ({e.msg})") from None
         if not isinstance(row, dict) or not isinstance(row.get("doc"), str) or not isinstance(row.get("question"), str):
-            raise MasklabError(f"{where}: needs \"doc\" (a file name in {docs}) and \"question\" strings")
+            raise MasklabError(f'{where}: needs "doc" (a file name in {docs}) and "question" strings')
         answers = row.get("answers")
         if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
-            raise MasklabError(f"{where}: \"answers\" must be a non-empty list of short answers")
+            raise MasklabError(f'{where}: "answers" must be a non-empty list of short answers')
         path = folder / row["doc"]
         if row["doc"] not in texts:
             if not path.is_file():
@@ -484,14 +559,25 @@ def read_pairs(docs: str, questions: str) -> list:
         text = texts[row["doc"]]
         evidence = row.get("evidence", [])
         if not isinstance(evidence, list) or any(not isinstance(e, str) or e not in text for e in evidence):
-            raise MasklabError(f"{where}: \"evidence\" must be a list of exact sentences of {row['doc']}")
+            raise MasklabError(f'{where}: "evidence" must be a list of exact sentences of {row["doc"]}')
         if not row["question"].strip():
             continue
-        out.append(RealQuestion(f"{Path(row['doc']).stem}-{n}", row["doc"], "single", row["question"].strip(),
-                                tuple(e for e in evidence if text.count(e) == 1), tuple(answers), text))
+        out.append(
+            RealQuestion(
+                f"{Path(row['doc']).stem}-{n}",
+                row["doc"],
+                "single",
+                row["question"].strip(),
+                tuple(e for e in evidence if text.count(e) == 1),
+                tuple(answers),
+                text,
+            )
+        )
     if len(out) < MIN_PAIRS:
-        raise MasklabError(f"{questions} has {len(out)} usable question / answer pairs; a pruner needs at least "
-                           f"{MIN_PAIRS} (write more, or use the shipped pruner: masklab compress --router pruner)")
+        raise MasklabError(
+            f"{questions} has {len(out)} usable question / answer pairs; a pruner needs at least "
+            f"{MIN_PAIRS} (write more, or use the shipped pruner: masklab compress --router pruner)"
+        )
     return out
 
 
@@ -516,8 +602,12 @@ def pruner_labels(cfg: TrainConfig):
         first = label_questions(lm, pairs[:1], path, progress=False)
         if len(first) == 1 and len(pairs) > 1:
             s = first[0]["seconds"]
-            print(f"labelling cost estimate: {len(pairs)} pairs x {first[0]['passes']} passes, {s:.1f} s each = "
-                  f"about {len(pairs) * s / 60:.0f} min", file=sys.stderr, flush=True)
+            print(
+                f"labelling cost estimate: {len(pairs)} pairs x {first[0]['passes']} passes, {s:.1f} s each = "
+                f"about {len(pairs) * s / 60:.0f} min",
+                file=sys.stderr,
+                flush=True,
+            )
         rows = label_questions(lm, pairs, path, progress=cfg.progress)
     return lm.tokenizer, rows, {q.id: q for q in pairs}
 
@@ -530,8 +620,10 @@ def corpus_labels(cfg: TrainConfig):
 
     files = sorted(CORPUS_LABELS.glob(f"labels-{cfg.model}-train*.jsonl"))
     if not files:
-        raise MasklabError(f"no corpus labels for {cfg.model} in {CORPUS_LABELS} (scripts/label_corpus.py makes "
-                           "them): train on your own documents instead (--docs, --questions)")
+        raise MasklabError(
+            f"no corpus labels for {cfg.model} in {CORPUS_LABELS} (scripts/label_corpus.py makes "
+            "them): train on your own documents instead (--docs, --questions)"
+        )
     check_models([cfg.model])
     rows = list({r["key"]: r for f in files for r in read_jsonl(f)}.values())
     corpus = {q.id: q for q in realdocs.load("all", realdocs.CORPUS)}
@@ -549,15 +641,32 @@ def run_pruner(cfg: TrainConfig) -> int:
     recipe = shipped_recipe()
     if cfg.causal_threshold is not None:
         recipe["threshold"] = cfg.causal_threshold
-    model, rec = train(examples_of(rows, questions, tokenizer, "causal", recipe["threshold"]),
-                       PrunerConfig(design=recipe["design"], labels="causal", threshold=recipe["threshold"]),
-                       cfg.progress)
+    model, rec = train(
+        examples_of(rows, questions, tokenizer, "causal", recipe["threshold"]),
+        PrunerConfig(design=recipe["design"], labels="causal", threshold=recipe["threshold"]),
+        cfg.progress,
+    )
     target = make_out_dir(cfg.out) / "pruner-causal.safetensors"
-    save(model, target, {"labels": "causal", "threshold": recipe["threshold"], "model": cfg.model,
-                         "labelled": len(rows), "train_examples": rec["examples"], "keep_auto": recipe["keep_auto"],
-                         "docs": cfg.docs, "questions": cfg.questions, "command": cfg.command, "loss": rec["loss"]})
-    print(f"pruner: {target} ({len(rows)} pairs labelled, {rec['examples']} with a causal set; "
-          f"{time.perf_counter() - t0:.0f} s)")
+    save(
+        model,
+        target,
+        {
+            "labels": "causal",
+            "threshold": recipe["threshold"],
+            "model": cfg.model,
+            "labelled": len(rows),
+            "train_examples": rec["examples"],
+            "keep_auto": recipe["keep_auto"],
+            "docs": cfg.docs,
+            "questions": cfg.questions,
+            "command": cfg.command,
+            "loss": rec["loss"],
+        },
+    )
+    print(
+        f"pruner: {target} ({len(rows)} pairs labelled, {rec['examples']} with a causal set; "
+        f"{time.perf_counter() - t0:.0f} s)"
+    )
     print(f"use it: masklab compress --router pruner --router-file {target} --keep auto ...")
     return 0
 
@@ -584,14 +693,27 @@ def run_ctx(cfg: TrainConfig) -> int:
         emb = cached_pruner(str(WEIGHTS / "causal.safetensors"))[0].embedder
         units = {q.doc: emb.units(segment(q.text, tokenizer).units) for q in questions.values()}
         qvec = dict(zip(questions, emb.encode([q.question for q in questions.values()])))
-        examples = [Example(units[questions[r["id"]].doc], qvec[r["id"]], targets(r, None, "lasso", threshold))
-                    for r in rows]
+        examples = [
+            Example(units[questions[r["id"]].doc], qvec[r["id"]], targets(r, None, "lasso", threshold)) for r in rows
+        ]
         head, rec = train(examples, HeadConfig())
         shipped = load_head(WEIGHTS / f"ctx-{ContextPruner.labels}.safetensors")[1]
         target = make_out_dir(cfg.out) / "ctx-causal.safetensors"
-        save(head, target, {"labels": "causal", "threshold": threshold, "model": cfg.model, "labelled": len(rows),
-                            "train": rec, "docs": cfg.docs, "questions": cfg.questions, "command": cfg.command,
-                            **{k: shipped.get(k) for k in ("keep_auto", "keep_rule", "context")}})
+        save(
+            head,
+            target,
+            {
+                "labels": "causal",
+                "threshold": threshold,
+                "model": cfg.model,
+                "labelled": len(rows),
+                "train": rec,
+                "docs": cfg.docs,
+                "questions": cfg.questions,
+                "command": cfg.command,
+                **{k: shipped.get(k) for k in ("keep_auto", "keep_rule", "context")},
+            },
+        )
     print(f"context pruner: {target} ({time.perf_counter() - t0:.0f} s)")
     print(f"use it: masklab compress --router pruner-ctx --router-file {target} --keep auto ...")
     return 0
@@ -612,15 +734,33 @@ def run_cross(cfg: TrainConfig) -> int:
     tokenizer, rows, questions = pruner_labels(cfg)
     threshold = shipped_recipe()["threshold"] if cfg.causal_threshold is None else cfg.causal_threshold
     units = {q.doc: segment(q.text, tokenizer).units for q in questions.values()}
-    examples = [Example(questions[r["id"]].question, units[questions[r["id"]].doc],
-                        sorted(set(targets(r, None, "lasso", threshold)) | set(r["marked"]))) for r in rows]
+    examples = [
+        Example(
+            questions[r["id"]].question,
+            units[questions[r["id"]].doc],
+            sorted(set(targets(r, None, "lasso", threshold)) | set(r["marked"])),
+        )
+        for r in rows
+    ]
     out = make_out_dir(cfg.out)
     model, rec = train(examples, CrossConfig(), out / "ckpt-cross", cfg.progress)
     shipped = json.loads((WEIGHTS / "cross.json").read_text())
     target = out / "cross-causal.safetensors"
-    save(model, target, {"labels": "causal+marks", "threshold": threshold, "model": cfg.model, "labelled": len(rows),
-                         "train": rec, "docs": cfg.docs, "questions": cfg.questions, "command": cfg.command,
-                         **{k: shipped[k] for k in ("keep_auto", "keep_rule", "hops") if k in shipped}})
+    save(
+        model,
+        target,
+        {
+            "labels": "causal+marks",
+            "threshold": threshold,
+            "model": cfg.model,
+            "labelled": len(rows),
+            "train": rec,
+            "docs": cfg.docs,
+            "questions": cfg.questions,
+            "command": cfg.command,
+            **{k: shipped[k] for k in ("keep_auto", "keep_rule", "hops") if k in shipped},
+        },
+    )
     print(f"cross pruner: {target} ({time.perf_counter() - t0:.0f} s)")
     print(f"use it: masklab compress --router cross --router-file {target} --keep auto ...")
     return 0
@@ -628,15 +768,22 @@ def run_cross(cfg: TrainConfig) -> int:
 
 def add_parser(sub) -> None:
     """The ``masklab train-router`` subcommand."""
-    p = sub.add_parser("train-router", help="train a router of each shipped kind (--kind evidence, pruner, "
-                       "pruner-ctx, cross) from the corpus or your documents",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "train-router",
+        help="train a router of each shipped kind (--kind evidence, pruner, "
+        "pruner-ctx, cross) from the corpus or your documents",
+        description=__doc__.splitlines()[0],
+    )
     add_flags(p, TrainConfig)
     p.set_defaults(handler=main)
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, TrainConfig())
-    cfg = dataclasses.replace(cfg, command=getattr(args, "command_line", "masklab " + shlex.join(sys.argv[1:])),
-                              device=args.device, precision=args.precision)
+    cfg = dataclasses.replace(
+        cfg,
+        command=getattr(args, "command_line", "masklab " + shlex.join(sys.argv[1:])),
+        device=args.device,
+        precision=args.precision,
+    )
     return run(cfg)

@@ -29,7 +29,9 @@ class CLSEncoder(nn.Module):
         """The bias every block always gets: none (bidirectional)."""
         return None
 
-    def forward(self, inputs: Tensor, bias: Tensor | None = None, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
+    def forward(
+        self, inputs: Tensor, bias: Tensor | None = None, return_attn: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
         """inputs -> ``(out (B, out_dim), [probs (B, H, T, T) per block] or [])``."""
         x = self.embed(inputs)
         attn = []
@@ -42,11 +44,11 @@ class CLSEncoder(nn.Module):
 
 class TokenEncoder(CLSEncoder):
     """Args:
-        vocab: number of token values.
-        n_tokens: input length ``n`` (the sequence is ``T = n + 1`` with CLS at 0).
-        dim, depth, heads: width, number of blocks, heads per block.
-        priors: one optional prior module per block (e.g. :class:`~masklab.priors.bias.MaskPrior`).
-        out_dim: size of the CLS head's output.
+    vocab: number of token values.
+    n_tokens: input length ``n`` (the sequence is ``T = n + 1`` with CLS at 0).
+    dim, depth, heads: width, number of blocks, heads per block.
+    priors: one optional prior module per block (e.g. :class:`~masklab.priors.bias.MaskPrior`).
+    out_dim: size of the CLS head's output.
     """
 
     def __init__(

@@ -18,12 +18,12 @@ from masklab.priors.bias import causal_bias
 
 class GPT(nn.Module):
     """Args:
-        vocab: vocabulary size.
-        block_size: longest sequence ``T`` the model reads.
-        dim, depth, heads: width, number of blocks, heads per block.
-        priors: one optional prior module per block (called as ``prior(T)``).
-        positions: learned absolute position embeddings (turn off when a prior or ALiBi
-            carries position).
+    vocab: vocabulary size.
+    block_size: longest sequence ``T`` the model reads.
+    dim, depth, heads: width, number of blocks, heads per block.
+    priors: one optional prior module per block (called as ``prior(T)``).
+    positions: learned absolute position embeddings (turn off when a prior or ALiBi
+        carries position).
     """
 
     def __init__(
@@ -61,7 +61,9 @@ class GPT(nn.Module):
         """The bias every block always gets: causal, ``(seq, seq)``."""
         return causal_bias(seq, device)
 
-    def forward(self, tokens: Tensor, bias: Tensor | None = None, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
+    def forward(
+        self, tokens: Tensor, bias: Tensor | None = None, return_attn: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
         """tokens ``(B, T)``; bias: extra additive ``(B|1, H|1, T, T)`` on top of the causal
         mask. Returns ``(logits (B, T, vocab), [probs (B, H, T, T) per block] or [])``."""
         x = self.embed(tokens)

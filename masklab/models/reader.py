@@ -23,14 +23,16 @@ from masklab.priors.bias import key_bias
 
 class EvidenceReader(nn.Module):
     """Args:
-        vocab: number of symbols (answers are symbols too).
-        max_items: largest position id an item can have.
-        dim, depth, heads: width, number of blocks, heads per block.
-        recency: also add ``Linear(position / max_items)`` to every item token, a direction in
-            which later items are monotonically "larger" (helps "latest assignment wins").
+    vocab: number of symbols (answers are symbols too).
+    max_items: largest position id an item can have.
+    dim, depth, heads: width, number of blocks, heads per block.
+    recency: also add ``Linear(position / max_items)`` to every item token, a direction in
+        which later items are monotonically "larger" (helps "latest assignment wins").
     """
 
-    def __init__(self, vocab: int, max_items: int, dim: int = 64, depth: int = 4, heads: int = 4, recency: bool = False) -> None:
+    def __init__(
+        self, vocab: int, max_items: int, dim: int = 64, depth: int = 4, heads: int = 4, recency: bool = False
+    ) -> None:
         super().__init__()
         self.vocab, self.max_items, self.dim, self.depth, self.heads = vocab, max_items, dim, depth, heads
         self.recency = nn.Linear(1, dim) if recency else None

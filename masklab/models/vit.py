@@ -31,13 +31,13 @@ PRESETS: dict[str, dict[str, int]] = {
 
 class ViT(CLSEncoder):
     """Args:
-        image_size: side ``S`` of the square input images.
-        patch: patch side (``S`` must be divisible by it).
-        channels: input channels ``C``.
-        classes: number of output classes.
-        dim, depth, heads: width, number of blocks, heads per block.
-        priors: one optional prior module per block (called as ``prior(T)``).
-        mlp_ratio: MLP hidden width as a multiple of ``dim``.
+    image_size: side ``S`` of the square input images.
+    patch: patch side (``S`` must be divisible by it).
+    channels: input channels ``C``.
+    classes: number of output classes.
+    dim, depth, heads: width, number of blocks, heads per block.
+    priors: one optional prior module per block (called as ``prior(T)``).
+    mlp_ratio: MLP hidden width as a multiple of ``dim``.
     """
 
     def __init__(
@@ -83,7 +83,9 @@ class ViT(CLSEncoder):
     def embed(self, images: Tensor) -> Tensor:
         """images ``(B, C, S, S)`` -> block input ``(B, T, D)`` with CLS at position 0."""
         if images.shape[1:] != (self.channels, self.image_size, self.image_size):
-            raise ValueError(f"expected images (B, {self.channels}, {self.image_size}, {self.image_size}), got {tuple(images.shape)}")
+            raise ValueError(
+                f"expected images (B, {self.channels}, {self.image_size}, {self.image_size}), got {tuple(images.shape)}"
+            )
         x = self.patch_embed(self.patchify(images))
         cls = self.cls.expand(x.shape[0], 1, -1)
         return torch.cat([cls, x], dim=1) + self.pos

@@ -70,23 +70,60 @@ class Architecture:
     needed: str = ""
 
 
-ARCHITECTURES: Registry[Architecture] = Registry("architecture", items={a.model_type: a for a in (
-    Architecture("llama", "Llama family (Llama 2/3, SmolLM2)", needed="nothing: the defaults are Llama's"),
-    Architecture("qwen2", "Qwen2 / Qwen2.5", sliding="layer_types", chat="chatml",
-                 needed="sliding layers from layer_types (use_sliding_window, max_window_layers)"),
-    Architecture("qwen3", "Qwen3", sliding="layer_types", chat="chatml",
-                 needed="as Qwen2; q/k norms live inside the attention module"),
-    Architecture("mistral", "Mistral", sliding="all", chat="mistral",
-                 needed="every layer slides when config.sliding_window is set"),
-    Architecture("gemma2", "Gemma 2", sliding="layer_types", chat="gemma",
-                 needed="attention logit soft-capping (masklab.pretrained.hf applies it; load() picks eager over sdpa, "
-                        "which would drop it); alternating sliding layers"),
-    Architecture("gemma3_text", "Gemma 3 (text)", sliding="layer_types", positions="rope-local-global", chat="gemma",
-                 needed="sliding layers with their own RoPE table; query scaling by query_pre_attn_scalar"),
-    Architecture("phi3", "Phi-3", sliding="all", chat="phi3",
-                 needed="fused qkv projection (inside the attention module); sliding_window on every layer"),
-    Architecture("olmo2", "OLMo 2", chat="olmo2", needed="q/k norms inside the attention module"),
-)})
+ARCHITECTURES: Registry[Architecture] = Registry(
+    "architecture",
+    items={
+        a.model_type: a
+        for a in (
+            Architecture("llama", "Llama family (Llama 2/3, SmolLM2)", needed="nothing: the defaults are Llama's"),
+            Architecture(
+                "qwen2",
+                "Qwen2 / Qwen2.5",
+                sliding="layer_types",
+                chat="chatml",
+                needed="sliding layers from layer_types (use_sliding_window, max_window_layers)",
+            ),
+            Architecture(
+                "qwen3",
+                "Qwen3",
+                sliding="layer_types",
+                chat="chatml",
+                needed="as Qwen2; q/k norms live inside the attention module",
+            ),
+            Architecture(
+                "mistral",
+                "Mistral",
+                sliding="all",
+                chat="mistral",
+                needed="every layer slides when config.sliding_window is set",
+            ),
+            Architecture(
+                "gemma2",
+                "Gemma 2",
+                sliding="layer_types",
+                chat="gemma",
+                needed="attention logit soft-capping (masklab.pretrained.hf applies it; load() picks eager over sdpa, "
+                "which would drop it); alternating sliding layers",
+            ),
+            Architecture(
+                "gemma3_text",
+                "Gemma 3 (text)",
+                sliding="layer_types",
+                positions="rope-local-global",
+                chat="gemma",
+                needed="sliding layers with their own RoPE table; query scaling by query_pre_attn_scalar",
+            ),
+            Architecture(
+                "phi3",
+                "Phi-3",
+                sliding="all",
+                chat="phi3",
+                needed="fused qkv projection (inside the attention module); sliding_window on every layer",
+            ),
+            Architecture("olmo2", "OLMo 2", chat="olmo2", needed="q/k norms inside the attention module"),
+        )
+    },
+)
 
 
 def _config(model_or_config):
@@ -163,8 +200,17 @@ def sliding_window_layers(model_or_config) -> list[int]:
 LONG_ATTN = "masklab-causal"  # the first-layers pass's attention function (:func:`causal_attention`)
 
 
-def causal_attention(module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
-                     scaling: float | None = None, sliding_window: int | None = None, **kwargs):
+def causal_attention(
+    module: nn.Module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs,
+):
     """transformers attention function for one unpadded sequence read from its start (no
     cache, no padding): causal SDPA without a materialised mask, so PyTorch can use its
     fused kernels; a sliding layer (``sliding_window`` W, a key ``j`` visible to query
@@ -193,8 +239,15 @@ def causal_attention(module: nn.Module, query, key, value, attention_mask, dropo
             e, k0 = min(s + W, T), max(0, s - W + 1)
             i = torch.arange(s, e, device=query.device)[:, None]
             j = torch.arange(k0, e, device=query.device)[None, :]
-            parts.append(sdpa(query[..., s:e, :], key[..., k0:e, :], value[..., k0:e, :],
-                              attn_mask=(j <= i) & (j > i - W), scale=scaling))
+            parts.append(
+                sdpa(
+                    query[..., s:e, :],
+                    key[..., k0:e, :],
+                    value[..., k0:e, :],
+                    attn_mask=(j <= i) & (j > i - W),
+                    scale=scaling,
+                )
+            )
         out = torch.cat(parts, dim=-2)
     return out.transpose(1, 2).contiguous(), None
 
@@ -204,8 +257,11 @@ def _fast_pass(model: nn.Module) -> bool:
     ``sdpa`` (eager stays for soft-capped logits, a prior's ``masklab`` function stays),
     causal (no bidirectional Gemma 3)."""
     cfg = model.config
-    return (cfg._attn_implementation == "sdpa" and not getattr(cfg, "attn_logit_softcapping", None)
-            and not getattr(cfg, "use_bidirectional_attention", False))
+    return (
+        cfg._attn_implementation == "sdpa"
+        and not getattr(cfg, "attn_logit_softcapping", None)
+        and not getattr(cfg, "use_bidirectional_attention", False)
+    )
 
 
 @contextlib.contextmanager

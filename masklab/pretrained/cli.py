@@ -21,16 +21,32 @@ CITE_METHODS = ("loo", "greedy-minimal", "group-testing", "contextcite")
 class CiteOptions:
     """``masklab cite``'s options besides ``--context`` and ``--query`` (flags with ranges, :mod:`masklab.util.flags`)."""
 
-    model: str = flag(DEFAULT_MODEL, help="registered name (see `masklab models`), a local Hugging Face model folder "
-                      "(/path/to/folder; see docs/pretrained.md for the architectures) or a .gguf file")
+    model: str = flag(
+        DEFAULT_MODEL,
+        help="registered name (see `masklab models`), a local Hugging Face model folder "
+        "(/path/to/folder; see docs/pretrained.md for the architectures) or a .gguf file",
+    )
     method: str = flag("group-testing", choices=list(CITE_METHODS), help="evidence search")
-    hide: str = flag("mask", choices=["mask", "delete"], help="hide a sentence by masking its tokens' keys or by deleting it")
-    tolerance: float = flag(1.0, min=0, help="answer 'holds' while its log-probability drops by less than this (nats) "
-                                             "and it stays the greedy answer")
-    max_new_tokens: int = flag(32, min=1, help="at most this many answer tokens; generation stops once the answer "
-                                               "(up to its first punctuation mark or line break) is complete")
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="the model's own, see `masklab models`",
-                                     help="raw completion or the model's chat turns")
+    hide: str = flag(
+        "mask", choices=["mask", "delete"], help="hide a sentence by masking its tokens' keys or by deleting it"
+    )
+    tolerance: float = flag(
+        1.0,
+        min=0,
+        help="answer 'holds' while its log-probability drops by less than this (nats) and it stays the greedy answer",
+    )
+    max_new_tokens: int = flag(
+        32,
+        min=1,
+        help="at most this many answer tokens; generation stops once the answer "
+        "(up to its first punctuation mark or line break) is complete",
+    )
+    prompt_format: str | None = flag(
+        None,
+        choices=["raw", "chat"],
+        default_text="the model's own, see `masklab models`",
+        help="raw completion or the model's chat turns",
+    )
     threads: int = flag(1, min=1, help="torch threads (as the studies' runs)")
     encoding: str | None = flag(None, default_text="UTF-8", help="text encoding of the context file, e.g. latin-1")
     max_context_bytes: int = flag(MAX_CONTEXT_BYTES, min=1, help="refuse larger context files before loading the model")
@@ -53,8 +69,10 @@ def sentences_of(text: str) -> list[str]:
     notice when some are chunks rather than sentences or there is only one."""
     out, cut = chunked_sentences(text)
     if cut:
-        note(f"{cut} stretch(es) of the context had no sentence punctuation for over {2 * CHUNK_WORDS} words; "
-             f"they were cut into chunks of {CHUNK_WORDS} words, so some evidence items are chunks, not sentences")
+        note(
+            f"{cut} stretch(es) of the context had no sentence punctuation for over {2 * CHUNK_WORDS} words; "
+            f"they were cut into chunks of {CHUNK_WORDS} words, so some evidence items are chunks, not sentences"
+        )
     if len(out) == 1:
         note("the context is a single sentence, so it is trivially the evidence; give several sentences to compare")
     return out
@@ -63,7 +81,9 @@ def sentences_of(text: str) -> list[str]:
 def context_window(lm) -> int | None:
     """The model's window in tokens: its position embeddings, else the tokenizer's limit."""
     cfg = lm.model.config
-    n = getattr(cfg, "max_position_embeddings", None) or getattr(getattr(cfg, "text_config", None), "max_position_embeddings", None)
+    n = getattr(cfg, "max_position_embeddings", None) or getattr(
+        getattr(cfg, "text_config", None), "max_position_embeddings", None
+    )
     if not n:
         n = getattr(lm.tokenizer, "model_max_length", None)
     return int(n) if n and n < 10**8 else None
@@ -78,8 +98,10 @@ def check_fits(lm, sentences: list[str], query: str, max_new_tokens: int) -> Non
         return
     n = encode(lm, sentences, Query(query).text).ids.numel()
     if n + max_new_tokens > window:
-        raise MasklabError(f"the prompt is {n:,} tokens (context and question) + {max_new_tokens} answer tokens, past "
-                           f"{lm.name}'s window of {window:,} positions; shorten the context")
+        raise MasklabError(
+            f"the prompt is {n:,} tokens (context and question) + {max_new_tokens} answer tokens, past "
+            f"{lm.name}'s window of {window:,} positions; shorten the context"
+        )
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -95,8 +117,10 @@ def _models(args: argparse.Namespace) -> int:
     print("also accepted wherever --model is: a local Hugging Face model directory or a .gguf file")
     if args.load:
         lm = load(args.load, threads=args.threads if hasattr(args, "threads") else None, device=args.device)
-        print(f"loaded {args.load} from {lm.source} in {lm.load_seconds:.1f} s "
-              f"({lm.n_layers} layers x {lm.n_heads} heads)")
+        print(
+            f"loaded {args.load} from {lm.source} in {lm.load_seconds:.1f} s "
+            f"({lm.n_layers} layers x {lm.n_heads} heads)"
+        )
     return 0
 
 
@@ -123,8 +147,15 @@ def _cite(args: argparse.Namespace) -> int:
     lm = load(opts.model, threads=opts.threads, prompt_format=opts.prompt_format, device=dev)
     check_fits(lm, sentences, query, opts.max_new_tokens)
     with devices.autocast(dev, args.precision):
-        res = cite(lm, sentences, query, method=opts.method, hide=opts.hide,
-                   tolerance=opts.tolerance, max_new_tokens=opts.max_new_tokens)
+        res = cite(
+            lm,
+            sentences,
+            query,
+            method=opts.method,
+            hide=opts.hide,
+            tolerance=opts.tolerance,
+            max_new_tokens=opts.max_new_tokens,
+        )
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

@@ -51,8 +51,11 @@ from masklab.util.errors import MasklabError
 ATTN_NAME = "masklab"
 FILE_FORMAT = "masklab-priors"
 FILE_VERSION = "1"
-PRIOR_TYPES: dict[str, type[nn.Module]] = {"RelativePrior": RelativePrior, "RecencyPrior": RecencyPrior,
-                                           "MaskPrior": MaskPrior}
+PRIOR_TYPES: dict[str, type[nn.Module]] = {
+    "RelativePrior": RelativePrior,
+    "RecencyPrior": RecencyPrior,
+    "MaskPrior": MaskPrior,
+}
 
 PriorFactory = Callable[[int, int], nn.Module]
 
@@ -122,8 +125,9 @@ def masklab_attention(
         probs = nn.functional.dropout(probs, p=dropout, training=module.training)
         keep = getattr(module, "_masklab_probs", False)
         return (probs @ value).transpose(1, 2).contiguous(), probs if keep else None
-    out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
-                                                     scale=scaling)
+    out = nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -131,22 +135,32 @@ def _prior_bias(prior: nn.Module, H: int, Tq: int, Tk: int, q0: int) -> Tensor:
     """``prior(Tq, Tk, q0)``, refused unless it is the ``(H|1, Tq, Tk)`` bias a prior must give
     (a wrong shape would otherwise be broadcast silently)."""
     bias = prior(Tq, Tk, q0)
-    if not isinstance(bias, Tensor) or bias.dim() != 3 or bias.shape[0] not in (1, H) or tuple(bias.shape[1:]) != (Tq, Tk):
+    if (
+        not isinstance(bias, Tensor)
+        or bias.dim() != 3
+        or bias.shape[0] not in (1, H)
+        or tuple(bias.shape[1:]) != (Tq, Tk)
+    ):
         got = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
-        raise MasklabError(f"the prior {type(prior).__name__} returned shape {got}; expected ({H} or 1, {Tq}, {Tk}) "
-                           f"= (heads, queries, keys) for {Tq} queries from position {q0}")
+        raise MasklabError(
+            f"the prior {type(prior).__name__} returned shape {got}; expected ({H} or 1, {Tq}, {Tk}) "
+            f"= (heads, queries, keys) for {Tq} queries from position {q0}"
+        )
     return bias
 
 
-def _hide_bias(hidden: tuple[Tensor, list[int] | None], B: int, H: int, s: int, Tk: int,
-               dtype: torch.dtype, dev: torch.device) -> Tensor:
+def _hide_bias(
+    hidden: tuple[Tensor, list[int] | None], B: int, H: int, s: int, Tk: int, dtype: torch.dtype, dev: torch.device
+) -> Tensor:
     """``(B|1, H|1, 1, Tk)`` bias: ``-inf`` on hidden keys (absolute positions ``[s, s + Tk)``)."""
     keep, heads = hidden  # keep: (B|1, T) bool over absolute positions; beyond T = visible
     if s == 0 and keep.shape[-1] > Tk and not keep[:, Tk:].all():  # the whole sequence is here: nothing may lie past it
         last = int((~keep).nonzero()[:, 1].max()) + 1
-        raise MasklabError(f"hide: the hidden positions reach {last} but the sequence has {Tk} tokens "
-                           f"(spans are token positions [start, end) with end <= {Tk})")
-    cols = keep[:, s:s + Tk].to(dev)
+        raise MasklabError(
+            f"hide: the hidden positions reach {last} but the sequence has {Tk} tokens "
+            f"(spans are token positions [start, end) with end <= {Tk})"
+        )
+    cols = keep[:, s : s + Tk].to(dev)
     if cols.shape[-1] < Tk:
         pad = torch.ones(cols.shape[0], Tk - cols.shape[-1], dtype=torch.bool, device=dev)
         cols = torch.cat([cols, pad], dim=-1)
@@ -245,8 +259,10 @@ def attach_priors(model: nn.Module, factory: PriorFactory) -> list[nn.Module]:
             probe = p(2, 2, 0)
         if not isinstance(probe, Tensor) or probe.dim() != 3 or probe.shape[0] not in (1, heads):
             got = tuple(probe.shape) if isinstance(probe, Tensor) else type(probe).__name__
-            raise MasklabError(f"the prior factory's prior for layer {i} gives shape {got} for 2 queries x 2 keys; "
-                               f"expected ({heads} or 1, 2, 2): the model has {heads} attention heads")
+            raise MasklabError(
+                f"the prior factory's prior for layer {i} gives shape {got} for 2 queries x 2 keys; "
+                f"expected ({heads} or 1, 2, 2): the model has {heads} attention heads"
+            )
         priors.append(p.to(device=ref.device))
     for attn, p in zip(layers, priors):
         attn.add_module("prior", p)
@@ -287,9 +303,13 @@ def _build_prior(kind: str, cfg: dict) -> nn.Module:
 
 def _model_meta(model: nn.Module) -> dict:
     c = model.config
-    return {"model_type": c.model_type, "model_name": Path(str(getattr(c, "_name_or_path", "") or "")).name,
-            "n_layers": int(c.num_hidden_layers), "heads": int(c.num_attention_heads),
-            "hidden_size": int(c.hidden_size)}
+    return {
+        "model_type": c.model_type,
+        "model_name": Path(str(getattr(c, "_name_or_path", "") or "")).name,
+        "n_layers": int(c.num_hidden_layers),
+        "heads": int(c.num_attention_heads),
+        "hidden_size": int(c.hidden_size),
+    }
 
 
 def save_priors(model: nn.Module, path: str | Path) -> Path:
@@ -303,10 +323,18 @@ def save_priors(model: nn.Module, path: str | Path) -> Path:
     kinds = {type(p).__name__ for p in priors}
     if len(kinds) != 1:
         raise MasklabError(f"all layers must carry the same prior type to be saved, got {sorted(kinds)}")
-    tensors = {f"layers.{i}.{k}": v.detach().cpu().contiguous() for i, p in enumerate(priors)
-               for k, v in p.state_dict().items()}
-    meta = {"format": FILE_FORMAT, "version": FILE_VERSION, **{k: str(v) for k, v in _model_meta(model).items()},
-            "prior_type": kinds.pop(), "prior_args": json.dumps([_prior_config(p) for p in priors])}
+    tensors = {
+        f"layers.{i}.{k}": v.detach().cpu().contiguous()
+        for i, p in enumerate(priors)
+        for k, v in p.state_dict().items()
+    }
+    meta = {
+        "format": FILE_FORMAT,
+        "version": FILE_VERSION,
+        **{k: str(v) for k, v in _model_meta(model).items()},
+        "prior_type": kinds.pop(),
+        "prior_args": json.dumps([_prior_config(p) for p in priors]),
+    }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=meta)
@@ -352,13 +380,15 @@ def load_priors(model: nn.Module, path: str | Path, check_name: bool = True) -> 
         raise MasklabError(f"{path}: {len(built)} priors for a model with {want['n_layers']} layers")
     for i, p in enumerate(built):
         sd = p.state_dict()
-        got = {k[len(f"layers.{i}."):]: v for k, v in tensors.items() if k.startswith(f"layers.{i}.")}
+        got = {k[len(f"layers.{i}.") :]: v for k, v in tensors.items() if k.startswith(f"layers.{i}.")}
         if set(got) != set(sd):
             raise MasklabError(f"{path}: layer {i} has tensors {sorted(got)}, expected {sorted(sd)}")
         for k, v in got.items():
             if v.shape != sd[k].shape or v.dtype != sd[k].dtype:
-                raise MasklabError(f"{path}: layer {i} tensor {k!r} is {tuple(v.shape)} {v.dtype}, "
-                                   f"expected {tuple(sd[k].shape)} {sd[k].dtype}")
+                raise MasklabError(
+                    f"{path}: layer {i} tensor {k!r} is {tuple(v.shape)} {v.dtype}, "
+                    f"expected {tuple(sd[k].shape)} {sd[k].dtype}"
+                )
         p.load_state_dict(got)
     if priors_of(model):
         detach_priors(model)
@@ -367,8 +397,13 @@ def load_priors(model: nn.Module, path: str | Path, check_name: bool = True) -> 
 
 # --------------------------------------------------------------------------- interventions
 @contextlib.contextmanager
-def hide(model: nn.Module, spans: Sequence[tuple[int, int]] | None = None, layers: Sequence[int] | None = None,
-         heads: Sequence[int] | None = None, keep: Tensor | None = None) -> Iterator[None]:
+def hide(
+    model: nn.Module,
+    spans: Sequence[tuple[int, int]] | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    keep: Tensor | None = None,
+) -> Iterator[None]:
     """Hide tokens' keys (``-inf`` logits) in chosen layers and heads while the block runs.
 
     spans: token positions ``[start, end)`` hidden in every sequence of the batch; or

@@ -59,8 +59,10 @@ def chat_turns(tokenizer, style: str | None = None) -> tuple[str, str]:
         if marker in vocab:
             return opening, closing
     markers = ", ".join(f"{k} {v[0]}" for k, v in CHAT_TURNS.items())
-    raise MasklabError(f"this model's tokenizer has no chat template and its vocabulary no known chat-turn tokens "
-                       f"({markers}); use --prompt-format raw")
+    raise MasklabError(
+        f"this model's tokenizer has no chat template and its vocabulary no known chat-turn tokens "
+        f"({markers}); use --prompt-format raw"
+    )
 
 
 def template_turns(tokenizer) -> tuple[str, str]:
@@ -70,14 +72,17 @@ def template_turns(tokenizer) -> tuple[str, str]:
     template then closes an empty thinking block, so the answer follows directly (other
     templates ignore the variable)."""
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}], tokenize=False,
-                                             add_generation_prompt=True, enable_thinking=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": _SLOT}], tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
     except Exception as e:  # jinja2 errors of a template that wants other messages
-        raise MasklabError(f"the tokenizer's chat template does not render one user message ({e}); "
-                           "use --prompt-format raw") from None
+        raise MasklabError(
+            f"the tokenizer's chat template does not render one user message ({e}); use --prompt-format raw"
+        ) from None
     if not isinstance(text, str) or text.count(_SLOT) != 1:
-        raise MasklabError("the tokenizer's chat template does not place the user message once; "
-                           "use --prompt-format raw")
+        raise MasklabError(
+            "the tokenizer's chat template does not place the user message once; use --prompt-format raw"
+        )
     opening, closing = text.split(_SLOT)
     return opening, closing
 
@@ -121,8 +126,10 @@ def chat_template(lm: LoadedModel) -> str | None:
     bos = lm.tokenizer.bos_token
     lead = "" if bos and opening.startswith(bos) else "{{ bos_token }}"
     esc = lambda t: t.replace("\n", "\\n").replace("'", "\\'")  # noqa: E731
-    return (lead + "{{ '" + esc(opening) + "' }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
-            "{{ '" + esc(closing) + "' }}")
+    return (
+        lead + "{{ '" + esc(opening) + "' }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{{ '" + esc(closing) + "' }}"
+    )
 
 
 @dataclass
@@ -191,14 +198,17 @@ def _head_complete(tokenizer, start: int):
     class HeadComplete(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
             text = tokenizer.decode(input_ids[0, start:], skip_special_tokens=True).strip()
-            return torch.full((input_ids.shape[0],), bool(HEAD_END.search(text)), dtype=torch.bool, device=input_ids.device)
+            return torch.full(
+                (input_ids.shape[0],), bool(HEAD_END.search(text)), dtype=torch.bool, device=input_ids.device
+            )
 
     return HeadComplete()
 
 
 @torch.no_grad()
-def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8, stop_at_head: bool = False,
-             cache=None) -> tuple[Tensor, str]:
+def generate(
+    lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8, stop_at_head: bool = False, cache=None
+) -> tuple[Tensor, str]:
     """Greedy continuation of ``ids (T,)``: ``(new_ids (n,), text)``. ``stop_at_head``: stop
     as soon as the answer head is complete (the first punctuation mark or line break after
     some text), which leaves the head the same and saves the remaining tokens. ``cache``: an
@@ -210,9 +220,15 @@ def generate(lm: LoadedModel, ids: Tensor, max_new_tokens: int = 8, stop_at_head
         from transformers import StoppingCriteriaList
 
         kw["stopping_criteria"] = StoppingCriteriaList([_head_complete(lm.tokenizer, ids.numel())])
-    out = lm.model.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=max_new_tokens,
-                            do_sample=False, pad_token_id=lm.tokenizer.pad_token_id, **kw)
-    new = out[0, ids.numel():].cpu()
+    out = lm.model.generate(
+        ids[None],
+        attention_mask=torch.ones_like(ids)[None],
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=lm.tokenizer.pad_token_id,
+        **kw,
+    )
+    new = out[0, ids.numel() :].cpu()
     return new, lm.tokenizer.decode(new, skip_special_tokens=True)
 
 
@@ -245,14 +261,23 @@ def cached(prefix: list[tuple[Tensor, Tensor]], start: int, batch: int = 1):
     (:func:`context_cache`), repeated ``batch`` times."""
     from transformers import DynamicCache
 
-    return DynamicCache([(k[:, :, :start].expand(batch, -1, -1, -1), v[:, :, :start].expand(batch, -1, -1, -1))
-                         for k, v in prefix])
+    return DynamicCache(
+        [(k[:, :, :start].expand(batch, -1, -1, -1), v[:, :, :start].expand(batch, -1, -1, -1)) for k, v in prefix]
+    )
 
 
 @torch.no_grad()
-def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Tensor,
-                  batch: int = 8, layers: list[int] | None = None, heads: list[int] | None = None,
-                  via: str = "mask", prefix: list[tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+def answer_scores(
+    lm: LoadedModel,
+    ids: Tensor,
+    answer: Tensor,
+    keep_tokens: Tensor,
+    batch: int = 8,
+    layers: list[int] | None = None,
+    heads: list[int] | None = None,
+    via: str = "mask",
+    prefix: list[tuple[Tensor, Tensor]] | None = None,
+) -> tuple[Tensor, Tensor]:
     """Teacher-force ``answer (A,)`` after ``ids (T,)`` under key masks ``keep_tokens (V, T)``.
 
     ``via="mask"`` hides keys through the 2-D ``attention_mask`` (every layer and head);
@@ -272,25 +297,42 @@ def answer_scores(lm: LoadedModel, ids: Tensor, answer: Tensor, keep_tokens: Ten
     T, A = ids.numel(), answer.numel()
     logps, greedys = [], []
     for s in range(0, keep_tokens.shape[0], batch):
-        keep = keep_tokens[s:s + batch]
+        keep = keep_tokens[s : s + batch]
         V = keep.shape[0]
         mask = torch.cat([keep.long(), torch.ones(V, A, dtype=torch.long, device=dev)], dim=1)
         pos = torch.arange(T + A, device=dev)[None].expand(V, -1)
         # read from the batch's first hidden token on (at most T - 1: the logits at T - 1 predict the answer)
         start = 0 if prefix is None else min(int(torch.where(keep.all(1), T, (~keep).int().argmax(1)).min()), T - 1)
         if start > 0:
-            logits = lm.model(input_ids=full[start:][None].expand(V, -1), attention_mask=mask,
-                              position_ids=pos[:, start:], past_key_values=cached(prefix, start, V), use_cache=True,
-                              logits_to_keep=A + 1).logits[:, :A].float()
+            logits = (
+                lm.model(
+                    input_ids=full[start:][None].expand(V, -1),
+                    attention_mask=mask,
+                    position_ids=pos[:, start:],
+                    past_key_values=cached(prefix, start, V),
+                    use_cache=True,
+                    logits_to_keep=A + 1,
+                )
+                .logits[:, :A]
+                .float()
+            )
         elif via == "hide":
             from masklab.pretrained.hf import hide
 
             with hide(lm.model, keep=mask.bool(), layers=layers, heads=heads):
-                logits = lm.model(input_ids=full[None].expand(V, -1), position_ids=pos,
-                                  logits_to_keep=A + 1).logits[:, :A].float()
+                logits = (
+                    lm.model(input_ids=full[None].expand(V, -1), position_ids=pos, logits_to_keep=A + 1)
+                    .logits[:, :A]
+                    .float()
+                )
         else:
-            logits = lm.model(input_ids=full[None].expand(V, -1), attention_mask=mask, position_ids=pos,
-                              logits_to_keep=A + 1).logits[:, :A].float()  # (V, A, vocab)
+            logits = (
+                lm.model(
+                    input_ids=full[None].expand(V, -1), attention_mask=mask, position_ids=pos, logits_to_keep=A + 1
+                )
+                .logits[:, :A]
+                .float()
+            )  # (V, A, vocab)
         lp = torch.log_softmax(logits, -1)
         logps.append(lp.gather(-1, answer[None, :, None].expand(V, -1, 1))[..., 0].sum(-1))
         greedys.append((logits.argmax(-1) == answer[None]).all(-1))
@@ -306,8 +348,13 @@ def last_token_attention(lm: LoadedModel, ids: Tensor, prefix: list[tuple[Tensor
     dev = lm.model.device
     if prefix is not None and ids.numel() > 1:
         T = ids.numel()
-        out = lm.model(input_ids=ids[None, -1:].to(dev), position_ids=torch.tensor([[T - 1]], device=dev),
-                       past_key_values=cached(prefix, T - 1), use_cache=True, output_attentions=True)
+        out = lm.model(
+            input_ids=ids[None, -1:].to(dev),
+            position_ids=torch.tensor([[T - 1]], device=dev),
+            past_key_values=cached(prefix, T - 1),
+            use_cache=True,
+            output_attentions=True,
+        )
     else:
         out = lm.model(input_ids=ids[None].to(dev), output_attentions=True, logits_to_keep=1)
     if out.attentions is None or out.attentions[0] is None:

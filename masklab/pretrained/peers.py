@@ -72,8 +72,9 @@ def presplit_partitioner(sentences: list[str]):
     return PresplitPartitioner(sentences)
 
 
-def contextcite_scores(lm: LoadedModel, sentences: list[str], query: str, ablations: int = 32,
-                       max_new_tokens: int = 8, seed: int = 0) -> dict:
+def contextcite_scores(
+    lm: LoadedModel, sentences: list[str], query: str, ablations: int = 32, max_new_tokens: int = 8, seed: int = 0
+) -> dict:
     """ContextCite attributions of ``lm``'s answer (the scored head of its continuation)
     to each sentence. Returns ``{"answer", "scores" (N floats), "forward_passes"}``."""
     import numpy as np
@@ -97,10 +98,17 @@ def contextcite_scores(lm: LoadedModel, sentences: list[str], query: str, ablati
         plain = PLAIN_TEMPLATE.replace("{{ bos_token }}", "")
     try:
         with chat_template_set(tok, plain):
-            citer = cc.ContextCiter(lm.model, tok, part.context, query, partitioner=part,
-                                    prompt_template=template, num_ablations=ablations,
-                                    generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": False},
-                                    batch_size=1)
+            citer = cc.ContextCiter(
+                lm.model,
+                tok,
+                part.context,
+                query,
+                partitioner=part,
+                prompt_template=template,
+                num_ablations=ablations,
+                generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": False},
+                batch_size=1,
+            )
             citer.logger.setLevel("ERROR")
             response = citer.response
             head = answer_head(response)

@@ -188,8 +188,16 @@ def flex_unavailable(q: Tensor, needs_grad: bool) -> str | None:
     return None
 
 
-def _flex_core(q: Tensor, k: Tensor, v: Tensor, prior: Tensor | None, bias: Tensor | None,
-               prior_heads: bool, bias_items: bool, bias_heads: bool) -> Tensor:
+def _flex_core(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prior: Tensor | None,
+    bias: Tensor | None,
+    prior_heads: bool,
+    bias_items: bool,
+    bias_heads: bool,
+) -> Tensor:
     """FlexAttention with ``score + prior[h|0, q, k] + bias[b|0, h|0, q, k]`` in ``score_mod``
     (the flags say which dims are not broadcast). Compiled as a whole on CUDA, so the closure
     is traced inside the compiled region and one compile serves every step."""
@@ -213,8 +221,11 @@ def flex_attention_bias(q: Tensor, k: Tensor, v: Tensor, prior: Tensor | None, b
     on the CPU (forward only: FlexAttention has no CPU backward), where torch's
     "called without torch.compile" warning is silenced: the CPU use is the reference test."""
     global _flex_compiled
-    flags = (prior is not None and prior.shape[0] > 1,
-             bias is not None and bias.shape[0] > 1, bias is not None and bias.shape[1] > 1)
+    flags = (
+        prior is not None and prior.shape[0] > 1,
+        bias is not None and bias.shape[0] > 1,
+        bias is not None and bias.shape[1] > 1,
+    )
     if q.device.type != "cuda":
         import warnings
 
@@ -324,7 +335,9 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.dim)
         return self.out(y), probs
 
-    def _fast_path(self, q: Tensor, k: Tensor, v: Tensor, T: int, prior: Tensor | None, bias: Tensor | None) -> str | None:
+    def _fast_path(
+        self, q: Tensor, k: Tensor, v: Tensor, T: int, prior: Tensor | None, bias: Tensor | None
+    ) -> str | None:
         """``"blocked"``, ``"flex"`` or None (SDPA with the summed mask) for this call; see the
         module docstring. Warns once where an asked-for path cannot run."""
         if self.impl == "math" or (bias is not None and bias.requires_grad):

@@ -114,9 +114,9 @@ class MaskPrior(nn.Module):
         size = self.m.shape[-1]
         if offset + seq > size or keys > size:
             raise ValueError(f"positions up to {max(offset + seq, keys)} exceed the prior's size {size}")
-        bias = F.logsigmoid(self.m[:, offset:offset + seq, :keys])
+        bias = F.logsigmoid(self.m[:, offset : offset + seq, :keys])
         if self.mode == "hard":
-            bias = bias.masked_fill(self.hard[:, offset:offset + seq, :keys], float("-inf"))
+            bias = bias.masked_fill(self.hard[:, offset : offset + seq, :keys], float("-inf"))
         return bias
 
     def drift(self) -> float:
@@ -185,8 +185,9 @@ class RelativePrior(nn.Module):
     ``[offset, offset + Tq)`` against keys ``[0, Tk)`` (``Tk`` defaults to ``offset + Tq``).
     """
 
-    def __init__(self, heads: int, max_distance: int = 1024, exact: int = 16, log_buckets: int = 16,
-                 allowed: float = 6.0) -> None:
+    def __init__(
+        self, heads: int, max_distance: int = 1024, exact: int = 16, log_buckets: int = 16, allowed: float = 6.0
+    ) -> None:
         super().__init__()
         if heads < 1 or exact < 1 or log_buckets < 0 or max_distance < 1:
             raise ValueError("heads and exact must be >= 1, log_buckets >= 0, max_distance >= 1")
@@ -196,8 +197,13 @@ class RelativePrior(nn.Module):
 
     def config(self) -> dict:
         """Constructor arguments (what a priors file records to rebuild this module)."""
-        return {"heads": self.heads, "max_distance": self.max_distance, "exact": self.exact,
-                "log_buckets": self.log_buckets, "allowed": self.allowed}
+        return {
+            "heads": self.heads,
+            "max_distance": self.max_distance,
+            "exact": self.exact,
+            "log_buckets": self.log_buckets,
+            "allowed": self.allowed,
+        }
 
     def buckets(self, seq: int, keys: int | None = None, offset: int = 0) -> Tensor:
         """``(seq, keys)`` bucket indices of queries ``[offset, offset + seq)`` vs keys ``[0, keys)``."""
@@ -210,8 +216,9 @@ class RelativePrior(nn.Module):
         return F.logsigmoid(self.theta)[:, self.buckets(seq, keys, offset)]  # (H, seq, keys)
 
     def extra_repr(self) -> str:
-        return (f"heads={self.heads}, exact={self.exact}, log_buckets={self.log_buckets}, "
-                f"max_distance={self.max_distance}")
+        return (
+            f"heads={self.heads}, exact={self.exact}, log_buckets={self.log_buckets}, max_distance={self.max_distance}"
+        )
 
 
 class RecencyPrior(nn.Module):

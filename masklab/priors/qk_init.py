@@ -52,7 +52,9 @@ def block_inputs(model: nn.Module, tokens: Tensor, upto: int) -> Tensor:
 class QKInit:
     name = "base"
 
-    def apply(self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0) -> None:
+    def apply(
+        self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0
+    ) -> None:
         """Initialise every block's W_Q, W_K of ``model`` (any masklab model: ``embed``,
         ``base_bias``, ``blocks``) from one structure ``(H|1, T, T)`` per block, using
         sample inputs ``(B, n)``. (For a causal model, fit only what the causal mask allows.)"""
@@ -155,7 +157,9 @@ class Mimetic(QKInit):
     alpha2: float = 0.4
     beta2: float = 0.4
 
-    def apply(self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0) -> None:
+    def apply(
+        self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0
+    ) -> None:
         with torch.no_grad():
             for block in model.blocks:
                 attn = block.attn
@@ -191,10 +195,14 @@ class Impulse(QKInit):
 
     pos_scale: float = 1.0
 
-    def apply(self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0) -> None:
+    def apply(
+        self, model: nn.Module, inputs: Tensor, structures: list[Tensor], allowed: float = 6.0, suppressed: float = 6.0
+    ) -> None:
         with torch.no_grad():
             T, D = model.pos.shape
-            basis, _ = torch.linalg.qr(torch.randn(D, T) if D >= T else torch.randn(T, D).T)  # (D, min(T, D)) orthonormal
+            basis, _ = torch.linalg.qr(
+                torch.randn(D, T) if D >= T else torch.randn(T, D).T
+            )  # (D, min(T, D)) orthonormal
             pos = basis.T if D >= T else torch.randn(T, D)
             model.pos.copy_(pos / pos.std() * self.pos_scale)
         super().apply(model, inputs, structures, allowed, suppressed)

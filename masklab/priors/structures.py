@@ -126,16 +126,19 @@ def allowed_mass(probs: Tensor, structure: Tensor, rows: str = "cls") -> float:
 
 
 Design = Callable[[Groups, int, int, int, int], Tensor]
-DESIGNS: Registry[Design] = Registry("prior design", items={
-    # one pattern for every layer and head
-    "support-block": lambda g, n, layer, depth, heads: support_block(g, n),
-    "pairwise": lambda g, n, layer, depth, heads: pairwise(g, n),
-    # interact first (CLS idle), read out in the last layer
-    "layer-specific": lambda g, n, layer, depth, heads: (
-        interaction_only(g, n) if layer < depth - 1 else readout(g, n)
-    ),
-    "per-head": lambda g, n, layer, depth, heads: pairs_per_head(g, n, heads),
-})
+DESIGNS: Registry[Design] = Registry(
+    "prior design",
+    items={
+        # one pattern for every layer and head
+        "support-block": lambda g, n, layer, depth, heads: support_block(g, n),
+        "pairwise": lambda g, n, layer, depth, heads: pairwise(g, n),
+        # interact first (CLS idle), read out in the last layer
+        "layer-specific": lambda g, n, layer, depth, heads: (
+            interaction_only(g, n) if layer < depth - 1 else readout(g, n)
+        ),
+        "per-head": lambda g, n, layer, depth, heads: pairs_per_head(g, n, heads),
+    },
+)
 
 
 def design_structure(name: str, groups: Groups, n_vars: int, layer: int, depth: int, heads: int) -> Tensor:
@@ -151,7 +154,15 @@ def design_structure(name: str, groups: Groups, n_vars: int, layer: int, depth: 
 
 #: Relative offsets (d_row, d_col) of a 3x3 convolution impulse, centre first.
 IMPULSE_OFFSETS: tuple[tuple[int, int], ...] = (
-    (0, 0), (0, 1), (1, 0), (0, -1), (-1, 0), (1, 1), (-1, -1), (1, -1), (-1, 1)
+    (0, 0),
+    (0, 1),
+    (1, 0),
+    (0, -1),
+    (-1, 0),
+    (1, 1),
+    (-1, -1),
+    (1, -1),
+    (-1, 1),
 )
 
 
@@ -332,7 +343,9 @@ def split_heads(structure: Tensor, heads: int) -> Tensor:
 ARITH_PRIORS = ("shared", "per-head")
 
 
-def arith_structure(op: str, width: int, reverse: bool = False, variant: str = "shared", heads: int = 1, window: int | None = None) -> Tensor:
+def arith_structure(
+    op: str, width: int, reverse: bool = False, variant: str = "shared", heads: int = 1, window: int | None = None
+) -> Tensor:
     """The digit-alignment structure of ``op`` for one layer: ``(1, T, T)`` ("shared") or
     ``(H, T, T)`` ("per-head"), causal."""
     if op == "add":

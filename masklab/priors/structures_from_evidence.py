@@ -233,13 +233,15 @@ def _hidings_of(base_bias: Tensor | None, T: int, rows: list[int], pairs: bool) 
     out = []
     for i in rows:
         keys = visible[i]
-        sets = [(a, b) for n, a in enumerate(keys) for b in keys[n + 1:]] if pairs else [(j,) for j in keys]
+        sets = [(a, b) for n, a in enumerate(keys) for b in keys[n + 1 :]] if pairs else [(j,) for j in keys]
         out += [(i, ks) for ks in sets if len(ks) < len(keys)]
     return out
 
 
 @torch.no_grad()
-def _hide(model, inputs: Tensor, hidings, head_rows: set[int], distribution: bool, chunk: int) -> tuple[list[float], int]:
+def _hide(
+    model, inputs: Tensor, hidings, head_rows: set[int], distribution: bool, chunk: int
+) -> tuple[list[float], int]:
     """Mean change of each ``(row, keys)`` hiding over ``inputs`` ``(B, ...)``; hidings run
     ``chunk`` at a time, each a copy of the batch with its own ``-inf`` logit bias (on the
     device of ``inputs``, which is the model's)."""
@@ -333,7 +335,7 @@ def probe_pair_effects(
     for (_, (j,)), v in zip(singles, values):
         single[j] = v
     pair = np.full((T, T), np.nan)
-    for (_, (j, k)), v in zip(doubles, values[len(singles):]):
+    for (_, (j, k)), v in zip(doubles, values[len(singles) :]):
         pair[j, k] = pair[k, j] = v - single[j] - single[k]
     return ProbePairs(row, single, pair, forwards, len(inputs), time.perf_counter() - start)
 
@@ -341,7 +343,9 @@ def probe_pair_effects(
 # ----------------------------------------------------------------------------- effects -> structure
 
 
-def to_structure(effects: np.ndarray, threshold: float = 0.1, top_k: int | None = None, self_loops: bool = True) -> Tensor:
+def to_structure(
+    effects: np.ndarray, threshold: float = 0.1, top_k: int | None = None, self_loops: bool = True
+) -> Tensor:
     """``(T, T)`` effects -> ``(T, T)`` structure in {0, 1}.
 
     ``top_k``: keep each row's ``top_k`` largest effects; otherwise keep entries above

@@ -56,8 +56,6 @@ UNIT_TOKENS = 64  # the default longest unit, in model tokens (about three sente
 _WORDS = re.compile(r"\w+|[^\w\s]")
 
 
-
-
 def word_offsets(text: str) -> list[tuple[int, int]]:
     """A tokenizer-free stand-in: words and punctuation marks as tokens (character offsets)."""
     return [m.span() for m in _WORDS.finditer(text)]
@@ -117,13 +115,12 @@ class Document:
             out.append(self.units[a])
             if b is None:
                 break
-            gap = self.source[self.spans[a][1]:self.spans[b][0]]
+            gap = self.source[self.spans[a][1] : self.spans[b][0]]
             if b == a + 1:
                 out.append(gap if gap else " ")
             else:
                 out.append("\n\n" if "\n\n" in gap else "\n" if "\n" in gap else " ")
         return "".join(out)
-
 
 
 @dataclass(kw_only=True)
@@ -150,7 +147,7 @@ def _split_long(text: str, start: int, tokenizer, unit_tokens: int) -> list[tupl
         pos += len(line)
     cur: tuple[int, int] | None = None
     for a, b in lines:
-        if cur is not None and count_tokens(tokenizer, text[cur[0]:b]) <= unit_tokens:
+        if cur is not None and count_tokens(tokenizer, text[cur[0] : b]) <= unit_tokens:
             cur = (cur[0], b)
             continue
         if cur is not None:
@@ -159,7 +156,7 @@ def _split_long(text: str, start: int, tokenizer, unit_tokens: int) -> list[tupl
         if count_tokens(tokenizer, text[a:b]) > unit_tokens:  # one long line: cut by tokens
             offs = [(x + a, y + a) for x, y in token_offsets(tokenizer, text[a:b]) if y > x]
             for i in range(0, len(offs), unit_tokens):
-                piece = offs[i:i + unit_tokens]
+                piece = offs[i : i + unit_tokens]
                 spans.append((piece[0][0] if i else a, piece[-1][1] if i + unit_tokens < len(offs) else b))
             cur = None
     if cur is not None:
@@ -263,7 +260,9 @@ def _sentences(text: str, a: int, b: int, tokenizer, unit_tokens: int) -> list[t
             continue
         last = i == len(pieces) - 1
         m = _NUMBERED.fullmatch(s.strip())
-        if not last and (_MARKER_ONLY.fullmatch(s) or (m and _MARKER_ONLY.fullmatch(s.strip()[:m.start(1)]) and _title(m.group(1)))):
+        if not last and (
+            _MARKER_ONLY.fullmatch(s) or (m and _MARKER_ONLY.fullmatch(s.strip()[: m.start(1)]) and _title(m.group(1)))
+        ):
             carry = x
             continue
         out.append([x, y])
@@ -294,11 +293,17 @@ def _blocks(text: str, p0: int, p1: int, prev_indent: int | None, tokenizer, uni
     nonblank = [r for r in raw if r.strip()]
     lowest = min(_indent(r) for r in nonblank)
     fenced = bool(_FENCE.match(raw[0]))
-    table = all("|" in r for r in nonblank) and (any(_TABLE_RULE.fullmatch(r) for r in nonblank) or all(r.lstrip().startswith("|") for r in nonblank))
+    table = all("|" in r for r in nonblank) and (
+        any(_TABLE_RULE.fullmatch(r) for r in nonblank) or all(r.lstrip().startswith("|") for r in nonblank)
+    )
     grid = raw[0].lstrip().startswith("+-")
     code = prev_indent is not None and lowest >= prev_indent + 3 and body.rstrip()[-1] not in ".!?"
     if fenced or table or grid or code:  # whole up to unit_tokens, then at line breaks
-        spans = [(p0, p1)] if count_tokens(tokenizer, body) <= unit_tokens else _split_long(body, p0, tokenizer, unit_tokens)
+        spans = (
+            [(p0, p1)]
+            if count_tokens(tokenizer, body) <= unit_tokens
+            else _split_long(body, p0, tokenizer, unit_tokens)
+        )
         return [("units", spans)], (indent if not code else prev_indent)
     framed = all(r.lstrip()[:1] == "*" and r.rstrip()[-1:] == "*" for r in nonblank)
     starts = [] if framed else [i for i, r in enumerate(raw) if _ITEM.match(r)]
@@ -313,12 +318,16 @@ def _blocks(text: str, p0: int, p1: int, prev_indent: int | None, tokenizer, uni
     if starts[0] > 0:  # the text before the first item: a heading or sentences
         lead_end = lines[starts[0] - 1][1]
         kind = _heading(text[p0:lead_end])
-        blocks.append((kind, [(p0, lead_end)]) if kind else ("units", _sentences(text, p0, lead_end, tokenizer, unit_tokens)))
-    items = [(max(lines[i][0] + _indent(raw[i]), p0), lines[j - 1][1]) for i, j in zip(starts, starts[1:] + [len(lines)])]
+        blocks.append(
+            (kind, [(p0, lead_end)]) if kind else ("units", _sentences(text, p0, lead_end, tokenizer, unit_tokens))
+        )
+    items = [
+        (max(lines[i][0] + _indent(raw[i]), p0), lines[j - 1][1]) for i, j in zip(starts, starts[1:] + [len(lines)])
+    ]
     spans: list[tuple[int, int]] = []
     cur = None
     for a, b in items:  # whole items, as many as fit in unit_tokens
-        if cur is not None and count_tokens(tokenizer, text[cur[0]:b]) <= unit_tokens:
+        if cur is not None and count_tokens(tokenizer, text[cur[0] : b]) <= unit_tokens:
             cur = (cur[0], b)
             continue
         if cur is not None:
@@ -370,7 +379,7 @@ def segment(text: str, tokenizer=None, unit_tokens: int = UNIT_TOKENS) -> Docume
                 pending = [a, b, True, False]
             else:
                 pending = [pending[0], b, True, kind == "generic"]
-            if pending is not None and count_tokens(tokenizer, text[pending[0]:pending[1]]) > unit_tokens:
+            if pending is not None and count_tokens(tokenizer, text[pending[0] : pending[1]]) > unit_tokens:
                 spans.append((pending[0], pending[1]))  # a run of short lines long enough to stand
                 pending = None
     if pending is not None:  # headings at the end: the last unit's trailing text
@@ -423,7 +432,7 @@ def chunked_sentences(text: str, chunk_words: int = CHUNK_WORDS) -> tuple[list[s
     for s in regex_sentences(text):
         words = s.split()
         if len(words) > 2 * chunk_words:
-            out += [" ".join(words[i:i + chunk_words]) for i in range(0, len(words), chunk_words)]
+            out += [" ".join(words[i : i + chunk_words]) for i in range(0, len(words), chunk_words)]
             cut += 1
         else:
             out.append(s)

@@ -19,8 +19,12 @@ from masklab.util.errors import MasklabError
 MAX_CONTEXT_BYTES = 1_000_000  # ~250k tokens of English: far past any packaged model's window
 BINARY_SNIFF = 8192  # bytes looked at for NUL bytes
 # byte-order marks that say the text is UTF-16 or UTF-32 (whose NUL bytes are text): longest first
-BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
-        (codecs.BOM_UTF16_BE, "utf-16"))
+BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
 
 
 def wide_encoding(encoding: str | None, data: bytes) -> str | None:
@@ -35,8 +39,9 @@ def wide_encoding(encoding: str | None, data: bytes) -> str | None:
     return next((enc for bom, enc in BOMS if data.startswith(bom)), None)
 
 
-def read_text(source: str, encoding: str | None = None, max_bytes: int = MAX_CONTEXT_BYTES,
-              what: str = "context") -> str:
+def read_text(
+    source: str, encoding: str | None = None, max_bytes: int = MAX_CONTEXT_BYTES, what: str = "context"
+) -> str:
     """The text of file ``source`` (``-``: standard input), decoded as ``encoding`` (default
     strict UTF-8, a leading BOM dropped). Raises :class:`MasklabError` for a missing or
     unreadable file, a file larger than ``max_bytes``, binary data (NUL bytes), text that is
@@ -52,28 +57,35 @@ def read_text(source: str, encoding: str | None = None, max_bytes: int = MAX_CON
             raise MasklabError(f"{what} file {name} is not a regular file")
         size = path.stat().st_size
         if size > max_bytes:
-            raise MasklabError(f"{what} file {name} is {size:,} bytes, over the limit of {max_bytes:,} "
-                               f"(raise it with --max-context-bytes)")
+            raise MasklabError(
+                f"{what} file {name} is {size:,} bytes, over the limit of {max_bytes:,} "
+                f"(raise it with --max-context-bytes)"
+            )
         try:
             data = path.read_bytes()
         except OSError as e:
             raise MasklabError(f"cannot read {what} file {name}: {e.strerror or e}") from None
     if len(data) > max_bytes:
-        raise MasklabError(f"{what} on {name} is over the limit of {max_bytes:,} bytes (raise it with "
-                           "--max-context-bytes)")
+        raise MasklabError(
+            f"{what} on {name} is over the limit of {max_bytes:,} bytes (raise it with --max-context-bytes)"
+        )
     wide = wide_encoding(encoding, data)
     if wide is None and b"\x00" in data[:BINARY_SNIFF]:
-        raise MasklabError(f"{what} file {name} looks binary (it holds NUL bytes); give a text file "
-                           "(UTF-16 text without a byte-order mark: pass --encoding utf-16-le)")
+        raise MasklabError(
+            f"{what} file {name} looks binary (it holds NUL bytes); give a text file "
+            "(UTF-16 text without a byte-order mark: pass --encoding utf-16-le)"
+        )
     enc = encoding or wide or "utf-8-sig"
     try:
         text = data.decode(enc)
     except LookupError:
         raise MasklabError(f"unknown text encoding {encoding!r} (e.g. utf-8, latin-1, cp1252)") from None
     except UnicodeDecodeError as e:
-        raise MasklabError(f"{what} file {name} is not valid {encoding or 'UTF-8'} text (byte {e.start}: "
-                           f"{data[e.start:e.start + 1]!r}); convert it or pass --encoding, e.g. --encoding "
-                           "latin-1") from None
+        raise MasklabError(
+            f"{what} file {name} is not valid {encoding or 'UTF-8'} text (byte {e.start}: "
+            f"{data[e.start : e.start + 1]!r}); convert it or pass --encoding, e.g. --encoding "
+            "latin-1"
+        ) from None
     text = text.removeprefix("\ufeff")  # a BOM the codec kept (utf-16-le/-be, utf-32-le/-be)
     if "\x00" in text[:BINARY_SNIFF]:
         raise MasklabError(f"{what} file {name} looks binary (it holds NUL characters as {enc}); give a text file")
@@ -112,8 +124,10 @@ def json_passages(text: str, name: str) -> list[str]:
     try:
         items = json.loads(text)
     except json.JSONDecodeError as e:
-        raise MasklabError(f"{name} starts with [ but is not a valid JSON list ({e.msg} at line {e.lineno}, "
-                           f"column {e.colno}); give a JSON list of strings") from None
+        raise MasklabError(
+            f"{name} starts with [ but is not a valid JSON list ({e.msg} at line {e.lineno}, "
+            f"column {e.colno}); give a JSON list of strings"
+        ) from None
     if not isinstance(items, list) or not items:
         raise MasklabError(f"{name} holds no passages: give a non-empty JSON list of strings")
     for i, item in enumerate(items):
@@ -124,8 +138,9 @@ def json_passages(text: str, name: str) -> list[str]:
     return items
 
 
-def read_passages(sources: list[str], encoding: str | None = None,
-                  max_bytes: int = MAX_CONTEXT_BYTES) -> tuple[list[str], bool]:
+def read_passages(
+    sources: list[str], encoding: str | None = None, max_bytes: int = MAX_CONTEXT_BYTES
+) -> tuple[list[str], bool]:
     """The texts of ``sources`` and whether they are several passages (False: one document,
     a single text file or standard input, read as :func:`read_text` reads it).
 
@@ -157,8 +172,10 @@ def read_passages(sources: list[str], encoding: str | None = None,
             texts.append(text)
     size = sum(len(t.encode("utf-8")) for t in texts)
     if size > max_bytes:
-        raise MasklabError(f"the passages are {size:,} bytes together, over the limit of {max_bytes:,} "
-                           "(raise it with --max-context-bytes)")
+        raise MasklabError(
+            f"the passages are {size:,} bytes together, over the limit of {max_bytes:,} "
+            "(raise it with --max-context-bytes)"
+        )
     return texts, several
 
 
@@ -180,8 +197,10 @@ def check_model_paths(names: list[str]) -> None:
     for name in names:
         path = Path(name).expanduser()
         if path.is_dir() and not (path / "config.json").is_file():
-            raise MasklabError(f"--model {name}: the directory holds no config.json, so it is not a Hugging Face "
-                               "model directory (give a registered name, see `masklab models`, a model directory or "
-                               "a .gguf file)")
+            raise MasklabError(
+                f"--model {name}: the directory holds no config.json, so it is not a Hugging Face "
+                "model directory (give a registered name, see `masklab models`, a model directory or "
+                "a .gguf file)"
+            )
         if name.endswith(".gguf") and path.exists() and not path.is_file():
             raise MasklabError(f"--model {name}: not a .gguf file")

@@ -42,7 +42,7 @@ class Query:
         head, sep, tail = text.rpartition(ANSWER)
         if not sep:
             head, tail = text, ""
-        question = head[len(QUESTION):] if head.startswith(QUESTION) else head.strip()
+        question = head[len(QUESTION) :] if head.startswith(QUESTION) else head.strip()
         return cls(question, tail[1:] if tail.startswith(" ") else tail)
 
 

@@ -19,7 +19,7 @@ def check_keep(keep: float | str) -> float | str:
     if keep == AUTO:
         return keep
     if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 < keep <= 1:
-        raise MasklabError(f"keep must be a fraction in (0, 1] or \"auto\", got {keep!r}")
+        raise MasklabError(f'keep must be a fraction in (0, 1] or "auto", got {keep!r}')
     return keep
 
 
@@ -41,8 +41,14 @@ def around_top(scores: Tensor, context: int, within: int | None = None) -> list[
     return [top + d for k in range(1, context + 1) for d in (k, -k) if 0 <= top + d < n]
 
 
-def auto_fraction(scores: Tensor, lengths: Sequence[int], threshold: float, rule: str = "threshold",
-                  context: int = 0, within: int | None = None) -> float:
+def auto_fraction(
+    scores: Tensor,
+    lengths: Sequence[int],
+    threshold: float,
+    rule: str = "threshold",
+    context: int = 0,
+    within: int | None = None,
+) -> float:
     """The share of the tokens in the units scoring at least ``threshold`` (``rule="relative"``:
     at least ``threshold`` times the best unit's score, so more units are kept where no unit
     stands out; the top unit and the ``context`` units on each side of it always count, as
@@ -55,8 +61,15 @@ def auto_fraction(scores: Tensor, lengths: Sequence[int], threshold: float, rule
     return sum(n for n, a in zip(lengths, above.tolist()) if a) / max(1, sum(lengths))
 
 
-def select(scores: Tensor, lengths: Sequence[int], keep: float, fill: bool = True, limit: int | None = None,
-           context: int = 0, within: int | None = None) -> list[int]:
+def select(
+    scores: Tensor,
+    lengths: Sequence[int],
+    keep: float,
+    fill: bool = True,
+    limit: int | None = None,
+    context: int = 0,
+    within: int | None = None,
+) -> list[int]:
     """Indices (ascending) of the units kept, from ``scores (N,)`` and token ``lengths (N,)``.
 
     Highest score first (ties: the earlier unit), each unit while the kept tokens stay within

@@ -60,7 +60,11 @@ def resolve(name: str | torch.device | None = "auto") -> torch.device:
         raise MasklabError(f"unknown device {name!r}; choose from {', '.join(DEVICES)} (or cuda:N)")
     if not cuda_available():
         built = torch.version.cuda
-        why = f"this torch ({torch.__version__}) was built without CUDA" if built is None else "no CUDA device is visible (torch.cuda.is_available() is False)"
+        why = (
+            f"this torch ({torch.__version__}) was built without CUDA"
+            if built is None
+            else "no CUDA device is visible (torch.cuda.is_available() is False)"
+        )
         raise MasklabError(f"--device {name}: this machine has no CUDA GPU: {why}; use --device cpu or auto")
     if index and int(index) >= torch.cuda.device_count():
         raise MasklabError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible")
@@ -99,8 +103,10 @@ def for_study(study: str, supported: tuple[str, ...]) -> torch.device | None:
         return None
     if chosen_by_auto():
         return torch.device("cpu")
-    raise MasklabError(f"{study} runs on {', '.join(supported)} only: its runs do not move their models and data to "
-                       f"{dev.type} yet; use --device cpu (or auto, which falls back to the CPU for it)")
+    raise MasklabError(
+        f"{study} runs on {', '.join(supported)} only: its runs do not move their models and data to "
+        f"{dev.type} yet; use --device cpu (or auto, which falls back to the CPU for it)"
+    )
 
 
 def current() -> torch.device:

@@ -84,8 +84,14 @@ def set_strength(value: tuple[float, float], base: Any, updates: dict) -> dict:
 
 def strength_flag(default: float = 6.0) -> Any:
     """The ``allowed`` field of a study with mask priors; ``--strength`` also sets ``suppressed``."""
-    return flag(default, name="--strength", parse=strength, apply=set_strength, metavar="A[,B]",
-                help="prior strengths: M = +A where allowed, -B where suppressed (B = A when not given)")
+    return flag(
+        default,
+        name="--strength",
+        parse=strength,
+        apply=set_strength,
+        metavar="A[,B]",
+        help="prior strengths: M = +A where allowed, -B where suppressed (B = A when not given)",
+    )
 
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"list[str]": str_list, "list[int]": int_list, "list[float]": float_list}
@@ -114,8 +120,12 @@ class Flag:
 
     def range_text(self) -> str:
         """``>= 1``, ``in (0, 1]``, ... ('' when unbounded)."""
-        lo = (f"[{_num(self.min)}" if self.min is not None else f"({_num(self.above)}" if self.above is not None else None)
-        hi = (f"{_num(self.max)}]" if self.max is not None else f"{_num(self.below)})" if self.below is not None else None)
+        lo = (
+            f"[{_num(self.min)}" if self.min is not None else f"({_num(self.above)}" if self.above is not None else None
+        )
+        hi = (
+            f"{_num(self.max)}]" if self.max is not None else f"{_num(self.below)})" if self.below is not None else None
+        )
         if lo and hi:
             return f"in {lo}, {hi}"
         if lo:
@@ -127,8 +137,12 @@ class Flag:
     def allows(self, x: Any) -> bool:
         if isinstance(x, float) and x != x:  # NaN is in no range
             return False
-        return not ((self.min is not None and x < self.min) or (self.max is not None and x > self.max)
-                    or (self.above is not None and x <= self.above) or (self.below is not None and x >= self.below))
+        return not (
+            (self.min is not None and x < self.min)
+            or (self.max is not None and x > self.max)
+            or (self.above is not None and x <= self.above)
+            or (self.below is not None and x >= self.below)
+        )
 
 
 def flag(
@@ -237,4 +251,6 @@ def check_ranges(cfg: Any) -> None:
             if x is None or isinstance(x, str) or isinstance(x, bool):
                 continue
             if not fl.allows(x):
-                raise MasklabError(f"{_option(f, fl)} must be {fl.range_text()}, got {_num(x) if isinstance(x, (int, float)) else x}")
+                raise MasklabError(
+                    f"{_option(f, fl)} must be {fl.range_text()}, got {_num(x) if isinstance(x, (int, float)) else x}"
+                )

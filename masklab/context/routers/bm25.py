@@ -12,8 +12,10 @@ class BM25(Router):
     """Each unit is a BM25 document (lower-cased words, English stop words removed; idf over
     this document's units); the question is the query."""
 
-    use = ("where no embedder can be installed, or the answer repeats the question's words (docs/context.md: "
-           "below dense on paraphrased questions)")
+    use = (
+        "where no embedder can be installed, or the answer repeats the question's words (docs/context.md: "
+        "below dense on paraphrased questions)"
+    )
 
     def score(self, doc, question):
         import bm25s

@@ -34,18 +34,23 @@ class CrossRouter(Router):
     """``path``: a cross pruner file (``scripts/train_cross.py``; None: the shipped one); ``int8``: its
     encoder's linear layers in int8; ``max_windows``: the windows read per question before the cascade."""
 
-    use = ("questions whose evidence spans units: the question read together with each window of units "
-           "(Provence's recipe), a second hop from the best unit; --threshold or --keep auto")
+    use = (
+        "questions whose evidence spans units: the question read together with each window of units "
+        "(Provence's recipe), a second hop from the best unit; --threshold or --keep auto"
+    )
     score_range = (0.0, 1.0)
     options = ("path", "int8")
 
-    def __init__(self, lm=None, path: str | Path | None = None, int8: bool = False,
-                 max_windows: int = MAX_WINDOWS) -> None:
+    def __init__(
+        self, lm=None, path: str | Path | None = None, int8: bool = False, max_windows: int = MAX_WINDOWS
+    ) -> None:
         super().__init__(lm)
         self.path = Path(path) if path is not None else WEIGHTS / "cross.safetensors"
         if path is None and not self.path.is_file():
-            raise MasklabError("no cross pruner is shipped yet: train one (scripts/train_cross.py) and give its file "
-                               "(--router-file / path=)")
+            raise MasklabError(
+                "no cross pruner is shipped yet: train one (scripts/train_cross.py) and give its file "
+                "(--router-file / path=)"
+            )
         self.model, self.meta = _load(str(self.path), int8)
         self.keep_auto, self.keep_rule = self.meta.get("keep_auto"), self.meta.get("keep_rule", "threshold")
         self.neighbours, self.hops = self.meta.get("context", 0), self.meta.get("hops", 1)
@@ -74,14 +79,20 @@ class CrossRouter(Router):
         bi = self.bi.read(doc, questions).values
         out = []
         for ws, cos in zip(wins, bi):  # the windows whose best unit the bi-encoder ranks highest
-            read = sorted(ws, key=lambda w: -float(cos[w.start:w.stop].max()))[:self.max_windows]
+            read = sorted(ws, key=lambda w: -float(cos[w.start : w.stop].max()))[: self.max_windows]
             probs = self.probability(torch.cat(self.model.window_logits(read)))
             floor = float(probs.min())
             s = floor * 0.5 * (cos + 1) / 2  # unread units: below every read one, in the bi-encoder's order
             k = 0
             for w in read:
-                s[w.start:w.stop] = probs[k:k + w.stop - w.start]
+                s[w.start : w.stop] = probs[k : k + w.stop - w.start]
                 k += w.stop - w.start
             out.append(s)
-        return Scores(out, self.max_windows, (f"the pruner chose the {self.max_windows} windows of "
-                                              f"{max(len(w) for w in wins)} that the cross-encoder read",))
+        return Scores(
+            out,
+            self.max_windows,
+            (
+                f"the pruner chose the {self.max_windows} windows of "
+                f"{max(len(w) for w in wins)} that the cross-encoder read",
+            ),
+        )

@@ -13,8 +13,10 @@ class Dense(Router):
     """``embedder``: a sentence-transformers model folder (None: the packaged MiniLM). It
     reads no answering model; ``lm`` only counts tokens."""
 
-    use = ("any document, above all questions worded unlike their answer: a 22M sentence-embedding model "
-           "(docs/context.md: above bm25 on the paraphrased test split, below the pruner); --embedder names another")
+    use = (
+        "any document, above all questions worded unlike their answer: a 22M sentence-embedding model "
+        "(docs/context.md: above bm25 on the paraphrased test split, below the pruner); --embedder names another"
+    )
 
     options = ("embedder",)
 

@@ -90,8 +90,9 @@ def superseded(overlap: list[float]) -> list[float]:
 
 
 @torch.no_grad()
-def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS,
-             kind: str = DEFAULT_FEATURE_SET) -> Tensor:
+def features(
+    lm, units: list[str], question: str, layers: int = ROUTER_LAYERS, kind: str = DEFAULT_FEATURE_SET
+) -> Tensor:
     """``(N, F)`` features of ``units`` from the first ``layers`` layers over
     ``question + "\\n" + context`` (module docstring); ``question`` without answer prefix."""
     from masklab.context.routers.lexical import question_overlap
@@ -119,8 +120,9 @@ def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS,
     rel_len = count / count.mean().clamp(min=1)
     overlap = question_overlap(units, question)
     if kind == "v2-superseded":
-        extra = torch.stack([cos_mean, cos_max, pos, rel_len, torch.tensor(overlap), torch.tensor(superseded(overlap))],
-                            dim=1)
+        extra = torch.stack(
+            [cos_mean, cos_max, pos, rel_len, torch.tensor(overlap), torch.tensor(superseded(overlap))], dim=1
+        )
         return torch.cat([mean - mean.mean(0, keepdim=True), extra], dim=1)
     h1 = out.hidden_states[1][0].float().cpu()  # after the first layer (not normed)
     q1 = h1[isq].mean(0) if isq.any() else h1.mean(0)
@@ -136,9 +138,26 @@ def features(lm, units: list[str], question: str, layers: int = ROUTER_LAYERS,
     ov = torch.tensor(overlap)
     neighbour = torch.maximum(torch.cat([ov[1:], ov.new_zeros(1)]), torch.cat([ov.new_zeros(1), ov[:-1]]))
     bm = bm25_scores(units, question)
-    extra = torch.stack([cos1, cos_mean, maxsim, cos_max, z(cos1), z(cos_mean), z(maxsim), z(cos_max), ov,
-                         torch.tensor(superseded(overlap)), bm / bm.max().clamp(min=1e-6), neighbour,
-                         link(units, overlap, question), pos, rel_len], dim=1)
+    extra = torch.stack(
+        [
+            cos1,
+            cos_mean,
+            maxsim,
+            cos_max,
+            z(cos1),
+            z(cos_mean),
+            z(maxsim),
+            z(cos_max),
+            ov,
+            torch.tensor(superseded(overlap)),
+            bm / bm.max().clamp(min=1e-6),
+            neighbour,
+            link(units, overlap, question),
+            pos,
+            rel_len,
+        ],
+        dim=1,
+    )
     if kind == "v3-relative":
         return extra
     return torch.cat([extra, hop(units, question, bm, ov)[:, None]], dim=1)  # v4-hop
@@ -195,8 +214,10 @@ class LinearRouter:
     def score(self, X: Tensor) -> Tensor:
         """``X (N, F)`` -> ``(N,)`` logits."""
         if X.shape[-1] != self.weight.shape[0]:
-            raise MasklabError(f"this router takes {self.weight.shape[0]} features per unit, got {X.shape[-1]}: "
-                               "it was trained for another model or feature set")
+            raise MasklabError(
+                f"this router takes {self.weight.shape[0]} features per unit, got {X.shape[-1]}: "
+                "it was trained for another model or feature set"
+            )
         return ((X - self.mean) / self.std) @ self.weight + self.bias
 
 

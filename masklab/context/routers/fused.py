@@ -54,7 +54,7 @@ def fuse(bm25: Tensor, trained: Tensor, how: str = HOW, weight: float = WEIGHT) 
     if how == "rrf":
         return 1 / (RRF_K + _ranks(bm25)) + weight / (RRF_K + _ranks(trained))
     if how == "rerank":
-        top = torch.argsort(bm25, descending=True, stable=True)[:max(1, int(weight))]
+        top = torch.argsort(bm25, descending=True, stable=True)[: max(1, int(weight))]
         out = -_ranks(bm25)
         out[top] = len(bm25) + (zscore(trained[top]) if len(top) > 1 else 0.0)
         return out
@@ -97,8 +97,10 @@ class Fused(Router):
 class BM25Evidence(Fused):
     """BM25 proposes, the evidence router re-ranks (module docstring)."""
 
-    use = ("real documents where facts are restated or need two sentences (docs/context.md: above bm25 as "
-           "measured, not decided); costs one pass of the model's first layers")
+    use = (
+        "real documents where facts are restated or need two sentences (docs/context.md: above bm25 as "
+        "measured, not decided); costs one pass of the model's first layers"
+    )
 
     other_cls = EvidenceRouter
 
@@ -107,8 +109,10 @@ class BM25Evidence(Fused):
 class BM25Dense(Fused):
     """BM25 plus the sentence-embedding router (module docstring)."""
 
-    use = ("questions that repeat the document's words (names, options, messages) and paraphrases: the best MRR on "
-           "the first test split as measured, not above dense on the second")
+    use = (
+        "questions that repeat the document's words (names, options, messages) and paraphrases: the best MRR on "
+        "the first test split as measured, not above dense on the second"
+    )
 
     reads_model = False
     options = Dense.options

@@ -36,8 +36,10 @@ class Pruner(Router):
     """``path``: a pruner file (``masklab train-router --kind pruner``; None: the shipped one of these labels);
     ``int8``: its encoder's linear layers in int8 (as :class:`ContextPruner`'s)."""
 
-    use = ("any document: MiniLM fine-tuned (LoRA) on causal labels of real documents, above dense and bm25+dense on "
-           "both real-document test splits; --keep auto decides how much; train-router --kind pruner trains yours")
+    use = (
+        "any document: MiniLM fine-tuned (LoRA) on causal labels of real documents, above dense and bm25+dense on "
+        "both real-document test splits; --keep auto decides how much; train-router --kind pruner trains yours"
+    )
     labels = "causal"
     options = ("path", "int8")
     score_range = (-1.0, 1.0)  # cosines
@@ -83,9 +85,11 @@ class ContextPruner(Router):
     """``path``: a context head file (``masklab train-router --kind pruner-ctx``; None: the shipped one), read
     on top of the shipped `pruner`. Scores are keep probabilities in [0, 1]."""
 
-    use = ("any document, questions whose answer spans sentences or updates: the pruner's scores read beside each "
-           "unit's neighbours and the more relevant units, trained on causal keep-set labels; --threshold or "
-           "--keep auto")
+    use = (
+        "any document, questions whose answer spans sentences or updates: the pruner's scores read beside each "
+        "unit's neighbours and the more relevant units, trained on causal keep-set labels; --threshold or "
+        "--keep auto"
+    )
     score_range = (0.0, 1.0)
     options = ("path", "int8")
     labels = "union"

@@ -64,18 +64,27 @@ class TrainedRouter(Router):
     fill = True
     kind = ""
 
-    def __init__(self, lm=None, path: str | Path | None = None, routers: dict | None = None, meta: dict | None = None,
-                 progress: bool = False, router_model=None) -> None:
+    def __init__(
+        self,
+        lm=None,
+        path: str | Path | None = None,
+        routers: dict | None = None,
+        meta: dict | None = None,
+        progress: bool = False,
+        router_model=None,
+    ) -> None:
         super().__init__(lm)
         self.progress = progress
         self.reader = self._reader(router_model, own_file=path is not None or routers is not None)
         name = self.reader.name
         if routers is None:
             if path is None and not ships(name):
-                raise MasklabError(f"no {self.kind} router ships for model {name!r}: route with a packaged one "
-                                   f"(--router-model {DEFAULT_ROUTER_MODEL}), or train one with `masklab train-router "
-                                   f"--model {name} --out DIR` and pass --router-file "
-                                   f"DIR/{router_stem(name)}.safetensors")
+                raise MasklabError(
+                    f"no {self.kind} router ships for model {name!r}: route with a packaged one "
+                    f"(--router-model {DEFAULT_ROUTER_MODEL}), or train one with `masklab train-router "
+                    f"--model {name} --out DIR` and pass --router-file "
+                    f"DIR/{router_stem(name)}.safetensors"
+                )
             routers, meta = load_routers(Path(path) if path is not None else shipped(name))
         if self.kind not in routers:
             raise MasklabError(f"the router file holds {', '.join(routers)}, not {self.kind}")
@@ -84,16 +93,22 @@ class TrainedRouter(Router):
         self.feature_set = self.meta.get("features")
         trained_for = self.meta.get("model")
         if trained_for and not same_model(trained_for, name):
-            raise MasklabError(f"this router was trained for {trained_for!r}, not {name!r}: pass --router-model "
-                               f"{trained_for} (router_model= in Python) to rank with the model it was trained for")
+            raise MasklabError(
+                f"this router was trained for {trained_for!r}, not {name!r}: pass --router-model "
+                f"{trained_for} (router_model= in Python) to rank with the model it was trained for"
+            )
         if self.reader is not lm:
             why = f"{lm.name} ships no {self.kind} router: " if router_model is None else ""
-            self.notes.append(f"{why}{name}'s {self.kind} router ranked the units (--router-model picks the ranking "
-                              f"model); {lm.name}'s tokenizer counted the budget")
+            self.notes.append(
+                f"{why}{name}'s {self.kind} router ranked the units (--router-model picks the ranking "
+                f"model); {lm.name}'s tokenizer counted the budget"
+            )
         labelled = self.meta.get("data", {}).get("labelled")
         if labelled is not None and labelled < FEW_LABELLED:
-            self.notes.append(f"this {self.kind} router was fitted on only {labelled} labelled examples (fewer than "
-                              f"{FEW_LABELLED}): its ranking may be poor; label more with train-router --examples")
+            self.notes.append(
+                f"this {self.kind} router was fitted on only {labelled} labelled examples (fewer than "
+                f"{FEW_LABELLED}): its ranking may be poor; label more with train-router --examples"
+            )
 
     def _reader(self, router_model, own_file: bool):
         """The loaded model whose first layers the router reads (class docstring)."""
@@ -134,8 +149,16 @@ class TrainedRouter(Router):
         for question in questions:
             wins = self.windows(doc.lengths(self.reader.tokenizer), question)
             most = max(most, len(wins))
-            values.append(torch.cat([self.router.score(features(self.reader, doc.units[w.start:w.stop], question,
-                                                                self.layers, **kind)) for w in self._bar(wins)]))
+            values.append(
+                torch.cat(
+                    [
+                        self.router.score(
+                            features(self.reader, doc.units[w.start : w.stop], question, self.layers, **kind)
+                        )
+                        for w in self._bar(wins)
+                    ]
+                )
+            )
         return Scores(values, windows=most)
 
     def _bar(self, wins: list[range]):

@@ -61,7 +61,9 @@ def answer_logits(model, batch: EvidenceBatch, keep: Tensor | None = None, mode:
 
 
 @torch.no_grad()
-def variant_logits(model, batch: EvidenceBatch, keeps: Sequence[Tensor], mode: str = "key_bias", chunk: int = CHUNK) -> list[Tensor]:
+def variant_logits(
+    model, batch: EvidenceBatch, keeps: Sequence[Tensor], mode: str = "key_bias", chunk: int = CHUNK
+) -> list[Tensor]:
     """Evaluate masked variants of every example in batched forward passes.
 
     keeps: one ``(V_b, N_b)`` bool tensor per example (``N_b`` its item count or the padded
@@ -97,14 +99,18 @@ def dense_answers(model, batch: EvidenceBatch) -> Tensor:
     return answer_logits(model, batch).argmax(-1)
 
 
-def many_oracle(model, batch: EvidenceBatch, mode: str = "key_bias", chunk: int = CHUNK, reference: Tensor | None = None):
+def many_oracle(
+    model, batch: EvidenceBatch, mode: str = "key_bias", chunk: int = CHUNK, reference: Tensor | None = None
+):
     """Oracle for :meth:`EvidenceSearch.find_many`: a variant *holds* when its argmax answer
     equals ``reference`` (default: the model's dense answer)."""
     ref = dense_answers(model, batch) if reference is None else reference
 
     def holds_many(keeps: list[Tensor]) -> list[Tensor]:
         logits = variant_logits(model, batch, keeps, mode, chunk)
-        return [lg.argmax(-1) == ref[b] if lg.numel() else torch.zeros(0, dtype=torch.bool) for b, lg in enumerate(logits)]
+        return [
+            lg.argmax(-1) == ref[b] if lg.numel() else torch.zeros(0, dtype=torch.bool) for b, lg in enumerate(logits)
+        ]
 
     return holds_many
 

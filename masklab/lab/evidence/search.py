@@ -83,7 +83,9 @@ class EvidenceSearch:
         """Search the evidence of one example with ``n_items`` items."""
         return self.find_many(lambda keeps: [holds(keeps[0])], [n_items], [order])[0]
 
-    def find_many(self, holds_many: ManyOracle, n_items: Sequence[int], orders: Sequence[Sequence[int] | None] | None = None) -> list[Evidence]:
+    def find_many(
+        self, holds_many: ManyOracle, n_items: Sequence[int], orders: Sequence[Sequence[int] | None] | None = None
+    ) -> list[Evidence]:
         """Search several examples in lockstep: step ``s`` of every unfinished example is one
         call of ``holds_many`` (one keep-mask per example, empty for finished ones), so the
         calls number the longest search, not the sum."""

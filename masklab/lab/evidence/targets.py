@@ -29,7 +29,9 @@ def target_names() -> list[str]:
     return ["gold", *SEARCHES, *AGGREGATES, *(f"{a}/{s}" for a in AGGREGATES for s in SELECTIONS)]
 
 
-def target_masks(model, batch: EvidenceBatch, name: str, mode: str = "key_bias", k: int | Tensor | None = None) -> Tensor:
+def target_masks(
+    model, batch: EvidenceBatch, name: str, mode: str = "key_bias", k: int | Tensor | None = None
+) -> Tensor:
     """``(B, N)`` target for every example of ``batch`` (bool, or float scores for a bare aggregate)."""
     if name == "gold":
         return batch.gold.clone()

@@ -72,7 +72,9 @@ class TeacherConfig:
     eval_examples: int = 1000
     seed: int = 0
     recency: bool = False  # reader option (see EvidenceReader); enters the key only when set
-    device: str = "cpu"  # the device type it is trained on (masklab.util.device.current().type); in the key only off the CPU
+    device: str = (
+        "cpu"  # the device type it is trained on (masklab.util.device.current().type); in the key only off the CPU
+    )
 
     # options added later enter the cache key only when they differ from these values, so
     # teachers cached before they existed keep their keys
@@ -83,7 +85,9 @@ class TeacherConfig:
         return self.items * self.max_factor
 
     def key(self) -> str:
-        fields = {k: v for k, v in asdict(self).items() if not (k in self._LATE_DEFAULTS and v == self._LATE_DEFAULTS[k])}
+        fields = {
+            k: v for k, v in asdict(self).items() if not (k in self._LATE_DEFAULTS and v == self._LATE_DEFAULTS[k])
+        }
         raw = json.dumps({"v": CACHE_VERSION, **fields}, sort_keys=True)
         return f"{self.task}-{hashlib.sha1(raw.encode()).hexdigest()[:12]}"
 
@@ -234,7 +238,9 @@ def load_teacher(path: Path) -> tuple[EvidenceReader, dict]:
     return model, info
 
 
-def load_or_train(cfg: TeacherConfig, cache: Path | None = None, ckpt_dir: Path | None = None, log=None) -> tuple[EvidenceReader, dict]:
+def load_or_train(
+    cfg: TeacherConfig, cache: Path | None = None, ckpt_dir: Path | None = None, log=None
+) -> tuple[EvidenceReader, dict]:
     """The cached teacher for ``cfg``, training (and caching) it first if needed; on the run's
     device (:func:`masklab.util.device.current`)."""
     path = Path(cache or default_cache()) / "teachers" / cfg.key()
@@ -274,8 +280,10 @@ def untrained_note(found: list[dict], threshold: float) -> str:
     if not found:
         return ""
     which = ", ".join(f"{f['task']} (seed {f['seed']}: {f['acc']:.3f})" for f in found)
-    return (f"**Untrained teacher**: held-out accuracy at N below {threshold:g} (`--min-teacher-acc`) for {which}; "
-            f"every row of these tasks rests on it, and its evidence and routing metrics mean little.")
+    return (
+        f"**Untrained teacher**: held-out accuracy at N below {threshold:g} (`--min-teacher-acc`) for {which}; "
+        f"every row of these tasks rests on it, and its evidence and routing metrics mean little."
+    )
 
 
 def warn_untrained(found: list[dict], threshold: float, study: str) -> None:

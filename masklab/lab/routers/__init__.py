@@ -23,6 +23,7 @@ from masklab.context.routers import load_router
 from masklab.lab.routers import controls, hops, longllmlingua, oracle  # noqa: F401  (they register themselves)
 from masklab.lab.routers.registry import LAB_ROUTERS, REWRITERS, Rewriter  # noqa: F401  (the lab's router API)
 
+
 def names() -> list[str]:
     """Every router the lab can run: the product's, then the lab's routers and rewriters."""
     return [*ROUTERS, *LAB_ROUTERS, *REWRITERS]

@@ -75,8 +75,9 @@ class CrossLabels(CrossRouter):
     def __init__(self, lm=None, **options) -> None:
         path = CROSS_RESULTS / f"{self.labels}-common.safetensors"
         if not path.is_file():
-            raise MasklabError(f"{path} is missing: python scripts/train_cross.py --labels marks,keepset,attention "
-                               "--common trains it")
+            raise MasklabError(
+                f"{path} is missing: python scripts/train_cross.py --labels marks,keepset,attention --common trains it"
+            )
         super().__init__(lm, path=path, **options)
         self.hops = 1
 

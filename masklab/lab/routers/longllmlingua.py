@@ -60,12 +60,31 @@ def compressor(lm):
             self.context_idxs = []
             self.max_position_embeddings = lm.model.config.max_position_embeddings
 
-        def get_ppl(self, text, granularity="sentence", input_ids=None, attention_mask=None, past_key_values=None,
-                    return_kv=False, end=None, condition_mode="none", condition_pos_id=0):
+        def get_ppl(
+            self,
+            text,
+            granularity="sentence",
+            input_ids=None,
+            attention_mask=None,
+            past_key_values=None,
+            return_kv=False,
+            end=None,
+            condition_mode="none",
+            condition_pos_id=0,
+        ):
             if past_key_values is not None and not isinstance(past_key_values, DynamicCache):
                 past_key_values = DynamicCache.from_legacy_cache(tuple((k, v) for k, v in past_key_values))
-            out = super().get_ppl(text, granularity, input_ids, attention_mask, past_key_values, return_kv, end,
-                                  condition_mode, condition_pos_id)
+            out = super().get_ppl(
+                text,
+                granularity,
+                input_ids,
+                attention_mask,
+                past_key_values,
+                return_kv,
+                end,
+                condition_mode,
+                condition_pos_id,
+            )
             if return_kv and isinstance(out[1], DynamicCache):
                 return out[0], [list(kv) for kv in out[1].to_legacy_cache()]
             return out
@@ -98,9 +117,16 @@ class LongLLMLingua(Rewriter):
         passages = [" ".join(doc.units[i] for i in c) for c in chunk_units(lengths, PASSAGE_TOKENS)]
         t0 = time.perf_counter()
         out = self._compressor.compress_prompt(
-            passages, question=question, rate=keep, condition_in_question="after_condition",
-            reorder_context="sort", dynamic_context_compression_ratio=0.3, condition_compare=True,
-            context_budget="+100", rank_method="longllmlingua")
+            passages,
+            question=question,
+            rate=keep,
+            condition_in_question="after_condition",
+            reorder_context="sort",
+            dynamic_context_compression_ratio=0.3,
+            condition_compare=True,
+            context_budget="+100",
+            rank_method="longllmlingua",
+        )
         seconds = time.perf_counter() - t0
         text = out["compressed_prompt"]
         if text.rstrip().endswith(question.strip()):  # it appends the question: the caller asks it

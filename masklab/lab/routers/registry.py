@@ -29,6 +29,7 @@ class Rewriter:
     def tokenizer(self):
         return None if self.lm is None else self.lm.tokenizer
 
-    def choose(self, doc: Document, question: str, keep: float, fill: bool | None = None,
-               limit: int | None = None) -> Pruned:
+    def choose(
+        self, doc: Document, question: str, keep: float, fill: bool | None = None, limit: int | None = None
+    ) -> Pruned:
         raise NotImplementedError

@@ -100,7 +100,9 @@ class TransformerRouter(TokenRouter):
 
     def score(self, items, query, valid, positions):
         it, q = self.fields(items, query)
-        x = torch.cat([self.query_in(q)[:, None], self.item_in(it) + self.where(relative_position(positions, valid))], dim=1)
+        x = torch.cat(
+            [self.query_in(q)[:, None], self.item_in(it) + self.where(relative_position(positions, valid))], dim=1
+        )
         keep = torch.cat([torch.ones_like(valid[:, :1]), valid], dim=1)
         bias = key_bias(keep)  # (B, 1, 1, N+1)
         scale = torch.log(keep.sum(1).float()) if self.length_scale else None  # (B,)
@@ -134,5 +136,7 @@ class IndependentRouter(TokenRouter):
         return 2 * n_items * (4 * d * 2 * d + (self.depth - 1) * (2 * d) ** 2 + 2 * d)
 
 
-def build_router(name: str, vocab: int, dim: int = 32, depth: int = 3, heads: int = 4, length_scale: bool = True) -> TokenRouter:
+def build_router(
+    name: str, vocab: int, dim: int = 32, depth: int = 3, heads: int = 4, length_scale: bool = True
+) -> TokenRouter:
     return TOKEN_ROUTERS[name](vocab, dim, depth, heads, length_scale)

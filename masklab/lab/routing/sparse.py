@@ -55,7 +55,9 @@ def parse_budget(text: str | int | float) -> Budget:
             else:
                 value = float(t)
         except ValueError:
-            raise MasklabError(f"a budget is an item count (3), a fraction (0.1 or 10%) or 'gold'; got {text!r}") from None
+            raise MasklabError(
+                f"a budget is an item count (3), a fraction (0.1 or 10%) or 'gold'; got {text!r}"
+            ) from None
     if isinstance(value, int) and value < 0 or isinstance(value, float) and not 0 < value <= 1:
         raise MasklabError(f"a budget must be a count >= 0 or a fraction in (0, 1]; got {text!r}")
     return value
@@ -82,7 +84,13 @@ def budget_k(budget: Budget, valid: Tensor, gold: Tensor | None = None) -> Tenso
     return torch.minimum(k, n)
 
 
-def keep_mask(scores: Tensor, valid: Tensor, budget: Budget | None = None, threshold: float | None = None, gold: Tensor | None = None) -> Tensor:
+def keep_mask(
+    scores: Tensor,
+    valid: Tensor,
+    budget: Budget | None = None,
+    threshold: float | None = None,
+    gold: Tensor | None = None,
+) -> Tensor:
     """``(B, N)`` bool: the best ``budget`` items per example, or those above ``threshold``."""
     if (budget is None) == (threshold is None):
         raise MasklabError("give exactly one of a budget and a score threshold")

@@ -40,14 +40,35 @@ from masklab.lab.report import plot_curves, save_figure, write_markdown  # noqa:
 from masklab.util.errors import MasklabError, check_choices  # noqa: E402
 from masklab.lab.runner import RunSpec, run_study, seed_everything  # noqa: E402
 from masklab.priors.structures import ARITH_PRIORS, allowed_mass, arith_structure, emitting_position, result_width  # noqa: E402
-from masklab.lab.tasks.arithmetic import OPS, VOCAB, WIDTHS, greedy_results, inputs_targets, make_split, score, train_count  # noqa: E402
+from masklab.lab.tasks.arithmetic import (
+    OPS,
+    VOCAB,
+    WIDTHS,
+    greedy_results,
+    inputs_targets,
+    make_split,
+    score,
+    train_count,
+)  # noqa: E402
 from masklab.lab.train import Recipe, init_qk, priors_for, steps_to, train  # noqa: E402
 
 NAME = "arith"
 DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.util.device)
-PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp16",
+)  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
 METHODS = ("vanilla", "qk-svd", "qk-opt", "mask", "mask-frozen", "mask-hard", "mask-zero")
-TABLE_METRICS = ["exact_acc", "digit_acc", "train_exact_acc", "steps_to_90", "prior_mass_step0", "prior_mass_final", "mask_drift"]
+TABLE_METRICS = [
+    "exact_acc",
+    "digit_acc",
+    "train_exact_acc",
+    "steps_to_90",
+    "prior_mass_step0",
+    "prior_mass_final",
+    "mask_drift",
+]
 TRAIN_PROBE = 2000  # training pairs scored for train_exact_acc
 CURVE_PROBE = 1000  # test pairs scored at each evaluation during training
 ATTN_PROBE = 256  # test pairs for the attention statistics
@@ -76,7 +97,9 @@ def parse_fractions(items: list[str], ops: list[str]) -> dict[str, list[float]]:
         try:
             f = float(value)
         except ValueError:
-            raise MasklabError(f"--fraction takes numbers or op:number items (e.g. 0.004 or add:0.004,mul:0.03), got {item!r}") from None
+            raise MasklabError(
+                f"--fraction takes numbers or op:number items (e.g. 0.004 or add:0.004,mul:0.03), got {item!r}"
+            ) from None
         for o in [op] if op else ops:
             if o not in OPS:
                 raise MasklabError(f"unknown operation {o!r} in --fraction; choose from {', '.join(OPS)}")
@@ -98,20 +121,31 @@ class Config:
     """Everything an arithmetic run depends on. Model: ``depth`` pre-LN blocks of width
     ``dim`` with ``heads`` heads (about 0.1 M parameters at the defaults)."""
 
-    ops: list[str] = flag(factory=lambda: ["add", "mul"], name="--op", help=f"comma-separated operations ({', '.join(OPS)})")
+    ops: list[str] = flag(
+        factory=lambda: ["add", "mul"], name="--op", help=f"comma-separated operations ({', '.join(OPS)})"
+    )
     add_fractions: list[float] = flag(
-        factory=lambda: [0.002, 0.004, 0.01, 0.03], name="--fraction", parse=str_list, apply=fraction_updates,
-        metavar="[OP:]F,...", default_text="the paper's sweep: add 0.002,0.004,0.01,0.03, mul 0.01,0.03,0.1",
-        help="comma-separated training fractions of all operand pairs: 0.004 (every --op) or add:0.004,mul:0.03")
+        factory=lambda: [0.002, 0.004, 0.01, 0.03],
+        name="--fraction",
+        parse=str_list,
+        apply=fraction_updates,
+        metavar="[OP:]F,...",
+        default_text="the paper's sweep: add 0.002,0.004,0.01,0.03, mul 0.01,0.03,0.1",
+        help="comma-separated training fractions of all operand pairs: 0.004 (every --op) or add:0.004,mul:0.03",
+    )
     mul_fractions: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1])
-    methods: list[str] = flag(factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"], name="--method",
-                              help=f"comma-separated methods ({', '.join(METHODS)})")
+    methods: list[str] = flag(
+        factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"],
+        name="--method",
+        help=f"comma-separated methods ({', '.join(METHODS)})",
+    )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     width: int = flag(3, help="operand digits, 2..5")
     reverse: bool = flag(False, help="write the result least significant digit first")
     prior: str = flag("shared", choices=ARITH_PRIORS, help="one alignment pattern shared by all heads, or one per head")
-    mul_window: int | None = flag(None, help="multiplication prior: only partial products with k-W <= i+j <= k",
-                                  default_text="all i+j <= k")
+    mul_window: int | None = flag(
+        None, help="multiplication prior: only partial products with k-W <= i+j <= k", default_text="all i+j <= k"
+    )
     allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
     dim: int = flag(64, help="model width")
@@ -121,7 +155,9 @@ class Config:
     batch: int = flag(128, help="batch size")
     lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
     warmup: float = flag(0.04, help="learning-rate warm-up, as a fraction of --steps")
-    weight_decay: float = flag(0.1, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
+    weight_decay: float = flag(
+        0.1, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)"
+    )
     test_size: int = flag(10_000, help="held-out pairs")
     evals: int = flag(10, help="evaluations during training")
 
@@ -154,7 +190,9 @@ def structures_for(p: dict) -> list[torch.Tensor]:
 
 def emitting_rows(p: dict) -> list[int]:
     """Positions of the queries that emit result digits (sorted)."""
-    return sorted(emitting_position(p["width"], p["op"], k, p["reverse"]) for k in range(result_width(p["width"], p["op"])))
+    return sorted(
+        emitting_position(p["width"], p["op"], k, p["reverse"]) for k in range(result_width(p["width"], p["op"]))
+    )
 
 
 @torch.no_grad()
@@ -177,7 +215,14 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     train_seq = split.sequences("train")[:TRAIN_PROBE]
     structures = structures_for(p)
     rows = emitting_rows(p)
-    model = GPT(VOCAB, x_train.shape[1], p["dim"], p["depth"], p["heads"], priors_for(method, structures, p["allowed"], p["suppressed"]))
+    model = GPT(
+        VOCAB,
+        x_train.shape[1],
+        p["dim"],
+        p["depth"],
+        p["heads"],
+        priors_for(method, structures, p["allowed"], p["suppressed"]),
+    )
     probe = inputs_targets(test_seq[:ATTN_PROBE], width)[0]
     curve_seq = test_seq[:CURVE_PROBE]
     sample = lambda: x_train[torch.randperm(len(x_train), generator=gen)[:256]]  # noqa: E731
@@ -195,7 +240,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         acc = score(greedy_results(model, curve_seq, width), curve_seq, width)["exact_acc"]
         return {"test_exact_acc": float(acc), "prior_mass": attention_mass(model, probe, structures, rows)}
 
-    recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], p["warmup"], floor=0.1, evals=p["evals"])  # cosine to 10% of lr
+    recipe = Recipe(
+        p["steps"], p["lr"], p["weight_decay"], p["warmup"], floor=0.1, evals=p["evals"]
+    )  # cosine to 10% of lr
     cpu_setup = time.process_time() - cpu0
     trained = train(model, recipe, loss_of, evaluate, gen, ckpt_dir, f"{spec['task']}/{method}")
     curves, cpu1 = trained.curves, time.process_time()
@@ -237,7 +284,9 @@ def tasks_of(cfg: Config) -> list[tuple[str, float]]:
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
-    base = {k: v for k, v in asdict(cfg).items() if k not in ("ops", "add_fractions", "mul_fractions", "methods", "seeds")}
+    base = {
+        k: v for k, v in asdict(cfg).items() if k not in ("ops", "add_fractions", "mul_fractions", "methods", "seeds")
+    }
     return [
         RunSpec(task_name(op, f), method, seed, {**base, "op": op, "fraction": f, "method": method})
         for op, f in tasks_of(cfg)
@@ -262,7 +311,9 @@ def validate(cfg: Config) -> None:
         if not 0 < f < 1:
             raise MasklabError(f"training fraction must lie in (0, 1), got {f}")
         if train_count(f, cfg.width) + cfg.test_size > 10 ** (2 * cfg.width):
-            raise MasklabError(f"{task_name(op, f)}: training + {cfg.test_size} test pairs exceed the 10^{2 * cfg.width} pairs; lower --test-size")
+            raise MasklabError(
+                f"{task_name(op, f)}: training + {cfg.test_size} test pairs exceed the 10^{2 * cfg.width} pairs; lower --test-size"
+            )
 
 
 NOTES = """\
@@ -279,7 +330,16 @@ Tasks are named `op-fraction` (e.g. `add-0.4%`: 0.4% of the 10^6 operand pairs f
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab arith") -> dict:
     validate(cfg)
     paper = PAPER if cfg.width == 3 else []
-    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.lab.studies.arith:run_one", out, jobs=jobs, paper=paper, progress=progress)
+    results = run_study(
+        NAME,
+        asdict(cfg),
+        specs_for(cfg),
+        "masklab.lab.studies.arith:run_one",
+        out,
+        jobs=jobs,
+        paper=paper,
+        progress=progress,
+    )
     report(results, Path(out), command)
     return results
 
@@ -294,7 +354,10 @@ def plot_fractions(results: dict, path: Path, metric: str = "exact_acc") -> None
         mine = [r for r in runs if r["spec"]["params"]["op"] == op]
         for method in dict.fromkeys(r["method"] for r in mine):
             fr = sorted({r["spec"]["params"]["fraction"] for r in mine if r["method"] == method})
-            vals = [[r["metrics"][metric] for r in mine if r["method"] == method and r["spec"]["params"]["fraction"] == f] for f in fr]
+            vals = [
+                [r["metrics"][metric] for r in mine if r["method"] == method and r["spec"]["params"]["fraction"] == f]
+                for f in fr
+            ]
             xs = np.asarray(fr) * 100
             line = ax.plot(xs, [np.mean(v) for v in vals], marker="o", label=method)[0]
             ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals], color=line.get_color(), alpha=0.15)
@@ -314,8 +377,20 @@ def plot_fractions(results: dict, path: Path, metric: str = "exact_acc") -> None
 def report(results: dict, out: Path, command: str) -> None:
     figures = ["arith_acc_vs_fraction.png", "arith_test_acc.png", "arith_persistence.png"]
     plot_fractions(results, out / figures[0])
-    plot_curves(results["runs"], "test_exact_acc", out / figures[1], ylabel="test exact accuracy (1000 pairs)", title="Held-out exact accuracy during training")
-    plot_curves(results["runs"], "prior_mass", out / figures[2], ylabel="mass on allowed keys", title="Digit-alignment pattern in attention")
+    plot_curves(
+        results["runs"],
+        "test_exact_acc",
+        out / figures[1],
+        ylabel="test exact accuracy (1000 pairs)",
+        title="Held-out exact accuracy during training",
+    )
+    plot_curves(
+        results["runs"],
+        "prior_mass",
+        out / figures[2],
+        ylabel="mass on allowed keys",
+        title="Digit-alignment pattern in attention",
+    )
     cfg = results["config"]
     runs = results["runs"]
     n_params = runs[0]["extra"]["parameters"] if runs else None

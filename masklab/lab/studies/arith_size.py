@@ -32,7 +32,15 @@ from masklab.lab.runner import RunSpec, run_study
 from masklab.lab.studies import arith
 
 NAME = "arith-size"
-TABLE_METRICS = ["exact_acc", "digit_acc", "train_exact_acc", "steps_to_90", "prior_mass_final", "mask_drift", "cpu_seconds"]
+TABLE_METRICS = [
+    "exact_acc",
+    "digit_acc",
+    "train_exact_acc",
+    "steps_to_90",
+    "prior_mass_final",
+    "mask_drift",
+    "cpu_seconds",
+]
 
 
 @dataclass
@@ -88,14 +96,36 @@ reports exact accuracy mask 0.7749, vanilla 0.0119 on this task without a model 
 match (docs/papers.md). `mask-zero` is the mask's learnable prior with no structure (M = 0)."""
 
 
-def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab sweep arith-size") -> dict:
+def run(
+    cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab sweep arith-size"
+) -> dict:
     validate(cfg)
-    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.lab.studies.arith:run_one", out, jobs=jobs, progress=progress)
+    results = run_study(
+        NAME, asdict(cfg), specs_for(cfg), "masklab.lab.studies.arith:run_one", out, jobs=jobs, progress=progress
+    )
     out = Path(out)
     figures = ["size_exact_acc.png", "size_train_exact_acc.png"]
-    plot_bars(results["runs"], "exact_acc", out / figures[0], ylabel="held-out exact accuracy", title="Addition 0.4% by model size")
-    plot_bars(results["runs"], "train_exact_acc", out / figures[1], ylabel="training exact accuracy", title="Memorisation by model size")
-    params = {r["method"].rpartition("_")[2]: r["extra"]["parameters"] for r in results["runs"] if r["method"].startswith("vanilla")}
-    notes = NOTES + ("\n\nParameters (vanilla): " + ", ".join(f"{k} {v:,}" for k, v in params.items()) if params else "")
+    plot_bars(
+        results["runs"],
+        "exact_acc",
+        out / figures[0],
+        ylabel="held-out exact accuracy",
+        title="Addition 0.4% by model size",
+    )
+    plot_bars(
+        results["runs"],
+        "train_exact_acc",
+        out / figures[1],
+        ylabel="training exact accuracy",
+        title="Memorisation by model size",
+    )
+    params = {
+        r["method"].rpartition("_")[2]: r["extra"]["parameters"]
+        for r in results["runs"]
+        if r["method"].startswith("vanilla")
+    }
+    notes = NOTES + (
+        "\n\nParameters (vanilla): " + ", ".join(f"{k} {v:,}" for k, v in params.items()) if params else ""
+    )
     write_markdown(results, out, TABLE_METRICS, command, notes, figures)
     return results

@@ -32,7 +32,16 @@ NAME = "cite"
 DEVICES = ("cpu", "cuda")
 RUN_METHOD = "all"  # one run per model evaluates every method of the config on the same prompts
 METHODS = ("loo", "group-testing", "greedy-minimal", "contextcite")
-TABLE_METRICS = ["gold_hit", "top1_hit", "set_size", "exact", "agree_contextcite", "forward_passes", "seconds", "n_prompts"]
+TABLE_METRICS = [
+    "gold_hit",
+    "top1_hit",
+    "set_size",
+    "exact",
+    "agree_contextcite",
+    "forward_passes",
+    "seconds",
+    "n_prompts",
+]
 
 
 @dataclass
@@ -70,14 +79,24 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         n_empty += cls == "empty"  # counted apart: an empty answer has no evidence to find
         if cls != "current":
             continue
-        found = {m: cite(lm, ex.sentences, ex.query, method=m, tolerance=p["tolerance"],
-                         contextcite_ablations=p["ablations"]) for m in p["methods"]}
+        found = {
+            m: cite(
+                lm, ex.sentences, ex.query, method=m, tolerance=p["tolerance"], contextcite_ablations=p["ablations"]
+            )
+            for m in p["methods"]
+        }
         cc_top = int(np.argmax(found["contextcite"]["scores"])) if "contextcite" in found else None
         for m, r in found.items():
             ev = r["evidence"]
             top1 = int(np.argmax(r["scores"])) if r["scores"] is not None else (ev[0] if len(ev) == 1 else -1)
-            row = {"gold_hit": float(ex.gold[0] in ev), "top1_hit": float(top1 == ex.gold[0]), "set_size": float(len(ev)),
-                   "exact": float(ev == ex.gold), "forward_passes": float(r["forward_passes"]), "seconds": r["seconds"]}
+            row = {
+                "gold_hit": float(ex.gold[0] in ev),
+                "top1_hit": float(top1 == ex.gold[0]),
+                "set_size": float(len(ev)),
+                "exact": float(ev == ex.gold),
+                "forward_passes": float(r["forward_passes"]),
+                "seconds": r["seconds"],
+            }
             if cc_top is not None and m != "contextcite":
                 row["agree_contextcite"] = float(cc_top in ev)
             rows[m].append(row)
@@ -125,7 +144,9 @@ pass); `seconds`: wall time per prompt on a shared CPU.
 """
 
 
-def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab reproduce pretrained") -> dict:
+def run(
+    cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab reproduce pretrained"
+) -> dict:
     res = run_per_model(NAME, cfg, specs_for(cfg), "masklab.lab.studies.cite_compare:run_one", out, jobs, progress)
     res["summary"] = pivot(res)
     write_json(Path(out) / "results.json", res)

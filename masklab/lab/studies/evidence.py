@@ -68,7 +68,10 @@ PAPER: list[dict] = []
 # a linear recency feature to get near the accuracy targets (99% at N, 95% at 4N); 3-hop chains
 # are learned without the auxiliary loss with 6000 steps (a slower hop curriculum), not 3000.
 TEACHER_DEFAULTS = {"teacher_steps": 3000, "recency": False}
-TEACHER_RECIPES: dict[str, dict] = {"stale": {"teacher_steps": 6000, "recency": True}, "multihop-h3": {"teacher_steps": 6000}}
+TEACHER_RECIPES: dict[str, dict] = {
+    "stale": {"teacher_steps": 6000, "recency": True},
+    "multihop-h3": {"teacher_steps": 6000},
+}
 
 
 def teacher_recipe(task: str, hops: int, steps: int | None = None, recency_tasks: list[str] | None = None) -> dict:
@@ -102,17 +105,27 @@ def recency_list(text: str) -> list[str]:
 class Config:
     """Gyms, teacher and evaluation. Teachers are cached under ``cache`` keyed by their config."""
 
-    tasks: list[str] = flag(factory=lambda: ["multihop", "stale", "kv", "aggregate"], name="--task",
-                            help=f"comma-separated gyms ({', '.join(GYMS)})")
+    tasks: list[str] = flag(
+        factory=lambda: ["multihop", "stale", "kv", "aggregate"],
+        name="--task",
+        help=f"comma-separated gyms ({', '.join(GYMS)})",
+    )
     hops: list[int] = flag(factory=lambda: [2], help="multihop chain length(s), comma-separated, 1..4")
     updates: int = flag(2, help="stale: assignments of the queried key (>= 2)")
     items: int = flag(16, help="items per context N")
     vocab: int = flag(256, help="number of symbols")
     tags: int = flag(8, help="aggregate: number of tags")
     max_count: int = flag(4, help="aggregate: largest count")
-    methods: list[str] = flag(factory=lambda: list(SEARCHES), name="--method", help=f"comma-separated evidence searches ({', '.join(SEARCHES)})")
-    aggregates: list[str] = flag(factory=lambda: list(AGGREGATES), name="--aggregate",
-                                 help=f"comma-separated attention aggregates ({', '.join(AGGREGATES)}, layer<l>)")
+    methods: list[str] = flag(
+        factory=lambda: list(SEARCHES),
+        name="--method",
+        help=f"comma-separated evidence searches ({', '.join(SEARCHES)})",
+    )
+    aggregates: list[str] = flag(
+        factory=lambda: list(AGGREGATES),
+        name="--aggregate",
+        help=f"comma-separated attention aggregates ({', '.join(AGGREGATES)}, layer<l>)",
+    )
     selections: list[str] = field(default_factory=lambda: list(SELECTIONS))
     mode: str = flag("key_bias", choices=MODES, help="how an item is hidden")
     examples: int = flag(300, help="held-out examples per gym")
@@ -121,21 +134,39 @@ class Config:
     dim: int = flag(64, help="teacher width")
     depth: int = flag(4, help="teacher depth")
     heads: int = flag(4, help="teacher heads")
-    teacher_steps: int | None = flag(None, help="teacher training steps for every gym", default_text=teacher_steps_default())
+    teacher_steps: int | None = flag(
+        None, help="teacher training steps for every gym", default_text=teacher_steps_default()
+    )
     teacher_batch: int = 64
     teacher_lr: float = flag(2e-3, help="teacher learning rate")
     max_factor: int = flag(4, help="length curriculum up to this x N")
     aux: float = flag(0.0, help="weight of the auxiliary hop loss (multihop; 0 = off)")
     recency_tasks: list[str] | None = flag(
-        None, name="--recency", parse=recency_list, metavar="GYM,...|none",
+        None,
+        name="--recency",
+        parse=recency_list,
+        metavar="GYM,...|none",
         default_text=", ".join(label for label, r in TEACHER_RECIPES.items() if r.get("recency")),
-        help="comma-separated gyms whose teacher gets a linear recency position feature, or none")
+        help="comma-separated gyms whose teacher gets a linear recency position feature, or none",
+    )
     cache: str = flag("cache", help="teacher cache directory")
-    min_teacher_acc: float = flag(MIN_TEACHER_ACC, help=MIN_TEACHER_ACC_HELP)  # read at report time, not a run parameter
+    min_teacher_acc: float = flag(
+        MIN_TEACHER_ACC, help=MIN_TEACHER_ACC_HELP
+    )  # read at report time, not a run parameter
+
 
 def quick_config() -> Config:
     # small contexts and a short-trained teacher: shows the pipeline, not the full accuracy
-    return Config(tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, max_factor=1, examples=100, depth=3)
+    return Config(
+        tasks=["multihop", "stale"],
+        hops=[2],
+        items=8,
+        vocab=64,
+        teacher_steps=1200,
+        max_factor=1,
+        examples=100,
+        depth=3,
+    )
 
 
 def reproduce_config() -> Config:
@@ -148,10 +179,24 @@ def reproduce_config() -> Config:
 
 def teacher_config(p: dict, task: str, hops: int, seed: int) -> TeacherConfig:
     return TeacherConfig(
-        task=task, items=p["items"], vocab=p["vocab"], hops=hops, updates=p["updates"], tags=p["tags"],
-        max_count=p["max_count"], max_factor=p["max_factor"], dim=p["dim"], depth=p["depth"], heads=p["heads"],
-        steps=p["teacher_steps"], batch=p["teacher_batch"], lr=p["teacher_lr"], aux=p["aux"], seed=seed,
-        recency=p.get("recency", False), device=devices.current().type,
+        task=task,
+        items=p["items"],
+        vocab=p["vocab"],
+        hops=hops,
+        updates=p["updates"],
+        tags=p["tags"],
+        max_count=p["max_count"],
+        max_factor=p["max_factor"],
+        dim=p["dim"],
+        depth=p["depth"],
+        heads=p["heads"],
+        steps=p["teacher_steps"],
+        batch=p["teacher_batch"],
+        lr=p["teacher_lr"],
+        aux=p["aux"],
+        seed=seed,
+        recency=p.get("recency", False),
+        device=devices.current().type,
     )
 
 
@@ -211,7 +256,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         pred = answer_logits(model, batch, mode=p["mode"]).argmax(-1)
     correct = pred == batch.answer
     if int(correct.sum()) == 0:
-        raise MasklabError(f"the {task} teacher answers no held-out example correctly; train it longer (--teacher-steps)")
+        raise MasklabError(
+            f"the {task} teacher answers no held-out example correctly; train it longer (--teacher-steps)"
+        )
     ok = batch.select(correct)
     N = ok.items.shape[1]
     metrics: dict[str, float | None] = {
@@ -281,7 +328,9 @@ def specs_for(cfg: Config) -> list[RunSpec]:
         for hops in cfg.hops if task == "multihop" else [0]:
             recipe = teacher_recipe(task, hops, cfg.teacher_steps, cfg.recency_tasks)
             for seed in cfg.seeds:
-                specs.append(RunSpec(task_label(task, hops), "study", seed, {**base, **recipe, "gym": task, "hops": hops}))
+                specs.append(
+                    RunSpec(task_label(task, hops), "study", seed, {**base, **recipe, "gym": task, "hops": hops})
+                )
     return specs
 
 
@@ -298,7 +347,11 @@ def validate(cfg: Config) -> None:
         raise MasklabError(f"--min-teacher-acc must be in [0, 1]; got {cfg.min_teacher_acc}")
     for t in cfg.tasks:  # vocabulary and sizes, checked before any training
         for h in cfg.hops if t == "multihop" else [2]:
-            gym_of(TeacherConfig(task=t, vocab=cfg.vocab, hops=h, updates=cfg.updates, tags=cfg.tags, max_count=cfg.max_count)).check(cfg.items * cfg.max_factor)
+            gym_of(
+                TeacherConfig(
+                    task=t, vocab=cfg.vocab, hops=h, updates=cfg.updates, tags=cfg.tags, max_count=cfg.max_count
+                )
+            ).check(cfg.items * cfg.max_factor)
 
 
 def expand(runs: list[dict]) -> list[dict]:
@@ -328,7 +381,16 @@ A causal set that differs from gold is a finding about the teacher (what it need
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab evidence") -> dict:
     validate(cfg)
     out = Path(out)
-    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.lab.studies.evidence:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
+    results = run_study(
+        NAME,
+        asdict(cfg),
+        specs_for(cfg),
+        "masklab.lab.studies.evidence:run_one",
+        out,
+        jobs=jobs,
+        paper=PAPER,
+        progress=progress,
+    )
     results["summary"] = summarize(expand(results["runs"]))
     results["untrained_teachers"] = untrained_teachers(results["runs"], cfg.min_teacher_acc)
     warn_untrained(results["untrained_teachers"], cfg.min_teacher_acc, NAME)
@@ -340,7 +402,9 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
 def _teacher_table(summary: list[dict]) -> str:
     rows = [r for r in summary if r["method"] == "teacher"]
     keys = ["teacher_acc", "teacher_acc_max", "miss_link0", "miss_link1", "miss_link2", "middle_miss"]
-    keys += sorted({k[: -len("_mean")] for r in rows for k in r if k.startswith("stale_over_current") and k.endswith("_mean")})
+    keys += sorted(
+        {k[: -len("_mean")] for r in rows for k in r if k.startswith("stale_over_current") and k.endswith("_mean")}
+    )
     keys = [k for k in keys if any(r.get(f"{k}_mean") is not None for r in rows)]
     return markdown_table(rows, [], keys)
 
@@ -393,10 +457,14 @@ def report(results: dict, out: Path, command: str) -> None:
     plot_agreement(summary, out / figures[0])
     if plot_stale_layers(summary, out / "evidence_stale_layers.png"):
         figures.append("evidence_stale_layers.png")
-    plot_curves(results["runs"], "loss", out / "evidence_teacher_loss.png", ylabel="teacher training loss", title="Teachers")
+    plot_curves(
+        results["runs"], "loss", out / "evidence_teacher_loss.png", ylabel="teacher training loss", title="Teachers"
+    )
     figures.append("evidence_teacher_loss.png")
     sets = [r for r in summary if r["method"] != "teacher"]
-    note = untrained_note(results.get("untrained_teachers", []), results["config"].get("min_teacher_acc", MIN_TEACHER_ACC))
+    note = untrained_note(
+        results.get("untrained_teachers", []), results["config"].get("min_teacher_acc", MIN_TEACHER_ACC)
+    )
     parts = [
         "# evidence",
         "",

@@ -48,7 +48,14 @@ from masklab.util.flags import check_ranges, flag, strength_flag
 from masklab.models import GPT, TokenEncoder, ViT
 from masklab.lab.report import save_figure, write_markdown
 from masklab.lab.runner import MasklabError, RunSpec, run_study, seed_everything, write_json
-from masklab.priors.structures import DESIGNS, causal, design_structure, locality_2d, neighbourhood_2d, relative_distance
+from masklab.priors.structures import (
+    DESIGNS,
+    causal,
+    design_structure,
+    locality_2d,
+    neighbourhood_2d,
+    relative_distance,
+)
 from masklab.priors.structures_from_evidence import (
     UNIDENTIFIABLE_POLICIES,
     agreement,
@@ -73,7 +80,11 @@ NAME = "evidence-prior"
 # run_one is the task study's own run function (gotu, arith, vision, lm: each moves its model and
 # data to the run's device); the derivation's probe trains and is measured on the command's device
 DEVICES = ("cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp16",
+)  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
 METHODS = ("vanilla", "mask", "mask-derived", "mask-shuffled")
 SOURCES = ("function", "probe")
 #: tasks of other studies: their data, model, recipe and run function; the structure comes from a probe
@@ -99,33 +110,80 @@ class Config:
     fields below; ``arith``, ``vision`` and ``lm`` use their own study's model, data and recipe
     (its config defaults), with ``--steps``/``--evals`` when given."""
 
-    tasks: list[str] = flag(factory=lambda: ["cyclic3", "maj3", "2parity"], name="--task", help=f"comma-separated tasks ({', '.join(ALL_TASKS)})")
-    methods: list[str] = flag(factory=lambda: list(METHODS), name="--method", help=f"comma-separated methods ({', '.join(METHODS)})")
+    tasks: list[str] = flag(
+        factory=lambda: ["cyclic3", "maj3", "2parity"],
+        name="--task",
+        help=f"comma-separated tasks ({', '.join(ALL_TASKS)})",
+    )
+    methods: list[str] = flag(
+        factory=lambda: list(METHODS), name="--method", help=f"comma-separated methods ({', '.join(METHODS)})"
+    )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     op: str = flag("add", choices=OPS, help="--task arith: the operation")
     fraction: float = flag(0.004, above=0, below=1, help="--task arith: training fraction of all operand pairs")
     data: str = flag("digits", choices=DATASETS, help="--task vision: the data set")
     corpus: str = flag("pydoc", choices=CORPORA, help="--task lm: the corpus")
-    source: str = flag("function", choices=SOURCES, help="Boolean tasks' evidence: the target on the seen points, or a briefly trained dense probe model (arith, vision, lm: always a probe)")
-    threshold: float = flag(0.05, min=0, below=1, help="an effect counts when above this fraction of the largest effect (of the row, for a probe; of the offset profile, for lm)")
-    top_k: int | None = flag(None, min=1, help="probe: keep each query's K largest effects (lm: the K largest offsets) instead of the threshold", default_text="threshold")
-    unidentifiable: str = flag("allow", choices=UNIDENTIFIABLE_POLICIES,
-                               help="function source: a pair the seen domain cannot measure, between two variables that have effects, is allowed or dropped")
-    probe_fraction: float = flag(0.1, above=0, max=1, help="probe: probe training steps as a fraction of the main training steps")
-    probe_points: int | None = flag(None, min=1, help="probe: training inputs the hidings are averaged over",
-                                    default_text="256; vision 64; lm 32 windows")
-    probe_rows: int = flag(8, min=1, help="--task lm: query positions the probe measures (evenly spaced, the last included)")
-    derive_only: bool = flag(False, help="derive and report the structures (derivation.json, figures, derivation.md) without training")
-    design: str | None = flag(None, choices=sorted(DESIGNS), help="Boolean tasks: prior design of mask and mask-derived", default_text="the task's own")
+    source: str = flag(
+        "function",
+        choices=SOURCES,
+        help="Boolean tasks' evidence: the target on the seen points, or a briefly trained dense probe model (arith, vision, lm: always a probe)",
+    )
+    threshold: float = flag(
+        0.05,
+        min=0,
+        below=1,
+        help="an effect counts when above this fraction of the largest effect (of the row, for a probe; of the offset profile, for lm)",
+    )
+    top_k: int | None = flag(
+        None,
+        min=1,
+        help="probe: keep each query's K largest effects (lm: the K largest offsets) instead of the threshold",
+        default_text="threshold",
+    )
+    unidentifiable: str = flag(
+        "allow",
+        choices=UNIDENTIFIABLE_POLICIES,
+        help="function source: a pair the seen domain cannot measure, between two variables that have effects, is allowed or dropped",
+    )
+    probe_fraction: float = flag(
+        0.1, above=0, max=1, help="probe: probe training steps as a fraction of the main training steps"
+    )
+    probe_points: int | None = flag(
+        None,
+        min=1,
+        help="probe: training inputs the hidings are averaged over",
+        default_text="256; vision 64; lm 32 windows",
+    )
+    probe_rows: int = flag(
+        8, min=1, help="--task lm: query positions the probe measures (evenly spaced, the last included)"
+    )
+    derive_only: bool = flag(
+        False, help="derive and report the structures (derivation.json, figures, derivation.md) without training"
+    )
+    design: str | None = flag(
+        None,
+        choices=sorted(DESIGNS),
+        help="Boolean tasks: prior design of mask and mask-derived",
+        default_text="the task's own",
+    )
     allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
     width: int = flag(64, min=1, help="Boolean tasks: model width")
     depth: int = flag(2, min=1, help="Boolean tasks: transformer blocks")
     heads: int = flag(4, min=1, help="Boolean tasks: attention heads")
-    steps: int | None = flag(None, min=1, help="training steps", default_text="the task's study: Boolean 1500, arith 2500, vision 1000, lm 1000")
+    steps: int | None = flag(
+        None,
+        min=1,
+        help="training steps",
+        default_text="the task's study: Boolean 1500, arith 2500, vision 1000, lm 1000",
+    )
     batch: int = flag(128, min=1, help="Boolean tasks: batch size")
     lr: float = flag(1e-3, above=0, help="Boolean tasks: learning rate (AdamW)")
-    weight_decay: float = flag(0.0, min=0, help="Boolean tasks: AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
+    weight_decay: float = flag(
+        0.0,
+        min=0,
+        help="Boolean tasks: AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)",
+    )
     evals: int = flag(10, min=1, help="evaluations during training")
 
 
@@ -164,17 +222,51 @@ def study_params(cfg: Config, task: str) -> dict:
     config's task choice, ``--steps``, ``--evals`` and strengths."""
     study = study_of(task)
     if study == "gotu":
-        p = {k: getattr(cfg, k) for k in ("design", "allowed", "suppressed", "width", "depth", "heads", "batch", "lr", "weight_decay", "evals")}
-        p.update({"function": None, "seen": None, "support": None, "n_vars": DIM, "task": task, "steps": cfg.steps or BOOLEAN_STEPS})
+        p = {
+            k: getattr(cfg, k)
+            for k in (
+                "design",
+                "allowed",
+                "suppressed",
+                "width",
+                "depth",
+                "heads",
+                "batch",
+                "lr",
+                "weight_decay",
+                "evals",
+            )
+        }
+        p.update(
+            {
+                "function": None,
+                "seen": None,
+                "support": None,
+                "n_vars": DIM,
+                "task": task,
+                "steps": cfg.steps or BOOLEAN_STEPS,
+            }
+        )
     elif study == "arith":
-        p = {k: v for k, v in asdict(arith.Config()).items() if k not in ("ops", "add_fractions", "mul_fractions", "methods", "seeds")}
+        p = {
+            k: v
+            for k, v in asdict(arith.Config()).items()
+            if k not in ("ops", "add_fractions", "mul_fractions", "methods", "seeds")
+        }
         p.update({"op": cfg.op, "fraction": cfg.fraction})
     elif study == "vision":
         p = {k: v for k, v in asdict(vision.Config(data=cfg.data)).items() if k not in ("methods", "seeds")}
     else:
         p = {k: v for k, v in asdict(lm.Config(corpus=cfg.corpus)).items() if k not in ("methods", "seeds")}
     if study != "gotu":
-        p.update({"evals": cfg.evals, "allowed": cfg.allowed, "suppressed": cfg.suppressed, **({"steps": cfg.steps} if cfg.steps else {})})
+        p.update(
+            {
+                "evals": cfg.evals,
+                "allowed": cfg.allowed,
+                "suppressed": cfg.suppressed,
+                **({"steps": cfg.steps} if cfg.steps else {}),
+            }
+        )
     p["study"] = study
     return p
 
@@ -227,7 +319,15 @@ def _probe_structure(cfg: Config, task, fx) -> tuple[torch.Tensor, dict]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        trained = train(model, Recipe(steps, cfg.lr, cfg.weight_decay, evals=1), loss_of, lambda s: {}, gen, Path(tmp), f"{task.name}/probe")
+        trained = train(
+            model,
+            Recipe(steps, cfg.lr, cfg.weight_decay, evals=1),
+            loss_of,
+            lambda s: {},
+            gen,
+            Path(tmp),
+            f"{task.name}/probe",
+        )
     train_seconds = time.perf_counter() - start
     points = x_all[seen_idx[torch.randperm(len(seen_idx), generator=gen)[: cfg.probe_points or PROBE_POINTS["gotu"]]]]
     pe = probe_effects(model, points)
@@ -246,9 +346,15 @@ def _probe_structure(cfg: Config, task, fx) -> tuple[torch.Tensor, dict]:
         "true_pairs": [list(q) for q in true],
         "precision": hits / max(1, len(found)),
         "recall": hits / max(1, len(true)),
-        "unidentifiable": [{"pair": [i, j], "probe_interaction": round(float(inter[i, j]), 5),
-                            "reason": f"no seen point has all four corners of the (x{i}, x{j}) square in the seen domain: the probe's value "
-                                      "there is how it extrapolates, not evidence"} for i, j in fx.unidentifiable()],
+        "unidentifiable": [
+            {
+                "pair": [i, j],
+                "probe_interaction": round(float(inter[i, j]), 5),
+                "reason": f"no seen point has all four corners of the (x{i}, x{j}) square in the seen domain: the probe's value "
+                "there is how it extrapolates, not evidence",
+            }
+            for i, j in fx.unidentifiable()
+        ],
         "forward_passes": pp.forwards,
         "seconds": pp.seconds,
     }
@@ -292,14 +398,22 @@ def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict
 
         T = x.shape[1]
         rows = np.flatnonzero((y != IGNORE).any(0).numpy()).tolist()  # the rows whose output the loss reads
-        return {"model": model, "loss_of": loss_of, "recipe": Recipe(steps, p["lr"], p["weight_decay"], p["warmup"], floor=0.1, evals=1),
-                "points": x[torch.randperm(len(x), generator=gen)[:points]], "rows": rows, "head_rows": tuple(range(T)),
-                "examples": steps * p["batch"]}
+        return {
+            "model": model,
+            "loss_of": loss_of,
+            "recipe": Recipe(steps, p["lr"], p["weight_decay"], p["warmup"], floor=0.1, evals=1),
+            "points": x[torch.randperm(len(x), generator=gen)[:points]],
+            "rows": rows,
+            "head_rows": tuple(range(T)),
+            "examples": steps * p["batch"],
+        }
     if study == "vision":
         data = vision._data(p["data"], p["data_dir"], p["image_size"])
         size = vision.model_size(p)
         mean, std = data.stats()
-        model = ViT(data.image_size, size["patch"], data.channels, data.classes, size["dim"], size["depth"], size["heads"])
+        model = ViT(
+            data.image_size, size["patch"], data.channels, data.classes, size["dim"], size["depth"], size["heads"]
+        )
 
         def loss_of(net, step):
             idx = torch.randint(len(data.train_x), (p["batch"],), generator=gen)
@@ -308,8 +422,15 @@ def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict
             return F.cross_entropy(net(xb)[0], yb)
 
         pts = normalise(data.train_x[torch.randperm(len(data.train_x), generator=gen)[:points]], data, mean, std)
-        return {"model": model, "loss_of": loss_of, "recipe": Recipe(steps, p["lr"], p["weight_decay"], p["warmup"], floor=0.0, evals=1),
-                "points": pts, "rows": None, "head_rows": (0,), "examples": steps * p["batch"]}
+        return {
+            "model": model,
+            "loss_of": loss_of,
+            "recipe": Recipe(steps, p["lr"], p["weight_decay"], p["warmup"], floor=0.0, evals=1),
+            "points": pts,
+            "rows": None,
+            "head_rows": (0,),
+            "examples": steps * p["batch"],
+        }
     data = lm._tokens(p["corpus"], p["data_dir"], p["max_chars"], p["tokenizer"], p["bpe_vocab"])
     T = p["block"]
     model = lm.build_model({**p, "method": "vanilla"}, data.vocab)
@@ -321,9 +442,15 @@ def _probe_setup(p: dict, steps: int, points: int, gen: torch.Generator) -> dict
         return F.cross_entropy(net(w[:, :-1])[0].flatten(0, 1), w[:, 1:].flatten())
 
     starts = torch.randint(len(data.train) - T - 1, (points,), generator=gen)
-    return {"model": model, "loss_of": loss_of, "recipe": Recipe(steps, p["lr"], p["weight_decay"], p["warmup"], floor=0.0, evals=1),
-            "points": data.train[starts[:, None] + torch.arange(T)], "rows": None, "head_rows": tuple(range(T)),
-            "examples": steps * p["batch"]}
+    return {
+        "model": model,
+        "loss_of": loss_of,
+        "recipe": Recipe(steps, p["lr"], p["weight_decay"], p["warmup"], floor=0.0, evals=1),
+        "points": data.train[starts[:, None] + torch.arange(T)],
+        "rows": None,
+        "head_rows": tuple(range(T)),
+        "examples": steps * p["batch"],
+    }
 
 
 def lm_rows(T: int, count: int) -> list[int]:
@@ -388,13 +515,16 @@ def _study_derive(cfg: Config, task: str, p: dict) -> dict:
         else:
             keep = prof > cfg.threshold * prof.max()
         s = toeplitz_structure(keep)
-        hand_profile = np.array([float(hand[0][:, d:, :T - d].diagonal(dim1=-2, dim2=-1).mean()) for d in range(T)])
+        hand_profile = np.array([float(hand[0][:, d:, : T - d].diagonal(dim1=-2, dim2=-1).mean()) for d in range(T)])
         ok = np.isfinite(profile)
         rank = lambda v: np.argsort(np.argsort(v))  # noqa: E731
-        report = {"profile": np.round(profile, 5).tolist(), "hand_profile": np.round(hand_profile, 4).tolist(),
-                  "kept_offsets": np.flatnonzero(keep).tolist(),
-                  "spearman_with_hand": float(np.corrcoef(rank(profile[ok]), rank(hand_profile[ok]))[0, 1]),
-                  "rows": rows}
+        report = {
+            "profile": np.round(profile, 5).tolist(),
+            "hand_profile": np.round(hand_profile, 4).tolist(),
+            "kept_offsets": np.flatnonzero(keep).tolist(),
+            "spearman_with_hand": float(np.corrcoef(rank(profile[ok]), rank(hand_profile[ok]))[0, 1]),
+            "rows": rows,
+        }
         region = torch.ones(T, T).tril(-1).bool()
     else:
         s = to_structure(pe.effects, cfg.threshold, cfg.top_k)
@@ -411,12 +541,15 @@ def _study_derive(cfg: Config, task: str, p: dict) -> dict:
             patch = s[1:, 1:].numpy() > 0.5
             off = ~np.eye(T - 1, dtype=bool)
             within = (patch & off & (dist <= 1)).sum()
-            report = {"patch_entries": int((patch & off).sum()), "within_radius_1": int(within),
-                      "fraction_within_radius_1": float(within / max(1, (patch & off).sum())),
-                      "chance_within_radius_1": float(((dist <= 1) & off).sum() / off.sum()),
-                      "mean_distance_derived": float(dist[patch & off].mean()) if (patch & off).any() else None,
-                      "mean_distance_all": float(dist[off].mean()),
-                      "agreement_patches_vs_3x3": agreement(s[1:, 1:], torch.tensor(neighbourhood_2d(grid, 1).numpy()))}
+            report = {
+                "patch_entries": int((patch & off).sum()),
+                "within_radius_1": int(within),
+                "fraction_within_radius_1": float(within / max(1, (patch & off).sum())),
+                "chance_within_radius_1": float(((dist <= 1) & off).sum() / off.sum()),
+                "mean_distance_derived": float(dist[patch & off].mean()) if (patch & off).any() else None,
+                "mean_distance_all": float(dist[off].mean()),
+                "agreement_patches_vs_3x3": agreement(s[1:, 1:], torch.tensor(neighbourhood_2d(grid, 1).numpy())),
+            }
     derived = [s[None] for _ in hand]
     cost_s = train_seconds + pe.seconds
     return {
@@ -425,10 +558,17 @@ def _study_derive(cfg: Config, task: str, p: dict) -> dict:
         "source": "probe",
         "effects": np.round(np.nan_to_num(pe.effects, nan=-1.0), 5).tolist(),
         "report": report,
-        "cost": {"probe_steps": steps, "probe_train_examples": setup["examples"], "probe_train_seconds": train_seconds,
-                 "probe_train_loss": trained.curves["train_loss"][-1], "forward_passes": pe.forwards,
-                 "points_per_forward": pe.points, "hiding_seconds": pe.seconds, "seconds": cost_s,
-                 "fraction_of_training_steps": steps / p["steps"]},
+        "cost": {
+            "probe_steps": steps,
+            "probe_train_examples": setup["examples"],
+            "probe_train_seconds": train_seconds,
+            "probe_train_loss": trained.curves["train_loss"][-1],
+            "forward_passes": pe.forwards,
+            "points_per_forward": pe.points,
+            "hiding_seconds": pe.seconds,
+            "seconds": cost_s,
+            "fraction_of_training_steps": steps / p["steps"],
+        },
         "verdicts": None,
         "agreement": [agreement(d, h) for d, h in zip(derived, hand)],
         "training_budget": {"steps": p["steps"], "batch": p["batch"], "examples": p["steps"] * p["batch"]},
@@ -447,7 +587,9 @@ def derive(cfg: Config, task_name: str) -> dict:
     n, design = task.dim, cfg.design or task.default_design
     hand = [design_structure(design, task.groups, n, layer, cfg.depth, cfg.heads) for layer in range(cfg.depth)]
     # the verdicts are reported for both sources
-    from_fn, inter, fx = from_interventions(task.y, task.seen, DESIGNS[design], cfg.depth, cfg.heads, cfg.threshold, cfg.unidentifiable)
+    from_fn, inter, fx = from_interventions(
+        task.y, task.seen, DESIGNS[design], cfg.depth, cfg.heads, cfg.threshold, cfg.unidentifiable
+    )
     verdicts = {
         "identified_pairs": [list(p) for p in inter.pairs],
         "unidentifiable": [{"pair": [i, j], "reason": r} for i, j, r in inter.unidentifiable],
@@ -462,23 +604,32 @@ def derive(cfg: Config, task_name: str) -> dict:
             "first_order": np.round(fx.first, 4).tolist(),
             "pair_effects": np.round(np.nan_to_num(fx.pair, nan=-1.0), 4).tolist(),
             "groups": [list(g) for g in groups],
-            "cost": {"function_queries": fx.queries, "seconds": fx.seconds,
-                     "note": "each seen point's target read once: no labels beyond the training set"},
+            "cost": {
+                "function_queries": fx.queries,
+                "seconds": fx.seconds,
+                "note": "each seen point's target read once: no labels beyond the training set",
+            },
         }
     else:
         s, record = _probe_structure(cfg, task, fx)
         derived = [s[None] for _ in range(cfg.depth)]
-    record.update({
-        "task": task_name,
-        "source": cfg.source,
-        "design": design,
-        "verdicts": verdicts,
-        "agreement": [agreement(d, h) for d, h in zip(derived, hand)],
-        "study": "gotu",
-        "training_budget": {"steps": cfg.steps or BOOLEAN_STEPS, "batch": cfg.batch, "examples": (cfg.steps or BOOLEAN_STEPS) * cfg.batch},
-        "hand": [h.tolist() for h in hand],
-        "derived": [d.tolist() for d in derived],
-    })
+    record.update(
+        {
+            "task": task_name,
+            "source": cfg.source,
+            "design": design,
+            "verdicts": verdicts,
+            "agreement": [agreement(d, h) for d, h in zip(derived, hand)],
+            "study": "gotu",
+            "training_budget": {
+                "steps": cfg.steps or BOOLEAN_STEPS,
+                "batch": cfg.batch,
+                "examples": (cfg.steps or BOOLEAN_STEPS) * cfg.batch,
+            },
+            "hand": [h.tolist() for h in hand],
+            "derived": [d.tolist() for d in derived],
+        }
+    )
     return record
 
 
@@ -535,7 +686,9 @@ def validate(cfg: Config) -> None:
     if cfg.source not in SOURCES:
         raise MasklabError(f"unknown --source {cfg.source!r}; choose from {', '.join(SOURCES)}")
     if cfg.unidentifiable not in UNIDENTIFIABLE_POLICIES:
-        raise MasklabError(f"unknown --unidentifiable {cfg.unidentifiable!r}; choose from {', '.join(UNIDENTIFIABLE_POLICIES)}")
+        raise MasklabError(
+            f"unknown --unidentifiable {cfg.unidentifiable!r}; choose from {', '.join(UNIDENTIFIABLE_POLICIES)}"
+        )
     if not 0 <= cfg.threshold < 1:
         raise MasklabError("--threshold must be in [0, 1)")
     if cfg.top_k is not None and cfg.top_k < 1:
@@ -548,8 +701,14 @@ def validate(cfg: Config) -> None:
         raise MasklabError("--probe-rows must be at least 1")
     if "arith" in cfg.tasks:
         if cfg.op != "add":
-            raise MasklabError("--task arith derives addition only (--op add): the carry report is written for addition")
-        arith.validate(arith.Config(ops=[cfg.op], add_fractions=[cfg.fraction], methods=["vanilla"], steps=cfg.steps or arith.Config().steps))
+            raise MasklabError(
+                "--task arith derives addition only (--op add): the carry report is written for addition"
+            )
+        arith.validate(
+            arith.Config(
+                ops=[cfg.op], add_fractions=[cfg.fraction], methods=["vanilla"], steps=cfg.steps or arith.Config().steps
+            )
+        )
     if "vision" in cfg.tasks:
         vision.validate(vision.Config(data=cfg.data, methods=["default"]))
     if "lm" in cfg.tasks:
@@ -563,7 +722,9 @@ def plot_structures(record: dict, path: Path) -> None:
     panels = [("hand-built", record["hand"][0]), ("derived", record["derived"][0]), ("shuffled (seed 0)", shuf)]
     profile = record.get("report", {}).get("profile")
     fig, axes = plt.subplots(1, 3 + bool(profile), figsize=(11 + 3.7 * bool(profile), 3.8))
-    xlabel = {"gotu": "key (0 = CLS, i+1 = x_i)", "vision": "key (0 = CLS, then patches row by row)"}.get(record["study"], "key position")
+    xlabel = {"gotu": "key (0 = CLS, i+1 = x_i)", "vision": "key (0 = CLS, then patches row by row)"}.get(
+        record["study"], "key position"
+    )
     for ax, (title, s) in zip(axes, panels):
         ax.imshow(np.asarray(s).max(0), cmap="Greys", vmin=0, vmax=1)
         ax.set_title(f"{record['task']}: {title}")
@@ -597,19 +758,27 @@ def _derivation_md(records: dict[str, dict], results: dict) -> str:
     seconds = {}
     for r in results["runs"]:
         seconds.setdefault(r["task"], []).append(r.get("seconds") or 0.0)
-    lines = ["", "## Derivation", "",
-             "| task | source | precision | recall | jaccard | allowed (derived / hand) | cost | derive s | mean train s per run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## Derivation",
+        "",
+        "| task | source | precision | recall | jaccard | allowed (derived / hand) | cost | derive s | mean train s per run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for rec in records.values():
         task = rec["task"]
         a = rec["agreement"][0]
         c = rec["cost"]
-        cost = (f"{c['function_queries']} function queries (seen points) vs {rec['training_budget']['examples']} training examples"
-                if "function_queries" in c else
-                f"{c['probe_steps']} probe steps ({c['fraction_of_training_steps']:.0%} of {rec['training_budget']['steps']}) + {c['forward_passes']} forwards x {c['points_per_forward']} points")
+        cost = (
+            f"{c['function_queries']} function queries (seen points) vs {rec['training_budget']['examples']} training examples"
+            if "function_queries" in c
+            else f"{c['probe_steps']} probe steps ({c['fraction_of_training_steps']:.0%} of {rec['training_budget']['steps']}) + {c['forward_passes']} forwards x {c['points_per_forward']} points"
+        )
         train_s = f"{np.mean(seconds[task]):.1f}" if task in seconds else "-"
-        lines.append(f"| {task} | {rec['source']} | {a['precision']:.3f} | {a['recall']:.3f} | {a['jaccard']:.3f} | "
-                     f"{a['allowed_derived']} / {a['allowed_hand']} | {cost} | {c['seconds']:.2f} | {train_s} |")
+        lines.append(
+            f"| {task} | {rec['source']} | {a['precision']:.3f} | {a['recall']:.3f} | {a['jaccard']:.3f} | "
+            f"{a['allowed_derived']} / {a['allowed_hand']} | {cost} | {c['seconds']:.2f} | {train_s} |"
+        )
     lines += ["", "Agreement is over block 0's allowed entries (union over heads).", ""]
     for rec in records.values():
         task, v, rep = rec["task"], rec["verdicts"], rec.get("report") or {}
@@ -617,27 +786,47 @@ def _derivation_md(records: dict[str, dict], results: dict) -> str:
             pass
         elif v["unidentifiable"]:
             pairs = ", ".join(f"(x{u['pair'][0]}, x{u['pair'][1]})" for u in v["unidentifiable"])
-            lines.append(f"* {task}: not identifiable: {pairs}: {v['unidentifiable'][0]['reason']} (the target on the seen domain); "
-                         f"policy `{v['policy']}` -> {'allowed' if v['assumed_pairs'] else 'dropped'} in the derived structure.")
+            lines.append(
+                f"* {task}: not identifiable: {pairs}: {v['unidentifiable'][0]['reason']} (the target on the seen domain); "
+                f"policy `{v['policy']}` -> {'allowed' if v['assumed_pairs'] else 'dropped'} in the derived structure."
+            )
         else:
-            lines.append(f"* {task}: every pair is identifiable from the seen domain ({len(v['identified_pairs'])} interacting pairs found).")
+            lines.append(
+                f"* {task}: every pair is identifiable from the seen domain ({len(v['identified_pairs'])} interacting pairs found)."
+            )
         so = rec.get("second_order")
         if so:
-            unid = "; ".join(f"(x{u['pair'][0]}, x{u['pair'][1]}) not identifiable (probe value {u['probe_interaction']})" for u in so["unidentifiable"])
-            lines.append(f"* {task}: probe second-order pairs at CLS: {len(so['pairs'])} found, precision {so['precision']:.3f}, "
-                         f"recall {so['recall']:.3f} against the target's {len(so['true_pairs'])} pairs" + (f"; {unid}" if unid else "") + ".")
+            unid = "; ".join(
+                f"(x{u['pair'][0]}, x{u['pair'][1]}) not identifiable (probe value {u['probe_interaction']})"
+                for u in so["unidentifiable"]
+            )
+            lines.append(
+                f"* {task}: probe second-order pairs at CLS: {len(so['pairs'])} found, precision {so['precision']:.3f}, "
+                f"recall {so['recall']:.3f} against the target's {len(so['true_pairs'])} pairs"
+                + (f"; {unid}" if unid else "")
+                + "."
+            )
         if "carry_links_found" in rep:
-            per = "; ".join(f"place {q['place']}: aligned {','.join(q['aligned']) or '-'}, lower {','.join(q['carry_below']) or '-'}"
-                            + (f", other keys {q['other_keys']}" if q["other_keys"] else "") for q in rep["places"])
-            lines.append(f"* {task}: carry links beyond the place below (which the hand prior lacks): "
-                         f"{rep['carry_links_found']} of {rep['carry_links_possible']} derived ({per}).")
+            per = "; ".join(
+                f"place {q['place']}: aligned {','.join(q['aligned']) or '-'}, lower {','.join(q['carry_below']) or '-'}"
+                + (f", other keys {q['other_keys']}" if q["other_keys"] else "")
+                for q in rep["places"]
+            )
+            lines.append(
+                f"* {task}: carry links beyond the place below (which the hand prior lacks): "
+                f"{rep['carry_links_found']} of {rep['carry_links_possible']} derived ({per})."
+            )
         if "fraction_within_radius_1" in rep:
-            lines.append(f"* {task}: {rep['patch_entries']} patch-to-patch entries, {rep['fraction_within_radius_1']:.2f} of them within the "
-                         f"3x3 neighbourhood (chance {rep['chance_within_radius_1']:.2f}); mean Chebyshev distance {rep['mean_distance_derived'] or float('nan'):.2f} "
-                         f"vs {rep['mean_distance_all']:.2f} for all pairs.")
+            lines.append(
+                f"* {task}: {rep['patch_entries']} patch-to-patch entries, {rep['fraction_within_radius_1']:.2f} of them within the "
+                f"3x3 neighbourhood (chance {rep['chance_within_radius_1']:.2f}); mean Chebyshev distance {rep['mean_distance_derived'] or float('nan'):.2f} "
+                f"vs {rep['mean_distance_all']:.2f} for all pairs."
+            )
         if "kept_offsets" in rep:
-            lines.append(f"* {task}: kept offsets {rep['kept_offsets']} (measured rows {rep['rows']}); Spearman correlation of the "
-                         f"derived per-offset effect with the hand prior's mean S: {rep['spearman_with_hand']:.3f}.")
+            lines.append(
+                f"* {task}: kept offsets {rep['kept_offsets']} (measured rows {rep['rows']}); Spearman correlation of the "
+                f"derived per-offset effect with the hand prior's mean S: {rep['spearman_with_hand']:.3f}."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -660,7 +849,15 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
         results = {"study": NAME, "config": asdict(cfg), "runs": [], "summary": [], "derivation": records}
         write_json(out / "results.json", results)
         return results
-    results = run_study(NAME, asdict(cfg), specs_for(cfg, records), "masklab.lab.studies.evidence_prior:run_one", out, jobs=jobs, progress=progress)
+    results = run_study(
+        NAME,
+        asdict(cfg),
+        specs_for(cfg, records),
+        "masklab.lab.studies.evidence_prior:run_one",
+        out,
+        jobs=jobs,
+        progress=progress,
+    )
     figures = [f"structures_{t}.png" for t in cfg.tasks]
     studies = list(dict.fromkeys(study_of(t) for t in cfg.tasks))
     metrics = list(dict.fromkeys(m for st in studies for m in METRICS[st]))

@@ -48,7 +48,11 @@ from masklab.lab.train import Recipe, init_qk, priors_for, steps_to, train
 
 NAME = "gotu"
 DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.util.device)
-PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp16",
+)  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
 CURVE_SEEN = 2048  # seen points scored at each evaluation (a seeded random subset)
 CURVE_UNSEEN = 8192  # unseen points scored at each evaluation: the whole unseen domain up to this size
 PROBE = 256  # points for the attention statistics
@@ -85,9 +89,14 @@ PAPER = [
 class Config:
     """Everything a GOTU run depends on. Model: ``depth`` pre-LN blocks of width ``width``."""
 
-    tasks: list[str] = flag(factory=lambda: list(TASKS), name="--task", help=f"comma-separated tasks ({', '.join(TASKS)})")
-    methods: list[str] = flag(factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"], name="--method",
-                              help=f"comma-separated methods ({', '.join(METHODS)})")
+    tasks: list[str] = flag(
+        factory=lambda: list(TASKS), name="--task", help=f"comma-separated tasks ({', '.join(TASKS)})"
+    )
+    methods: list[str] = flag(
+        factory=lambda: ["vanilla", "qk-svd", "qk-opt", "mask"],
+        name="--method",
+        help=f"comma-separated methods ({', '.join(METHODS)})",
+    )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     design: str | None = flag(None, choices=sorted(DESIGNS), help="prior design", default_text="the task's own")
     allowed: float = strength_flag(6.0)
@@ -98,7 +107,9 @@ class Config:
     steps: int = flag(1500, help="training steps")
     batch: int = flag(128, help="batch size")
     lr: float = flag(1e-3, help="learning rate (AdamW)")
-    weight_decay: float = flag(0.0, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
+    weight_decay: float = flag(
+        0.0, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)"
+    )
     evals: int = flag(10, help="evaluations during training")
     # custom task (used when ``function`` is set)
     function: str | None = flag(None, help='custom target, e.g. "x0*x1*x2"')
@@ -133,7 +144,9 @@ def tokens_of(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy((x.astype(np.int64) + 1) // 2)
 
 
-def curve_points(task: BooleanTask, seed: int, seen_max: int = CURVE_SEEN, unseen_max: int = CURVE_UNSEEN) -> np.ndarray:
+def curve_points(
+    task: BooleanTask, seed: int, seen_max: int = CURVE_SEEN, unseen_max: int = CURVE_UNSEEN
+) -> np.ndarray:
     """Indices into ``task.x`` of the points the curves are scored on, fixed for a run: a
     seeded uniform random subset of ``seen_max`` seen points, then the whole unseen domain
     when it has at most ``unseen_max`` points (every built-in task: 8192 or 4096), else a
@@ -162,7 +175,9 @@ def probe_points(task: BooleanTask, seed: int, n: int = PROBE) -> np.ndarray:
 
 @torch.no_grad()
 def predict(model: TokenEncoder, tokens: torch.Tensor, chunk: int = 2048) -> np.ndarray:
-    return torch.cat([model(tokens[i : i + chunk])[0][:, 0] for i in range(0, len(tokens), chunk)]).float().cpu().numpy()
+    return (
+        torch.cat([model(tokens[i : i + chunk])[0][:, 0] for i in range(0, len(tokens), chunk)]).float().cpu().numpy()
+    )
 
 
 @torch.no_grad()
@@ -185,8 +200,12 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     if p.get("structures") is not None:  # a caller's structures, one (H|1, T, T) nested list per block (evidence-prior)
         structures = [torch.tensor(s, dtype=torch.float32) for s in p["structures"]]
     else:
-        structures = [design_structure(design, task.groups, n, layer, p["depth"], p["heads"]) for layer in range(p["depth"])]
-    model = TokenEncoder(2, n, p["width"], p["depth"], p["heads"], priors_for(method, structures, p["allowed"], p["suppressed"]))
+        structures = [
+            design_structure(design, task.groups, n, layer, p["depth"], p["heads"]) for layer in range(p["depth"])
+        ]
+    model = TokenEncoder(
+        2, n, p["width"], p["depth"], p["heads"], priors_for(method, structures, p["allowed"], p["suppressed"])
+    )
 
     x_all = tokens_of(task.x)
     y_all = task.y.astype(np.float64)
@@ -213,7 +232,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         full = sign_ok[seen].mean() * task.seen.mean() + sign_ok[~seen].mean() * task.unseen.mean()
         cls, rows = persistence(model, probe, structures)
         values = (sign_ok[~seen].mean(), full, np.mean((pred - y)[seen] ** 2), cls, rows)
-        return {k: float(v) for k, v in zip(("unseen_acc", "full_acc", "train_mse", "prior_mass", "prior_mass_all"), values)}
+        return {
+            k: float(v) for k, v in zip(("unseen_acc", "full_acc", "train_mse", "prior_mass", "prior_mass_all"), values)
+        }
 
     recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], evals=p["evals"])  # constant lr
     curves = train(model, recipe, loss_of, evaluate, gen, ckpt_dir, f"{spec['task']}/{method}").curves
@@ -268,7 +289,9 @@ def specs_for(cfg: Config) -> list[RunSpec]:
 def validate(cfg: Config) -> None:
     for t in cfg.tasks:
         if t not in TASKS and not cfg.function:
-            raise MasklabError(f"unknown task {t!r}; choose from {', '.join(TASKS)} or give --function/--seen/--support")
+            raise MasklabError(
+                f"unknown task {t!r}; choose from {', '.join(TASKS)} or give --function/--seen/--support"
+            )
     check_choices("method", cfg.methods, METHODS)
     if cfg.design is not None and cfg.design not in DESIGNS:
         raise MasklabError(f"unknown design {cfg.design!r}; choose from {', '.join(sorted(DESIGNS))}")
@@ -297,14 +320,41 @@ The paper's `loss` and Cyclic3 `acc` do not say on which domain they are measure
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab gotu") -> dict:
     validate(cfg)
-    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.lab.studies.gotu:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
+    results = run_study(
+        NAME,
+        asdict(cfg),
+        specs_for(cfg),
+        "masklab.lab.studies.gotu:run_one",
+        out,
+        jobs=jobs,
+        paper=PAPER,
+        progress=progress,
+    )
     report(results, Path(out), command)
     return results
 
 
 def report(results: dict, out: Path, command: str) -> None:
     figures = ["gotu_unseen_acc.png", "gotu_persistence.png", "gotu_persistence_cls.png"]
-    plot_curves(results["runs"], "unseen_acc", out / figures[0], ylabel="unseen sign accuracy", title="Extrapolation to the unseen domain")
-    plot_curves(results["runs"], "prior_mass_all", out / figures[1], ylabel="mass on allowed keys (all queries)", title="Prior persistence")
-    plot_curves(results["runs"], "prior_mass", out / figures[2], ylabel="CLS mass on allowed keys", title="Prior persistence (CLS query)")
+    plot_curves(
+        results["runs"],
+        "unseen_acc",
+        out / figures[0],
+        ylabel="unseen sign accuracy",
+        title="Extrapolation to the unseen domain",
+    )
+    plot_curves(
+        results["runs"],
+        "prior_mass_all",
+        out / figures[1],
+        ylabel="mass on allowed keys (all queries)",
+        title="Prior persistence",
+    )
+    plot_curves(
+        results["runs"],
+        "prior_mass",
+        out / figures[2],
+        ylabel="CLS mass on allowed keys",
+        title="Prior persistence (CLS query)",
+    )
     write_markdown(results, out, TABLE_METRICS, command, NOTES, figures)

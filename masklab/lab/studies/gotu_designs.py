@@ -37,7 +37,14 @@ class Config(gotu.Config):
 
 
 def quick_config() -> Config:
-    return Config(tasks=["2parity"], designs=["vanilla", "support-block", "pairwise"], weight_decays=[0.0, 1.0], seeds=[0], steps=300, evals=3)
+    return Config(
+        tasks=["2parity"],
+        designs=["vanilla", "support-block", "pairwise"],
+        weight_decays=[0.0, 1.0],
+        seeds=[0],
+        steps=300,
+        evals=3,
+    )
 
 
 def reproduce_config() -> Config:
@@ -51,8 +58,18 @@ def label(design: str, wd: float) -> str:
 def specs_for(cfg: Config) -> list[RunSpec]:
     base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "methods", "seeds", "designs", "weight_decays")}
     return [
-        RunSpec(task, label(d, wd), seed, {**base, "task": task, "method": "vanilla" if d == "vanilla" else "mask",
-                                           "design": None if d == "vanilla" else d, "weight_decay": wd})
+        RunSpec(
+            task,
+            label(d, wd),
+            seed,
+            {
+                **base,
+                "task": task,
+                "method": "vanilla" if d == "vanilla" else "mask",
+                "design": None if d == "vanilla" else d,
+                "weight_decay": wd,
+            },
+        )
         for task in cfg.tasks
         for d in cfg.designs
         for wd in cfg.weight_decays
@@ -69,17 +86,34 @@ u > 0). On 3-Bit Majority the target is -1 on the whole unseen domain. Per-run F
 coefficients of the learned function are in results.json (`runs[i].extra.fourier`)."""
 
 
-def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab sweep gotu-designs") -> dict:
+def run(
+    cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab sweep gotu-designs"
+) -> dict:
     validate(gotu.Config(tasks=cfg.tasks))
     for d in cfg.designs:
         if d != "vanilla" and d not in DESIGNS:
             raise MasklabError(f"unknown design {d!r}; choose from vanilla, {', '.join(sorted(DESIGNS))}")
     paper = [p for p in PAPER if p["task"] in cfg.tasks]
-    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.lab.studies.gotu:run_one", out, jobs=jobs, paper=paper, progress=progress)
+    results = run_study(
+        NAME,
+        asdict(cfg),
+        specs_for(cfg),
+        "masklab.lab.studies.gotu:run_one",
+        out,
+        jobs=jobs,
+        paper=paper,
+        progress=progress,
+    )
     out = Path(out)
     figures = ["designs_u.png", "designs_unseen_acc.png"]
-    plot_bars(results["runs"], "u", out / figures[0], ylabel="u = mean prediction on unseen", title="Where each design puts the unseen point", hline=0.0)
+    plot_bars(
+        results["runs"],
+        "u",
+        out / figures[0],
+        ylabel="u = mean prediction on unseen",
+        title="Where each design puts the unseen point",
+        hline=0.0,
+    )
     plot_bars(results["runs"], "unseen_acc", out / figures[1], ylabel="unseen sign accuracy")
     write_markdown(results, out, TABLE_METRICS, command, NOTES, figures)
     return results
-

@@ -42,7 +42,11 @@ from masklab.lab.train import Recipe, priors_for, steps_to, train
 
 NAME = "lm"
 DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.util.device)
-PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp16",
+)  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
 METHODS = ("vanilla", "alibi", "mask", "mask-nopos", "mask-zero")
 DEFAULT_METHODS = ("vanilla", "alibi", "mask")
 TABLE_METRICS = ["val_ppl", "best_val_ppl", "steps_to_target", "train_loss", "mask_drift"]
@@ -61,7 +65,9 @@ class Config:
     max_chars: int | None = flag(20_000_000, help="read at most this many characters per split (TinyStories is 2 GB)")
     tokenizer: str = flag("byte", choices=TOKENIZERS, help="byte, or bpe (trained with the tokenizers library)")
     bpe_vocab: int = flag(1024, help="BPE vocabulary size")
-    methods: list[str] = flag(factory=lambda: list(DEFAULT_METHODS), name="--method", help=f"comma-separated priors ({', '.join(METHODS)})")
+    methods: list[str] = flag(
+        factory=lambda: list(DEFAULT_METHODS), name="--method", help=f"comma-separated priors ({', '.join(METHODS)})"
+    )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     block: int = flag(64, help="context length in tokens")
     dim: int = flag(64, help="model width")
@@ -70,7 +76,9 @@ class Config:
     steps: int = flag(1000, help="training steps")
     batch: int = flag(32, help="batch size (windows)")
     lr: float = flag(2e-3, help="peak learning rate (AdamW, warm-up then cosine)")
-    weight_decay: float = flag(0.1, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
+    weight_decay: float = flag(
+        0.1, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)"
+    )
     warmup: float = flag(0.05, help="learning-rate warm-up, as a fraction of --steps")
     allowed: float = 6.0
     suppressed: float = 6.0
@@ -141,7 +149,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     offsets = torch.arange(T + 1)
 
     def loss_of(net: torch.nn.Module, step: int) -> torch.Tensor:
-        starts = torch.randint(len(data.train) - T - 1, (p["batch"],), generator=gen)  # global batch, same on every rank
+        starts = torch.randint(
+            len(data.train) - T - 1, (p["batch"],), generator=gen
+        )  # global batch, same on every rank
         (w,) = dist.shard(data.train[starts[:, None] + offsets].to(device))  # (B / world, T + 1)
         logits, _ = net(w[:, :-1])
         return F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
@@ -161,7 +171,12 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         "train_loss": curves["train_loss"][-1],
         "mask_drift": curves["mask_drift"][-1],
     }
-    extra = {"vocab": data.vocab, "train_tokens": len(data.train), "world_size": dist.world_size(), "resumed_from": trained.resumed_from}
+    extra = {
+        "vocab": data.vocab,
+        "train_tokens": len(data.train),
+        "world_size": dist.world_size(),
+        "resumed_from": trained.resumed_from,
+    }
     return {"metrics": metrics, "curves": curves, "extra": extra}
 
 
@@ -198,7 +213,16 @@ uniform M = 0 and has no structure, so it measures what the prior's parameters a
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab lm") -> dict:
     validate(cfg)
-    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.lab.studies.lm:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
+    results = run_study(
+        NAME,
+        asdict(cfg),
+        specs_for(cfg),
+        "masklab.lab.studies.lm:run_one",
+        out,
+        jobs=jobs,
+        paper=PAPER,
+        progress=progress,
+    )
     if dist.is_main():
         report(results, Path(out), command)
     return results
@@ -206,6 +230,13 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
 
 def report(results: dict, out: Path, command: str) -> None:
     figures = ["lm_val_ppl.png"]
-    plot_curves(results["runs"], "val_ppl", out / figures[0], ylabel="validation perplexity", title="Validation perplexity", logy=True)
+    plot_curves(
+        results["runs"],
+        "val_ppl",
+        out / figures[0],
+        ylabel="validation perplexity",
+        title="Validation perplexity",
+        logy=True,
+    )
     notes = NOTES + f"\nTarget perplexity: {results['config']['target_ppl']}."
     write_markdown(results, out, TABLE_METRICS, command, notes, figures)

@@ -58,57 +58,112 @@ NAME = "longctx"
 # the run also records the GPU's peak memory (gpu_peak_mb)
 DEVICES = ("cpu", "cuda")
 MAX_EXAMPLES = 10_000  # per task and length: each is a long document read by a real LM (days of CPU past this)
-TABLE_METRICS = ["acc", "seconds", "prefill_s", "kept", "gold_kept", "router_share", "kv_mb", "peak_mb", "ev_passes",
-                 "train_passes"]
+TABLE_METRICS = [
+    "acc",
+    "seconds",
+    "prefill_s",
+    "kept",
+    "gold_kept",
+    "router_share",
+    "kv_mb",
+    "peak_mb",
+    "ev_passes",
+    "train_passes",
+]
 
 
 @dataclass
 class Config:
     models: list[str] = flag(factory=lambda: ["smollm2-135m"], name="--model", help="comma-separated models")
     tasks: list[str] = flag(factory=lambda: list(TASKS), help=f"comma-separated tasks ({', '.join(TASKS)})")
-    lengths: list[int] = flag(factory=lambda: [512, 1024], name="--length", parse=int_list, min=MIN_TOKENS, max=MAX_TOKENS,
-                              help=f"context lengths in model tokens ({MIN_TOKENS}..{MAX_TOKENS})")
-    keeps: list[float] = flag(factory=lambda: [0.25, 0.5], name="--keep", parse=float_list, above=0, max=1,
-                              help="kept fraction(s) of the context for the routers")
+    lengths: list[int] = flag(
+        factory=lambda: [512, 1024],
+        name="--length",
+        parse=int_list,
+        min=MIN_TOKENS,
+        max=MAX_TOKENS,
+        help=f"context lengths in model tokens ({MIN_TOKENS}..{MAX_TOKENS})",
+    )
+    keeps: list[float] = flag(
+        factory=lambda: [0.25, 0.5],
+        name="--keep",
+        parse=float_list,
+        above=0,
+        max=1,
+        help="kept fraction(s) of the context for the routers",
+    )
     examples: int = flag(10, min=1, max=MAX_EXAMPLES, help="examples per task and length")
-    evidence: int = flag(0, min=0, max=MAX_EXAMPLES, help="examples per task and length that also get group-testing "
-                         "evidence sets")
-    chunk_tokens: int | None = flag(None, min=1, help="evidence chunks: consecutive sentences of at most this many tokens "
-                                    "(default: one chunk per sentence)", default_text="sentences")
-    routers: list[str] = flag(factory=lambda: ["lexical", "evidence", "attention"], parse=list_or_none,
-                              help="routers besides the oracle: lexical, bm25, longllmlingua, evidence "
-                              "(evidence-router), attention (attention-router), dense, bm25+dense, pruner, "
-                              "pruner-attention, pruner-marks; 'none' for none")
-    router_source: str = flag("train", choices=["train", "shipped"],
-                              help="the evidence and attention routers: trained here on --train-examples of the "
-                              "test tasks (train), or the ones masklab ships, trained on other families (shipped)")
-    router_model: str | None = flag(None, metavar="MODEL", default_text="each --model's own, else smollm2-135m's",
-                                    help="with --router-source shipped: the packaged model whose first layers and "
-                                    "router rank the sentences (--model still answers)")
-    compare: list[str] = flag(factory=lambda: ["snapkv", "tova", "knorm", "streaming", "expected-attention"],
-                              parse=list_or_none,
-                              help="kvpress presses at the same kept fraction (snapkv, tova, knorm, streaming, "
-                              "expected-attention, and the question-aware snapkv-question and finch; adakv-<press> "
-                              "wraps one in AdaKV; 'none' for none)")
-    train_examples: int = flag(8, min=1, max=MAX_EXAMPLES, help="router training examples per task (seeds disjoint from the test examples)")
+    evidence: int = flag(
+        0, min=0, max=MAX_EXAMPLES, help="examples per task and length that also get group-testing evidence sets"
+    )
+    chunk_tokens: int | None = flag(
+        None,
+        min=1,
+        help="evidence chunks: consecutive sentences of at most this many tokens (default: one chunk per sentence)",
+        default_text="sentences",
+    )
+    routers: list[str] = flag(
+        factory=lambda: ["lexical", "evidence", "attention"],
+        parse=list_or_none,
+        help="routers besides the oracle: lexical, bm25, longllmlingua, evidence "
+        "(evidence-router), attention (attention-router), dense, bm25+dense, pruner, "
+        "pruner-attention, pruner-marks; 'none' for none",
+    )
+    router_source: str = flag(
+        "train",
+        choices=["train", "shipped"],
+        help="the evidence and attention routers: trained here on --train-examples of the "
+        "test tasks (train), or the ones masklab ships, trained on other families (shipped)",
+    )
+    router_model: str | None = flag(
+        None,
+        metavar="MODEL",
+        default_text="each --model's own, else smollm2-135m's",
+        help="with --router-source shipped: the packaged model whose first layers and "
+        "router rank the sentences (--model still answers)",
+    )
+    compare: list[str] = flag(
+        factory=lambda: ["snapkv", "tova", "knorm", "streaming", "expected-attention"],
+        parse=list_or_none,
+        help="kvpress presses at the same kept fraction (snapkv, tova, knorm, streaming, "
+        "expected-attention, and the question-aware snapkv-question and finch; adakv-<press> "
+        "wraps one in AdaKV; 'none' for none)",
+    )
+    train_examples: int = flag(
+        8, min=1, max=MAX_EXAMPLES, help="router training examples per task (seeds disjoint from the test examples)"
+    )
     router_layers: int = flag(2, min=1, help="the routers read the LM's first this many layers over question + context")
-    router_fill: bool = flag(False, help="the trained routers fill the kept fraction with their next-best sentences "
-                             "even where they score them as not evidence (default: stop at the decision boundary, "
-                             "so the kept fraction is a cap)")
+    router_fill: bool = flag(
+        False,
+        help="the trained routers fill the kept fraction with their next-best sentences "
+        "even where they score them as not evidence (default: stop at the decision boundary, "
+        "so the kept fraction is a cap)",
+    )
     hops: int = flag(3, min=1, help="vt: assignments after the value in the asked chain")
     updates: int = flag(2, min=1, help="stale: reassignments after the first statement")
     distractors: int = flag(3, min=1, help="multikey, multivalue: needles with other keys")
     count: int = flag(3, min=1, help="count: tallies of the asked colour; multivalue: needles of the asked key")
     max_new_tokens: int = flag(10, min=1, help="greedy answer tokens (multivalue: per needle of the asked key)")
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
-                                     help="raw completion or the model's chat turns")
+    prompt_format: str | None = flag(
+        None,
+        choices=["raw", "chat"],
+        default_text="each model's own, see `masklab models`",
+        help="raw completion or the model's chat turns",
+    )
     threads: int = flag(1, min=1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
 def quick_config() -> Config:
-    return Config(tasks=["niah", "stale"], lengths=[512], keeps=[0.25], examples=3, evidence=0, train_examples=2,
-                  compare=["snapkv", "streaming"])
+    return Config(
+        tasks=["niah", "stale"],
+        lengths=[512],
+        keeps=[0.25],
+        examples=3,
+        evidence=0,
+        train_examples=2,
+        compare=["snapkv", "streaming"],
+    )
 
 
 def reproduce_config() -> Config:
@@ -117,14 +172,31 @@ def reproduce_config() -> Config:
     fail at 512, is left out), keep 0.25, 6 test and 4 training examples per task, the five
     presses and AdaKV-wrapped SnapKV: sized to fit 60 minutes with the two models in
     parallel on this 2-core machine (docs/longctx.md has the measured wall time)."""
-    return Config(models=["smollm2-135m", "gemma3-270m"], tasks=["niah", "multikey", "vt", "stale"], lengths=[1024],
-                  keeps=[0.25], examples=6, train_examples=4, evidence=0,
-                  compare=["snapkv", "adakv-snapkv", "tova", "knorm", "streaming", "expected-attention"])
+    return Config(
+        models=["smollm2-135m", "gemma3-270m"],
+        tasks=["niah", "multikey", "vt", "stale"],
+        lengths=[1024],
+        keeps=[0.25],
+        examples=6,
+        train_examples=4,
+        evidence=0,
+        compare=["snapkv", "adakv-snapkv", "tova", "knorm", "streaming", "expected-attention"],
+    )
 
 
 ROUTER_METHODS = {"evidence": "evidence-router", "attention": "attention-router"}
-TEXT_ROUTERS = ("lexical", "bm25", "longllmlingua", "evidence", "attention", "dense", "bm25+dense", "pruner",
-                "pruner-attention", "pruner-marks")
+TEXT_ROUTERS = (
+    "lexical",
+    "bm25",
+    "longllmlingua",
+    "evidence",
+    "attention",
+    "dense",
+    "bm25+dense",
+    "pruner",
+    "pruner-attention",
+    "pruner-marks",
+)
 
 
 def method_name(router: str) -> str:
@@ -150,19 +222,31 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         torch.cuda.reset_peak_memory_stats(dev)
     lm = load(spec["model"], attn="sdpa", threads=p["threads"], prompt_format=p.get("prompt_format"), device=dev)
     task_kw = {"hops": p["hops"], "updates": p["updates"], "distractors": p["distractors"], "count": p["count"]}
-    examples = make_examples(p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer, **task_kw)
+    examples = make_examples(
+        p["task"], p["length"], p["examples"], seed=spec["seed"], tokenizer=lm.tokenizer, **task_kw
+    )
     routers, rmeta = make_routers(lm, spec, task_kw, Path(ckpt_dir).parent / "routers")
     settings = hashlib.sha256(json.dumps({k: v for k, v in p.items() if k != "examples"}, sort_keys=True).encode())
-    records = pipeline.evaluate(examples, methods(lm, p, spec["seed"], routers),
-                                Path(ckpt_dir) / f"examples-{settings.hexdigest()[:12]}.jsonl",
-                                after=lambda i, ex, rec: add_evidence(lm, p, i, ex, rec))
+    records = pipeline.evaluate(
+        examples,
+        methods(lm, p, spec["seed"], routers),
+        Path(ckpt_dir) / f"examples-{settings.hexdigest()[:12]}.jsonl",
+        after=lambda i, ex, rec: add_evidence(lm, p, i, ex, rec),
+    )
     metrics: dict = {"peak_mb": peak_rss_mb(), "n": len(examples), **pipeline.means(records)}
     if dev.type == "cuda":  # the GPU's own peak (peak_mb is the process's resident memory)
         metrics["gpu_peak_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
     metrics.update(label_cost(rmeta, records[0]["rows"]))
-    answers = [{"answer": ex.answer, "n_tokens": ex.n_tokens, "prefill_s": r["rows"]["full"]["prefill_s"],
-                **r["answers"], **({"evidence": r["evidence"]} if "evidence" in r else {})}
-               for ex, r in zip(examples, records)]
+    answers = [
+        {
+            "answer": ex.answer,
+            "n_tokens": ex.n_tokens,
+            "prefill_s": r["rows"]["full"]["prefill_s"],
+            **r["answers"],
+            **({"evidence": r["evidence"]} if "evidence" in r else {}),
+        }
+        for ex, r in zip(examples, records)
+    ]
     per_example = [{k: v for k, v in r["rows"].items() if k != "evidence"} for r in records]
     return {"metrics": metrics, "curves": {}, "extra": {"answers": answers, "router": rmeta, "examples": per_example}}
 
@@ -194,10 +278,20 @@ def make_routers(lm, spec: dict, task_kw: dict, cache: Path) -> tuple[dict, dict
         return routers, routers[trained[0]].meta
     if not trained:
         return routers, None
-    fitted, meta = train_or_load(lm, spec["model"], p["task_set"], p["length"], p["train_examples"], cache,
-                                 seed=spec["seed"], task_kw=task_kw, max_new_tokens=p["max_new_tokens"],
-                                 chunk_tokens=p["chunk_tokens"], layers=p["router_layers"],
-                                 log=lambda m: print(m, file=sys.stderr))
+    fitted, meta = train_or_load(
+        lm,
+        spec["model"],
+        p["task_set"],
+        p["length"],
+        p["train_examples"],
+        cache,
+        seed=spec["seed"],
+        task_kw=task_kw,
+        max_new_tokens=p["max_new_tokens"],
+        chunk_tokens=p["chunk_tokens"],
+        layers=p["router_layers"],
+        log=lambda m: print(m, file=sys.stderr),
+    )
     routers.update({kind: factory(kind)(lm=lm, routers=fitted, meta=meta) for kind in trained})
     return routers, meta
 
@@ -217,8 +311,9 @@ def methods(lm, p: dict, seed: int, routers: dict):
         oracle.seed = seed * 1000 + i
         out = [("full", pipeline.full(lm, new_tokens))]
         for k in p["keeps"]:
-            out.append((f"oracle-gold@{k}", pipeline.routed(lm, lambda ex, k=k: oracle.choose(ex, ex.question, k),
-                                                            new_tokens)))
+            out.append(
+                (f"oracle-gold@{k}", pipeline.routed(lm, lambda ex, k=k: oracle.choose(ex, ex.question, k), new_tokens))
+            )
             for name, router in routers.items():
                 fill = p.get("router_fill", False) if name in ROUTER_METHODS else True
                 choose = lambda ex, k=k, router=router, fill=fill: router.choose(ex, ex.question, k, fill=fill)  # noqa: E731
@@ -245,11 +340,19 @@ def add_evidence(lm, p: dict, i: int, ex, record: dict) -> None:
     except MasklabError:  # an empty answer has no evidence
         return
     items = sorted(j for c in ev["evidence"] for j in chunks[c])
-    record["rows"]["evidence"] = {"ev_passes": ev["forward_passes"], "ev_seconds": ev["seconds"],
-                                  "ev_size": len(ev["evidence"]),
-                                  "ev_gold_recall": sum(g in items for g in ex.gold) / len(ex.gold)}
-    record["evidence"] = {"items": items, "gold": ex.gold, "answer": ev["answer"], "n_sentences": len(ex.units),
-                          "n_chunks": len(chunks)}
+    record["rows"]["evidence"] = {
+        "ev_passes": ev["forward_passes"],
+        "ev_seconds": ev["seconds"],
+        "ev_size": len(ev["evidence"]),
+        "ev_gold_recall": sum(g in items for g in ex.gold) / len(ex.gold),
+    }
+    record["evidence"] = {
+        "items": items,
+        "gold": ex.gold,
+        "answer": ev["answer"],
+        "n_sentences": len(ex.units),
+        "n_chunks": len(chunks),
+    }
 
 
 def specs_for(cfg: Config) -> list[RunSpec]:
@@ -271,8 +374,13 @@ def specs_for(cfg: Config) -> list[RunSpec]:
         ranker = cfg.router_model or (model if shipped_digest(model) else DEFAULT_ROUTER_MODEL)
         return {"shipped_router": shipped_digest(ranker)}
 
-    return [RunSpec(f"{t}@{n}", "all", s, {**base, "task": t, "length": n, **routers(m)}, model=m)
-            for m in cfg.models for t in cfg.tasks for n in cfg.lengths for s in cfg.seeds]
+    return [
+        RunSpec(f"{t}@{n}", "all", s, {**base, "task": t, "length": n, **routers(m)}, model=m)
+        for m in cfg.models
+        for t in cfg.tasks
+        for n in cfg.lengths
+        for s in cfg.seeds
+    ]
 
 
 def pivot(results: dict) -> list[dict]:
@@ -363,8 +471,10 @@ def validate(cfg: Config) -> None:
         raise MasklabError(f"unknown router(s) {', '.join(bad)}: use {', '.join(TEXT_ROUTERS)} (or none)")
     if cfg.router_model is not None:
         if cfg.router_source != "shipped" or not any(r in ROUTER_METHODS for r in cfg.routers):
-            raise MasklabError("--router-model ranks with a shipped router: add --router-source shipped and "
-                               "--routers evidence or attention")
+            raise MasklabError(
+                "--router-model ranks with a shipped router: add --router-source shipped and "
+                "--routers evidence or attention"
+            )
         check_models([cfg.router_model])
     bad = [c for c in cfg.compare if c not in PRESSES]
     if bad:
@@ -374,8 +484,17 @@ def validate(cfg: Config) -> None:
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab longctx") -> dict:
     validate(cfg)
     specs = specs_for(cfg)
-    res = run_study(NAME, asdict(cfg), specs, "masklab.lab.studies.longctx:run_one", out,
-                    jobs=min(jobs, len(specs)), threads=cfg.threads, paper=[], progress=progress)
+    res = run_study(
+        NAME,
+        asdict(cfg),
+        specs,
+        "masklab.lab.studies.longctx:run_one",
+        out,
+        jobs=min(jobs, len(specs)),
+        threads=cfg.threads,
+        paper=[],
+        progress=progress,
+    )
     res["summary"] = pivot(res)
     res["paper"] = []
     write_json(Path(out) / "results.json", res)
@@ -386,8 +505,16 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
 def write_report(res: dict, out: Path, command: str) -> None:
     env = res["environment"]
     gpu = ["gpu_peak_mb"] if any("gpu_peak_mb_mean" in r for r in res["summary"]) else []  # runs on CUDA only
-    lines = [f"# {NAME}", "", f"Regenerate with: `{command}`", "",
-             markdown_table(res["summary"], res["paper"], TABLE_METRICS + gpu), "", NOTES.strip(), "",
-             f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
-             f"{env.get('torch_threads_per_run')} thread(s) per run, git {env['git_rev']}."]
+    lines = [
+        f"# {NAME}",
+        "",
+        f"Regenerate with: `{command}`",
+        "",
+        markdown_table(res["summary"], res["paper"], TABLE_METRICS + gpu),
+        "",
+        NOTES.strip(),
+        "",
+        f"Environment: python {env['python']}, torch {env['torch']}, {env['cpus']} CPUs, "
+        f"{env.get('torch_threads_per_run')} thread(s) per run, git {env['git_rev']}.",
+    ]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")

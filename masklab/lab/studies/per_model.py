@@ -13,8 +13,12 @@ from masklab.lab.runner import RunSpec, run_study
 
 def prompt_format_flag() -> Any:
     """The ``--prompt-format`` field of a study of real LMs (None: each model's own format)."""
-    return flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
-                help="raw completion or the model's chat turns")
+    return flag(
+        None,
+        choices=["raw", "chat"],
+        default_text="each model's own, see `masklab models`",
+        help="raw completion or the model's chat turns",
+    )
 
 
 def model_specs(cfg: Any, task: str, method: str) -> list[RunSpec]:
@@ -24,16 +28,33 @@ def model_specs(cfg: Any, task: str, method: str) -> list[RunSpec]:
     return [RunSpec(task, method, s, params, model=m) for m in cfg.models for s in cfg.seeds]
 
 
-def run_per_model(name: str, cfg: Any, specs: list[RunSpec], fn_path: str, out: Path, jobs: int, progress: bool,
-                  paper: list[dict] | None = None) -> dict:
+def run_per_model(
+    name: str,
+    cfg: Any,
+    specs: list[RunSpec],
+    fn_path: str,
+    out: Path,
+    jobs: int,
+    progress: bool,
+    paper: list[dict] | None = None,
+) -> dict:
     """Check the models and the prompt format (one clear error, before any download), then
     :func:`masklab.lab.runner.run_study` with at most one worker per run."""
     from masklab.pretrained.models import check_models, check_prompt_format
 
     check_models(cfg.models)
     check_prompt_format(cfg.prompt_format)
-    return run_study(name, asdict(cfg), specs, fn_path, out, jobs=min(jobs, len(specs)), threads=cfg.threads,
-                     paper=paper, progress=progress)
+    return run_study(
+        name,
+        asdict(cfg),
+        specs,
+        fn_path,
+        out,
+        jobs=min(jobs, len(specs)),
+        threads=cfg.threads,
+        paper=paper,
+        progress=progress,
+    )
 
 
 def load_model(spec: dict, attn: str = "sdpa"):
@@ -43,4 +64,6 @@ def load_model(spec: dict, attn: str = "sdpa"):
     from masklab.pretrained.models import load
 
     p = spec["params"]
-    return load(spec["model"], attn=attn, threads=p["threads"], prompt_format=p.get("prompt_format"), device=devices.current())
+    return load(
+        spec["model"], attn=attn, threads=p["threads"], prompt_format=p.get("prompt_format"), device=devices.current()
+    )

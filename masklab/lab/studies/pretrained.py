@@ -33,45 +33,93 @@ def set_in(parts: tuple[str, ...], name: str) -> Callable[[Any, Any, dict], dict
 @dataclass
 class Config:
     stale: stale.Config = flag(
-        factory=stale.Config, name="--models", parse=str_list, apply=set_in(PARTS, "models"), metavar="A,...",
-        default_text="gemma3-270m,smollm2-135m", help="comma-separated models for all three parts",
-        more=[Flag("prompts per model in the stale attention part", name="--stale-prompts", parse=int,
-                   metavar="N", apply=set_in(("stale",), "prompts"), default_text="200"),
-              Flag("raw completion or the model's chat turns, all three parts", name="--prompt-format", parse=str,
-                   choices=["raw", "chat"], apply=set_in(PARTS, "prompt_format"), default_text="each model's own")])
-    cite: cite_compare.Config = flag(factory=cite_compare.Config, name="--cite-prompts", parse=int, metavar="N",
-                                     apply=set_in(("cite",), "prompts"), default_text="10",
-                                     help="prompts per model in the evidence vs ContextCite part")
+        factory=stale.Config,
+        name="--models",
+        parse=str_list,
+        apply=set_in(PARTS, "models"),
+        metavar="A,...",
+        default_text="gemma3-270m,smollm2-135m",
+        help="comma-separated models for all three parts",
+        more=[
+            Flag(
+                "prompts per model in the stale attention part",
+                name="--stale-prompts",
+                parse=int,
+                metavar="N",
+                apply=set_in(("stale",), "prompts"),
+                default_text="200",
+            ),
+            Flag(
+                "raw completion or the model's chat turns, all three parts",
+                name="--prompt-format",
+                parse=str,
+                choices=["raw", "chat"],
+                apply=set_in(PARTS, "prompt_format"),
+                default_text="each model's own",
+            ),
+        ],
+    )
+    cite: cite_compare.Config = flag(
+        factory=cite_compare.Config,
+        name="--cite-prompts",
+        parse=int,
+        metavar="N",
+        apply=set_in(("cite",), "prompts"),
+        default_text="10",
+        help="prompts per model in the evidence vs ContextCite part",
+    )
     prune: prune.Config = flag(
-        factory=lambda: replace(prune.Config(), models=["gemma3-270m", "smollm2-135m"], train_prompts=30, test_prompts=30),
-        name="--train-prompts", parse=int, metavar="N", apply=set_in(("prune",), "train_prompts"), default_text="30",
+        factory=lambda: replace(
+            prune.Config(), models=["gemma3-270m", "smollm2-135m"], train_prompts=30, test_prompts=30
+        ),
+        name="--train-prompts",
+        parse=int,
+        metavar="N",
+        apply=set_in(("prune",), "train_prompts"),
+        default_text="30",
         help="router training prompts per model in the pruning part",
-        more=[Flag("test prompts per model in the pruning part", name="--test-prompts", parse=int, metavar="N",
-                   apply=set_in(("prune",), "test_prompts"), default_text="30")])
+        more=[
+            Flag(
+                "test prompts per model in the pruning part",
+                name="--test-prompts",
+                parse=int,
+                metavar="N",
+                apply=set_in(("prune",), "test_prompts"),
+                default_text="30",
+            )
+        ],
+    )
     seeds: list[int] = field(default_factory=lambda: [0])
 
 
 def quick_config() -> Config:
-    return Config(stale=replace(stale.quick_config(), prompts=10),
-                  cite=replace(cite_compare.quick_config(), models=["smollm2-135m"]),
-                  prune=replace(prune.quick_config(), models=["smollm2-135m"]))
+    return Config(
+        stale=replace(stale.quick_config(), prompts=10),
+        cite=replace(cite_compare.quick_config(), models=["smollm2-135m"]),
+        prune=replace(prune.quick_config(), models=["smollm2-135m"]),
+    )
 
 
 def reproduce_config() -> Config:
     return Config()
 
 
-def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab reproduce pretrained") -> dict:
+def run(
+    cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab reproduce pretrained"
+) -> dict:
     out = Path(out)
     parts = {}
     for name, mod, sub in (("stale", stale, cfg.stale), ("cite", cite_compare, cfg.cite), ("prune", prune, cfg.prune)):
         sub = replace(sub, seeds=cfg.seeds)
         parts[name] = mod.run(sub, out / name, jobs=jobs, progress=progress, command=f"{command}  (part: {name})")
-    results = {"study": NAME, "config": asdict(cfg),
-               "runs": [dict(r, part=n) for n, res in parts.items() for r in res["runs"]],
-               "summary": [dict(s, part=n) for n, res in parts.items() for s in res["summary"]],
-               "paper": [dict(p, part=n) for n, res in parts.items() for p in res["paper"]],
-               "environment": environment()}
+    results = {
+        "study": NAME,
+        "config": asdict(cfg),
+        "runs": [dict(r, part=n) for n, res in parts.items() for r in res["runs"]],
+        "summary": [dict(s, part=n) for n, res in parts.items() for s in res["summary"]],
+        "paper": [dict(p, part=n) for n, res in parts.items() for p in res["paper"]],
+        "environment": environment(),
+    }
     write_json(out / "results.json", results)
     md = [f"# {NAME}", "", f"Regenerate with: `{command}`", ""]
     for name in parts:

@@ -55,10 +55,18 @@ RUN_METHOD = "all"  # one run per model trains the routers and evaluates every m
 SENTENCE_METHODS = ("router-evidence", "router-attention", "attention-keep", "random")
 TABLE_METRICS = ["accuracy", "gold_kept", "kept", "cache_kept", "seconds"]
 PAPER = [
-    {"task": "stale", "method": "attention-keep", "metric": "accuracy",
-     "value": "fails (keeps the stale fact; synthetic teacher, top 10%)"},
-    {"task": "stale", "method": "router-evidence", "metric": "accuracy",
-     "value": "identifies the latest statement (synthetic teacher)"},
+    {
+        "task": "stale",
+        "method": "attention-keep",
+        "metric": "accuracy",
+        "value": "fails (keeps the stale fact; synthetic teacher, top 10%)",
+    },
+    {
+        "task": "stale",
+        "method": "router-evidence",
+        "metric": "accuracy",
+        "value": "identifies the latest statement (synthetic teacher)",
+    },
 ]
 
 
@@ -74,11 +82,21 @@ class Config:
     models: list[str] = flag(factory=lambda: ["gemma3-270m"], name="--model", help="comma-separated models")
     task: str = flag("stale", choices=["stale", "squad"], help="generated stale-fact prompts or SQuAD v1.1")
     squad: str | None = flag(None, help="path to the official SQuAD v1.1 JSON (with --task squad)")
-    budgets: list[float] = flag(factory=lambda: [0.3], name="--budget", parse=budget_list, above=0, max=1,
-                                help="kept fraction(s) of the context, e.g. 0.3 or 0.2,0.5")
-    compare: list[str] = flag(factory=lambda: ["snapkv", "knorm", "tova", "streaming", "expected-attention"],
-                              help="kvpress presses ('' for none)")
-    methods: list[str] = flag(factory=lambda: ["full", *SENTENCE_METHODS], help=f"sentence methods (full, {', '.join(SENTENCE_METHODS)})")
+    budgets: list[float] = flag(
+        factory=lambda: [0.3],
+        name="--budget",
+        parse=budget_list,
+        above=0,
+        max=1,
+        help="kept fraction(s) of the context, e.g. 0.3 or 0.2,0.5",
+    )
+    compare: list[str] = flag(
+        factory=lambda: ["snapkv", "knorm", "tova", "streaming", "expected-attention"],
+        help="kvpress presses ('' for none)",
+    )
+    methods: list[str] = flag(
+        factory=lambda: ["full", *SENTENCE_METHODS], help=f"sentence methods (full, {', '.join(SENTENCE_METHODS)})"
+    )
     train_prompts: int = flag(40, min=1, help="router training prompts per model")
     test_prompts: int = flag(40, min=1, help="test prompts per model")
     filler_max: int = flag(6, min=0, help="at most this many distractor sentences per gap")
@@ -121,17 +139,22 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     p = spec["params"]
     lm = load_model(spec, attn="sdpa")
     pool = make_examples(p, p["train_prompts"] + p["test_prompts"], 1000 + spec["seed"])
-    train, test = pool[:p["train_prompts"]], pool[p["train_prompts"]:]
+    train, test = pool[: p["train_prompts"]], pool[p["train_prompts"] :]
     if not test:
         raise MasklabError("no test examples: lower --train-prompts or give more data")
     routers, metrics = train_routers(lm, p, train, spec["seed"])
     settings = hashlib.sha256(json.dumps(p, sort_keys=True).encode()).hexdigest()[:12]
     rng = random.Random(spec["seed"])  # drawn for every prompt up front, so a resumed run draws the same
     randoms = [[rng.random() for _ in ex.units] for ex in test]
-    records = pipeline.evaluate(test, methods(lm, p, routers, randoms),
-                                Path(ckpt_dir) / f"test-{settings}.jsonl", after=finish_rows)
-    rows = [(f"{name}|{b}" if "|" not in name else name, row) for r in records for name, row in r["rows"].items()
-            for b in (p["budgets"] if "|" not in name else [None])]  # full and kvpress-full: one row for every budget
+    records = pipeline.evaluate(
+        test, methods(lm, p, routers, randoms), Path(ckpt_dir) / f"test-{settings}.jsonl", after=finish_rows
+    )
+    rows = [
+        (f"{name}|{b}" if "|" not in name else name, row)
+        for r in records
+        for name, row in r["rows"].items()
+        for b in (p["budgets"] if "|" not in name else [None])
+    ]  # full and kvpress-full: one row for every budget
     metrics["empty_rate"] = sum(row["empty"] for _, row in rows) / max(len(rows), 1)
     for key in dict.fromkeys(k for k, _ in rows):
         cell = [row for k, row in rows if k == key]
@@ -168,8 +191,12 @@ def train_routers(lm, p: dict, train: list, seed: int) -> tuple[dict, dict]:
         raise MasklabError(f"{lm.name} answered fewer than 2 training prompts correctly; no router can be trained")
     fitted = fit_routers(X, labels, seed=seed)
     return {"router-evidence": fitted["evidence"], "router-attention": fitted["attention"]}, {
-        "train_used": used, "label_passes_per_prompt": label_passes / max(len(train), 1), "n_fallback": n_fallback,
-        "fallback_rate": n_fallback / used, "train_seconds": time.perf_counter() - t0}
+        "train_used": used,
+        "label_passes_per_prompt": label_passes / max(len(train), 1),
+        "n_fallback": n_fallback,
+        "fallback_rate": n_fallback / used,
+        "train_seconds": time.perf_counter() - t0,
+    }
 
 
 def methods(lm, p: dict, routers: dict, randoms: list[list[float]]):
@@ -192,7 +219,12 @@ def methods(lm, p: dict, routers: dict, randoms: list[list[float]]):
     def kvpress_full(ex) -> tuple[dict, str]:
         q = Query.parse(ex.query)
         text, secs = kv.answer(ex.context, q.question_line, q.answer_line, None, 1.0, new)
-        return {"acc": float(ex.is_correct(text)), "seconds": secs, "kept": 1.0, "cache_tokens": kv.last_cache_tokens}, text
+        return {
+            "acc": float(ex.is_correct(text)),
+            "seconds": secs,
+            "kept": 1.0,
+            "cache_tokens": kv.last_cache_tokens,
+        }, text
 
     def table(i: int, ex) -> list:
         lengths = ex.lengths(lm.tokenizer)
@@ -203,10 +235,12 @@ def methods(lm, p: dict, routers: dict, randoms: list[list[float]]):
         enc = encode(lm, ex.units, ex.query)
         att = attention_per_unit(lm, enc.ids, enc.item_of_token, len(ex.units))
         att_s = time.perf_counter() - t
-        scores = {"router-evidence": (routers["router-evidence"].score(feats), feat_s),
-                  "router-attention": (routers["router-attention"].score(feats), feat_s),
-                  "attention-keep": (att, att_s),
-                  "random": (torch.tensor(randoms[i]), 0.0)}
+        scores = {
+            "router-evidence": (routers["router-evidence"].score(feats), feat_s),
+            "router-attention": (routers["router-attention"].score(feats), feat_s),
+            "attention-keep": (att, att_s),
+            "random": (torch.tensor(randoms[i]), 0.0),
+        }
         out = [("full", pipeline.full(lm, new))] if "full" in p["methods"] else []
         out += [("kvpress-full", kvpress_full)] if p["compare"] else []
         for b in p["budgets"]:
@@ -291,14 +325,30 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
 
 
 def write_report(res: dict, out: Path, command: str) -> None:
-    lines = [f"# {NAME}", "", f"Regenerate with: `{command}`", "",
-             markdown_table(res["summary"], res["paper"], TABLE_METRICS), "", NOTES.strip(), ""]
+    lines = [
+        f"# {NAME}",
+        "",
+        f"Regenerate with: `{command}`",
+        "",
+        markdown_table(res["summary"], res["paper"], TABLE_METRICS),
+        "",
+        NOTES.strip(),
+        "",
+    ]
     for r in res["runs"]:
         m = r["metrics"]
-        fallback = (f" The fallback rule (no leave-one-out evidence: the last sentence is labelled) labelled "
-                    f"{m['n_fallback']} of the {m['train_used']} ({m['fallback_rate']:.0%}).") if "n_fallback" in m else ""
-        lines.append(f"{r['model']} (seed {r['seed']}): routers trained on {m['train_used']} correctly answered prompts "
-                     f"({m['label_passes_per_prompt']:.1f} forward passes per prompt for the labels, "
-                     f"{m['train_seconds']:.0f} s); {m['n_test']} test prompts.{fallback}")
+        fallback = (
+            (
+                f" The fallback rule (no leave-one-out evidence: the last sentence is labelled) labelled "
+                f"{m['n_fallback']} of the {m['train_used']} ({m['fallback_rate']:.0%})."
+            )
+            if "n_fallback" in m
+            else ""
+        )
+        lines.append(
+            f"{r['model']} (seed {r['seed']}): routers trained on {m['train_used']} correctly answered prompts "
+            f"({m['label_passes_per_prompt']:.1f} forward passes per prompt for the labels, "
+            f"{m['train_seconds']:.0f} s); {m['n_test']} test prompts.{fallback}"
+        )
     lines += ["", environment_line(res)]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")

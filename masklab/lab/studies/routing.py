@@ -105,37 +105,59 @@ BASELINES = ("dense", "random", "recent", "teacher-attention", "oracle-gold")  #
 class Config:
     """Gyms, teacher (same fields as ``masklab evidence``, so teachers are shared), routers, evaluation."""
 
-    tasks: list[str] = flag(factory=lambda: ["multihop", "stale", "kv", "aggregate"], name="--task",
-                            help=f"comma-separated gyms ({', '.join(GYMS)})")
+    tasks: list[str] = flag(
+        factory=lambda: ["multihop", "stale", "kv", "aggregate"],
+        name="--task",
+        help=f"comma-separated gyms ({', '.join(GYMS)})",
+    )
     hops: list[int] = flag(factory=lambda: [2, 3], help="multihop chain length(s), comma-separated")
     updates: int = flag(2, help="stale: assignments of the queried key")
     items: int = flag(16, help="items per context N the routers are trained at")
     vocab: int = flag(256, help="number of symbols")
     tags: int = 8
     max_count: int = 4
-    targets: list[str] = flag(factory=lambda: ["gold", "causal", "attention"],
-                              help="comma-separated router targets: causal, attention, attention-gold-k, gold, or any evidence target name")
-    attention_k: str = flag("25%", help="k of the `attention` target (last-layer top-k attention): items (3), a fraction of "
-                                        "each context (25%) or gold (the gold evidence size; the `attention-gold-k` target)")
-    independent_targets: list[str] = flag(factory=lambda: ["causal"], name="--independent", parse=list_or_none,
-                                          help="targets for the independent (no item interaction) router; 'none' for none")
+    targets: list[str] = flag(
+        factory=lambda: ["gold", "causal", "attention"],
+        help="comma-separated router targets: causal, attention, attention-gold-k, gold, or any evidence target name",
+    )
+    attention_k: str = flag(
+        "25%",
+        help="k of the `attention` target (last-layer top-k attention): items (3), a fraction of "
+        "each context (25%) or gold (the gold evidence size; the `attention-gold-k` target)",
+    )
+    independent_targets: list[str] = flag(
+        factory=lambda: ["causal"],
+        name="--independent",
+        parse=list_or_none,
+        help="targets for the independent (no item interaction) router; 'none' for none",
+    )
     router_dim: int = flag(32, help="router width")
     router_depth: int = flag(3, help="router blocks")
     router_heads: int = flag(4, help="router heads")
-    length_scale: bool = flag(True, help="log-n query scaling in the router (--no-length-scale: a length-generalisation factor)")
+    length_scale: bool = flag(
+        True, help="log-n query scaling in the router (--no-length-scale: a length-generalisation factor)"
+    )
     router_steps: int = flag(2500, help="router training steps")
     router_batch: int = 64
     router_lr: float = flag(2e-3, help="router learning rate")
     loss: str = flag("bce", choices=LOSSES, help="router training loss")
     pool: int = flag(24000, help="training examples per (gym, seed), targets computed once")
     budget: str = flag("gold", help="headline budget: items (3), fraction (10%) or gold (the gold evidence size)")
-    fractions: list[str] = flag(factory=lambda: ["10%", "25%"], parse=list_or_none,
-                                help="headline budgets at fixed fractions of the context, reported beside --budget "
-                                     "(they need no gold size); 'none' for none")
-    budgets: list[str] = flag(factory=lambda: ["1", "2", "3", "4", "6", "8", "10%"], help="comma-separated budget curve")
+    fractions: list[str] = flag(
+        factory=lambda: ["10%", "25%"],
+        parse=list_or_none,
+        help="headline budgets at fixed fractions of the context, reported beside --budget "
+        "(they need no gold size); 'none' for none",
+    )
+    budgets: list[str] = flag(
+        factory=lambda: ["1", "2", "3", "4", "6", "8", "10%"], help="comma-separated budget curve"
+    )
     lengths: list[int] = flag(factory=lambda: [1, 2, 4], help="evaluate at these multiples of N")
-    baselines: list[str] = flag(factory=lambda: list(BASELINES), parse=list_or_none,
-                                help=f"comma-separated baselines ({', '.join(BASELINES)}) or 'none'")
+    baselines: list[str] = flag(
+        factory=lambda: list(BASELINES),
+        parse=list_or_none,
+        help=f"comma-separated baselines ({', '.join(BASELINES)}) or 'none'",
+    )
     snap_aggregate: str = flag("layer-mean", help="attention aggregate of the teacher-attention baseline")
     examples: int = flag(500, help="held-out examples per length")
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -143,24 +165,42 @@ class Config:
     dim: int = 64
     depth: int = 4
     heads: int = 4
-    teacher_steps: int | None = flag(None, help="teacher training steps for every gym", default_text=evidence.teacher_steps_default())
+    teacher_steps: int | None = flag(
+        None, help="teacher training steps for every gym", default_text=evidence.teacher_steps_default()
+    )
     teacher_batch: int = 64
     teacher_lr: float = 2e-3
     max_factor: int = 4
     aux: float = flag(0.0, help="auxiliary hop loss of multihop teachers (0 = off; it shapes the attention targets)")
-    teacher_per_seed: bool = flag(True, help="one teacher per seed, trained from that seed (--no-teacher-per-seed: every "
-                                             "seed shares the teacher of seed teacher_seed, which hides teacher-to-teacher variance)")
+    teacher_per_seed: bool = flag(
+        True,
+        help="one teacher per seed, trained from that seed (--no-teacher-per-seed: every "
+        "seed shares the teacher of seed teacher_seed, which hides teacher-to-teacher variance)",
+    )
     teacher_seed: int = 0
     mode: str = "delete"
     cache: str = flag("cache", help="teacher and pool cache directory")
-    min_teacher_acc: float = flag(MIN_TEACHER_ACC, help=MIN_TEACHER_ACC_HELP)  # read at report time, not a run parameter
+    min_teacher_acc: float = flag(
+        MIN_TEACHER_ACC, help=MIN_TEACHER_ACC_HELP
+    )  # read at report time, not a run parameter
 
 
 def quick_config() -> Config:
     # two gyms at N = 8, short-trained teachers and routers: shows the pipeline in about a minute
     return Config(
-        tasks=["multihop", "stale"], hops=[2], items=8, vocab=64, teacher_steps=1200, depth=3, max_factor=2,
-        router_steps=1000, pool=3000, examples=200, seeds=[0], lengths=[1, 2], budgets=["1", "2", "4"],
+        tasks=["multihop", "stale"],
+        hops=[2],
+        items=8,
+        vocab=64,
+        teacher_steps=1200,
+        depth=3,
+        max_factor=2,
+        router_steps=1000,
+        pool=3000,
+        examples=200,
+        seeds=[0],
+        lengths=[1, 2],
+        budgets=["1", "2", "4"],
         independent_targets=[],
     )
 
@@ -202,9 +242,21 @@ POOL_FIELDS = ("items", "valid", "positions", "query", "answer", "gold", "hops")
 
 
 def pool_path(p: dict, task: str, hops: int, seed: int) -> Path:
-    raw = json.dumps({"teacher": teacher_config(p, task, hops, seed).key(), "pool": p["pool"], "items": p["items"], "seed": seed,
-                      "targets": sorted(pool_targets(p))}, sort_keys=True)
-    return Path(p["cache"]) / "pools" / f"{task_label(task, hops)}-{hashlib.sha1(raw.encode()).hexdigest()[:12]}.safetensors"
+    raw = json.dumps(
+        {
+            "teacher": teacher_config(p, task, hops, seed).key(),
+            "pool": p["pool"],
+            "items": p["items"],
+            "seed": seed,
+            "targets": sorted(pool_targets(p)),
+        },
+        sort_keys=True,
+    )
+    return (
+        Path(p["cache"])
+        / "pools"
+        / f"{task_label(task, hops)}-{hashlib.sha1(raw.encode()).hexdigest()[:12]}.safetensors"
+    )
 
 
 def pool_targets(p: dict) -> list[str]:
@@ -262,10 +314,17 @@ def prepare_one(spec: dict, ckpt_dir: Path) -> dict:
     if not path.exists():
         save_pool(path, *build_pool(teacher, p, task, hops, seed))
     metrics = {
-        "teacher_acc_n": info["acc_n"], "teacher_acc_max": info["acc_max"], "teacher_cached": float(info["cached"]),
-        "teacher_seconds": round(teacher_seconds, 2), "pool_seconds": round(time.perf_counter() - t1, 2),
+        "teacher_acc_n": info["acc_n"],
+        "teacher_acc_max": info["acc_max"],
+        "teacher_cached": float(info["cached"]),
+        "teacher_seconds": round(teacher_seconds, 2),
+        "pool_seconds": round(time.perf_counter() - t1, 2),
     }
-    return {"metrics": metrics, "curves": info["curves"], "extra": {"teacher_key": tcfg.key(), "teacher_seed": tcfg.seed}}
+    return {
+        "metrics": metrics,
+        "curves": info["curves"],
+        "extra": {"teacher_key": tcfg.key(), "teacher_seed": tcfg.seed},
+    }
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -276,7 +335,9 @@ def eval_batches(p: dict, task: str, hops: int, seed: int) -> dict[int, Evidence
     return {m: gym.sample(p["examples"], m * p["items"], np.random.default_rng([seed, 999, m])) for m in p["lengths"]}
 
 
-def evaluate_scores(teacher, batch: EvidenceBatch, scores: torch.Tensor, p: dict, m: int, keep_all: bool = False) -> dict[str, float]:
+def evaluate_scores(
+    teacher, batch: EvidenceBatch, scores: torch.Tensor, p: dict, m: int, keep_all: bool = False
+) -> dict[str, float]:
     """Accuracy and gold recall of the teacher reading the kept items, for every budget."""
     out = {}
     budgets = [p["budget"], *dict.fromkeys([*p["fractions"], *p["budgets"]])]
@@ -333,9 +394,21 @@ def router_one(spec: dict, ckpt_dir: Path) -> dict:
     pool, targets = load_pool(pool_path(p, task, hops, seed))
     target = target_key(p["target"], p)
     torch.manual_seed(seed)
-    router = build_router(p["router"], p["vocab"], p["router_dim"], p["router_depth"], p["router_heads"], p["length_scale"])
-    info = train_router(router, pool, targets[target], items=p["items"], steps=p["router_steps"], batch=p["router_batch"],
-                        lr=p["router_lr"], loss=p["loss"], seed=seed, ckpt_dir=ckpt_dir)
+    router = build_router(
+        p["router"], p["vocab"], p["router_dim"], p["router_depth"], p["router_heads"], p["length_scale"]
+    )
+    info = train_router(
+        router,
+        pool,
+        targets[target],
+        items=p["items"],
+        steps=p["router_steps"],
+        batch=p["router_batch"],
+        lr=p["router_lr"],
+        loss=p["loss"],
+        seed=seed,
+        ckpt_dir=ckpt_dir,
+    )
     metrics: dict[str, float] = {"target_fit": info["curves"]["recall"][-1], "train_seconds": info["seconds"]}
     for m, batch in eval_batches(p, task, hops, seed).items():
         scores = router_scores(router, batch)
@@ -365,7 +438,9 @@ def baselines_one(spec: dict, ckpt_dir: Path) -> dict:
 
 
 def run_one(spec: dict, ckpt_dir: Path) -> dict:
-    return {"prepare": prepare_one, "router": router_one, "baselines": baselines_one}[spec["params"]["kind"]](spec, ckpt_dir)
+    return {"prepare": prepare_one, "router": router_one, "baselines": baselines_one}[spec["params"]["kind"]](
+        spec, ckpt_dir
+    )
 
 
 # ----------------------------------------------------------------------------- study
@@ -377,13 +452,19 @@ def gym_runs(cfg: Config) -> list[tuple[str, int]]:
 
 def gym_params(cfg: Config, task: str, hops: int) -> dict:
     """Run parameters shared by every run of one gym, with its teacher recipe resolved."""
-    base = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds", "teacher_steps", "min_teacher_acc")}
+    base = {
+        k: v for k, v in asdict(cfg).items() if k not in ("tasks", "hops", "seeds", "teacher_steps", "min_teacher_acc")
+    }
     return {**base, **evidence.teacher_recipe(task, hops, cfg.teacher_steps), "gym": task, "hops": hops}
 
 
 def prepare_specs(cfg: Config) -> list[RunSpec]:
     """One per gym x seed: the seed's teacher and pool (a shared teacher is trained once, then read from the cache)."""
-    return [RunSpec(task_label(t, h), "prepare", s, {**gym_params(cfg, t, h), "kind": "prepare"}) for t, h in gym_runs(cfg) for s in cfg.seeds]
+    return [
+        RunSpec(task_label(t, h), "prepare", s, {**gym_params(cfg, t, h), "kind": "prepare"})
+        for t, h in gym_runs(cfg)
+        for s in cfg.seeds
+    ]
 
 
 def router_specs(cfg: Config) -> list[RunSpec]:
@@ -394,7 +475,11 @@ def router_specs(cfg: Config) -> list[RunSpec]:
             for router, targets in (("transformer", cfg.targets), ("independent", cfg.independent_targets)):
                 for target in targets:
                     label = f"router/{target}" if router == "transformer" else f"{router}/{target}"
-                    specs.append(RunSpec(task_label(t, h), label, seed, {**gym, "kind": "router", "router": router, "target": target}))
+                    specs.append(
+                        RunSpec(
+                            task_label(t, h), label, seed, {**gym, "kind": "router", "router": router, "target": target}
+                        )
+                    )
             if cfg.baselines:
                 specs.append(RunSpec(task_label(t, h), "baselines", seed, {**gym, "kind": "baselines"}))
     return specs
@@ -405,7 +490,9 @@ def validate(cfg: Config) -> None:
     names = set(target_names())
     for t in [*cfg.targets, *cfg.independent_targets]:
         if resolve_target(t) not in names and not re.fullmatch(r"layer\d+(/topk|/top10pct)?", t):
-            raise MasklabError(f"unknown router target {t!r}; choose from causal, attention, attention-gold-k, {', '.join(sorted(names))}")
+            raise MasklabError(
+                f"unknown router target {t!r}; choose from causal, attention, attention-gold-k, {', '.join(sorted(names))}"
+            )
     parse_budget(cfg.attention_k)
     if not 0 <= cfg.min_teacher_acc <= 1:
         raise MasklabError(f"--min-teacher-acc must be in [0, 1]; got {cfg.min_teacher_acc}")
@@ -436,15 +523,35 @@ def expand(runs: list[dict]) -> list[dict]:
         for key, v in r["metrics"].items():
             name, metric = key.split("|", 1)
             per.setdefault(name, {})[metric] = v
-        out += [{"task": r["task"], "method": name, "seed": r["seed"], "metrics": ms, "curves": {}} for name, ms in per.items()]
+        out += [
+            {"task": r["task"], "method": name, "seed": r["seed"], "metrics": ms, "curves": {}}
+            for name, ms in per.items()
+        ]
     return out
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab route") -> dict:
     validate(cfg)
     out = Path(out)
-    prep = run_study(f"{NAME}-prepare", asdict(cfg), prepare_specs(cfg), "masklab.lab.studies.routing:run_one", out / "prepare", jobs=jobs, progress=progress)
-    results = run_study(NAME, asdict(cfg), router_specs(cfg), "masklab.lab.studies.routing:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
+    prep = run_study(
+        f"{NAME}-prepare",
+        asdict(cfg),
+        prepare_specs(cfg),
+        "masklab.lab.studies.routing:run_one",
+        out / "prepare",
+        jobs=jobs,
+        progress=progress,
+    )
+    results = run_study(
+        NAME,
+        asdict(cfg),
+        router_specs(cfg),
+        "masklab.lab.studies.routing:run_one",
+        out,
+        jobs=jobs,
+        paper=PAPER,
+        progress=progress,
+    )
     results["summary"] = summarize(expand(results["runs"]))
     results["teachers"] = prep["summary"]
     results["untrained_teachers"] = untrained_teachers(prep["runs"], cfg.min_teacher_acc)
@@ -466,7 +573,9 @@ def plot_budget_curves(summary: list[dict], cfg: Config, path: Path) -> None:
     tasks = list(dict.fromkeys(r["task"] for r in summary))
     lengths = [min(cfg.lengths), max(cfg.lengths)] if len(cfg.lengths) > 1 else cfg.lengths
     counts = [b for b in cfg.budgets if isinstance(parse_budget(b), int)]
-    fig, axes = plt.subplots(len(lengths), len(tasks), figsize=(4.0 * len(tasks) + 2.0, 3.3 * len(lengths) + 0.5), squeeze=False)
+    fig, axes = plt.subplots(
+        len(lengths), len(tasks), figsize=(4.0 * len(tasks) + 2.0, 3.3 * len(lengths) + 0.5), squeeze=False
+    )
     for i, m in enumerate(lengths):
         for ax, task in zip(axes[i], tasks):
             for r in (r for r in summary if r["task"] == task):
@@ -475,7 +584,16 @@ def plot_budget_curves(summary: list[dict], cfg: Config, path: Path) -> None:
                 if any(y is None for y in ys):
                     continue
                 style = "-" if r["method"].startswith(("router", "independent")) else "--"
-                ax.errorbar([int(b) for b in counts], ys, yerr=es, label=r["method"], linestyle=style, marker="o", ms=3, capsize=2)
+                ax.errorbar(
+                    [int(b) for b in counts],
+                    ys,
+                    yerr=es,
+                    label=r["method"],
+                    linestyle=style,
+                    marker="o",
+                    ms=3,
+                    capsize=2,
+                )
             ax.set_title(f"{task}, {m} x N = {m * cfg.items} items", fontsize=10)
             ax.set_xlabel("items kept (k)")
             ax.set_ylabel("teacher accuracy")
@@ -507,9 +625,15 @@ def report(results: dict, cfg: Config, out: Path, command: str) -> None:
     plot_budget_curves(summary, cfg, out / "routing_budget.png")
     routers = [dict(r) for r in summary if r["method"].startswith(("router", "independent"))]
     for r in routers:  # parameters of the router relative to the teacher's
-        ratios = [x["extra"]["router_parameters"] / x["extra"]["teacher_parameters"] for x in results["runs"] if (x["task"], x["method"]) == (r["task"], r["method"])]
+        ratios = [
+            x["extra"]["router_parameters"] / x["extra"]["teacher_parameters"]
+            for x in results["runs"]
+            if (x["task"], x["method"]) == (r["task"], r["method"])
+        ]
         add_stats(r, "param_ratio", ratios)
-    teachers = markdown_table(results["teachers"], [], ["teacher_acc_n", "teacher_acc_max", "teacher_seconds", "pool_seconds"])
+    teachers = markdown_table(
+        results["teachers"], [], ["teacher_acc_n", "teacher_acc_max", "teacher_seconds", "pool_seconds"]
+    )
     note = untrained_note(results.get("untrained_teachers", []), cfg.min_teacher_acc)
     parts = [
         "# routing",
@@ -525,8 +649,12 @@ def report(results: dict, cfg: Config, out: Path, command: str) -> None:
     for f in cfg.fractions:  # headline budgets that need no gold size
         label = budget_label(parse_budget(f))
         cols = [*(f"acc_{m}x@{label}" for m in cfg.lengths), f"recall_{m_hi}x@{label}"]
-        parts += [f"## Teacher accuracy from the kept items (budget {f} of each context; N = {cfg.items})", "",
-                  markdown_table(summary, [], cols), ""]
+        parts += [
+            f"## Teacher accuracy from the kept items (budget {f} of each context; N = {cfg.items})",
+            "",
+            markdown_table(summary, [], cols),
+            "",
+        ]
     parts += [
         NOTES,
         "",
@@ -535,5 +663,13 @@ def report(results: dict, cfg: Config, out: Path, command: str) -> None:
         markdown_table(routers, [], cost),
         "",
     ]
-    parts += ["## Teachers and training pools (one prepare run per seed)", "", teachers, "", "![routing_budget.png](routing_budget.png)", "", environment_line(results)]
+    parts += [
+        "## Teachers and training pools (one prepare run per seed)",
+        "",
+        teachers,
+        "",
+        "![routing_budget.png](routing_budget.png)",
+        "",
+        environment_line(results),
+    ]
     atomic_write_text(out / "results.md", "\n".join(parts) + "\n")

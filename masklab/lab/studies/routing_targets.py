@@ -20,8 +20,15 @@ NAME = "routing-targets"
 Config = routing.Config  # the sweep runs the routing study with other targets
 
 TARGETS = [
-    "gold", "causal", "greedy-minimal",
-    "last-mean/topk", "layer-mean/topk", "max-head/topk", "rollout/topk", "last-mean/top10pct", "last-mean",
+    "gold",
+    "causal",
+    "greedy-minimal",
+    "last-mean/topk",
+    "layer-mean/topk",
+    "max-head/topk",
+    "rollout/topk",
+    "last-mean/top10pct",
+    "last-mean",
 ]
 
 
@@ -33,5 +40,7 @@ def reproduce_config() -> Config:
     return Config(tasks=["multihop", "stale"], hops=[2], targets=TARGETS, independent_targets=[], seeds=[0])
 
 
-def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab sweep routing-targets") -> dict:
+def run(
+    cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab sweep routing-targets"
+) -> dict:
     return routing.run(cfg, out, jobs, progress, command)

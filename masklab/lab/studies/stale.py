@@ -44,15 +44,28 @@ NAME = "stale"
 # last_token_attention move the prompt's ids there and bring the results back to the CPU
 DEVICES = ("cpu", "cuda")
 METHOD = "answer-attention"  # greedy answer, then the attention from the answer position
-TABLE_METRICS = ["accuracy", "empty_rate", "stale_rate", "stale_higher", "stale_higher_heads", "best_head", "worst_head",
-                 "stale_layers", "current_over_stale", "stale_higher_all", "n_correct"]
+TABLE_METRICS = [
+    "accuracy",
+    "empty_rate",
+    "stale_rate",
+    "stale_higher",
+    "stale_higher_heads",
+    "best_head",
+    "worst_head",
+    "stale_layers",
+    "current_over_stale",
+    "stale_higher_all",
+    "n_correct",
+]
 
 PAPER = [
     # Allchin 2026 states the pretrained-LM finding qualitatively (no number): even when
     # they answer correctly, Qwen2.5 and Gemma attend more to the stale value.
 ]
-PAPER_CLAIM = ("Pretrained LMs (Qwen2.5, Gemma): even when they answer correctly, they attend more to the "
-               "stale value than to the current one (paper; qualitative, no number given).")
+PAPER_CLAIM = (
+    "Pretrained LMs (Qwen2.5, Gemma): even when they answer correctly, they attend more to the "
+    "stale value than to the current one (paper; qualitative, no number given)."
+)
 
 
 def min_max(name: str, least: int) -> Callable[[str], tuple[int, int]]:
@@ -69,15 +82,29 @@ def min_max(name: str, least: int) -> Callable[[str], tuple[int, int]]:
 
 @dataclass
 class Config:
-    models: list[str] = flag(factory=lambda: ["gemma3-270m", "smollm2-135m"], name="--model", help="comma-separated models")
+    models: list[str] = flag(
+        factory=lambda: ["gemma3-270m", "smollm2-135m"], name="--model", help="comma-separated models"
+    )
     prompts: int = flag(200, min=1, help="number of generated prompts per model")
-    updates_min: int = flag(1, name="--updates", parse=min_max("updates", 1), metavar="MIN,MAX", default_text="1,3",
-                            apply=lambda v, base, up: {"updates_min": v[0], "updates_max": v[1]},
-                            help="min,max number of updates")
+    updates_min: int = flag(
+        1,
+        name="--updates",
+        parse=min_max("updates", 1),
+        metavar="MIN,MAX",
+        default_text="1,3",
+        apply=lambda v, base, up: {"updates_min": v[0], "updates_max": v[1]},
+        help="min,max number of updates",
+    )
     updates_max: int = 3
-    filler_min: int = flag(0, name="--filler", parse=min_max("filler", 0), metavar="MIN,MAX", default_text="0,6",
-                           apply=lambda v, base, up: {"filler_min": v[0], "filler_max": v[1]},
-                           help="min,max distractor sentences per gap")
+    filler_min: int = flag(
+        0,
+        name="--filler",
+        parse=min_max("filler", 0),
+        metavar="MIN,MAX",
+        default_text="0,6",
+        apply=lambda v, base, up: {"filler_min": v[0], "filler_max": v[1]},
+        help="min,max distractor sentences per gap",
+    )
     filler_max: int = 6
     max_new_tokens: int = 6
     prompt_format: str | None = prompt_format_flag()
@@ -127,9 +154,13 @@ def aggregate(recs: list[dict]) -> tuple[dict, dict]:
     cls = [r["class"] for r in recs]
     ok = [r for r in recs if r["class"] == "current"]
     metrics = {
-        "accuracy": cls.count("current") / n, "stale_rate": cls.count("stale") / n,
-        "other_rate": cls.count("other") / n, "n_correct": len(ok), "n_prompts": n_all,
-        "empty_rate": n_empty / n_all, "n_empty": n_empty,
+        "accuracy": cls.count("current") / n,
+        "stale_rate": cls.count("stale") / n,
+        "other_rate": cls.count("other") / n,
+        "n_correct": len(ok),
+        "n_prompts": n_all,
+        "empty_rate": n_empty / n_all,
+        "n_empty": n_empty,
         "mean_tokens": float(np.mean([r["tokens"] for r in recs])) if recs else float("nan"),
     }
 
@@ -143,20 +174,25 @@ def aggregate(recs: list[dict]) -> tuple[dict, dict]:
         C = np.stack([r["current"] for r in ok])
         heads = (S > C).mean(0)  # (L, H)
         layers = (S.mean(2) > C.mean(2)).mean(0)  # (L,)
-        metrics.update({
-            "stale_higher": overall(ok),
-            "stale_higher_heads": float(heads.mean()),
-            "best_head": float(heads.max()), "worst_head": float(heads.min()),
-            "stale_layers": int((layers > 0.5).sum()),
-            "current_over_stale": float(C.mean() / max(S.mean(), 1e-12)),
-        })
+        metrics.update(
+            {
+                "stale_higher": overall(ok),
+                "stale_higher_heads": float(heads.mean()),
+                "best_head": float(heads.max()),
+                "worst_head": float(heads.min()),
+                "stale_layers": int((layers > 0.5).sum()),
+                "current_over_stale": float(C.mean() / max(S.mean(), 1e-12)),
+            }
+        )
         L, H = heads.shape
         order = np.argsort(heads.flatten())
         extra = {
-            "heads": heads.tolist(), "layers": layers.tolist(),
+            "heads": heads.tolist(),
+            "layers": layers.tolist(),
             "most_stale_heads": [[int(i // H), int(i % H), float(heads.flatten()[i])] for i in order[::-1][:5]],
             "most_current_heads": [[int(i // H), int(i % H), float(heads.flatten()[i])] for i in order[:5]],
-            "stale_mass_by_layer": S.mean((0, 2)).tolist(), "current_mass_by_layer": C.mean((0, 2)).tolist(),
+            "stale_mass_by_layer": S.mean((0, 2)).tolist(),
+            "current_mass_by_layer": C.mean((0, 2)).tolist(),
         }
     return metrics, extra
 
@@ -166,19 +202,31 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
 
     p = spec["params"]
     lm = load_model(spec, attn="eager")
-    prompts = make_prompts(p["prompts"], seed=spec["seed"], updates=(p["updates_min"], p["updates_max"]),
-                           filler=(p["filler_min"], p["filler_max"]))
+    prompts = make_prompts(
+        p["prompts"],
+        seed=spec["seed"],
+        updates=(p["updates_min"], p["updates_max"]),
+        filler=(p["filler_min"], p["filler_max"]),
+    )
     t0 = time.perf_counter()
     recs = [measure(lm, q, p["max_new_tokens"]) for q in prompts]
     metrics, extra = aggregate(recs)
     metrics["seconds_per_prompt"] = (time.perf_counter() - t0) / len(prompts)
     metrics["load_seconds"] = lm.load_seconds
     extra["prompt_format"] = lm.prompt_format
-    extra["examples"] = [{"prompt": q.prompt, "values": q.values, "answer": r["answer"], "class": r["class"]}
-                         for q, r in list(zip(prompts, recs))[:3]]
-    extra["by_updates"] = {str(k): float(np.mean([r["class"] == "current" for q, r in zip(prompts, recs)
-                                                  if q.n_updates == k and r["class"] != "empty"] or [float("nan")]))
-                           for k in sorted({q.n_updates for q in prompts})}
+    extra["examples"] = [
+        {"prompt": q.prompt, "values": q.values, "answer": r["answer"], "class": r["class"]}
+        for q, r in list(zip(prompts, recs))[:3]
+    ]
+    extra["by_updates"] = {
+        str(k): float(
+            np.mean(
+                [r["class"] == "current" for q, r in zip(prompts, recs) if q.n_updates == k and r["class"] != "empty"]
+                or [float("nan")]
+            )
+        )
+        for k in sorted({q.n_updates for q in prompts})
+    }
     return {"metrics": metrics, "curves": {}, "extra": extra}
 
 

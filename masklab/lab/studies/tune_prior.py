@@ -43,39 +43,74 @@ METHODS = ("base", "prior", "recency", "lora")
 TASKS = ("stale",)
 TRAIN_ATTRIBUTES = ("city", "colour", "job")
 TEST_ATTRIBUTES = ("pet", "number")
-TABLE_METRICS = ["accuracy", "stale_rate", "other_rate", "empty_rate", "trainable", "ppl_change", "loss_first",
-                 "loss_last", "train_seconds", "wall_seconds"]
+TABLE_METRICS = [
+    "accuracy",
+    "stale_rate",
+    "other_rate",
+    "empty_rate",
+    "trainable",
+    "ppl_change",
+    "loss_first",
+    "loss_last",
+    "train_seconds",
+    "wall_seconds",
+]
 
 
 @dataclass
 class Config:
-    models: list[str] = flag(factory=lambda: ["smollm2-135m", "gemma3-270m"], name="--model", help="comma-separated models")
+    models: list[str] = flag(
+        factory=lambda: ["smollm2-135m", "gemma3-270m"], name="--model", help="comma-separated models"
+    )
     task: str = flag("stale", choices=list(TASKS), help="training and evaluation prompts")
-    methods: list[str] = flag(factory=lambda: list(METHODS), name="--method",
-                              help="comma-separated methods: base (no training), prior (RelativePrior only), recency (RecencyPrior: "
-                                   "one slope per head), lora (PEFT LoRA)")
+    methods: list[str] = flag(
+        factory=lambda: list(METHODS),
+        name="--method",
+        help="comma-separated methods: base (no training), prior (RelativePrior only), recency (RecencyPrior: "
+        "one slope per head), lora (PEFT LoRA)",
+    )
     train_prompts: int = flag(400, min=1, help="generated training prompts")
     test_prompts: int = flag(100, min=1, help="generated held-out prompts")
     steps: int = flag(200, min=1, help="training steps (one prompt each, same order for every method)")
     lr: float = flag(0.05, above=0, help="Adam learning rate of the priors")
     lora_lr: float = flag(1e-3, above=0, help="Adam learning rate of the LoRA adapters")
     lora_rank: int = flag(1, min=1, help="LoRA rank")
-    lora_targets: list[str] = flag(factory=lambda: ["q_proj", "v_proj"], help="comma-separated attention projections LoRA adapts")
-    lora_layers: int = flag(0, min=0, help="layers with LoRA adapters, evenly spaced; 0: as many as bring LoRA's trainable "
-                                    "parameters closest to the prior's")
-    train_filler: tuple[int, int] = flag((0, 2), parse=min_max("train-filler", 0), metavar="MIN,MAX",
-                                         help="min,max distractor sentences per gap in training prompts")
-    test_filler: tuple[int, int] = flag((3, 4), parse=min_max("test-filler", 0), metavar="MIN,MAX",
-                                        help="min,max distractor sentences per gap in held-out prompts")
-    updates: tuple[int, int] = flag((1, 2), parse=min_max("updates", 1), metavar="MIN,MAX", help="min,max number of updates")
+    lora_targets: list[str] = flag(
+        factory=lambda: ["q_proj", "v_proj"], help="comma-separated attention projections LoRA adapts"
+    )
+    lora_layers: int = flag(
+        0,
+        min=0,
+        help="layers with LoRA adapters, evenly spaced; 0: as many as bring LoRA's trainable "
+        "parameters closest to the prior's",
+    )
+    train_filler: tuple[int, int] = flag(
+        (0, 2),
+        parse=min_max("train-filler", 0),
+        metavar="MIN,MAX",
+        help="min,max distractor sentences per gap in training prompts",
+    )
+    test_filler: tuple[int, int] = flag(
+        (3, 4),
+        parse=min_max("test-filler", 0),
+        metavar="MIN,MAX",
+        help="min,max distractor sentences per gap in held-out prompts",
+    )
+    updates: tuple[int, int] = flag(
+        (1, 2), parse=min_max("updates", 1), metavar="MIN,MAX", help="min,max number of updates"
+    )
     max_distance: int = flag(512, min=1, help="RelativePrior: distances from here on share the last bucket")
     exact: int = flag(16, min=1, help="RelativePrior: distances with a bucket each")
     log_buckets: int = flag(16, min=0, help="RelativePrior: log-spaced buckets up to --max-distance")
     init: float = 0.0  # theta at start: logsigmoid(0) everywhere = a constant shift, outputs unchanged
     ppl_tokens: int = flag(512, min=2, help="tokens of pydoc text for the perplexity")
     max_new_tokens: int = flag(5, min=1, help="tokens generated per held-out answer")
-    prompt_format: str | None = flag(None, choices=["raw", "chat"], default_text="each model's own, see `masklab models`",
-                                     help="raw completion or the model's chat turns")
+    prompt_format: str | None = flag(
+        None,
+        choices=["raw", "chat"],
+        default_text="each model's own, see `masklab models`",
+        help="raw completion or the model's chat turns",
+    )
     threads: int = flag(1, min=1, help="torch threads per run")
     seeds: list[int] = field(default_factory=lambda: [0])
 
@@ -100,7 +135,7 @@ def split_prompts(n: int, seed: int, train: bool, cfg: Config) -> list:
     (value types and wordings) and distractor distances."""
     from masklab.lab.tasks.stale_prompts import NAMES, make_prompt
 
-    names = set(NAMES[: len(NAMES) // 2]) if train else set(NAMES[len(NAMES) // 2:])
+    names = set(NAMES[: len(NAMES) // 2]) if train else set(NAMES[len(NAMES) // 2 :])
     attrs = TRAIN_ATTRIBUTES if train else TEST_ATTRIBUTES
     filler = tuple(cfg.train_filler if train else cfg.test_filler)
     rng = random.Random(seed * 2 + (0 if train else 1))
@@ -162,14 +197,22 @@ def add_lora(model: torch.nn.Module, cfg: Config, seed: int = 0) -> tuple[torch.
     attn = attention_layers(model)
     mods = [getattr(attn[0], t, None) for t in cfg.lora_targets]
     if not all(isinstance(m, torch.nn.Linear) for m in mods):
-        raise MasklabError(f"--lora-targets: this model's attention has no linear {cfg.lora_targets}; "
-                           "use names such as q_proj,k_proj,v_proj,o_proj")
+        raise MasklabError(
+            f"--lora-targets: this model's attention has no linear {cfg.lora_targets}; "
+            "use names such as q_proj,k_proj,v_proj,o_proj"
+        )
     per_layer = sum(cfg.lora_rank * (m.in_features + m.out_features) for m in mods)
     n = cfg.lora_layers or lora_layer_count(per_layer, len(attn), prior_parameter_count(model, cfg))
     n = min(n, len(attn))
     layers = sorted({round(i * (len(attn) - 1) / max(n - 1, 1)) for i in range(n)}) if n > 1 else [len(attn) // 2]
-    lc = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_rank, lora_dropout=0.0, target_modules=list(cfg.lora_targets),
-                    layers_to_transform=layers, bias="none")
+    lc = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_rank,
+        lora_dropout=0.0,
+        target_modules=list(cfg.lora_targets),
+        layers_to_transform=layers,
+        bias="none",
+    )
     with torch.random.fork_rng(devices=[]):  # PEFT draws the adapters' start from the global generator
         torch.manual_seed(seed)
         return get_peft_model(model, lc), layers
@@ -187,8 +230,16 @@ class _Tuned(torch.nn.Module):
         self.params = torch.nn.ParameterList(params)
 
 
-def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[torch.Tensor, int]],
-          seed: int, log=None, ckpt_dir: Path | None = None, every: int = CKPT_EVERY) -> tuple[torch.nn.Module, dict]:
+def adapt(
+    model: torch.nn.Module,
+    method: str,
+    cfg: Config,
+    batches: list[tuple[torch.Tensor, int]],
+    seed: int,
+    log=None,
+    ckpt_dir: Path | None = None,
+    every: int = CKPT_EVERY,
+) -> tuple[torch.nn.Module, dict]:
     """Train ``method``'s parameters on ``cfg.steps`` batches drawn (seeded) from ``batches``.
 
     Returns the model to evaluate (the PEFT wrapper for ``lora``) and a record: trainable
@@ -244,9 +295,13 @@ def adapt(model: torch.nn.Module, method: str, cfg: Config, batches: list[tuple[
         opt.step()
         losses.append(loss.item())
         if log and (step + 1) % 25 == 0:
-            log(f"{method} step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / 25:.3f} {time.perf_counter() - t0:.0f}s")
+            log(
+                f"{method} step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / 25:.3f} {time.perf_counter() - t0:.0f}s"
+            )
         if ckpt is not None and ((step + 1) % every == 0 or step + 1 == cfg.steps):
-            ckpt.save(step + 1, tuned, opt, gen, {"losses": losses, "rng": list(rng.getstate()), "trained": info["trained"]})
+            ckpt.save(
+                step + 1, tuned, opt, gen, {"losses": losses, "rng": list(rng.getstate()), "trained": info["trained"]}
+            )
     model.eval()
     k = max(1, len(losses) // 5)
     if losses:
@@ -283,8 +338,12 @@ def evaluate(lm, prompts: list, max_new_tokens: int, ckpt: Path | None = None) -
             write_json(Path(ckpt), {"prompts": asked, "recs": recs})
     n = len(prompts)
     count = lambda c: sum(r["class"] == c for r in recs) / n  # noqa: E731
-    return {"accuracy": count("current"), "stale_rate": count("stale"), "other_rate": count("other"),
-            "empty_rate": count("empty")}, recs
+    return {
+        "accuracy": count("current"),
+        "stale_rate": count("stale"),
+        "other_rate": count("other"),
+        "empty_rate": count("empty"),
+    }, recs
 
 
 @torch.no_grad()
@@ -312,8 +371,15 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     ppl_before = pydoc_perplexity(lm.model, lm.tokenizer, cfg.ppl_tokens)
     t_train = time.perf_counter()
     batches = [answer_batch(lm, q) for q in train]
-    lm.model, info = adapt(lm.model, method, cfg, batches, spec["seed"], log=lambda s: print(s, file=sys.stderr, flush=True),
-                           ckpt_dir=ckpt_dir)
+    lm.model, info = adapt(
+        lm.model,
+        method,
+        cfg,
+        batches,
+        spec["seed"],
+        log=lambda s: print(s, file=sys.stderr, flush=True),
+        ckpt_dir=ckpt_dir,
+    )
     train_s = time.perf_counter() - t_train
     if method in ("prior", "recency"):
         from masklab.pretrained.hf import save_priors
@@ -321,15 +387,26 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         save_priors(lm.model, Path(ckpt_dir) / "priors.safetensors")
     metrics, recs = evaluate(lm, test, cfg.max_new_tokens, ckpt=Path(ckpt_dir) / f"eval-{method}.json")
     ppl = pydoc_perplexity(lm.model, lm.tokenizer, cfg.ppl_tokens)
-    metrics.update({
-        "trainable": info["trainable"], "trainable_frac": info["trainable"] / n_params, "ppl": ppl,
-        "ppl_base": ppl_before, "ppl_change": ppl / ppl_before - 1, "train_seconds": train_s,
-        "wall_seconds": time.perf_counter() - t0, "model_parameters": n_params,
-        "mean_train_tokens": sum(ids.shape[1] for ids, _ in batches) / max(len(batches), 1),
-        **{k: info[k] for k in ("loss_first", "loss_last") if k in info},
-    })
-    extra = {"prompt_format": lm.prompt_format, "lora_layers": info["lora_layers"], "trained_parameters": len(info["trained"]),
-             "examples": [{"prompt": q.prompt, **r} for q, r in list(zip(test, recs))[:3]]}
+    metrics.update(
+        {
+            "trainable": info["trainable"],
+            "trainable_frac": info["trainable"] / n_params,
+            "ppl": ppl,
+            "ppl_base": ppl_before,
+            "ppl_change": ppl / ppl_before - 1,
+            "train_seconds": train_s,
+            "wall_seconds": time.perf_counter() - t0,
+            "model_parameters": n_params,
+            "mean_train_tokens": sum(ids.shape[1] for ids, _ in batches) / max(len(batches), 1),
+            **{k: info[k] for k in ("loss_first", "loss_last") if k in info},
+        }
+    )
+    extra = {
+        "prompt_format": lm.prompt_format,
+        "lora_layers": info["lora_layers"],
+        "trained_parameters": len(info["trained"]),
+        "examples": [{"prompt": q.prompt, **r} for q, r in list(zip(test, recs))[:3]],
+    }
     from masklab.lab.runner import Checkpoint
 
     Checkpoint(Path(ckpt_dir) / f"tune-{method}").clear()  # the run is done: its record holds everything
@@ -400,15 +477,25 @@ def validate(cfg: Config) -> None:
 
         bad = [t for t in cfg.lora_targets if t not in LORA_TARGETS]
         if not cfg.lora_targets or (bad and all(m in MODELS for m in cfg.models)):
-            raise MasklabError(f"--lora-targets: unknown projection(s) {', '.join(bad) or '(none)'}; "
-                               f"the packaged models' attention has {', '.join(LORA_TARGETS)}")
+            raise MasklabError(
+                f"--lora-targets: unknown projection(s) {', '.join(bad) or '(none)'}; "
+                f"the packaged models' attention has {', '.join(LORA_TARGETS)}"
+            )
         require("peft", "pip install peft==0.21.2 (the pretrained extra)")
 
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab tune-prior") -> dict:
     validate(cfg)
     specs = specs_for(cfg)
-    res = run_study(NAME, asdict(cfg), specs, "masklab.lab.studies.tune_prior:run_one", out,
-                    jobs=min(jobs, len(specs)), threads=cfg.threads, progress=progress)
+    res = run_study(
+        NAME,
+        asdict(cfg),
+        specs,
+        "masklab.lab.studies.tune_prior:run_one",
+        out,
+        jobs=min(jobs, len(specs)),
+        threads=cfg.threads,
+        progress=progress,
+    )
     write_markdown(res, out, TABLE_METRICS, command, NOTES)
     return res

@@ -44,10 +44,22 @@ from masklab.lab.train import Recipe, init_qk, priors_for, train  # noqa: E402
 
 NAME = "vision"
 DEVICES = ("cpu", "cuda")  # run_one moves its model and data to the run's device (masklab.util.device)
-PRECISIONS = ("fp32", "bf16", "fp16")  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp16",
+)  # its training and evaluation run under masklab.util.device.autocast (masklab/lab/train.py)
 METHODS = ("default", "mimetic", "impulse", "mask", "mask-zero")
 DEFAULT_METHODS = ("default", "mimetic", "impulse", "mask")
-TABLE_METRICS = ["test_acc", "test_loss", "train_loss", "local_mass_step0", "local_mass_final", "impulse_mass_step0", "mask_drift"]
+TABLE_METRICS = [
+    "test_acc",
+    "test_loss",
+    "train_loss",
+    "local_mass_step0",
+    "local_mass_final",
+    "impulse_mass_step0",
+    "mask_drift",
+]
 
 # The authors' ViT-Tiny numbers (docs/papers.md), top-1 % on CIFAR-10.
 PAPER = [
@@ -70,12 +82,17 @@ class Config:
     dim: int | None = flag(None, help="model width", default_text="the preset's")
     depth: int | None = flag(None, help="transformer blocks", default_text="the preset's")
     heads: int | None = flag(None, help="attention heads", default_text="the preset's")
-    methods: list[str] = flag(factory=lambda: list(DEFAULT_METHODS), name="--method", help=f"comma-separated methods ({', '.join(METHODS)})")
+    methods: list[str] = flag(
+        factory=lambda: list(DEFAULT_METHODS), name="--method", help=f"comma-separated methods ({', '.join(METHODS)})"
+    )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     steps: int = flag(1000, help="training steps")
     batch: int = flag(128, help="batch size")
     lr: float = flag(1e-3, help="peak learning rate (AdamW, warm-up then cosine)")
-    weight_decay: float = flag(0.05, help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)")
+    weight_decay: float = flag(
+        0.05,
+        help="AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)",
+    )
     warmup: float = flag(0.05, help="learning-rate warm-up, as a fraction of --steps")
     allowed: float = strength_flag(6.0)
     suppressed: float = 6.0
@@ -156,7 +173,9 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     else:
         structures = [locality_2d(grid, size["heads"], p["radius"])] * size["depth"]
     priors = priors_for(method, structures, p["allowed"], p["suppressed"])
-    model = ViT(data.image_size, size["patch"], data.channels, data.classes, size["dim"], size["depth"], size["heads"], priors)
+    model = ViT(
+        data.image_size, size["patch"], data.channels, data.classes, size["dim"], size["depth"], size["heads"], priors
+    )
     impulse = impulse_2d(grid, size["heads"])
     local = torch.ones(1, grid * grid + 1, grid * grid + 1)
     local[0, 1:, 1:] = neighbourhood_2d(grid, 1)
@@ -178,7 +197,13 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
     def record(step: int) -> dict:
         acc, loss = evaluate(model, test_x, test_y)
         loc, imp, maps = locality(model, probe, local, impulse)
-        return {"test_acc": acc, "test_loss": loss, "local_mass": loc, "impulse_mass": imp, **({"attn0": maps} if step == 0 else {})}
+        return {
+            "test_acc": acc,
+            "test_loss": loss,
+            "local_mass": loc,
+            "impulse_mass": imp,
+            **({"attn0": maps} if step == 0 else {}),
+        }
 
     recipe = Recipe(p["steps"], p["lr"], p["weight_decay"], p["warmup"], floor=0.0, evals=p["evals"])
     trained = train(model, recipe, loss_of, record, gen, ckpt_dir, f"{spec['task']}/{method}")
@@ -194,7 +219,11 @@ def run_one(spec: dict, ckpt_dir: Path) -> dict:
         "impulse_mass_final": curves["impulse_mass"][-1],
         "mask_drift": curves["mask_drift"][-1],
     }
-    return {"metrics": metrics, "curves": curves, "extra": {"size": size, "grid": grid, "world_size": dist.world_size(), "resumed_from": trained.resumed_from}}
+    return {
+        "metrics": metrics,
+        "curves": curves,
+        "extra": {"size": size, "grid": grid, "world_size": dist.world_size(), "resumed_from": trained.resumed_from},
+    }
 
 
 # ----------------------------------------------------------------------------- study
@@ -227,7 +256,10 @@ structure, so it measures what the prior's parameters alone do)."""
 
 def paper_table(results: dict) -> str:
     """Ours (this run's data set) beside the paper's CIFAR-10 ViT-Tiny numbers."""
-    rows = ["| method | ours: test_acc % (" + results["config"]["data"] + ") | paper: CIFAR-10 top-1 % (ViT-Tiny) |", "|---|---|---|"]
+    rows = [
+        "| method | ours: test_acc % (" + results["config"]["data"] + ") | paper: CIFAR-10 top-1 % (ViT-Tiny) |",
+        "|---|---|---|",
+    ]
     for row in results["summary"]:
         paper = [q["value"] for q in results["paper"] if q["method"] == row["method"]]
         ours = f"{stat_cell(row, 'test_acc', 2)} (n={row['n']})"
@@ -260,7 +292,16 @@ def plot_attention(results: dict, path: Path) -> None:
 
 def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: str = "masklab vision") -> dict:
     validate(cfg)
-    results = run_study(NAME, asdict(cfg), specs_for(cfg), "masklab.lab.studies.vision:run_one", out, jobs=jobs, paper=PAPER, progress=progress)
+    results = run_study(
+        NAME,
+        asdict(cfg),
+        specs_for(cfg),
+        "masklab.lab.studies.vision:run_one",
+        out,
+        jobs=jobs,
+        paper=PAPER,
+        progress=progress,
+    )
     if dist.is_main():
         report(results, Path(out), command)
     return results
@@ -269,7 +310,9 @@ def run(cfg: Config, out: Path, jobs: int = 1, progress: bool = True, command: s
 def report(results: dict, out: Path, command: str) -> None:
     figures = ["vision_test_acc.png", "vision_locality.png", "vision_attention_step0.png"]
     plot_curves(results["runs"], "test_acc", out / figures[0], ylabel="test top-1 (%)", title="Test accuracy")
-    plot_curves(results["runs"], "local_mass", out / figures[1], ylabel="mass on 3x3 neighbourhood", title="Attention locality")
+    plot_curves(
+        results["runs"], "local_mass", out / figures[1], ylabel="mass on 3x3 neighbourhood", title="Attention locality"
+    )
     plot_attention(results, out / figures[2])
     notes = NOTES + "\n\nOurs beside the paper:\n\n" + paper_table(results)
     write_markdown(results, out, TABLE_METRICS, command, notes, figures)

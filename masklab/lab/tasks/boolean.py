@@ -109,19 +109,37 @@ def parse_expression(source: str, dim: int) -> Callable[[np.ndarray], np.ndarray
             if not (node.id.startswith("x") and node.id[1:].isdigit()) and node.id not in _FUNCS:
                 raise MasklabError(f"unknown name {node.id!r} in {source!r}; use x0..x{dim - 1}")
             if node.id not in _FUNCS and int(node.id[1:]) >= dim:
-                raise MasklabError(f"variable {node.id} is out of range in {source!r}; dimension is {dim} (x0..x{dim - 1})")
+                raise MasklabError(
+                    f"variable {node.id} is out of range in {source!r}; dimension is {dim} (x0..x{dim - 1})"
+                )
         elif isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS or node.keywords:
                 raise MasklabError(f"only calls to {sorted(_FUNCS)} are allowed in {source!r}")
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
-            if not (isinstance(node.right, ast.Constant) and isinstance(node.right.value, int) and 0 <= node.right.value <= 16):
+            if not (
+                isinstance(node.right, ast.Constant)
+                and isinstance(node.right.value, int)
+                and 0 <= node.right.value <= 16
+            ):
                 raise MasklabError(f"'**' needs an integer exponent 0..16 in {source!r}")
         elif isinstance(node, ast.Constant):
             if not isinstance(node.value, (int, float)) or isinstance(node.value, bool):
                 raise MasklabError(f"only numeric constants are allowed in {source!r}")
         elif not isinstance(
             node,
-            (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Load, ast.operator, ast.unaryop, ast.boolop, ast.cmpop),
+            (
+                ast.Expression,
+                ast.BinOp,
+                ast.UnaryOp,
+                ast.BoolOp,
+                ast.Compare,
+                ast.IfExp,
+                ast.Load,
+                ast.operator,
+                ast.unaryop,
+                ast.boolop,
+                ast.cmpop,
+            ),
         ):
             raise MasklabError(f"{type(node).__name__} is not allowed in {source!r}")
         if isinstance(node, ast.BinOp) and not isinstance(node.op, (ast.Pow, *_BINOPS)):

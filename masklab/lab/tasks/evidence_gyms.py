@@ -107,7 +107,9 @@ class Gym:
         if self.vocab < need:
             raise MasklabError(f"{self.name} with {max_items} items needs --vocab >= {need}, got {self.vocab}")
 
-    def example(self, n: int, rng: np.random.Generator, **kw) -> tuple[list[tuple[int, int]], tuple[int, int], int, list[int], int]:
+    def example(
+        self, n: int, rng: np.random.Generator, **kw
+    ) -> tuple[list[tuple[int, int]], tuple[int, int], int, list[int], int]:
         """One example: (items, query, answer, gold indices, hops)."""
         raise NotImplementedError
 

@@ -39,81 +39,195 @@ FILLERS = ("pydoc", "sklearn", "licences")
 KINDS = ("single", "multikey", "update", "chain", "multi")
 WORDINGS = ("a", "b", "c")
 SPLITS = {
-    "train": {"filler": ["pydoc"], "template": ["number", "word"], "wording": ["a"], "kind": ["single", "multikey", "update", "chain"]},
+    "train": {
+        "filler": ["pydoc"],
+        "template": ["number", "word"],
+        "wording": ["a"],
+        "kind": ["single", "multikey", "update", "chain"],
+    },
     "val": {"filler": ["sklearn"], "template": ["name"], "wording": ["b"], "kind": list(KINDS)},
     "test": {"filler": ["licences"], "template": ["date", "place"], "wording": ["c"], "kind": list(KINDS)},
 }
-LICENCE_PACKAGES = ("torch", "numpy", "matplotlib", "scipy", "scikit-learn", "pillow", "safetensors", "tqdm",
-                    "transformers", "tokenizers")
+LICENCE_PACKAGES = (
+    "torch",
+    "numpy",
+    "matplotlib",
+    "scipy",
+    "scikit-learn",
+    "pillow",
+    "safetensors",
+    "tqdm",
+    "transformers",
+    "tokenizers",
+)
 
-KEYS_A = ["amber", "quiet", "silver", "hollow", "crimson", "misty", "golden", "copper", "velvet", "frozen", "lunar", "rapid"]
-KEYS_B = ["gate", "tower", "harbor", "orchard", "lantern", "bridge", "cellar", "meadow", "chapel", "garden", "mill", "quarry"]
+KEYS_A = [
+    "amber",
+    "quiet",
+    "silver",
+    "hollow",
+    "crimson",
+    "misty",
+    "golden",
+    "copper",
+    "velvet",
+    "frozen",
+    "lunar",
+    "rapid",
+]
+KEYS_B = [
+    "gate",
+    "tower",
+    "harbor",
+    "orchard",
+    "lantern",
+    "bridge",
+    "cellar",
+    "meadow",
+    "chapel",
+    "garden",
+    "mill",
+    "quarry",
+]
 FIRST = ["Priya", "Tomas", "Amara", "Kenji", "Lucia", "Omar", "Ingrid", "Mateo", "Zanele", "Aurelio", "Freya", "Dmitri"]
 LAST = ["Natarajan", "Okafor", "Lindqvist", "Moreau", "Haddad", "Castillo", "Brennan", "Sato", "Adeyemi", "Novak"]
 ROLES = ["treasurer", "head archivist", "chief engineer", "choir director", "harbour master", "head gardener"]
 ORGS = ["Orion project", "valley museum", "river guild", "northern observatory", "town orchestra", "glass works"]
 EVENTS = ["lantern festival", "spring market", "rowing race", "harvest fair", "chess open", "kite day"]
 TOWNS = ["Harwick", "Dunmore", "Castelnau", "Brightwater", "Eskdale", "Valmont", "Rosslare", "Kilburn"]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December"]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 OBJECTS = ["spare key", "old map", "silver compass", "logbook", "violin", "seed box"]
 PLACES = ["blue cupboard", "attic trunk", "boathouse", "wine cellar", "garden shed", "clock tower", "greenhouse"]
-WORDS = ["lantern", "thistle", "marble", "falcon", "juniper", "cobalt", "saffron", "pebble", "walnut", "harbor", "quartz"]
+WORDS = [
+    "lantern",
+    "thistle",
+    "marble",
+    "falcon",
+    "juniper",
+    "cobalt",
+    "saffron",
+    "pebble",
+    "walnut",
+    "harbor",
+    "quartz",
+]
 
 # template -> (key maker, value maker, statement wordings, update wordings, question wordings by set)
 TEMPLATES: dict[str, dict] = {
     "number": {
-        "state": ["The access number for the {k} is {v}.", "Remember that the code of the {k} is {v}.",
-                  "For the {k}, the number to use is {v}."],
+        "state": [
+            "The access number for the {k} is {v}.",
+            "Remember that the code of the {k} is {v}.",
+            "For the {k}, the number to use is {v}.",
+        ],
         "update": ["Later, the access number for the {k} was changed to {v}."],
         "chain": "The access number for the {k} is the same as the one for the {k2}.",
         "multi": "One of the numbers for the {k} is {v}.",
-        "ask": {"a": "What is the access number for the {k}?", "b": "Which number opens the {k}?",
-                "c": "Tell me the code of the {k}."},
-        "ask_multi": {"a": "What are the numbers for the {k}?", "b": "List the numbers of the {k}.",
-                      "c": "Which numbers belong to the {k}?"},
-        "prefix": "The access number for the {k} is", "prefix_multi": "The numbers for the {k} are",
+        "ask": {
+            "a": "What is the access number for the {k}?",
+            "b": "Which number opens the {k}?",
+            "c": "Tell me the code of the {k}.",
+        },
+        "ask_multi": {
+            "a": "What are the numbers for the {k}?",
+            "b": "List the numbers of the {k}.",
+            "c": "Which numbers belong to the {k}?",
+        },
+        "prefix": "The access number for the {k} is",
+        "prefix_multi": "The numbers for the {k} are",
     },
     "word": {
-        "state": ["The password for the {k} is {v}.", "To enter the {k}, say the word {v}.",
-                  "The secret word of the {k} is {v}."],
+        "state": [
+            "The password for the {k} is {v}.",
+            "To enter the {k}, say the word {v}.",
+            "The secret word of the {k} is {v}.",
+        ],
         "update": ["Later, the password for the {k} was changed to {v}."],
         "chain": "The password for the {k} is the same as the password for the {k2}.",
         "multi": "One of the words that open the {k} is {v}.",
-        "ask": {"a": "What is the password for the {k}?", "b": "Which word lets you into the {k}?",
-                "c": "Tell me the secret word of the {k}."},
-        "ask_multi": {"a": "What are the words that open the {k}?", "b": "List the words for the {k}.",
-                      "c": "Which words open the {k}?"},
-        "prefix": "The password for the {k} is", "prefix_multi": "The words that open the {k} are",
+        "ask": {
+            "a": "What is the password for the {k}?",
+            "b": "Which word lets you into the {k}?",
+            "c": "Tell me the secret word of the {k}.",
+        },
+        "ask_multi": {
+            "a": "What are the words that open the {k}?",
+            "b": "List the words for the {k}.",
+            "c": "Which words open the {k}?",
+        },
+        "prefix": "The password for the {k} is",
+        "prefix_multi": "The words that open the {k} are",
     },
     "name": {
-        "state": ["The {k} is {v}.", "Everyone knows that {v} works as the {k}.", "Since last year, {v} has served as the {k}."],
+        "state": [
+            "The {k} is {v}.",
+            "Everyone knows that {v} works as the {k}.",
+            "Since last year, {v} has served as the {k}.",
+        ],
         "update": ["Later, {v} took over as the {k}."],
         "chain": "The {k} is the same person as the {k2}.",
         "multi": "One of the members of the {k} is {v}.",
         "ask": {"a": "Who is the {k}?", "b": "Which person serves as the {k}?", "c": "Tell me the name of the {k}."},
-        "ask_multi": {"a": "Who are the members of the {k}?", "b": "List the members of the {k}.",
-                      "c": "Which people belong to the {k}?"},
-        "prefix": "The {k} is", "prefix_multi": "The members of the {k} are",
+        "ask_multi": {
+            "a": "Who are the members of the {k}?",
+            "b": "List the members of the {k}.",
+            "c": "Which people belong to the {k}?",
+        },
+        "prefix": "The {k} is",
+        "prefix_multi": "The members of the {k} are",
     },
     "date": {
-        "state": ["The {k} takes place on {v}.", "This year the {k} is held on {v}.", "Mark your calendar: the {k} is on {v}."],
+        "state": [
+            "The {k} takes place on {v}.",
+            "This year the {k} is held on {v}.",
+            "Mark your calendar: the {k} is on {v}.",
+        ],
         "update": ["Later, the {k} was moved to {v}."],
         "chain": "The {k} takes place on the same day as the {k2}.",
         "multi": "One of the days of the {k} is {v}.",
-        "ask": {"a": "When does the {k} take place?", "b": "On which day is the {k} held?",
-                "c": "Tell me the date of the {k}."},
-        "ask_multi": {"a": "On which days is the {k}?", "b": "List the days of the {k}.", "c": "Which dates does the {k} have?"},
-        "prefix": "The {k} takes place on", "prefix_multi": "The days of the {k} are",
+        "ask": {
+            "a": "When does the {k} take place?",
+            "b": "On which day is the {k} held?",
+            "c": "Tell me the date of the {k}.",
+        },
+        "ask_multi": {
+            "a": "On which days is the {k}?",
+            "b": "List the days of the {k}.",
+            "c": "Which dates does the {k} have?",
+        },
+        "prefix": "The {k} takes place on",
+        "prefix_multi": "The days of the {k} are",
     },
     "place": {
-        "state": ["The {k} is kept in the {v}.", "You will find the {k} in the {v}.", "Nobody moves the {k} from the {v}."],
+        "state": [
+            "The {k} is kept in the {v}.",
+            "You will find the {k} in the {v}.",
+            "Nobody moves the {k} from the {v}.",
+        ],
         "update": ["Later, the {k} was moved to the {v}."],
         "chain": "The {k} is kept in the same place as the {k2}.",
         "multi": "One of the places where a {k} is kept is the {v}.",
         "ask": {"a": "Where is the {k} kept?", "b": "In which place is the {k}?", "c": "Tell me where the {k} is."},
-        "ask_multi": {"a": "Where are the {k}s kept?", "b": "List the places of the {k}s.", "c": "In which places are the {k}s?"},
-        "prefix": "The {k} is kept in the", "prefix_multi": "The {k}s are kept in",
+        "ask_multi": {
+            "a": "Where are the {k}s kept?",
+            "b": "List the places of the {k}s.",
+            "c": "In which places are the {k}s?",
+        },
+        "prefix": "The {k} is kept in the",
+        "prefix_multi": "The {k}s are kept in",
     },
 }
 
@@ -146,8 +260,15 @@ def _plain_sentences(text: str) -> list[str]:
     no digits, markup or code characters."""
     out = set()
     for s in bling_fire_sentences(text):
-        if (40 <= len(s) <= 160 and s[0].isupper() and s.endswith(".") and "e.g." not in s and "i.e." not in s
-                and not re.search(r"[`*:=\[\]{}()<>|\\\"#_;/@$%^~+]|--|\d", s) and s.count(".") == 1):
+        if (
+            40 <= len(s) <= 160
+            and s[0].isupper()
+            and s.endswith(".")
+            and "e.g." not in s
+            and "i.e." not in s
+            and not re.search(r"[`*:=\[\]{}()<>|\\\"#_;/@$%^~+]|--|\d", s)
+            and s.count(".") == 1
+        ):
             out.add(s)
     return sorted(out)
 
@@ -224,7 +345,9 @@ class FamilyExample(Document):
         return all(a.split()[0].lower() in words for a in self.answers)
 
 
-def _facts(template: str, kind: str, wording: str, rng: random.Random) -> tuple[list[str], list[bool], str, list[str], str]:
+def _facts(
+    template: str, kind: str, wording: str, rng: random.Random
+) -> tuple[list[str], list[bool], str, list[str], str]:
     t = TEMPLATES[template]
     state = lambda k, v: rng.choice(t["state"]).format(k=k, v=v)  # noqa: E731
     keys: list[str] = []
@@ -259,13 +382,19 @@ def _facts(template: str, kind: str, wording: str, rng: random.Random) -> tuple[
         facts = [t["multi"].format(k=k, v=v) for v in vals[:3]] + [t["multi"].format(k=keys[1], v=vals[3])]
         order = list(range(4))
         rng.shuffle(order)
-        return ([facts[i] for i in order], [i < 3 for i in order], t["ask_multi"][wording].format(k=k), vals[:3],
-                t["prefix_multi"].format(k=k))
+        return (
+            [facts[i] for i in order],
+            [i < 3 for i in order],
+            t["ask_multi"][wording].format(k=k),
+            vals[:3],
+            t["prefix_multi"].format(k=k),
+        )
     raise MasklabError(f"unknown task kind {kind!r}; choose from {', '.join(KINDS)}")
 
 
-def make_example(filler: str, template: str, wording: str, kind: str, n_tokens: int, seed: int,
-                 tokenizer=None) -> FamilyExample:
+def make_example(
+    filler: str, template: str, wording: str, kind: str, n_tokens: int, seed: int, tokenizer=None
+) -> FamilyExample:
     """One seeded example whose context + query is about ``n_tokens`` long under ``tokenizer``."""
     if template not in TEMPLATES:
         raise MasklabError(f"unknown template {template!r}; choose from {', '.join(TEMPLATES)}")
@@ -288,18 +417,39 @@ def make_example(filler: str, template: str, wording: str, kind: str, n_tokens: 
         units.append(fact)
     units += filler_s[fi:]
     n = count_tokens(tokenizer, " ".join(units) + query)
-    return FamilyExample(units=units, gold=gold, question=question, answers=answers, prefix=prefix, filler=filler,
-                         template=template, wording=wording, kind=kind, n_tokens=n, seed=seed)
+    return FamilyExample(
+        units=units,
+        gold=gold,
+        question=question,
+        answers=answers,
+        prefix=prefix,
+        filler=filler,
+        template=template,
+        wording=wording,
+        kind=kind,
+        n_tokens=n,
+        seed=seed,
+    )
 
 
-def split_examples(split: str, n_per_cell: int, n_tokens: int, seed: int = 0, tokenizer=None,
-                   kinds: list[str] | None = None) -> list[FamilyExample]:
+def split_examples(
+    split: str, n_per_cell: int, n_tokens: int, seed: int = 0, tokenizer=None, kinds: list[str] | None = None
+) -> list[FamilyExample]:
     """``n_per_cell`` examples per kind of split ``split`` (:data:`SPLITS`), cycling through
     its fillers, templates and wordings."""
     fam = SPLITS[split]
     out = []
     for i in range(n_per_cell):  # kinds interleaved, so a run stopped early has every kind
         for kind in kinds or fam["kind"]:
-            out.append(make_example(fam["filler"][i % len(fam["filler"])], fam["template"][i % len(fam["template"])],
-                                    fam["wording"][i % len(fam["wording"])], kind, n_tokens, seed * 100_003 + i, tokenizer))
+            out.append(
+                make_example(
+                    fam["filler"][i % len(fam["filler"])],
+                    fam["template"][i % len(fam["template"])],
+                    fam["wording"][i % len(fam["wording"])],
+                    kind,
+                    n_tokens,
+                    seed * 100_003 + i,
+                    tokenizer,
+                )
+            )
     return out

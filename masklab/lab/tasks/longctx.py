@@ -54,10 +54,50 @@ TASKS = ("niah", "multikey", "multivalue", "vt", "stale", "count")
 TOLERANCE = 0.05  # n_tokens lands within 5% of the target (and at most the target)
 MIN_TOKENS, MAX_TOKENS = 256, 32768
 
-ADJECTIVES = ["silver", "quiet", "amber", "rapid", "hollow", "bright", "frozen", "gentle", "lucky", "crimson",
-              "wooden", "misty", "golden", "brave", "sleepy", "copper", "distant", "humble", "lunar", "velvet"]
-NOUNS = ["fox", "river", "lantern", "harbor", "meadow", "falcon", "compass", "orchard", "glacier", "violin",
-         "canyon", "beacon", "willow", "summit", "pebble", "comet", "thistle", "anchor", "prairie", "ember"]
+ADJECTIVES = [
+    "silver",
+    "quiet",
+    "amber",
+    "rapid",
+    "hollow",
+    "bright",
+    "frozen",
+    "gentle",
+    "lucky",
+    "crimson",
+    "wooden",
+    "misty",
+    "golden",
+    "brave",
+    "sleepy",
+    "copper",
+    "distant",
+    "humble",
+    "lunar",
+    "velvet",
+]
+NOUNS = [
+    "fox",
+    "river",
+    "lantern",
+    "harbor",
+    "meadow",
+    "falcon",
+    "compass",
+    "orchard",
+    "glacier",
+    "violin",
+    "canyon",
+    "beacon",
+    "willow",
+    "summit",
+    "pebble",
+    "comet",
+    "thistle",
+    "anchor",
+    "prairie",
+    "ember",
+]
 COLOURS = ["red", "blue", "green", "yellow", "white", "black"]
 
 NEEDLE = "The special magic number for {k} is {v}."
@@ -69,7 +109,9 @@ VT_LINK = "VAR {a} = VAR {b}."
 VT_RE = re.compile(r"VAR ([A-Z]+) = (?:VAR ([A-Z]+)|(\d+))\.")
 STALE_FIRST = "The access code of the {k} locker is {v}."
 STALE_UPDATE = "Later, the access code of the {k} locker was changed to {v}."
-STALE_RE = re.compile(r"(?:The access code of the|Later, the access code of the) ([\w-]+) locker (?:is|was changed to) (\d+)\.")
+STALE_RE = re.compile(
+    r"(?:The access code of the|Later, the access code of the) ([\w-]+) locker (?:is|was changed to) (\d+)\."
+)
 TALLY = "A {c} marble was put into the jar."
 TALLY_RE = re.compile(r"A (\w+) marble was put into the jar\.")
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
@@ -163,9 +205,14 @@ def _plan(task: str, rng: random.Random, *, distractors: int, hops: int, updates
         order = list(range(n))
         rng.shuffle(order)
         k = keys[0]
-        return _Plan([facts[i] for i in order], [i == 0 for i in order],
-                     Query(f"What is the special magic number for {k}?", f"The special magic number for {k} is").text,
-                     vals[0], k, {"keys": keys})
+        return _Plan(
+            [facts[i] for i in order],
+            [i == 0 for i in order],
+            Query(f"What is the special magic number for {k}?", f"The special magic number for {k} is").text,
+            vals[0],
+            k,
+            {"keys": keys},
+        )
     if task == "multivalue":
         keys = _keys(rng, 1 + distractors)
         vals = _numbers(rng, count + distractors, 7)
@@ -174,41 +221,62 @@ def _plan(task: str, rng: random.Random, *, distractors: int, hops: int, updates
         facts = [VALUE.format(k=k, v=v) for k, v in zip(owners, vals)]
         k = keys[0]
         mine = [v for o, v in zip(owners, vals) if o == k]
-        return _Plan(facts, [o == k for o in owners],
-                     Query(f"What are all the special magic numbers for {k}?", f"The special magic numbers for {k} are").text,
-                     ", ".join(mine), k, {"keys": keys, "values": mine})
+        return _Plan(
+            facts,
+            [o == k for o in owners],
+            Query(f"What are all the special magic numbers for {k}?", f"The special magic numbers for {k} are").text,
+            ", ".join(mine),
+            k,
+            {"keys": keys, "values": mine},
+        )
     if task == "vt":
         names = _var_names(rng, 2 * (hops + 1))
         vals = _numbers(rng, 2, 5)
         chains = []
         for c in range(2):
-            vs = names[c * (hops + 1):(c + 1) * (hops + 1)]
-            chains.append([VT_VALUE.format(a=vs[0], v=vals[c])] + [VT_LINK.format(a=vs[i + 1], b=vs[i]) for i in range(hops)])
+            vs = names[c * (hops + 1) : (c + 1) * (hops + 1)]
+            chains.append(
+                [VT_VALUE.format(a=vs[0], v=vals[c])] + [VT_LINK.format(a=vs[i + 1], b=vs[i]) for i in range(hops)]
+            )
         # interleave the two chains, each in its own order
         slots = [0] * len(chains[0]) + [1] * len(chains[1])
         rng.shuffle(slots)
         its = [iter(chains[0]), iter(chains[1])]
         facts = [next(its[s]) for s in slots]
         last = names[hops]
-        return _Plan(facts, [s == 0 for s in slots],
-                     Query(f"What is the value of VAR {last}?", f"VAR {last} =").text,
-                     vals[0], last, {"chain": names[:hops + 1], "distractor_chain": names[hops + 1:],
-                                     "distractor_value": vals[1]})
+        return _Plan(
+            facts,
+            [s == 0 for s in slots],
+            Query(f"What is the value of VAR {last}?", f"VAR {last} =").text,
+            vals[0],
+            last,
+            {"chain": names[: hops + 1], "distractor_chain": names[hops + 1 :], "distractor_value": vals[1]},
+        )
     if task == "stale":
         k = _keys(rng, 1)[0]
         vals = _numbers(rng, updates + 1, 4)
         facts = [STALE_FIRST.format(k=k, v=vals[0])] + [STALE_UPDATE.format(k=k, v=v) for v in vals[1:]]
-        return _Plan(facts, [i == len(facts) - 1 for i in range(len(facts))],
-                     Query(f"What is the access code of the {k} locker now?", f"The access code of the {k} locker is").text,
-                     vals[-1], k, {"values": vals})
+        return _Plan(
+            facts,
+            [i == len(facts) - 1 for i in range(len(facts))],
+            Query(f"What is the access code of the {k} locker now?", f"The access code of the {k} locker is").text,
+            vals[-1],
+            k,
+            {"values": vals},
+        )
     if task == "count":
         colour, *others = rng.sample(COLOURS, 3)
         n_other = rng.randint(1, 3)
         tallies = [colour] * count + [rng.choice(others) for _ in range(n_other)]
         rng.shuffle(tallies)
-        return _Plan([TALLY.format(c=c) for c in tallies], [c == colour for c in tallies],
-                     Query(f"How many {colour} marbles were put into the jar?", f"The number of {colour} marbles is").text,
-                     str(count), colour, {"tallies": tallies})
+        return _Plan(
+            [TALLY.format(c=c) for c in tallies],
+            [c == colour for c in tallies],
+            Query(f"How many {colour} marbles were put into the jar?", f"The number of {colour} marbles is").text,
+            str(count),
+            colour,
+            {"tallies": tallies},
+        )
     raise MasklabError(f"unknown long-context task {task!r}: use one of {', '.join(TASKS)}")
 
 
@@ -235,8 +303,17 @@ def fill(pool: list[str], budget: int, tokenizer, n_tokens: int) -> list[str]:
             raise MasklabError(f"the filler text is too short for {n_tokens} tokens")
 
 
-def make_example(task: str, n_tokens: int, seed: int, tokenizer=None, *, distractors: int = 3, hops: int = 3,
-                 updates: int = 2, count: int = 3) -> LongExample:
+def make_example(
+    task: str,
+    n_tokens: int,
+    seed: int,
+    tokenizer=None,
+    *,
+    distractors: int = 3,
+    hops: int = 3,
+    updates: int = 2,
+    count: int = 3,
+) -> LongExample:
     """One seeded example of ``task`` whose ``context + query`` is ``n_tokens`` long under
     ``tokenizer`` (a Hugging Face tokenizer; None counts words and punctuation marks)."""
     if task not in TASKS:
@@ -278,9 +355,20 @@ def make_example(task: str, n_tokens: int, seed: int, tokenizer=None, *, distrac
     spans = [(starts[g], starts[g] + len(sentences[g])) for g in gold]
     context = " ".join(sentences)
     tspans = token_spans(token_offsets(tokenizer, context), spans)
-    return LongExample(units=sentences, gold=gold, task=task, query=plan.query, answer=plan.answer, key=plan.key,
-                       gold_spans=spans, gold_token_spans=tspans, n_tokens=n, target_tokens=n_tokens, seed=seed,
-                       meta=plan.meta)
+    return LongExample(
+        units=sentences,
+        gold=gold,
+        task=task,
+        query=plan.query,
+        answer=plan.answer,
+        key=plan.key,
+        gold_spans=spans,
+        gold_token_spans=tspans,
+        n_tokens=n,
+        target_tokens=n_tokens,
+        seed=seed,
+        meta=plan.meta,
+    )
 
 
 def make_examples(task: str, n_tokens: int, n: int, seed: int = 0, tokenizer=None, **kw) -> list[LongExample]:

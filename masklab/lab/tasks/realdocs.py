@@ -35,8 +35,13 @@ ROOT, ROOT2, ROOT3, CORPUS = DATA / "realdocs", DATA / "realdocs2", DATA / "real
 KINDS = ("single", "two", "bridge", "comparison", "latest", "multi")
 MULTI_UNIT = ("two", "bridge", "comparison", "latest", "multi")  # kinds whose evidence spans units (or passages)
 SPLITS = ("val", "test", "test2", "test3")
-WHERE = {"val": (ROOT, "val"), "test": (ROOT, "test"), "test2": (ROOT2, "test"), "test3": (ROOT3, "test"),
-         "corpus-val": (CORPUS, "val")}  # split -> (folder, its split); corpus-val: the training corpus's val
+WHERE = {
+    "val": (ROOT, "val"),
+    "test": (ROOT, "test"),
+    "test2": (ROOT2, "test"),
+    "test3": (ROOT3, "test"),
+    "corpus-val": (CORPUS, "val"),
+}  # split -> (folder, its split); corpus-val: the training corpus's val
 PASSAGE_GAP = "\n\n"  # between the passages of a ``multi`` question's text
 
 
@@ -122,8 +127,14 @@ def _read(root: Path) -> tuple[dict, list[RealQuestion]]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise MasklabError(f"{where}: not JSON ({e})") from None
-            missing = {"id", "kind", "question", "evidence", "answers", "passages" if row.get("kind") == "multi"
-                       else "doc"} - set(row)
+            missing = {
+                "id",
+                "kind",
+                "question",
+                "evidence",
+                "answers",
+                "passages" if row.get("kind") == "multi" else "doc",
+            } - set(row)
             if missing:
                 raise MasklabError(f"{where}: missing {', '.join(sorted(missing))}")
             if row["kind"] not in KINDS:
@@ -132,8 +143,9 @@ def _read(root: Path) -> tuple[dict, list[RealQuestion]]:
             for which in ("evidence", "stale", "negatives"):
                 for s in getattr(q, which):
                     if q.text.count(s) != 1:
-                        raise MasklabError(f"{where}: {which} string occurs {q.text.count(s)} times in "
-                                           f"{q.doc}, not once: {s[:60]!r}")
+                        raise MasklabError(
+                            f"{where}: {which} string occurs {q.text.count(s)} times in {q.doc}, not once: {s[:60]!r}"
+                        )
             if not q.evidence or not q.answers:
                 raise MasklabError(f"{where}: evidence and answers must not be empty")
             if q.kind in MULTI_UNIT and q.kind != "latest" and len(q.evidence) < 2:
@@ -180,8 +192,10 @@ def check_frozen(root: Path = ROOT) -> None:
     now = _hashes(root)
     if now != frozen["files"]:
         changed = sorted(k for k in set(now) | set(frozen["files"]) if now.get(k) != frozen["files"].get(k))
-        raise MasklabError(f"the real-document benchmark differs from frozen.json in {', '.join(changed)}: "
-                           "it was frozen before the work it judges and must not change")
+        raise MasklabError(
+            f"the real-document benchmark differs from frozen.json in {', '.join(changed)}: "
+            "it was frozen before the work it judges and must not change"
+        )
 
 
 @lru_cache(maxsize=None)
@@ -251,7 +265,7 @@ def cut(text: str, chars: int) -> str:
     if len(text) <= chars:
         return text
     end = text.rfind("\n\n", 0, chars)
-    return text[:end + 1] if end > 0 else text[:chars]
+    return text[: end + 1] if end > 0 else text[:chars]
 
 
 def rebuild(root: Path) -> list[str]:
@@ -261,7 +275,9 @@ def rebuild(root: Path) -> list[str]:
     spec = json.loads((root / "sources.json").read_text())
     (root / "docs").mkdir(exist_ok=True)
     for name, d in spec["docs"].items():
-        (root / "docs" / f"{name}.txt").write_text(cut(extract(d["source"]), d.get("chars", spec["chars"])), encoding="utf-8")
+        (root / "docs" / f"{name}.txt").write_text(
+            cut(extract(d["source"]), d.get("chars", spec["chars"])), encoding="utf-8"
+        )
     if not (root / "split.json").exists():
         split: dict[str, list[str]] = {}
         for name, d in spec["docs"].items():
@@ -277,11 +293,18 @@ def rebuild(root: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m masklab.lab.tasks.realdocs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="validate the files and print counts and word overlap")
-    ap.add_argument("--rebuild", action="store_true", help="write docs/ from the machine's files (sources.json) "
-                    "and fail where one differs from frozen.json")
+    ap.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="write docs/ from the machine's files (sources.json) and fail where one differs from frozen.json",
+    )
     ap.add_argument("--freeze", action="store_true", help="write frozen.json (the hash of every file)")
-    ap.add_argument("--root", type=Path, default=ROOT, help="the benchmark folder (default: the packaged one; "
-                    f"also {ROOT2} and {CORPUS})")
+    ap.add_argument(
+        "--root",
+        type=Path,
+        default=ROOT,
+        help=f"the benchmark folder (default: the packaged one; also {ROOT2} and {CORPUS})",
+    )
     a = ap.parse_args(argv)
     if a.rebuild:
         changed = rebuild(a.root)
@@ -293,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         kinds = {k: n for k in KINDS if (n := sum(q.kind == k for q in sq))}
         multi = sum(q.kind in MULTI_UNIT for q in sq) / max(1, len(sq))
         share = sum(map(overlap, sq)) / max(1, len(sq))
-        print(f"{s}: {len(names)} documents, {len(sq)} questions {kinds}, multi-unit share {multi:.2f}, mean "
-              f"content-word overlap {share:.2f}, {sum(bool(q.negatives) for q in sq)} with hard negatives")
+        print(
+            f"{s}: {len(names)} documents, {len(sq)} questions {kinds}, multi-unit share {multi:.2f}, mean "
+            f"content-word overlap {share:.2f}, {sum(bool(q.negatives) for q in sq)} with hard negatives"
+        )
     if a.check:
         for q in sorted(qs, key=overlap, reverse=True)[:10]:
             print(f"  overlap {overlap(q):.2f}  {q.id}: {q.question}")
@@ -318,6 +343,6 @@ def speed_document(tokens: int, tokenizer, name: str = "pydoc-execmodel", split:
     qs = [q for q in load(split) if q.doc == name]
     full = segment(qs[0].text, tokenizer)
     lengths, n = full.lengths(tokenizer), 0
-    while n < len(lengths) and sum(lengths[:n + 1]) <= tokens:
+    while n < len(lengths) and sum(lengths[: n + 1]) <= tokens:
         n += 1
     return Document(units=full.units[:n], spans=full.spans[:n], source=full.source), [q.question for q in qs]

@@ -49,8 +49,16 @@ def load_squad(path: str | Path, limit: int | None = None) -> list[SquadExample]
                 for qa in para["qas"]:
                     if not qa["answers"]:
                         continue  # SQuAD 2.0 unanswerable questions
-                    out.append(SquadExample(str(qa["id"]), str(art.get("title", "")), para["context"], qa["question"],
-                                            [a["text"] for a in qa["answers"]], int(qa["answers"][0]["answer_start"])))
+                    out.append(
+                        SquadExample(
+                            str(qa["id"]),
+                            str(art.get("title", "")),
+                            para["context"],
+                            qa["question"],
+                            [a["text"] for a in qa["answers"]],
+                            int(qa["answers"][0]["answer_start"]),
+                        )
+                    )
                     if limit is not None and len(out) >= limit:
                         return out
     except (KeyError, TypeError, ValueError) as e:
@@ -89,5 +97,4 @@ def to_item(ex: SquadExample) -> SquadItem:
         at = ex.context.find(s[:20], pos)
         if at >= 0 and at <= ex.answer_start:
             gold, pos = i, at
-    return SquadItem(units=sentences, gold=[gold], query=Query(ex.question.strip()).text,
-                     answers=ex.answers, id=ex.id)
+    return SquadItem(units=sentences, gold=[gold], query=Query(ex.question.strip()).text, answers=ex.answers, id=ex.id)

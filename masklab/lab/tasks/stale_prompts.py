@@ -24,8 +24,28 @@ from functools import lru_cache
 from masklab.text.document import Example, pieces_at_stops
 from masklab.text.query import Query, answer_head
 
-NAMES = ["Maria", "Omar", "Priya", "Lena", "Tomas", "Aiko", "Daniel", "Fatima", "Jonas", "Chen",
-         "Sofia", "Kwame", "Elena", "Mateo", "Nadia", "Victor", "Hana", "Lucas", "Amara", "Ivan"]
+NAMES = [
+    "Maria",
+    "Omar",
+    "Priya",
+    "Lena",
+    "Tomas",
+    "Aiko",
+    "Daniel",
+    "Fatima",
+    "Jonas",
+    "Chen",
+    "Sofia",
+    "Kwame",
+    "Elena",
+    "Mateo",
+    "Nadia",
+    "Victor",
+    "Hana",
+    "Lucas",
+    "Amara",
+    "Ivan",
+]
 
 
 @dataclass(frozen=True)
@@ -41,39 +61,105 @@ class Attribute:
 
 
 ATTRIBUTES = [
-    Attribute("city",
-              ("{e} lives in {v}.", "{e} has an apartment in {v} and lives there.", "{e} settled in {v}."),
-              ("Later, {e} moved to {v}.", "{e} has since relocated to {v}.", "Update: {e} now lives in {v}.",
-               "After that, {e} left for {v} and lives there now."),
-              "In which city does {e} live now?", "{e} lives in",
-              ("Lisbon", "Oslo", "Madrid", "Vienna", "Dublin", "Prague", "Berlin", "Tokyo", "Cairo", "Lima",
-               "Warsaw", "Athens", "Nairobi", "Toronto", "Seoul", "Helsinki", "Chicago", "Sydney")),
-    Attribute("colour",
-              ("{e} owns a {v} car.", "{e} drives a {v} car.", "The car that {e} owns is {v}."),
-              ("Later, {e} had the car painted {v}.", "{e} has since repainted the car {v}.",
-               "Update: {e}'s car is now {v}."),
-              "What colour is {e}'s car now?", "{e}'s car is",
-              ("red", "blue", "green", "yellow", "black", "white", "purple", "silver", "brown")),
-    Attribute("job",
-              ("{e} works as a {v}.", "{e} has a job as a {v}.", "By profession, {e} is a {v}."),
-              ("Later, {e} changed careers and became a {v}.", "{e} has since retrained as a {v}.",
-               "Update: {e} now works as a {v}."),
-              "What is {e}'s job now?", "{e} works as a",
-              ("teacher", "pilot", "nurse", "baker", "lawyer", "farmer", "dentist", "chef", "painter",
-               "plumber", "journalist", "pharmacist", "librarian", "carpenter")),
-    Attribute("pet",
-              ("{e} has a dog named {v}.", "{e}'s dog is called {v}.", "{e} owns a dog whose name is {v}."),
-              ("Later, {e} renamed the dog {v}.", "{e}'s dog has since been renamed {v}.",
-               "Update: {e}'s dog is now called {v}."),
-              "What is the name of {e}'s dog now?", "{e}'s dog is called",
-              ("Rex", "Bella", "Luna", "Charlie", "Daisy", "Milo", "Rocky", "Buddy", "Coco", "Bruno", "Rusty", "Ziggy")),
-    Attribute("number",
-              ("The code of {e}'s locker is {v}.", "{e}'s locker opens with the code {v}.",
-               "{e} set the locker code to {v}."),
-              ("Later, {e} changed the locker code to {v}.", "{e} has since reset the locker code to {v}.",
-               "Update: the code of {e}'s locker is now {v}."),
-              "What is the code of {e}'s locker now?", "The code of {e}'s locker is",
-              tuple(str(n) for n in (4172, 3859, 9021, 6604, 2738, 5316, 8490, 1967, 7253, 3085, 6941, 2506))),
+    Attribute(
+        "city",
+        ("{e} lives in {v}.", "{e} has an apartment in {v} and lives there.", "{e} settled in {v}."),
+        (
+            "Later, {e} moved to {v}.",
+            "{e} has since relocated to {v}.",
+            "Update: {e} now lives in {v}.",
+            "After that, {e} left for {v} and lives there now.",
+        ),
+        "In which city does {e} live now?",
+        "{e} lives in",
+        (
+            "Lisbon",
+            "Oslo",
+            "Madrid",
+            "Vienna",
+            "Dublin",
+            "Prague",
+            "Berlin",
+            "Tokyo",
+            "Cairo",
+            "Lima",
+            "Warsaw",
+            "Athens",
+            "Nairobi",
+            "Toronto",
+            "Seoul",
+            "Helsinki",
+            "Chicago",
+            "Sydney",
+        ),
+    ),
+    Attribute(
+        "colour",
+        ("{e} owns a {v} car.", "{e} drives a {v} car.", "The car that {e} owns is {v}."),
+        (
+            "Later, {e} had the car painted {v}.",
+            "{e} has since repainted the car {v}.",
+            "Update: {e}'s car is now {v}.",
+        ),
+        "What colour is {e}'s car now?",
+        "{e}'s car is",
+        ("red", "blue", "green", "yellow", "black", "white", "purple", "silver", "brown"),
+    ),
+    Attribute(
+        "job",
+        ("{e} works as a {v}.", "{e} has a job as a {v}.", "By profession, {e} is a {v}."),
+        (
+            "Later, {e} changed careers and became a {v}.",
+            "{e} has since retrained as a {v}.",
+            "Update: {e} now works as a {v}.",
+        ),
+        "What is {e}'s job now?",
+        "{e} works as a",
+        (
+            "teacher",
+            "pilot",
+            "nurse",
+            "baker",
+            "lawyer",
+            "farmer",
+            "dentist",
+            "chef",
+            "painter",
+            "plumber",
+            "journalist",
+            "pharmacist",
+            "librarian",
+            "carpenter",
+        ),
+    ),
+    Attribute(
+        "pet",
+        ("{e} has a dog named {v}.", "{e}'s dog is called {v}.", "{e} owns a dog whose name is {v}."),
+        (
+            "Later, {e} renamed the dog {v}.",
+            "{e}'s dog has since been renamed {v}.",
+            "Update: {e}'s dog is now called {v}.",
+        ),
+        "What is the name of {e}'s dog now?",
+        "{e}'s dog is called",
+        ("Rex", "Bella", "Luna", "Charlie", "Daisy", "Milo", "Rocky", "Buddy", "Coco", "Bruno", "Rusty", "Ziggy"),
+    ),
+    Attribute(
+        "number",
+        (
+            "The code of {e}'s locker is {v}.",
+            "{e}'s locker opens with the code {v}.",
+            "{e} set the locker code to {v}.",
+        ),
+        (
+            "Later, {e} changed the locker code to {v}.",
+            "{e} has since reset the locker code to {v}.",
+            "Update: the code of {e}'s locker is now {v}.",
+        ),
+        "What is the code of {e}'s locker now?",
+        "The code of {e}'s locker is",
+        tuple(str(n) for n in (4172, 3859, 9021, 6604, 2738, 5316, 8490, 1967, 7253, 3085, 6941, 2506)),
+    ),
 ]
 ATTRIBUTE_NAMES = [a.name for a in ATTRIBUTES]
 
@@ -86,9 +172,17 @@ def distractor_pool() -> tuple[str, ...]:
     text = " ".join(topics[k] for k in sorted(topics))
     out = set()
     for s in pieces_at_stops(text):
-        if (40 <= len(s) <= 160 and s[0].isupper() and s.endswith(".") and "e.g." not in s and "i.e." not in s and "--" not in s
-                and not re.search(r"[`*:=\[\]{}()<>|\\\"#_;]", s) and not re.search(r"\d", s)
-                and not re.match(r"[A-Z]\w* [A-Z]", s)):  # drops headings run into a sentence
+        if (
+            40 <= len(s) <= 160
+            and s[0].isupper()
+            and s.endswith(".")
+            and "e.g." not in s
+            and "i.e." not in s
+            and "--" not in s
+            and not re.search(r"[`*:=\[\]{}()<>|\\\"#_;]", s)
+            and not re.search(r"\d", s)
+            and not re.match(r"[A-Z]\w* [A-Z]", s)
+        ):  # drops headings run into a sentence
             out.add(s)
     return tuple(sorted(out))
 
@@ -127,8 +221,13 @@ class StalePrompt(Example):
         return self.classify(generated) == "current"
 
 
-def make_prompt(rng: random.Random, *, updates: tuple[int, int] = (1, 3), filler: tuple[int, int] = (0, 6),
-                attribute: str | None = None) -> StalePrompt:
+def make_prompt(
+    rng: random.Random,
+    *,
+    updates: tuple[int, int] = (1, 3),
+    filler: tuple[int, int] = (0, 6),
+    attribute: str | None = None,
+) -> StalePrompt:
     """One stale-fact prompt; ``updates`` and ``filler`` are inclusive ranges (number of
     updates; distractor sentences in each gap)."""
     attr = next(a for a in ATTRIBUTES if a.name == attribute) if attribute else rng.choice(ATTRIBUTES)
@@ -148,9 +247,19 @@ def make_prompt(rng: random.Random, *, updates: tuple[int, int] = (1, 3), filler
         sentences.append(fs)
     sentences += [next(fill) for _ in range(gaps[-1])]
     query = Query(attr.question.format(e=entity), attr.answer_prefix.format(e=entity)).text
-    p = StalePrompt(units=sentences, gold=[fact_index[-1]], query=query, entity=entity, attribute=attr.name,
-                    values=values, stale_spans=[], current_spans=[], n_updates=n_up,
-                    distance=fact_index[-1] - fact_index[-2] - 1, meta={"gaps": gaps, "fact_index": fact_index})
+    p = StalePrompt(
+        units=sentences,
+        gold=[fact_index[-1]],
+        query=query,
+        entity=entity,
+        attribute=attr.name,
+        values=values,
+        stale_spans=[],
+        current_spans=[],
+        n_updates=n_up,
+        distance=fact_index[-1] - fact_index[-2] - 1,
+        meta={"gaps": gaps, "fact_index": fact_index},
+    )
     # character spans of every value mention inside its fact sentence
     starts, pos = [], 0
     for s in sentences:

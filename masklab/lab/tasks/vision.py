@@ -121,7 +121,9 @@ def read_cifar_bin(path: Path, label_bytes: int) -> tuple[Tensor, Tensor]:
     raw = np.fromfile(path, dtype=np.uint8)
     record = label_bytes + CIFAR_PIXELS
     if raw.size == 0 or raw.size % record:
-        raise MasklabError(f"{path} is not a CIFAR binary file: {raw.size} bytes is not a multiple of the {record}-byte record")
+        raise MasklabError(
+            f"{path} is not a CIFAR binary file: {raw.size} bytes is not a multiple of the {record}-byte record"
+        )
     rec = raw.reshape(-1, record)
     x = torch.from_numpy(rec[:, label_bytes:].copy()).view(-1, 3, 32, 32)
     y = torch.from_numpy(rec[:, label_bytes - 1].astype(np.int64))
@@ -190,7 +192,9 @@ def load_imagefolder(data_dir: str | Path | None, image_size: int = 64) -> Visio
     # val labels must index the train class list
     val_classes = [c for c in classes if (path / "val" / c).is_dir()]
     test_y = torch.tensor([classes.index(val_classes[i]) for i in test_y.tolist()], dtype=torch.int64)
-    return VisionData("imagefolder", train_x, train_y, test_x, test_y, len(classes), 255.0, pad=max(1, image_size // 8), flip=True)
+    return VisionData(
+        "imagefolder", train_x, train_y, test_x, test_y, len(classes), 255.0, pad=max(1, image_size // 8), flip=True
+    )
 
 
 def load_vision(name: str, data_dir: str | Path | None = None, image_size: int = 64) -> VisionData:
