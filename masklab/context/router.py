@@ -420,8 +420,25 @@ def notes_of(pruned: Pruned, req: Request, windows: int) -> list[str]:
 
 
 def stack(docs: list[Document]) -> Document:
-    """The passages' units as one document (the document itself for one passage)."""
-    return docs[0] if len(docs) == 1 else Document(units=[u for d in docs for u in d.units])
+    """The passages' units as one document (the document itself for one passage), each unit keeping its
+    paragraph, its section and heading path (numbered on, passage after passage) and its passage."""
+    if len(docs) == 1:
+        return docs[0]
+    paragraphs, sections, titles, passage_of = [], [], [], []
+    for p, d in enumerate(docs):
+        n, base, start = len(d.units), len(titles), max(paragraphs) + 1 if paragraphs else 0
+        ids = d.paragraphs or list(range(n))
+        paragraphs += [start + g - min(ids) for g in ids]
+        sections += [base + g for g in (d.sections or [0] * n)]
+        titles += d.titles or [""]
+        passage_of += [p] * n
+    return Document(
+        units=[u for d in docs for u in d.units],
+        paragraphs=paragraphs,
+        sections=sections,
+        titles=titles,
+        passage_of=passage_of,
+    )
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,13 @@ class Document:
     gold: list[int] = field(default_factory=list)
     spans: list[tuple[int, int]] | None = None
     source: str | None = None
+    # where each unit stands (None where unknown): its blank-line paragraph, its section (the text under one
+    # heading: ``titles[section]`` is the heading path above it, "" before the first heading) and, in several
+    # passages read as one, its passage
+    paragraphs: list[int] | None = None
+    sections: list[int] | None = None
+    titles: list[str] | None = None
+    passage_of: list[int] | None = None
 
     @property
     def sentences(self) -> list[str]:
@@ -102,6 +109,26 @@ class Document:
         """Tokens of each unit as it sits in :attr:`context` (with its leading space);
         ``tokenizer`` None counts words and punctuation marks."""
         return [count_tokens(tokenizer, (" " if i else "") + u) for i, u in enumerate(self.units)]
+
+    def groups(self, level: str) -> list[int]:
+        """``(N,)`` each unit's group at ``level``: ``"paragraph"`` (a unit alone where paragraphs are
+        unknown) or ``"section"`` (a section never spans two passages; one section where unknown)."""
+        n = len(self.units)
+        if level == "paragraph":
+            ids = self.paragraphs or list(range(n))
+        elif level == "section":
+            ids = self.sections or [0] * n
+        else:
+            raise ValueError(f"unknown level {level!r}")
+        passage = self.passage_of or [0] * n
+        keys: dict[tuple[int, int], int] = {}
+        return [keys.setdefault((p, g), len(keys)) for p, g in zip(passage, ids)]
+
+    def title_of(self, i: int) -> str:
+        """The heading path above unit ``i`` ("" where it has none)."""
+        if not self.sections or not self.titles:
+            return ""
+        return self.titles[self.sections[i]]
 
     def text_of(self, kept: list[int]) -> str:
         """The kept units in reading order. With a ``source``, two units that were neighbours
@@ -212,6 +239,56 @@ def _heading(block: str) -> str | None:
     if len(w) <= 10 and len(s) <= 80 and s[-1] not in ".!?":
         return "generic"
     return None
+
+
+def _heading_title(block: str, underlines: dict[str, int]) -> tuple[int, str] | None:
+    """``(level, title)`` of a paragraph :func:`_heading` calls explicit, None for markers alone
+    ("Q.", "---"), which head no section. Levels: a Markdown heading's ``#`` count, a reST title's
+    underline character in the order first seen (``underlines`` records it), a numbered title's depth
+    ("2.1 Scope": 2), 1 for an all-caps line."""
+    lines = block.strip().splitlines()
+    if len(lines) in (2, 3) and _UNDERLINE.fullmatch(lines[-1]):
+        char = lines[-1].strip()[0] + ("o" if len(lines) == 3 else "")
+        return underlines.setdefault(char, len(underlines) + 1), lines[-2].strip()
+    s = lines[0].strip()
+    if _MARKER_ONLY.fullmatch(s):
+        return None
+    if _ATX.fullmatch(lines[0]):
+        title = s.lstrip("#").strip().rstrip("#").strip()
+        return (len(s) - len(s.lstrip("#")), title) if title else None
+    m = _NUMBERED.fullmatch(s)
+    if m and _title(m.group(1)):
+        return s[: m.start(1)].strip().rstrip(".").count(".") + 1, s
+    return 1, s
+
+
+def _structure(text: str, units: list[tuple[int, int]], headings: list[tuple[int, int]]):
+    """``(paragraphs, sections, titles)`` of units at character spans ``units``: each unit's blank-line
+    paragraph (the one its last character is in), its section (the last explicit heading that starts
+    before its last character; 0 before any) and each section's heading path (``" > "``-joined titles of
+    the headings above it by level)."""
+    from bisect import bisect_right
+
+    paras = _paragraphs(text)
+    starts = [a for a, _ in paras]
+    paragraphs = [max(0, bisect_right(starts, b - 1) - 1) for _, b in units]
+    for a, b in paras:  # a man page's "OPTIONS" line over its indented text, in one paragraph
+        first = text[a:b].split("\n", 1)
+        if len(first) == 2 and _heading(first[0]) == "explicit" and _indent(first[1]) > _indent(first[0]):
+            headings.append((a, a + len(first[0])))
+    titles, where, path, underlines = [""], [], [], {}
+    for a, b in sorted(set(headings)):
+        head = _heading_title(text[a:b], underlines)
+        if head is None:
+            continue
+        level, title = head
+        while path and path[-1][0] >= level:
+            path.pop()
+        path.append((level, " ".join(title.split())))
+        titles.append(" > ".join(t for _, t in path))
+        where.append(a)
+    sections = [bisect_right(where, b - 1) for _, b in units]
+    return paragraphs, sections, titles
 
 
 def _lines(text: str, a: int, b: int) -> list[tuple[int, int]]:
@@ -354,10 +431,12 @@ def segment(text: str, tokenizer=None, unit_tokens: int = UNIT_TOKENS) -> Docume
     if not text.strip():
         raise MasklabError("the context is empty")
     spans: list[tuple[int, int]] = []
+    headings: list[tuple[int, int]] = []  # the explicit headings (they start sections)
     pending = None  # [start, end, explicit, last_generic]: headings waiting for their text
     prev_indent = None
     for p0, p1 in _paragraphs(text):
         blocks, prev_indent = _blocks(text, p0, p1, prev_indent, tokenizer, unit_tokens)
+        headings += [bspans[0] for kind, bspans in blocks if kind == "explicit"]
         for kind, bspans in blocks:
             if kind == "units":
                 if pending is not None:
@@ -395,7 +474,10 @@ def segment(text: str, tokenizer=None, unit_tokens: int = UNIT_TOKENS) -> Docume
         if unit:
             units.append(unit)
             trimmed.append((a + lead, a + lead + len(unit)))
-    return Document(units=units, spans=trimmed, source=text)
+    paragraphs, sections, titles = _structure(text, trimmed, headings)
+    return Document(
+        units=units, spans=trimmed, source=text, paragraphs=paragraphs, sections=sections, titles=titles
+    )
 
 
 # --------------------------------------------------------------------------- plain sentence cuts
