@@ -77,13 +77,12 @@ def neighbourhood(units: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class ContextHead(torch.nn.Module):
-    """``(s (N,), x (N, F)) -> (N,)`` logits ``a * (s + mlp(x)) + b`` (module docstring)."""
+    """``(s (N,), x (N, F)) -> (N,)`` logits ``a * (s + mlp(x)) + b`` (module docstring); ``features``:
+    F (``len(FEATURES)``; the passage pruner's head reads more, :mod:`masklab.context.passage`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, features: int = len(FEATURES)) -> None:
         super().__init__()
-        self.mlp = torch.nn.Sequential(
-            torch.nn.Linear(len(FEATURES), HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)
-        )
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(features, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1))
         torch.nn.init.zeros_(self.mlp[2].weight)  # the residual starts at zero: the pruner's ranking
         torch.nn.init.zeros_(self.mlp[2].bias)
         self.register_buffer("calibration", torch.tensor([1.0 / TEMPERATURE, 0.0]))  # a, b (fitted after training)
@@ -97,17 +96,18 @@ class ContextHead(torch.nn.Module):
         return a * self.rank_scores(s, x) + b
 
 
-def load_head(path: Path) -> tuple[ContextHead, dict]:
-    """The :class:`ContextHead` of a file :func:`save` wrote, and its meta."""
+def load_head(path: Path, features: tuple[str, ...] = FEATURES) -> tuple[ContextHead, dict]:
+    """The :class:`ContextHead` of a file :func:`save` wrote, and its meta; refused unless it was trained
+    on ``features``."""
     from safetensors.torch import load_file
 
     meta_path = path.with_suffix(".json")
     if not path.is_file() or not meta_path.is_file():
         raise MasklabError(f"no context pruner at {path} (it needs {path.name} and {meta_path.name})")
     meta = json.loads(meta_path.read_text())
-    if meta.get("features") != list(FEATURES):
+    if meta.get("features") != list(features):
         raise MasklabError(f"{path} was trained on other features than this version computes: retrain it")
-    head = ContextHead()
+    head = ContextHead(len(features))
     head.load_state_dict(load_file(str(path)))
     head.eval()
     for p in head.parameters():

@@ -44,6 +44,7 @@ class Example:
     units: Tensor
     q: Tensor
     target: list[int]
+    feats: tuple[Tensor, Tensor] | None = None  # (s, x) computed by the caller (the passage pruner's features)
 
 
 @dataclass
@@ -61,8 +62,8 @@ def train(examples: list[Example], cfg: HeadConfig) -> tuple[ContextHead, dict]:
     if not usable:
         raise MasklabError("no training question has a target unit: nothing to learn from")
     torch.manual_seed(cfg.seed)
-    head = ContextHead()
-    feats = [neighbourhood(e.units, e.q) for e in usable]
+    feats = [e.feats or neighbourhood(e.units, e.q) for e in usable]
+    head = ContextHead(feats[0][1].shape[1])
     opt = torch.optim.AdamW(head.mlp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
     order, losses, t0 = list(range(len(usable))), [], time.perf_counter()
@@ -97,14 +98,14 @@ def train(examples: list[Example], cfg: HeadConfig) -> tuple[ContextHead, dict]:
     }
 
 
-def save(head: ContextHead, path: Path, meta: dict) -> None:
-    """``path`` (``.safetensors``: the head) and ``path.with_suffix(".json")``."""
+def save(head: ContextHead, path: Path, meta: dict, features: tuple[str, ...] = FEATURES) -> None:
+    """``path`` (``.safetensors``: the head) and ``path.with_suffix(".json")`` (``features``: the ones it reads)."""
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(path))
     path.with_suffix(".json").write_text(
-        json.dumps({"design": "context-head", "features": list(FEATURES), **meta}, indent=1) + "\n"
+        json.dumps({"design": "context-head", "features": list(features), **meta}, indent=1) + "\n"
     )
 
 

@@ -1,0 +1,265 @@
+"""Training the passage pruner's head (``pruner-passage``, :mod:`masklab.context.passage`) and choosing it
+on val: what ``scripts/train_passage.py`` runs.
+
+The head is ``pruner-ctx``'s (:class:`~masklab.context.contextual.ContextHead`: a residual on the shipped
+pruner's cosine, then a calibration) reading :data:`~masklab.context.passage.FEATURES`: each unit's
+neighbourhood, its paragraph's and section's (or passage's) scores by embedding and by BM25, and a second
+hop. Targets: the causal ``union`` labels of ``pruner-ctx`` (the keep-set labels of every labelled training
+question of the corpus, with the round-5 random-ablation set where a question has one), so the comparison
+with the shipped ``pruner-ctx`` changes only what the head reads. Variants, everything else equal:
+
+* ``two-hop``: every feature;
+* ``one-hop``: the hop's features zeroed (the same head without a second hop): one hop vs two;
+* ``unit``: the passage and hop features zeroed: ``pruner-ctx``'s features retrained on these targets (the
+  control that isolates the passage level from the new training questions);
+
+beside the shipped ``pruner-ctx`` and the round-5 ``pruner``, on the corpus's val documents (every kind,
+``multi`` questions over 5-10 passages of different documents included), with the writers' marks as truth:
+MRR (the rank at which all evidence is in), all evidence kept at 0.1 and 0.25 of the tokens (with the best
+unit's neighbours, each variant's number chosen on val), and for ``multi`` questions whose evidence lies in
+two passages, both passages among the top two (passages ranked by their best unit). Paired tests against
+the shipped ``pruner-ctx``: sign flips on MRR, McNemar on kept.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from masklab.context.contextual import FEATURES as UNIT_FEATURES
+from masklab.context.passage import FEATURES, hop_query, passage_features
+from masklab.util.errors import MasklabError
+
+ROOT = Path(__file__).resolve().parents[2]
+HOP = tuple(i for i, f in enumerate(FEATURES) if "hop" in f or f == "with_best")  # what a second hop adds
+# name -> the feature columns zeroed (pruner-ctx's features come first)
+VARIANTS = {"two-hop": (), "one-hop": HOP, "unit": tuple(range(len(UNIT_FEATURES), len(FEATURES)))}
+KINDS = ("single", "two", "bridge", "comparison", "latest", "multi")
+
+
+def document(q, tok):
+    """The question's text cut as the product cuts it (:func:`~masklab.text.document.segment`), each unit
+    knowing its passage (a ``multi`` question's passages, joined by ``PASSAGE_GAP``, in order)."""
+    from masklab.lab.tasks.realdocs import PASSAGE_GAP
+    from masklab.text.document import segment
+
+    doc = segment(q.text, tok)
+    if q.passages:
+        ends, at = [], 0
+        for _, text in q.passages:
+            at += len(text)
+            ends.append(at)
+            at += len(PASSAGE_GAP)
+        doc.passage_of = [next(p for p, e in enumerate(ends) if a < e) for a, _ in doc.spans]
+    return doc
+
+
+def labelled(model: str) -> dict[str, list[int]]:
+    """The ``union`` target units (document unit indices) of every labelled training question, by key."""
+    from masklab.lab.labels import keepset_target
+    from masklab.lab.train_ctx import CORPUS_LABELS, KEEPSET_GAIN
+    from masklab.lab.train_pruner import shipped_recipe, target_set
+    from masklab.util.files import read_jsonl
+
+    threshold = shipped_recipe()["threshold"]
+    out: dict[str, set[int]] = {}
+    for f in sorted(CORPUS_LABELS.glob(f"labels-{model}-train*.jsonl")):
+        for r in read_jsonl(f):
+            out.setdefault(r["key"], set()).update(r["window"][i] for i in target_set(r, "causal", threshold))
+    for f in sorted(CORPUS_LABELS.glob(f"labels-keepset-{model}-train*.jsonl")):
+        for r in read_jsonl(f):
+            out.setdefault(r["key"], set()).update(r["window"][i] for i in keepset_target(r, KEEPSET_GAIN))
+    if not out:
+        raise MasklabError(f"no corpus labels for {model} in {CORPUS_LABELS} (scripts/label_corpus.py makes them)")
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def features_of(questions: list, docs: dict, emb) -> dict:
+    """Each question's ``(s, x)`` (:func:`~masklab.context.passage.passage_features`), by id."""
+    q_vec = emb.encode([q.question for q in questions])
+    firsts = [emb.units(docs[q.id].units) @ v for q, v in zip(questions, q_vec)]
+    hops = emb.encode([hop_query(q.question, docs[q.id], s) for q, s in zip(questions, firsts)])
+    return {
+        q.id: passage_features(docs[q.id], emb.units(docs[q.id].units), v, h, q.question)
+        for q, v, h in zip(questions, q_vec, hops)
+    }
+
+
+def masked(feats: tuple, columns: tuple[int, ...]) -> tuple:
+    s, x = feats
+    if columns:
+        x = x.clone()
+        x[:, list(columns)] = 0.0
+    return s, x
+
+
+def passage_recall(row: dict) -> bool | None:
+    """Both evidence passages among the top two by their best unit (None unless the evidence lies in two)."""
+    ev = sorted({row["passage_of"][u] for g in row["gold"] for u in g})
+    if row["passage_of"] is None or len(ev) != 2:
+        return None
+    s = torch.tensor(row["scores"])
+    best = {}
+    for u, p in enumerate(row["passage_of"]):
+        best[p] = max(best.get(p, -1e9), float(s[u]))
+    top = sorted(best, key=lambda p: (-best[p], p))[:2]
+    return set(ev) <= set(top)
+
+
+def run(model: str, out: Path, command: str, epochs: int, ship: str | None = None) -> dict:
+    """Every variant of :data:`VARIANTS` trained on the same questions and targets and measured on the
+    corpus's val questions beside the shipped ``pruner-ctx`` (module docstring): ``out/results.json`` and
+    ``out/passage-VARIANT.safetensors``; ``ship``: that variant also into the package's weights."""
+    from masklab.context.contextual import probabilities
+    from masklab.context.routers.pruner import WEIGHTS, cached_pruner
+    from masklab.context.routers.pruner import _load_head as shipped_head
+    from masklab.lab.realdocs import answering_units, rank_of, sign_flip_p
+    from masklab.lab.revision import code_hash
+    from masklab.lab.stats import mcnemar, wilson
+    from masklab.lab.tasks import realdocs
+    from masklab.lab.train_ctx import HeadConfig, Example, choose_context, kept_at, save, train
+    from masklab.lab.labels import question_key
+    from masklab.pretrained.models import load
+    from masklab.util.files import write_json
+
+    t_all, c_all = time.perf_counter(), time.process_time()
+    tok = load(model).tokenizer
+    targets = labelled(model)
+    train_qs = [q for q in realdocs.load("train", realdocs.CORPUS) if question_key(q) in targets]
+    val = realdocs.load("val", realdocs.CORPUS)
+    docs = {q.id: document(q, tok) for q in train_qs + val}
+    pruner = cached_pruner(str(WEIGHTS / "causal.safetensors"))[0]
+    emb = pruner.embedder
+    t0 = time.perf_counter()
+    feats = features_of(train_qs + val, docs, emb)
+    feature_s = time.perf_counter() - t0
+    print(f"{len(train_qs)} training questions, {len(val)} val; features in {feature_s:.0f} s", file=sys.stderr)
+
+    def rows_of(score) -> list[dict]:
+        rows = []
+        for q in val:
+            doc = docs[q.id]
+            rows.append(
+                {
+                    "id": q.id,
+                    "kind": q.kind,
+                    "scores": [round(float(x), 5) for x in score(q)],
+                    "lengths": doc.lengths(tok),
+                    "gold": answering_units(doc, q.spans()),
+                    "passage_of": doc.passage_of,
+                }
+            )
+        return rows
+
+    ctx_head = shipped_head(str(WEIGHTS / "ctx-union.safetensors"))[0]
+    methods = {
+        "pruner-ctx": rows_of(lambda q: probabilities(ctx_head, emb.units(docs[q.id].units), emb.query(q.question))),
+        "pruner": rows_of(lambda q: feats[q.id][0]),
+    }
+    cfg, heads, records = HeadConfig(epochs=epochs), {}, {}
+    for name, columns in VARIANTS.items():
+        ex = [
+            Example(None, None, targets[question_key(q)], masked(feats[q.id], columns))
+            for q in train_qs
+            if targets[question_key(q)]
+        ]
+        head, records[name] = train(ex, cfg)
+        heads[name] = head
+        with torch.no_grad():
+            methods[name] = rows_of(lambda q: torch.sigmoid(head(*masked(feats[q.id], columns))))
+        print(name, records[name]["examples"], "examples", file=sys.stderr)
+
+    res = {
+        "command": command,
+        "model": model,
+        "code": code_hash("masklab.lab.train_passage"),
+        "config": cfg.__dict__,
+        "features": list(FEATURES),
+        "train_questions": len(train_qs),
+        "train_kinds": {k: sum(q.kind == k for q in train_qs) for k in KINDS},
+        "val_questions": len(val),
+        "val_kinds": {k: sum(q.kind == k for q in val) for k in KINDS},
+        "corpus": realdocs.digest(realdocs.CORPUS),
+        "feature_seconds": feature_s,
+        "train": records,
+        "context": {},
+        "summary": [],
+    }
+    base = methods["pruner-ctx"]
+    for name, rows in methods.items():
+        ctx = choose_context(rows)["context"]
+        res["context"][name] = ctx
+        for task in ("all", *KINDS):
+            idx = [i for i, r in enumerate(rows) if task == "all" or r["kind"] == task]
+            if not idx:
+                continue
+            sub, bsub = [rows[i] for i in idx], [base[i] for i in idx]
+            rr = [1 / rank_of(torch.tensor(r["scores"]), r["gold"]) for r in sub]
+            row = {"task": task, "method": name, "n": len(sub), "mrr": sum(rr) / len(sub), "context": ctx}
+            for keep in (0.1, 0.25):
+                key = f"kept@{round(keep * 100)}"
+                kept = kept_at(sub, keep, ctx)
+                row[key] = sum(kept) / len(sub)
+                row[f"{key}_lo"], row[f"{key}_hi"] = wilson(sum(kept), len(sub))
+                if name != "pruner-ctx":
+                    row[f"p_{key}_vs_ctx"] = mcnemar(kept, kept_at(bsub, keep, res["context"]["pruner-ctx"]))
+            recall = [x for x in map(passage_recall, sub) if x is not None]
+            if recall:
+                row["passages@2"], row["passages@2_n"] = sum(recall) / len(recall), len(recall)
+                row["passages@2_lo"], row["passages@2_hi"] = wilson(sum(recall), len(recall))
+                if name != "pruner-ctx":
+                    brec = [x for x in map(passage_recall, bsub) if x is not None]
+                    row["p_passages@2_vs_ctx"] = mcnemar(recall, brec)
+            if name != "pruner-ctx":
+                brr = [1 / rank_of(torch.tensor(r["scores"]), r["gold"]) for r in bsub]
+                row["p_mrr_vs_ctx"] = sign_flip_p(rr, brr)
+            res["summary"].append(row)
+    for task in ("all", *KINDS):
+        idx = [i for i, r in enumerate(methods["two-hop"]) if task == "all" or r["kind"] == task]
+        if not idx:
+            continue
+        a, b = [methods["two-hop"][i] for i in idx], [methods["one-hop"][i] for i in idx]
+        res["summary"].append(
+            {
+                "task": task,
+                "method": "two-vs-one-hop",
+                "n": len(idx),
+                "p_mrr": sign_flip_p(
+                    [1 / rank_of(torch.tensor(r["scores"]), r["gold"]) for r in a],
+                    [1 / rank_of(torch.tensor(r["scores"]), r["gold"]) for r in b],
+                ),
+                "p_kept@25": mcnemar(
+                    kept_at(a, 0.25, res["context"]["two-hop"]), kept_at(b, 0.25, res["context"]["one-hop"])
+                ),
+            }
+        )
+    res["rows"] = {name: [{"id": r["id"], "scores": r["scores"]} for r in rows] for name, rows in methods.items()}
+    res["val_rows"] = [
+        {"id": r["id"], "kind": r["kind"], "lengths": r["lengths"], "gold": r["gold"], "passage_of": r["passage_of"]}
+        for r in base
+    ]
+    res["seconds"] = {"wall": time.perf_counter() - t_all, "cpu": time.process_time() - c_all}
+    write_json(out / "results.json", res)
+    for name, head in heads.items():
+        meta = {"labels": "union", "variant": name, "model": model, "context": res["context"][name]}
+        meta.update(command=command, code=res["code"], train=records[name])
+        for folder in (out, *([WEIGHTS] if name == ship else [])):
+            save(head, folder / f"passage-{name}.safetensors", meta, FEATURES)
+    return res
+
+
+def summary_table(res: dict) -> str:
+    keys = ("mrr", "kept@10", "kept@25", "passages@2")
+    lines = []
+    for r in res["summary"]:
+        if "mrr" in r:
+            lines.append(
+                f"{r['task']:10} {r['method']:11} n={r['n']:4} "
+                + " ".join(f"{k}={r[k]:.3f}" for k in keys if k in r)
+                + " "
+                + " ".join(f"{k}={r[k]:.3g}" for k in r if k.startswith("p_"))
+            )
+    return "\n".join(lines)
