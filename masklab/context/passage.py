@@ -92,3 +92,10 @@ def passage_features(doc: Document, units: Tensor, q: Tensor, q_hop: Tensor, que
         group_bm = bm25(texts, [question, hop])
         cols += [z_max[g], zh_max[g], zscore(group_bm[0])[g], zscore(group_bm[1])[g]]
     return s, torch.cat([x, torch.stack(cols, dim=1)], dim=1)
+
+
+def together(doc: Document, scores: Tensor) -> Tensor:
+    """``(N,)`` ``scores`` with the pieces of one sentence that the unit-length cut split all given their best
+    piece's score, so they rank, and are kept, together."""
+    g = torch.tensor(doc.groups("sentence"))
+    return torch.full((int(g.max()) + 1,), -torch.inf).scatter_reduce(0, g, scores, "amax")[g]

@@ -424,11 +424,12 @@ def stack(docs: list[Document]) -> Document:
     paragraph, its section and heading path (numbered on, passage after passage) and its passage."""
     if len(docs) == 1:
         return docs[0]
-    paragraphs, sections, titles, passage_of = [], [], [], []
+    paragraphs, sections, titles, passage_of, sentences = [], [], [], [], []
     for p, d in enumerate(docs):
-        n, base, start = len(d.units), len(titles), max(paragraphs) + 1 if paragraphs else 0
-        ids = d.paragraphs or list(range(n))
-        paragraphs += [start + g - min(ids) for g in ids]
+        n, base = len(d.units), len(titles)
+        for out, ids in ((paragraphs, d.paragraphs), (sentences, d.sentences_of)):
+            start, ids = max(out) + 1 if out else 0, ids or list(range(n))
+            out += [start + g - min(ids) for g in ids]
         sections += [base + g for g in (d.sections or [0] * n)]
         titles += d.titles or [""]
         passage_of += [p] * n
@@ -438,6 +439,7 @@ def stack(docs: list[Document]) -> Document:
         sections=sections,
         titles=titles,
         passage_of=passage_of,
+        sentences_of=sentences,
     )
 
 

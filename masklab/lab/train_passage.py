@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from masklab.context.contextual import FEATURES as UNIT_FEATURES
-from masklab.context.passage import FEATURES, hop_query, passage_features
+from masklab.context.passage import FEATURES, hop_query, passage_features, together
 from masklab.util.errors import MasklabError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,12 +79,14 @@ def labelled(model: str) -> dict[str, list[int]]:
 
 def features_of(questions: list, docs: dict, emb) -> dict:
     """Each question's ``(s, x)`` (:func:`~masklab.context.passage.passage_features`), by id."""
+    from tqdm import tqdm
+
     q_vec = emb.encode([q.question for q in questions])
     firsts = [emb.units(docs[q.id].units) @ v for q, v in zip(questions, q_vec)]
     hops = emb.encode([hop_query(q.question, docs[q.id], s) for q, s in zip(questions, firsts)])
     return {
         q.id: passage_features(docs[q.id], emb.units(docs[q.id].units), v, h, q.question)
-        for q, v, h in zip(questions, q_vec, hops)
+        for q, v, h in tqdm(list(zip(questions, q_vec, hops)), desc="features", file=sys.stderr, mininterval=10)
     }
 
 
@@ -169,7 +171,7 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
         head, records[name] = train(ex, cfg)
         heads[name] = head
         with torch.no_grad():
-            methods[name] = rows_of(lambda q: torch.sigmoid(head(*masked(feats[q.id], columns))))
+            methods[name] = rows_of(lambda q: together(docs[q.id], torch.sigmoid(head(*masked(feats[q.id], columns)))))
         print(name, records[name]["examples"], "examples", file=sys.stderr)
 
     res = {

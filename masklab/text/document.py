@@ -92,6 +92,7 @@ class Document:
     sections: list[int] | None = None
     titles: list[str] | None = None
     passage_of: list[int] | None = None
+    sentences_of: list[int] | None = None  # each unit's sentence: the pieces of one the unit-length cut split share it
 
     @property
     def sentences(self) -> list[str]:
@@ -111,11 +112,12 @@ class Document:
         return [count_tokens(tokenizer, (" " if i else "") + u) for i, u in enumerate(self.units)]
 
     def groups(self, level: str) -> list[int]:
-        """``(N,)`` each unit's group at ``level``: ``"paragraph"`` (a unit alone where paragraphs are
-        unknown) or ``"section"`` (a section never spans two passages; one section where unknown)."""
+        """``(N,)`` each unit's group at ``level``: ``"sentence"`` (the pieces of one long sentence) or
+        ``"paragraph"`` (a unit alone where either is unknown), or ``"section"`` (a section never spans two
+        passages; one section where unknown)."""
         n = len(self.units)
-        if level == "paragraph":
-            ids = self.paragraphs or list(range(n))
+        if level in ("sentence", "paragraph"):
+            ids = (self.sentences_of if level == "sentence" else self.paragraphs) or list(range(n))
         elif level == "section":
             ids = self.sections or [0] * n
         else:
@@ -346,10 +348,15 @@ def _sentences(text: str, a: int, b: int, tokenizer, unit_tokens: int) -> list[t
     spans: list[tuple[int, int]] = []
     for x, y in out:
         if count_tokens(tokenizer, text[x:y]) > unit_tokens:
-            spans += _split_long(text[x:y], x, tokenizer, unit_tokens)
+            pieces = _split_long(text[x:y], x, tokenizer, unit_tokens)
+            spans += pieces[:1] + [_Piece(p) for p in pieces[1:]]
         else:
             spans.append((x, y))
     return spans
+
+
+class _Piece(tuple):
+    """The span of a piece of a sentence after its first, where the unit-length cut split it."""
 
 
 def _indent(line: str) -> int:
@@ -466,17 +473,25 @@ def segment(text: str, tokenizer=None, unit_tokens: int = UNIT_TOKENS) -> Docume
             spans[-1] = (spans[-1][0], pending[1])
         else:
             spans.append((pending[0], pending[1]))
-    units, trimmed = [], []
-    for a, b in spans:
+    units, trimmed, sentences = [], [], []
+    for span in spans:
+        a, b = span
         piece = text[a:b]
         lead = len(piece) - len(piece.lstrip())
         unit = piece.strip()
         if unit:
             units.append(unit)
             trimmed.append((a + lead, a + lead + len(unit)))
+            sentences.append(sentences[-1] if sentences and isinstance(span, _Piece) else len(sentences))
     paragraphs, sections, titles = _structure(text, trimmed, headings)
     return Document(
-        units=units, spans=trimmed, source=text, paragraphs=paragraphs, sections=sections, titles=titles
+        units=units,
+        spans=trimmed,
+        source=text,
+        paragraphs=paragraphs,
+        sections=sections,
+        titles=titles,
+        sentences_of=sentences,
     )
 
 
