@@ -1,6 +1,6 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   creates .venv, installs masklab, runs the quick GOTU reproduction
-#   make test   creates .venv, installs masklab, runs the whole test suite
+#   make test   creates .venv, installs masklab, runs ruff check and the whole test suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(BIN)/masklab reproduce gotu --quick --out runs/demo
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=20
 
 bench: $(STAMP)

@@ -47,7 +47,8 @@ def main() -> None:
     cpu = sum(r["metrics"]["cpu_seconds"] for r in runs)
     print(
         f"reproduce arith{' --quick' if args.quick else ''}: wall {wall:.0f} s, {len(runs)} runs, "
-        f"sum of run times {sum(r['seconds'] for r in runs):.0f} s, CPU {cpu:.0f} s (/{args.jobs} jobs = {cpu / args.jobs:.0f} s), "
+        f"sum of run times {sum(r['seconds'] for r in runs):.0f} s, "
+        f"CPU {cpu:.0f} s (/{args.jobs} jobs = {cpu / args.jobs:.0f} s), "
         f"load {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
 

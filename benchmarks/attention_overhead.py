@@ -18,8 +18,8 @@ every path:
 
 Part 2, a whole training step (forward, loss, backward, AdamW step) of each study's model at
 its default size, random inputs: without prior, with a learnable prior (``auto``: math at
-these lengths, all <= 64), with the prior on ``impl="math"`` and on ``impl="blocked"``, and (with ``--compile``) ``torch.compile`` of
-the model without and with prior.
+these lengths, all <= 64), with the prior on ``impl="math"`` and on ``impl="blocked"``, and (with
+``--compile``) ``torch.compile`` of the model without and with prior.
 
 Variants are interleaved within every repetition so machine noise hits all alike; each figure
 is a median over ``--reps`` repetitions after 2 warm-ups. Only ratios are written to the JSON

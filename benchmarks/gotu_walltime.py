@@ -35,7 +35,8 @@ def main() -> None:
     runs = json.loads((out / "results.json").read_text())["runs"]
     print(
         f"reproduce gotu{' --quick' if args.quick else ''}: wall {wall:.0f} s, {len(runs)} runs, "
-        f"sum of run times {sum(r['seconds'] for r in runs):.0f} s, load {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        f"sum of run times {sum(r['seconds'] for r in runs):.0f} s, "
+        f"load {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
 
 

@@ -10,7 +10,8 @@ CPU seconds, passes and labels of each way. The labels must agree; the speed-up 
 ``sum(CPU-s without) / sum(CPU-s with)`` over all examples (a wrong answer costs its
 generation and gets no labels, as in training), with a paired bootstrap 95% interval.
 
-    .venv/bin/python benchmarks/label_cost.py [--models smollm2-135m,gemma3-270m] [--per-kind 8] [--out benchmarks/label_cost.json]
+    .venv/bin/python benchmarks/label_cost.py [--models smollm2-135m,gemma3-270m] [--per-kind 8]
+        [--out benchmarks/label_cost.json]
 """
 
 from __future__ import annotations
@@ -106,8 +107,10 @@ def main() -> None:
     for m, r in res["models"].items():
         print(
             f"{m}: {r['labelled']} of {r['examples']} labelled, the same evidence / attention labels "
-            f"{r['same_evidence_labelled']} / {r['same_attention_labelled']} of the {r['labelled_either']} labelled on either side, "
-            f"CPU-s per labelled {r['cpu_s_per_labelled']['full reads']:.1f} -> {r['cpu_s_per_labelled']['cached prefix']:.1f}, "
+            f"{r['same_evidence_labelled']} / {r['same_attention_labelled']} "
+            f"of the {r['labelled_either']} labelled on either side, "
+            f"CPU-s per labelled {r['cpu_s_per_labelled']['full reads']:.1f} "
+            f"-> {r['cpu_s_per_labelled']['cached prefix']:.1f}, "
             f"{r['speedup']:.2f}x [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
         )
 

@@ -1,7 +1,8 @@
 """What a router that reads the context through the LM's first layers costs, next to the
 full prefill and to the prefill of a pruned context (ratios from one interleaved run).
 
-    python benchmarks/longctx_prefill.py [--model smollm2-135m] [--lengths 512,1024] [--layers 1,2] [--keep 0.25] [--reps 3]
+    python benchmarks/longctx_prefill.py [--model smollm2-135m] [--lengths 512,1024] [--layers 1,2]
+        [--keep 0.25] [--reps 3]
 
 For each length n, one niah example of n tokens (masklab/lab/tasks/longctx.py) in the model's
 prompt format; timed interleaved (median of ``reps``, one thread):

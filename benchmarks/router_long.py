@@ -1,7 +1,8 @@
 """The trained ``evidence`` router on a long document, end to end, next to ``bm25`` and to one
 pass of the model's first layers (ratios from one interleaved run).
 
-    .venv/bin/python benchmarks/router_long.py [--models smollm2-135m,gemma3-270m] [--rounds 3] [--out benchmarks/router_long.json]
+    .venv/bin/python benchmarks/router_long.py [--models smollm2-135m,gemma3-270m] [--rounds 3]
+        [--out benchmarks/router_long.json]
 
 The document is the GPL version 3 (``/usr/share/common-licenses/GPL-3``, or
 ``masklab/data/realdocs/docs/gpl-3.txt`` where present; about 7,500 tokens, one router

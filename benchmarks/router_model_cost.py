@@ -1,7 +1,8 @@
 """What routing with a small model costs next to the answering model's prefill (issue: route
 with a small model, answer with any model): ratios from one interleaved run.
 
-    .venv/bin/python benchmarks/router_model_cost.py [--tokens 2048] [--rounds 5] [--out benchmarks/router_model_cost.json]
+    .venv/bin/python benchmarks/router_model_cost.py [--tokens 2048] [--rounds 5]
+        [--out benchmarks/router_model_cost.json]
 
 A context of ``--tokens`` tokens (the start of the GPL version 3 text of the real-document
 benchmark, cut at a unit boundary) and one question. Per ordered pair (ranking model,

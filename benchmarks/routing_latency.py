@@ -46,7 +46,8 @@ def main() -> None:
     budget = parse_budget(args.budget)
     rows = []
     print(
-        f"threads={args.threads} budget={args.budget} teacher 64x4, router {args.router_dim}x{args.router_depth} ({args.router_heads} heads)"
+        f"threads={args.threads} budget={args.budget} teacher 64x4, "
+        f"router {args.router_dim}x{args.router_depth} ({args.router_heads} heads)"
     )
     print(f"{'items':>6} {'batch':>5} {'dense ms':>9} {'routed ms':>10} {'speed-up':>9} {'FLOPs ratio':>12}")
     for n in (int(x) for x in args.items.split(",")):

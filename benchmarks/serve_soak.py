@@ -227,7 +227,8 @@ def main() -> None:
         "--max-context-bytes",
         type=int,
         default=65_536,
-        help="the server's --max-context-bytes; the long documents are 90-99%% of it (default 65536: one takes the 2 shared cores ~10 s)",
+        help="the server's --max-context-bytes; the long documents are 90-99%% of it "
+        "(default 65536: one takes the 2 shared cores ~10 s)",
     )
     ap.add_argument("--repeated-docs", type=int, default=40, help="fixed documents the repeated requests draw from")
     ap.add_argument("--server-args", default="", help='more flags for masklab serve, e.g. "--no-trim"')

@@ -91,19 +91,22 @@ def _common(
     ap.add_argument(
         "--keep-old-runs",
         action="store_true",
-        help="keep finished runs in --out that other code made; results.md then warns that the table mixes code (default off: they are run again)",
+        help="keep finished runs in --out that other code made; results.md then warns that the table mixes code "
+        "(default off: they are run again)",
     )
     ap.add_argument(
         "--executor",
         choices=EXECUTORS,
         default="local",
-        help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; docs/cluster.md) (default local)",
+        help="where runs execute: local (this machine, --jobs at a time) or ray "
+        "(one Ray task per run; docs/cluster.md) (default local)",
     )
     ap.add_argument(
         "--ray-address",
         metavar="ADDR",
         default=None,
-        help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster (default the running local one, else a new one on this machine)",
+        help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster "
+        "(default the running local one, else a new one on this machine)",
     )
     device_flags(ap)
 
@@ -182,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--stale",
         action="store_true",
-        help="only list the results files holding runs made by code other than this checkout's, comments, docstrings and formatting aside (stale), or by code that cannot be told (unknown), and why; exit 1 if any: run before a release",
+        help="only list the results files holding runs made by code other than this checkout's, comments, docstrings "
+        "and formatting aside (stale), or by code that cannot be told (unknown), and why; exit 1 if any: "
+        "run before a release",
     )
     rp.add_argument(
         "--root",
@@ -203,12 +208,13 @@ def report(args: argparse.Namespace) -> int:
         listed = doctables.stale_results(root)
         for path, state, whys in listed:
             print(
-                f"{state}: {path} ({'; '.join(f'{n} runs by {why}' if why.startswith('code ') else why for why, n in whys.items())})"
+                f"{state}: {path} "
+                f"({'; '.join(f'{n} runs by {why}' if why.startswith('code ') else why for why, n in whys.items())})"
             )
         n, stale = len(doctables.results_paths(root)), sum(state == "stale" for _, state, _ in listed)
         print(
-            f"{n - len(listed)} of {n} results files were made by this checkout's code (comments, docstrings and formatting "
-            f"aside); {stale} stale, {len(listed) - stale} unknown",
+            f"{n - len(listed)} of {n} results files were made by this checkout's code "
+            f"(comments, docstrings and formatting aside); {stale} stale, {len(listed) - stale} unknown",
             file=sys.stderr,
         )
         return 1 if listed else 0

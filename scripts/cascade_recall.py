@@ -12,9 +12,9 @@ its best unit's score, and the ``--windows`` best windows are read. A question c
 marked answering unit lies in a window read (``recall`` at each count of windows, Wilson intervals,
 McNemar against the pruner's; each row stores how many windows its evidence needed).
 Stages: ``bm25`` (the ``bm25`` router), ``pruner`` (the shipped pruner's cosines) and ``hybrid``
-(reciprocal-rank fusion of the two, :func:`masklab.context.routers.fused.fuse`'s ``rrf``). The seconds each stage takes on a fresh
-long document, and the cross-encoder's read of 16 windows, are timed apart (``--timing-rounds`` rounds, medians). Writes ``OUT/results.json`` with
-every question's outcome.
+(reciprocal-rank fusion of the two, :func:`masklab.context.routers.fused.fuse`'s ``rrf``). The seconds each
+stage takes on a fresh long document, and the cross-encoder's read of 16 windows, are timed apart
+(``--timing-rounds`` rounds, medians). Writes ``OUT/results.json`` with every question's outcome.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ For each results file and each pruner router in it (``pruner``, ``pruner-attenti
 ``pruner-marks``, ``pruner-ctx``, ``pruner-ctx-attention``): every unit whose stored score the
 router's ``keep_auto`` value keeps by its ``keep_rule`` (a score, or a share of the best unit's score;
 both from its shipped ``.json``, chosen on val; the top unit and its ``context`` neighbours always) is
-kept, as ``Router.resolve_keep`` does. Per question: every answering unit kept or not, and the kept fraction of the tokens; summed
+kept, as ``Router.resolve_keep`` does. Per question: every answering unit kept or not, and the kept fraction of
+the tokens; summed
 with Wilson intervals, beside the same router at the file's fixed keeps, with a McNemar test of
 auto against keep 0.25, and a fixed keep of auto's mean kept fraction (``kept@same``: the same mean
 tokens). And for every router in the file, the selection with the best unit's neighbours (``context``

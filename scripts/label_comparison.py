@@ -7,7 +7,8 @@ Val: the ``VARIANT-common`` rows ``scripts/train_cross.py --common`` stored in
 ``results/cross/results.json`` (each question's scores, one hop; kept@0.25 recomputed as
 :func:`masklab.lab.train_pruner.val_figures` computes it), and the ``union`` variant (every training
 question) against the shipped ``cross`` with one hop and ``pruner-ctx``, on the corpus val questions
-``masklab realdocs --split corpus-val`` read (``val-union``, paired against the shipped cross). Test3: the rows of ``masklab realdocs --split test3
+``masklab realdocs --split corpus-val`` read (``val-union``, paired against the shipped cross).
+Test3: the rows of ``masklab realdocs --split test3
 --routers cross-marks-common,cross-keepset-common,cross-attention-common``
 (``results/realdocs-cross-labels-smollm2-135m/results_test3.json``). For each split, every
 question and the multi-unit ones: MRR, all evidence kept at 0.25 of the tokens with its Wilson

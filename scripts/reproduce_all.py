@@ -194,7 +194,8 @@ REPRODUCTIONS = [
             ],
         ],
     ),
-    # where pruning pays: 4096 tokens, the shipped routers and the word-overlap peers (one entry per model: each fits a session)
+    # where pruning pays: 4096 tokens, the shipped routers and the word-overlap peers
+    # (one entry per model: each fits a session)
     Reproduction(
         "longctx-4k",
         [
@@ -487,8 +488,8 @@ REPRODUCTIONS = [
             ],
         ],
     ),
-    # the commands of the runs of older revisions kept in docs/archive/longctx-earlier (docs/longctx.md, "Earlier runs"),
-    # one folder per run, and the lexical router's gold recall, run with today's code
+    # the commands of the runs of older revisions kept in docs/archive/longctx-earlier
+    # (docs/longctx.md, "Earlier runs"), one folder per run, and the lexical router's gold recall, run with today's code
     Reproduction(
         "longctx-earlier",
         [
@@ -776,7 +777,8 @@ REPRODUCTIONS = [
             ],
         ],
     ),
-    # its router was fitted in results/router-gemma3-270m-1layer (the same fit arguments) and copied here; run by name, it is fitted here
+    # its router was fitted in results/router-gemma3-270m-1layer (the same fit arguments) and copied here;
+    # run by name, it is fitted here
     Reproduction(
         "router-gemma3-270m-1layer-2048",
         [
@@ -891,7 +893,8 @@ REPRODUCTIONS = [
             ],
         ],
     ),
-    # its router was fitted in results/router-gemma3-270m (the same fit arguments) and copied here; run by name, it is fitted here
+    # its router was fitted in results/router-gemma3-270m (the same fit arguments) and copied here;
+    # run by name, it is fitted here
     Reproduction(
         "router-gemma3-270m-2048",
         [
@@ -1033,7 +1036,8 @@ REPRODUCTIONS = [
             ],
         ],
     ),
-    # its router was fitted in results/router-smollm2-135m (the same fit arguments) and copied here; run by name, it is fitted here
+    # its router was fitted in results/router-smollm2-135m (the same fit arguments) and copied here;
+    # run by name, it is fitted here
     Reproduction(
         "router-smollm2-135m-2048",
         [
@@ -1120,7 +1124,8 @@ REPRODUCTIONS = [
             ],
         ],
     ),
-    # its router was fitted in results/router-smollm2-135m (the same fit arguments) and copied here; run by name, it is fitted here
+    # its router was fitted in results/router-smollm2-135m (the same fit arguments) and copied here;
+    # run by name, it is fitted here
     Reproduction(
         "router-smollm2-135m-multi",
         [

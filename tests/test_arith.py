@@ -272,8 +272,8 @@ def test_cli_rejects_bad_input(capsys, tmp_path):
 @pytest.mark.slow
 def test_quick_cli_end_to_end(tmp_path):
     out = tmp_path / "arith"
-    argv = ["arith", "--quick", "--steps", "40", "--evals", "2", "--test-size", "400", "--method", "vanilla,qk-svd,mask",
-            "--out", str(out), "--jobs", "1", "--no-progress"]  # fmt: skip
+    argv = ["arith", "--quick", "--steps", "40", "--evals", "2", "--test-size", "400", "--method",
+            "vanilla,qk-svd,mask", "--out", str(out), "--jobs", "1", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["study"] == "arith"

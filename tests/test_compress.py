@@ -19,19 +19,29 @@ from masklab.context import Document, Request, load_router, segment, select
 
 REPORT = """Minutes of the Riverside Library board meeting, held on the third of March.
 
-The meeting opened at seven in the evening with eight members present. The chair welcomed two new volunteers who will run the children's reading hour. A long discussion followed about the leaking roof above the periodicals room; a contractor will be asked for a second quote.
+The meeting opened at seven in the evening with eight members present. \
+The chair welcomed two new volunteers who will run the children's reading hour. \
+A long discussion followed about the leaking roof above the periodicals room; \
+a contractor will be asked for a second quote.
 
-The treasurer, Margaret Okafor, presented the accounts for the winter quarter. Donations were slightly lower than last year, while the book sale raised more than expected. After some debate, the annual budget was approved by Daniel Reyes, the board president, on behalf of the members.
+The treasurer, Margaret Okafor, presented the accounts for the winter quarter. \
+Donations were slightly lower than last year, while the book sale raised more than expected. \
+After some debate, the annual budget was approved by Daniel Reyes, the board president, on behalf of the members.
 
-Other business: the summer opening hours will stay as they are. The café corner will get new chairs. The next meeting is planned for early May, in the small hall.
+Other business: the summer opening hours will stay as they are. The café corner will get new chairs. \
+The next meeting is planned for early May, in the small hall.
 """
 ANSWERING = (
     "After some debate, the annual budget was approved by Daniel Reyes, the board president, on behalf of the members."
 )
 
-TRAVEL = """Our trip started in Lisbon, where it rained for two days. We took the night train north and arrived in Porto before dawn.
-In Porto we stayed with an old friend who works as a baker. She told us that the best view of the river is from the monastery on the hill.
-The following week we rented bicycles and rode along the coast. My sister lost her passport in a small fishing village called Vila Nova and spent a whole afternoon at the police station.
+TRAVEL = """Our trip started in Lisbon, where it rained for two days. \
+We took the night train north and arrived in Porto before dawn.
+In Porto we stayed with an old friend who works as a baker. \
+She told us that the best view of the river is from the monastery on the hill.
+The following week we rented bicycles and rode along the coast. \
+My sister lost her passport in a small fishing village called Vila Nova \
+and spent a whole afternoon at the police station.
 On the last evening we ate grilled sardines by the harbour and watched the boats come in.
 """
 

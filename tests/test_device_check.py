@@ -70,12 +70,14 @@ def test_pytest_summary_counts():
 
 
 def test_compare_runs_takes_the_largest_difference_per_metric_against_its_tolerance():
-    run = lambda seed, acc, mse: {
-        "task": "2parity",
-        "method": "mask",
-        "seed": seed,
-        "metrics": {"unseen_acc": acc, "train_mse": mse, "steps_to_99": None},
-    }  # noqa: E731
+    def run(seed, acc, mse):
+        return {
+            "task": "2parity",
+            "method": "mask",
+            "seed": seed,
+            "metrics": {"unseen_acc": acc, "train_mse": mse, "steps_to_99": None},
+        }
+
     dev = {"runs": [run(0, 0.95, 0.001), run(1, 1.0, 0.002)]}
     cpu = {"runs": [run(0, 0.96, 0.001), run(1, 1.0, 0.030)]}
     out = dc.compare_runs(dev, cpu)

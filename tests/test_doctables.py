@@ -78,14 +78,18 @@ def test_values_by_key_path_and_single_runs_without_spread(tmp_path):
 def test_a_value_over_another_method_is_their_ratio(tmp_path):
     root = repo(
         tmp_path,
-        "<!-- value results/gotu/results.json metric=acc task=cyclic3 method=mask over=vanilla digits=2 --><!-- /value -->\n",
+        "<!-- value results/gotu/results.json metric=acc task=cyclic3 method=mask over=vanilla digits=2 -->"
+        "<!-- /value -->\n",
     )
     doctables.update(root)
     assert "-->2.39<!--" in (root / "README.md").read_text()  # 0.98 / 0.41, not 0.41 / 0.98
 
 
 def test_blocks_in_fenced_code_are_examples_and_left_alone(tmp_path):
-    doc = "```\n<!-- table results/nope.json metrics=acc -->\n<!-- /table -->\n```\n<!-- value results/gotu/results.json key=code.c0de --><!-- /value -->\n"
+    doc = (
+        "```\n<!-- table results/nope.json metrics=acc -->\n<!-- /table -->\n```\n"
+        "<!-- value results/gotu/results.json key=code.c0de --><!-- /value -->\n"
+    )
     root = repo(tmp_path, doc)
     doctables.update(root)
     assert (root / "README.md").read_text() == doc.replace("--><!-- /value", "-->7<!-- /value")

@@ -156,7 +156,10 @@ See also:
 * other future statements.
 """
 
-PROSE = """The meeting opened at seven in the evening with eight members present. The chair welcomed two new volunteers who will run the children's reading hour. A long discussion followed about the leaking roof above the periodicals room; a contractor will be asked for a second quote.
+PROSE = """The meeting opened at seven in the evening with eight members present. \
+The chair welcomed two new volunteers who will run the children's reading hour. \
+A long discussion followed about the leaking roof above the periodicals room; \
+a contractor will be asked for a second quote.
 
 The treasurer, Margaret Okafor, presented the accounts for the winter quarter.
 Donations were slightly lower than last year, while the book sale raised more than
@@ -239,7 +242,8 @@ def test_numbers_and_titles_join_their_clause():
     assert unit_with(doc, "Disclaimer").startswith("7. Disclaimer of Warranty. Unless required")
     # a numbered title alone on its line leads the paragraph below it
     assert unit_with(doc, "Definitions").startswith(
-        'TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION\n\n   1. Definitions.\n\n      "License" shall mean'
+        "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION\n\n"
+        '   1. Definitions.\n\n      "License" shall mean'
     )
     # a heading with no text after it ends the unit before it
     assert doc.units[-1].endswith("under this License.\n\n   END OF TERMS AND CONDITIONS")
@@ -250,7 +254,8 @@ def test_faq_markers_join_their_question_and_answer():
     q = unit_with(doc, "I upgraded my system")
     assert q.startswith("Frequently Asked Questions about base-files\n===")  # the headings lead it
     assert q.endswith(
-        'Q. I upgraded my system to the testing distribution and now my /etc/issue\nsays "trixie/sid". Should it not read "trixie" or "testing"?'
+        "Q. I upgraded my system to the testing distribution and now my /etc/issue\n"
+        'says "trixie/sid". Should it not read "trixie" or "testing"?'
     )
     assert unit_with(doc, "That would be nice").startswith("A. That would be nice")
     assert unit_with(doc, 'Why "trixie/sid"') == 'Q: Why "trixie/sid" and not "testing/unstable" as it used to be?'

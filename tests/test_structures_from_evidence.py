@@ -169,7 +169,7 @@ def test_evidence_prior_study_quick(tmp_path):
     assert "not identifiable: (x0, x1)" in md and "| maj3 | mask-derived | 1 |" in md
 
 
-# ----------------------------------------------------------------------------- probe on other models (arith, vision, lm)
+# ---------------------------------------------------------------------------- probe on other models (arith, vision, lm)
 
 
 def chain_gpt(T: int, depth: int) -> tuple[GPT, torch.Tensor]:

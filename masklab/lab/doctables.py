@@ -3,7 +3,8 @@
 A generated block is an HTML comment naming its source, the generated text, and a closing
 comment. Two kinds:
 
-``<!-- table FILE metrics=a,b [task=..] [method=..] [model=..] [n=..] [rows=summary] [digits=3] [paper=yes] [ci=yes] -->``
+``<!-- table FILE metrics=a,b [task=..] [method=..] [model=..] [n=..] [rows=summary] [digits=3] [paper=yes]
+[ci=yes] -->``
     A markdown table of the rows of ``FILE``'s list ``rows`` (default ``summary``) kept by
     the filters (comma lists; rows keep the file's order): task and model columns when they
     vary, method and n, then one column per metric as
@@ -11,7 +12,8 @@ comment. Two kinds:
     ``ci=yes`` followed by the row's 95% interval ``[M_lo, M_hi]`` where it has one, then a
     line naming the file, its command and the code that made it. Closed by ``<!-- /table -->``.
 
-``<!-- value FILE key=a.b.0.c [digits=3] -->`` or ``<!-- value FILE metric=M [task=..] [method=..] [model=..] [n=..] [over=METHOD] [digits=3] -->``
+``<!-- value FILE key=a.b.0.c [digits=3] -->`` or
+``<!-- value FILE metric=M [task=..] [method=..] [model=..] [n=..] [over=METHOD] [digits=3] -->``
     One number inline: a dotted path into the JSON (list items by index), or a metric of
     the one summary row the filters select; with ``over=METHOD``, that row's mean divided by
     the mean of the row the same filters select with ``method=METHOD`` (a speed-up, say:

@@ -267,7 +267,8 @@ class RayExecutor:
                 where = "a local Ray cluster"
             raise MasklabError(
                 f"cannot connect to {where}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}. "
-                "Start one with `ray start --head --port=6379` and pass --ray-address HEAD_IP:6379 (or auto on a cluster node)"
+                "Start one with `ray start --head --port=6379` and pass --ray-address HEAD_IP:6379 "
+                "(or auto on a cluster node)"
             ) from None
         self._connected = True
         return ray
@@ -295,7 +296,8 @@ class RayExecutor:
         if problems:
             raise MasklabError(
                 f"the output directory {out} is not shared with every Ray node: {'; '.join(problems)}. "
-                "On a multi-node cluster --out must be on storage mounted at the same path on every node (NFS, Lustre, ...)"
+                "On a multi-node cluster --out must be on storage mounted at the same path on every node "
+                "(NFS, Lustre, ...)"
             )
 
     def run(

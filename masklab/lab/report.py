@@ -82,7 +82,10 @@ def code_note(results: dict) -> str:
     if len(counts) <= 1:
         return ""
     parts = ", ".join(f"{n} by {code}" for code, n in counts.items())
-    return f"**Warning: this table mixes runs made by different code** ({parts}); rerun without `--keep-old-runs` to redo the old ones."
+    return (
+        f"**Warning: this table mixes runs made by different code** ({parts}); "
+        "rerun without `--keep-old-runs` to redo the old ones."
+    )
 
 
 def write_markdown(
@@ -96,7 +99,8 @@ def write_markdown(
         "",
         markdown_table(results["summary"], results["paper"], metrics),
         "",
-        "Values are mean ± sample std over seeds (n runs; the mean alone when n = 1). The paper column gives the authors' reported numbers.",
+        "Values are mean ± sample std over seeds (n runs; the mean alone when n = 1). "
+        "The paper column gives the authors' reported numbers.",
     ]
     if notes:
         parts += ["", notes.strip()]

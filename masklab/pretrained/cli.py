@@ -19,7 +19,8 @@ CITE_METHODS = ("loo", "greedy-minimal", "group-testing", "contextcite")
 
 @dataclass
 class CiteOptions:
-    """``masklab cite``'s options besides ``--context`` and ``--query`` (flags with ranges, :mod:`masklab.util.flags`)."""
+    """``masklab cite``'s options besides ``--context`` and ``--query`` (flags with ranges,
+    :mod:`masklab.util.flags`)."""
 
     model: str = flag(
         DEFAULT_MODEL,

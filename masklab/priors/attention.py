@@ -252,8 +252,8 @@ class Attention(nn.Module):
         heads: number of heads ``H`` (``D`` must be divisible by ``H``).
         prior: optional module called as ``prior(T)`` that returns a ``(H|1, T, T)`` bias.
         impl: how a prior that requires grad is computed: ``"auto"``, ``"math"`` (reference),
-            ``"blocked"`` (CPU) or ``"flex"`` (FlexAttention, the GPU path; see the module docstring). A plain attribute: set it on every
-            layer of a model with :func:`set_attention_impl`.
+            ``"blocked"`` (CPU) or ``"flex"`` (FlexAttention, the GPU path; see the module docstring). A plain
+            attribute: set it on every layer of a model with :func:`set_attention_impl`.
     """
 
     def __init__(self, dim: int, heads: int, prior: nn.Module | None = None, impl: AttentionImpl = "auto") -> None:

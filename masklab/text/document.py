@@ -5,7 +5,7 @@ reads ``" ".join(units)`` (:attr:`Document.context`). A document cut from a user
 :func:`segment` also keeps that text (``source``) and each unit's character span in it, so
 the pruned text keeps the original line and paragraph breaks (:meth:`Document.text_of`) and
 a page can highlight the kept units. Generated tasks set ``gold`` (the indices of the units
-that answer); their examples are ``Document``\ s, most of them an :class:`Example` (a
+that answer); their examples are ``Document``\\ s, most of them an :class:`Example` (a
 ``Document`` with the query a model completes after it).
 
 Segmentation (:func:`segment`), with regexes over lines and Bling Fire's sentence breaker

@@ -180,7 +180,7 @@ def train_teacher(cfg: TeacherConfig, ckpt_dir: Path | None = None, log=None) ->
         logits, hidden = model(batch.items, batch.query, batch.valid, batch.positions, return_hidden=use_aux)
         loss = F.cross_entropy(logits, batch.answer)
         if use_aux:
-            aux = sum(F.cross_entropy(model.answer_from(h), targets[:, l]) for l, h in enumerate(hidden))
+            aux = sum(F.cross_entropy(model.answer_from(h), targets[:, layer]) for layer, h in enumerate(hidden))
             loss = loss + cfg.aux * aux / cfg.depth
         if not torch.isfinite(loss):
             raise MasklabError(f"teacher loss became {loss.item()} at step {step} ({cfg.task}); lower the teacher lr")

@@ -312,7 +312,8 @@ def validate(cfg: Config) -> None:
             raise MasklabError(f"training fraction must lie in (0, 1), got {f}")
         if train_count(f, cfg.width) + cfg.test_size > 10 ** (2 * cfg.width):
             raise MasklabError(
-                f"{task_name(op, f)}: training + {cfg.test_size} test pairs exceed the 10^{2 * cfg.width} pairs; lower --test-size"
+                f"{task_name(op, f)}: training + {cfg.test_size} test pairs exceed the 10^{2 * cfg.width} pairs; "
+                "lower --test-size"
             )
 
 
@@ -320,7 +321,8 @@ NOTES = """\
 Columns: `exact_acc` fraction of held-out pairs whose whole result is decoded right (greedy),
 `digit_acc` fraction of result digits right, `train_exact_acc` exact accuracy on up to 2000
 training pairs (memorisation), `steps_to_90` the evaluation step from which the exact accuracy on
-1000 held-out pairs stays >= 0.9 (mean over the seeds that got there; learning speed), `prior_mass_step0/final` attention mass that the result-emitting
+1000 held-out pairs stays >= 0.9 (mean over the seeds that got there; learning speed), \
+`prior_mass_step0/final` attention mass that the result-emitting
 queries put on the digit-alignment prior's allowed keys (mean over heads, layers and 256 test
 pairs; measured for every method, so for `qk-svd`/`qk-opt` step 0 shows how well the QK init
 reproduces the pattern), `mask_drift` mean |change| of logsigmoid(M).
@@ -395,9 +397,12 @@ def report(results: dict, out: Path, command: str) -> None:
     runs = results["runs"]
     n_params = runs[0]["extra"]["parameters"] if runs else None
     notes = NOTES + (
-        f"\n\nModel: GPT decoder, dim {cfg['dim']}, depth {cfg['depth']}, heads {cfg['heads']} ({n_params} parameters); "
-        f"{cfg['steps']} AdamW steps of batch {cfg['batch']}, lr {cfg['lr']} (warm-up {cfg['warmup']:.0%} of the steps, cosine to 10%), "
-        f"weight decay {cfg['weight_decay']}; result {'reversed (LSB first)' if cfg['reverse'] else 'plain (MSB first)'}; "
+        f"\n\nModel: GPT decoder, dim {cfg['dim']}, depth {cfg['depth']}, heads {cfg['heads']} "
+        f"({n_params} parameters); "
+        f"{cfg['steps']} AdamW steps of batch {cfg['batch']}, lr {cfg['lr']} "
+        f"(warm-up {cfg['warmup']:.0%} of the steps, cosine to 10%), "
+        f"weight decay {cfg['weight_decay']}; "
+        f"result {'reversed (LSB first)' if cfg['reverse'] else 'plain (MSB first)'}; "
         f"prior `{cfg['prior']}`, strengths +{cfg['allowed']}/-{cfg['suppressed']}; test set {cfg['test_size']} pairs; "
         f"CPU seconds over all runs {sum(r['metrics'].get('cpu_seconds', 0) for r in runs):.0f}."
     )

@@ -440,7 +440,7 @@ def plot_stale_layers(summary: list[dict], path: Path) -> bool:
     found = [re.fullmatch(r"stale_over_current_layer(\d+)_mean", k) for k in r]
     layers = sorted(int(m.group(1)) for m in found if m)
     fig, ax = plt.subplots(figsize=(4.5, 3.4))
-    ax.plot(layers, [r[f"stale_over_current_layer{l}_mean"] for l in layers], marker="o")
+    ax.plot(layers, [r[f"stale_over_current_layer{layer}_mean"] for layer in layers], marker="o")
     ax.set_xlabel("layer")
     ax.set_ylabel("fraction stale > current")
     ax.set_ylim(0, 1)

@@ -126,13 +126,15 @@ class Config:
     source: str = flag(
         "function",
         choices=SOURCES,
-        help="Boolean tasks' evidence: the target on the seen points, or a briefly trained dense probe model (arith, vision, lm: always a probe)",
+        help="Boolean tasks' evidence: the target on the seen points, or a briefly trained dense probe model "
+        "(arith, vision, lm: always a probe)",
     )
     threshold: float = flag(
         0.05,
         min=0,
         below=1,
-        help="an effect counts when above this fraction of the largest effect (of the row, for a probe; of the offset profile, for lm)",
+        help="an effect counts when above this fraction of the largest effect "
+        "(of the row, for a probe; of the offset profile, for lm)",
     )
     top_k: int | None = flag(
         None,
@@ -143,7 +145,8 @@ class Config:
     unidentifiable: str = flag(
         "allow",
         choices=UNIDENTIFIABLE_POLICIES,
-        help="function source: a pair the seen domain cannot measure, between two variables that have effects, is allowed or dropped",
+        help="function source: a pair the seen domain cannot measure, between two variables that have effects, "
+        "is allowed or dropped",
     )
     probe_fraction: float = flag(
         0.1, above=0, max=1, help="probe: probe training steps as a fraction of the main training steps"
@@ -182,7 +185,8 @@ class Config:
     weight_decay: float = flag(
         0.0,
         min=0,
-        help="Boolean tasks: AdamW weight decay on linear weights and token embeddings (never positions, biases, norms or priors)",
+        help="Boolean tasks: AdamW weight decay on linear weights and token embeddings "
+        "(never positions, biases, norms or priors)",
     )
     evals: int = flag(10, min=1, help="evaluations during training")
 
@@ -340,7 +344,8 @@ def _probe_structure(cfg: Config, task, fx) -> tuple[torch.Tensor, dict]:
     true = sorted({(min(a, b), max(a, b)) for g in task.groups for a in g for b in g if a != b})
     hits = len(set(found) & set(true))
     record_pairs = {
-        "row": "CLS (query 0): hide variable keys x_i, x_j together; interaction = change(pair) - change(x_i) - change(x_j)",
+        "row": "CLS (query 0): hide variable keys x_i, x_j together; "
+        "interaction = change(pair) - change(x_i) - change(x_j)",
         "interaction": np.round(np.nan_to_num(inter, nan=0.0), 5).tolist(),
         "pairs": [list(q) for q in found],
         "true_pairs": [list(q) for q in true],
@@ -350,8 +355,8 @@ def _probe_structure(cfg: Config, task, fx) -> tuple[torch.Tensor, dict]:
             {
                 "pair": [i, j],
                 "probe_interaction": round(float(inter[i, j]), 5),
-                "reason": f"no seen point has all four corners of the (x{i}, x{j}) square in the seen domain: the probe's value "
-                "there is how it extrapolates, not evidence",
+                "reason": f"no seen point has all four corners of the (x{i}, x{j}) square in the seen domain: "
+                "the probe's value there is how it extrapolates, not evidence",
             }
             for i, j in fx.unidentifiable()
         ],
@@ -374,7 +379,8 @@ def _probe_structure(cfg: Config, task, fx) -> tuple[torch.Tensor, dict]:
             "seconds": train_seconds + pe.seconds + pp.seconds,
             "fraction_of_training_steps": steps / main_steps,
         },
-        "identifiability": "a probe trained on the seen domain has no evidence about the unseen domain either; see the function source for the per-pair verdict",
+        "identifiability": "a probe trained on the seen domain has no evidence about the unseen domain either; "
+        "see the function source for the per-pair verdict",
     }
     return s, record
 
@@ -762,7 +768,8 @@ def _derivation_md(records: dict[str, dict], results: dict) -> str:
         "",
         "## Derivation",
         "",
-        "| task | source | precision | recall | jaccard | allowed (derived / hand) | cost | derive s | mean train s per run |",
+        "| task | source | precision | recall | jaccard | "
+        "allowed (derived / hand) | cost | derive s | mean train s per run |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for rec in records.values():
@@ -770,9 +777,12 @@ def _derivation_md(records: dict[str, dict], results: dict) -> str:
         a = rec["agreement"][0]
         c = rec["cost"]
         cost = (
-            f"{c['function_queries']} function queries (seen points) vs {rec['training_budget']['examples']} training examples"
+            f"{c['function_queries']} function queries (seen points) "
+            f"vs {rec['training_budget']['examples']} training examples"
             if "function_queries" in c
-            else f"{c['probe_steps']} probe steps ({c['fraction_of_training_steps']:.0%} of {rec['training_budget']['steps']}) + {c['forward_passes']} forwards x {c['points_per_forward']} points"
+            else f"{c['probe_steps']} probe steps "
+            f"({c['fraction_of_training_steps']:.0%} of {rec['training_budget']['steps']}) "
+            f"+ {c['forward_passes']} forwards x {c['points_per_forward']} points"
         )
         train_s = f"{np.mean(seconds[task]):.1f}" if task in seconds else "-"
         lines.append(
@@ -787,12 +797,14 @@ def _derivation_md(records: dict[str, dict], results: dict) -> str:
         elif v["unidentifiable"]:
             pairs = ", ".join(f"(x{u['pair'][0]}, x{u['pair'][1]})" for u in v["unidentifiable"])
             lines.append(
-                f"* {task}: not identifiable: {pairs}: {v['unidentifiable'][0]['reason']} (the target on the seen domain); "
+                f"* {task}: not identifiable: {pairs}: {v['unidentifiable'][0]['reason']} "
+                "(the target on the seen domain); "
                 f"policy `{v['policy']}` -> {'allowed' if v['assumed_pairs'] else 'dropped'} in the derived structure."
             )
         else:
             lines.append(
-                f"* {task}: every pair is identifiable from the seen domain ({len(v['identified_pairs'])} interacting pairs found)."
+                f"* {task}: every pair is identifiable from the seen domain "
+                f"({len(v['identified_pairs'])} interacting pairs found)."
             )
         so = rec.get("second_order")
         if so:
@@ -801,14 +813,16 @@ def _derivation_md(records: dict[str, dict], results: dict) -> str:
                 for u in so["unidentifiable"]
             )
             lines.append(
-                f"* {task}: probe second-order pairs at CLS: {len(so['pairs'])} found, precision {so['precision']:.3f}, "
+                f"* {task}: probe second-order pairs at CLS: {len(so['pairs'])} found, "
+                f"precision {so['precision']:.3f}, "
                 f"recall {so['recall']:.3f} against the target's {len(so['true_pairs'])} pairs"
                 + (f"; {unid}" if unid else "")
                 + "."
             )
         if "carry_links_found" in rep:
             per = "; ".join(
-                f"place {q['place']}: aligned {','.join(q['aligned']) or '-'}, lower {','.join(q['carry_below']) or '-'}"
+                f"place {q['place']}: aligned {','.join(q['aligned']) or '-'}, "
+                f"lower {','.join(q['carry_below']) or '-'}"
                 + (f", other keys {q['other_keys']}" if q["other_keys"] else "")
                 for q in rep["places"]
             )
@@ -818,13 +832,16 @@ def _derivation_md(records: dict[str, dict], results: dict) -> str:
             )
         if "fraction_within_radius_1" in rep:
             lines.append(
-                f"* {task}: {rep['patch_entries']} patch-to-patch entries, {rep['fraction_within_radius_1']:.2f} of them within the "
-                f"3x3 neighbourhood (chance {rep['chance_within_radius_1']:.2f}); mean Chebyshev distance {rep['mean_distance_derived'] or float('nan'):.2f} "
+                f"* {task}: {rep['patch_entries']} patch-to-patch entries, "
+                f"{rep['fraction_within_radius_1']:.2f} of them within the "
+                f"3x3 neighbourhood (chance {rep['chance_within_radius_1']:.2f}); "
+                f"mean Chebyshev distance {rep['mean_distance_derived'] or float('nan'):.2f} "
                 f"vs {rep['mean_distance_all']:.2f} for all pairs."
             )
         if "kept_offsets" in rep:
             lines.append(
-                f"* {task}: kept offsets {rep['kept_offsets']} (measured rows {rep['rows']}); Spearman correlation of the "
+                f"* {task}: kept offsets {rep['kept_offsets']} (measured rows {rep['rows']}); "
+                "Spearman correlation of the "
                 f"derived per-offset effect with the hand prior's mean S: {rep['spearman_with_hand']:.3f}."
             )
     return "\n".join(lines) + "\n"

@@ -207,7 +207,8 @@ its minimum over the evaluations, `steps_to_target` first evaluation step with v
 the configured target (mean over the seeds that got there; `-` if none did), `train_loss`
 mean training cross-entropy over the last evaluation interval, `mask_drift` mean |change| of
 logsigmoid(M) (runs with a MaskPrior: mask, mask-nopos, mask-zero; mask-zero starts from a
-uniform M = 0 and has no structure, so it measures what the prior's parameters alone do). Perplexities are per token of the chosen tokenizer
+uniform M = 0 and has no structure, so it measures what the prior's parameters alone do). \
+Perplexities are per token of the chosen tokenizer
 (per byte for `byte`). The paper reports only "modest but consistent gains" (no number)."""
 
 

@@ -438,7 +438,8 @@ def add_intervals(row: dict, runs: list[dict]) -> None:
 
 NOTES = """\
 `acc`: exact match of the greedy answer (cut at the first punctuation mark, number words
-read as digits; `multivalue`: every number of the key among the answer's); `seconds`: router + tokenise + prefill + decode per prompt (methods
+read as digits; `multivalue`: every number of the key among the answer's); \
+`seconds`: router + tokenise + prefill + decode per prompt (methods
 interleaved per example, one thread); `kept`: kept fraction of the context's tokens;
 `gold_kept`: share of the gold sentences a router kept (`gold_top`: its best-scored
 sentences are exactly the gold ones); `router_share`: the router's

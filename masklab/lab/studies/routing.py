@@ -491,7 +491,8 @@ def validate(cfg: Config) -> None:
     for t in [*cfg.targets, *cfg.independent_targets]:
         if resolve_target(t) not in names and not re.fullmatch(r"layer\d+(/topk|/top10pct)?", t):
             raise MasklabError(
-                f"unknown router target {t!r}; choose from causal, attention, attention-gold-k, {', '.join(sorted(names))}"
+                f"unknown router target {t!r}; "
+                f"choose from causal, attention, attention-gold-k, {', '.join(sorted(names))}"
             )
     parse_budget(cfg.attention_k)
     if not 0 <= cfg.min_teacher_acc <= 1:
@@ -608,7 +609,8 @@ def plot_budget_curves(summary: list[dict], cfg: Config, path: Path) -> None:
 NOTES = """\
 Rows: `router/<target>` a transformer router trained on that target (`causal` = leave-one-out evidence of the
 teacher's dense answer, `attention` = the teacher's last-layer top-k attention items with k = `--attention-k` of each
-context, `attention-gold-k` = the same with k = the gold evidence size, `gold` = the gym's exact evidence); `independent/<target>` a router whose items do not see each other; baselines `dense`
+context, `attention-gold-k` = the same with k = the gold evidence size, `gold` = the gym's exact evidence); \
+`independent/<target>` a router whose items do not see each other; baselines `dense`
 (teacher reads everything), `random`, `recent` (the last k items), `teacher-attention` (SnapKV-style: the items the
 teacher attends to most in a dense pre-fill), `oracle-gold`. `acc_<m>x`: the teacher's accuracy reading only the
 kept items at m x N items; `recall_<m>x`: fraction of gold evidence kept; routers are trained at N only.

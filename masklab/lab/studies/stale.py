@@ -238,7 +238,8 @@ NOTES = f"""\
 Claim under test: {PAPER_CLAIM}
 `stale_higher` is the fraction of correctly answered prompts whose attention from the answer
 position (summed over layers and heads) is larger on a stale value mention (the most
-attended one when there are several updates) than on the current value mention; `stale_higher_heads` averages the same fraction over every (layer, head);
+attended one when there are several updates) than on the current value mention; \
+`stale_higher_heads` averages the same fraction over every (layer, head);
 `best_head`/`worst_head` are its extremes; `stale_layers` counts layers where most correct
 answers lean stale; `current_over_stale` is the ratio of mean masses. The claim holds for a
 model if `stale_higher` is above 0.5.

@@ -8,9 +8,9 @@ by greedy decoding on held-out prompts (see :data:`NOTES` for what is disjoint).
 
 Methods (``--method``): ``base`` (no training), ``prior`` (``RelativePrior`` only),
 ``recency`` (:class:`~masklab.priors.bias.RecencyPrior` only: one slope per head over
-``log(1 + distance)``) and ``lora`` (PEFT LoRA on the attention projections, rank ``--lora-rank`` on ``--lora-targets``, in as many
-evenly spaced layers as bring its trainable parameters closest to the prior's; same
-prompts, same steps, same order). Reported per model and method: held-out ``accuracy``,
+``log(1 + distance)``) and ``lora`` (PEFT LoRA on the attention projections, rank ``--lora-rank``
+on ``--lora-targets``, in as many evenly spaced layers as bring its trainable parameters closest
+to the prior's; same prompts, same steps, same order). Reported per model and method: held-out ``accuracy``,
 ``stale_rate``, ``other_rate``, ``empty_rate`` (all over every held-out prompt),
 ``trainable`` parameters, ``ppl_change`` (pydoc perplexity after / before - 1) and wall
 time. One run per (model, method, seed); each run loads its model afresh.
@@ -296,7 +296,8 @@ def adapt(
         losses.append(loss.item())
         if log and (step + 1) % 25 == 0:
             log(
-                f"{method} step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / 25:.3f} {time.perf_counter() - t0:.0f}s"
+                f"{method} step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / 25:.3f} "
+                f"{time.perf_counter() - t0:.0f}s"
             )
         if ckpt is not None and ((step + 1) % every == 0 or step + 1 == cfg.steps):
             ckpt.save(

@@ -270,8 +270,8 @@ def cut(text: str, chars: int) -> str:
 
 def rebuild(root: Path) -> list[str]:
     """Write ``root/docs`` from the files ``root/sources.json`` names, each cut at its own
-    ``chars`` where it has one, else the file's (and ``split.json`` where none exists); the documents that differ from ``frozen.json`` (none when the
-    machine's files are the ones frozen)."""
+    ``chars`` where it has one, else the file's (and ``split.json`` where none exists); the documents that
+    differ from ``frozen.json`` (none when the machine's files are the ones frozen)."""
     spec = json.loads((root / "sources.json").read_text())
     (root / "docs").mkdir(exist_ok=True)
     for name, d in spec["docs"].items():
