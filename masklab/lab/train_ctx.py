@@ -58,7 +58,7 @@ class HeadConfig:
 def train(examples: list[Example], cfg: HeadConfig) -> tuple[ContextHead, dict]:
     """Fit a :class:`ContextHead` (module docstring); returns it and a record (loss per epoch,
     the calibration, seconds)."""
-    usable = [e for e in examples if e.target and e.units.shape[0] > 1]
+    usable = [e for e in examples if e.target and (e.units if e.feats is None else e.feats[0]).shape[0] > 1]
     if not usable:
         raise MasklabError("no training question has a target unit: nothing to learn from")
     torch.manual_seed(cfg.seed)
@@ -83,7 +83,9 @@ def train(examples: list[Example], cfg: HeadConfig) -> tuple[ContextHead, dict]:
         losses.append(total / len(order))
     with torch.no_grad():  # the logistic calibration of the ranking score: keep probabilities
         r = torch.cat([head.rank_scores(*f) for f in feats])
-        y = torch.cat([torch.zeros(e.units.shape[0]).index_fill_(0, torch.tensor(e.target), 1.0) for e in usable])
+        y = torch.cat(
+            [torch.zeros(f[0].numel()).index_fill_(0, torch.tensor(e.target), 1.0) for e, f in zip(usable, feats)]
+        )
     from sklearn.linear_model import LogisticRegression
 
     lr = LogisticRegression(C=10.0).fit(r[:, None].numpy(), y.numpy())

@@ -90,6 +90,29 @@ def features_of(questions: list, docs: dict, emb) -> dict:
     }
 
 
+def cached_features(path: Path, questions: list, docs: dict, emb) -> dict:
+    """:func:`features_of`, kept in ``path`` (safetensors) and read back by a later run of the same features
+    over the same questions (a run killed after them resumes there)."""
+    from safetensors.torch import load_file, save_file
+
+    from masklab.lab.revision import code_hash
+
+    stamp = {"code": code_hash("masklab.context.passage"), "ids": ",".join(q.id for q in questions)}
+    if path.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            same = f.metadata() == stamp
+        if same:
+            flat = load_file(str(path))
+            return {q.id: (flat[f"{q.id}/s"], flat[f"{q.id}/x"]) for q in questions}
+    feats = features_of(questions, docs, emb)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flat = {f"{i}/{k}": t.contiguous() for i, (s, x) in feats.items() for k, t in (("s", s), ("x", x))}
+    save_file(flat, str(path), metadata=stamp)
+    return feats
+
+
 def masked(feats: tuple, columns: tuple[int, ...]) -> tuple:
     s, x = feats
     if columns:
@@ -100,8 +123,10 @@ def masked(feats: tuple, columns: tuple[int, ...]) -> tuple:
 
 def passage_recall(row: dict) -> bool | None:
     """Both evidence passages among the top two by their best unit (None unless the evidence lies in two)."""
+    if row["passage_of"] is None:
+        return None
     ev = sorted({row["passage_of"][u] for g in row["gold"] for u in g})
-    if row["passage_of"] is None or len(ev) != 2:
+    if len(ev) != 2:
         return None
     s = torch.tensor(row["scores"])
     best = {}
@@ -136,7 +161,7 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
     pruner = cached_pruner(str(WEIGHTS / "causal.safetensors"))[0]
     emb = pruner.embedder
     t0 = time.perf_counter()
-    feats = features_of(train_qs + val, docs, emb)
+    feats = cached_features(out / "features.safetensors", train_qs + val, docs, emb)
     feature_s = time.perf_counter() - t0
     print(f"{len(train_qs)} training questions, {len(val)} val; features in {feature_s:.0f} s", file=sys.stderr)
 
