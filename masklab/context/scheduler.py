@@ -81,8 +81,8 @@ class Scheduler:
     """One worker thread running ``run_batch(jobs)`` (finishes each short job: :meth:`Job.finish`) and
     ``run_long(job, pause)`` (returns the long job's result, calling ``pause(done, total)`` between
     slices) as the module docstring says. ``counts`` gets ``timed_out`` / ``disconnected`` for the
-    jobs dropped; ``trim()`` runs after every batch and long job (the allocator's free memory back to
-    the system). Every queue is read and changed under one lock: the callers' threads submit and
+    jobs dropped; ``trim()`` runs after every batch, slice and long job (the allocator's free memory
+    back to the system). Every queue is read and changed under one lock: the callers' threads submit and
     close, the worker pops."""
 
     def __init__(
@@ -273,7 +273,8 @@ class Scheduler:
 
     def _pause(self, job: Job, done: int, total: int) -> None:
         """Between two slices of long ``job``: :class:`Dropped` when it should stop (closing, past
-        its deadline, its client gone), else one batch of the short jobs waiting (no wait for more)."""
+        its deadline, its client gone), else one batch of the short jobs waiting (no wait for more), and
+        the allocator trimmed."""
         if total:
             job.progress = (done, total)
         if self.closed:
@@ -284,11 +285,10 @@ class Scheduler:
             raise Dropped(why)
         with self._cond:
             jobs = self._take_short()
-        if not jobs:
-            return
         t0 = time.monotonic()
         try:
-            self._batch(jobs)
+            if jobs:
+                self._batch(jobs)
         finally:
             with self._cond:
                 self.running_short = []
