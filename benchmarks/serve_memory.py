@@ -65,7 +65,8 @@ def run_variant(mode: str, trim: bool, documents: int, paragraphs: int, every: i
     rows, t0 = [], time.perf_counter()
     for i in range(documents):
         text = fixed if mode == "repeated" else f"Record {i}.\n\n" + "\n\n".join(rng.sample(paras, paragraphs))
-        req = serve.CompressRequest([text], f"What does it say about item {i}?", cfg.router, 0.25, None, False, 48)
+        body = {"context": text, "question": f"What does it say about item {i}?", "keep": 0.25}
+        req = serve.parse_request(json.dumps(body).encode(), cfg)
         service.submit(req, float("inf")).future.result()
         if i % every == 0 or i == documents - 1:
             cache = [e.cache_stats() for e in serve_embedders() if e.misses]

@@ -12,14 +12,14 @@ machine's load falls on both alike:
 
 Batching: 8 concurrent clients ask different questions about one ~2,000-token document
 (already embedded by a first request); requests per second of each server, their ratio, and
-whether the two servers' answers agree (every field but the timings; the scores to float32
-rounding).
+whether the two servers' answers agree (every field but the timings, ``seconds`` and
+``router_seconds`` among them; the scores to float32 rounding).
 
 Fairness: for ``--seconds`` per server and round, 4 clients send short requests (the soak's
 repeated documents with new questions, and distinct notes) while one client sends distinct
-long documents (90-99% of 64 KiB) back to back: p50 / p99 of the short requests (all, and
-those that finished while a long document was in flight), of the long ones, and the p99/p50
-of all. The JSON records the machine's load average.
+long documents (90-99% of 64 KiB; every other one as 4 passages) back to back: p50 / p99 of
+the short requests (all, and those that finished while a long document was in flight), of
+the long ones, and the p99/p50 of all. The JSON records the machine's load average.
 """
 
 from __future__ import annotations
@@ -109,7 +109,9 @@ def document(texts: list[str], tokens: int = 2000) -> str:
 
 
 def strip(out: dict) -> dict:
-    return {k: v for k, v in out.items() if k not in ("router_seconds", "scores")}
+    """``out`` without the scores (compared to float rounding apart) and every timing field
+    (``seconds``, ``router_seconds``, ``answer_seconds``, ...: any key ending in ``seconds``)."""
+    return {k: v for k, v in out.items() if k != "scores" and not k.endswith("seconds")}
 
 
 def batching_round(url: str, doc: str, questions: list[str], clients: int) -> tuple[float, list[dict]]:
@@ -134,6 +136,13 @@ def same(a: dict, b: dict) -> bool:
     if strip(a) != strip(b):
         return False
     return all(abs(x - y) <= 1e-6 for x, y in zip(a["scores"], b["scores"]))
+
+
+def passages(text: str, n: int) -> list[str]:
+    """``text`` as ``n`` passages of about equal size, cut at paragraph breaks."""
+    paras = text.split("\n\n")
+    step = max(1, -(-len(paras) // n))
+    return ["\n\n".join(paras[k : k + step]) for k in range(0, len(paras), step)]
 
 
 def fairness_round(url: str, mix: Mix, seconds: float, seed: int) -> list[tuple]:
@@ -177,10 +186,11 @@ def fairness_round(url: str, mix: Mix, seconds: float, seed: int) -> list[tuple]
         serial = 0
         while not stop.is_set():
             serial += 1
-            ctx = mix.long(rng, seed * 10**6 + 9 * 10**5 + serial)
+            text = mix.long(rng, seed * 10**6 + 9 * 10**5 + serial)
+            ctx = passages(text, 4) if serial % 2 == 0 else text  # every other one as several passages
             long_busy[0] += 1
             s0 = time.monotonic()
-            r = http.post(f"{url}/v1/compress", json={"context": ctx, "question": mix.question(rng, ctx)})
+            r = http.post(f"{url}/v1/compress", json={"context": ctx, "question": mix.question(rng, text)})
             took = time.monotonic() - s0
             long_busy[0] -= 1
             q, w = timing(r.headers.get("server-timing"))

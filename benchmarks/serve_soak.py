@@ -16,6 +16,8 @@ requests have been sent and ``--minutes`` have passed, and never past ``--max-mi
   in it, so every one is a new document (the cache misses, and fills);
 * passages: 3-4 distinct paragraphs as a list (one budget across them);
 * long: a distinct document of 90-99% of the server's ``--max-context-bytes``;
+* routers: a repeated document through each product router other than the server's in turn
+  (the server keeps every one loaded: ``--max-routers`` as many; each is loaded before the run);
 * abandoned: a repeated request whose client gives up after 20 ms (a disconnect);
 * bad: not JSON, a wrong type, a 20 MB body, an unknown router, an empty question, a
   context over the limit (each must be a 4xx).
@@ -49,10 +51,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from masklab.lab import revision  # noqa: E402
 from masklab.context.router import DEFAULT_ROUTER  # noqa: E402
+from masklab.context.routers import ROUTERS  # noqa: E402  (every product router)
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 WORD = re.compile(r"[A-Za-z]{5,}")
-KINDS = {"repeated": 75, "distinct": 14, "passages": 4, "long": 0.12, "abandoned": 0.5, "bad": 5}  # shares (%)
+KINDS = {"repeated": 75, "distinct": 14, "passages": 4, "long": 0.12, "routers": 0.5, "abandoned": 0.5, "bad": 5}
+# (shares, %); "routers": a repeated document asked through each other product router in turn
+RSS_BOUND_MB = 1536  # the server's resident memory with every product router loaded stays under it (docs/serve.md)
 BAD = ("not json", "wrong type", "20 MB body", "unknown router", "empty question", "context over the limit")
 HUGE = 20 * 2**20
 
@@ -93,8 +98,11 @@ def free_port() -> int:
 class Mix:
     """The requests: ``make(rng, serial) -> (kind, bad kind or None, body bytes)``."""
 
-    def __init__(self, texts: list[str], max_context: int, repeated_docs: int, seed: int) -> None:
+    def __init__(
+        self, texts: list[str], max_context: int, repeated_docs: int, seed: int, routers: tuple[str, ...] = ()
+    ) -> None:
         rng = random.Random(seed)
+        self.routers = routers  # the routers the "routers" requests name in turn
         self.paras = [p.strip() for t in texts for p in t.split("\n\n") if len(p.strip()) > 40]
         self.max_context = max_context
         self.fixed = []
@@ -145,7 +153,15 @@ class Mix:
             else:
                 body["context"] = "y" * (self.max_context + 1)
             return kind, what, json.dumps(body).encode()
-        if kind in ("repeated", "abandoned"):
+        if kind == "routers" and self.routers:
+            ctx = rng.choice(self.fixed)
+            body = {
+                "context": ctx,
+                "question": self.question(rng, ctx),
+                "router": self.routers[serial % len(self.routers)],
+            }
+            return kind, None, json.dumps({**body, **budget}).encode()
+        if kind in ("repeated", "abandoned", "routers"):
             ctx = rng.choice(self.fixed)
         elif kind == "distinct":
             ctx = self.distinct(rng, serial, rng.choice([1, 1, 2, 3, 6]))
@@ -253,7 +269,8 @@ def main() -> None:
     json_path, png_path = out_path.with_suffix(".json"), out_path.with_suffix(".png")
 
     where, texts = corpus()
-    mix = Mix(texts, a.max_context_bytes, a.repeated_docs, a.seed)
+    others = tuple(n for n in ROUTERS if n != a.router)
+    mix = Mix(texts, a.max_context_bytes, a.repeated_docs, a.seed, others)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [
@@ -279,6 +296,8 @@ def main() -> None:
         str(a.max_context_bytes),
         "--request-seconds",
         "120",
+        "--max-routers",
+        str(len(ROUTERS)),
         *a.server_args.split(),
     ]
     log = open(out_path.with_suffix(".server.log"), "w")
@@ -322,6 +341,13 @@ def main() -> None:
                 pass
             time.sleep(0.5)
         out["server_startup_seconds"] = time.monotonic() - t_start
+        w0 = time.monotonic()
+        for name in others:  # every product router loaded before the run (what the RSS bound counts)
+            body = {"context": mix.fixed[0], "question": "What is it about?", "router": name}
+            r = httpx.post(f"{url}/v1/compress", json=body, timeout=300)
+            if r.status_code != 200:
+                raise SystemExit(f"serve_soak: router {name} answered {r.status_code}: {r.text[:200]}")
+        out["routers_loaded_seconds"] = time.monotonic() - w0
         out["rss_mb_start"] = rss_mb(server.pid)
         t0 = time.monotonic()
 
@@ -471,6 +497,8 @@ def summarise(out: dict, results: list, lock, t0: float) -> None:
     samples = out["rss_samples"]
     at_1000 = next((s["rss_mb"] for s in samples if s["requests_done"] >= 1000), None)
     end = samples[-1]["rss_mb"] if samples else None
+    short = [r[4] for r in good if r[3] == 200 and r[1] != "long"]
+    s50, s99 = (statistics.median(short), pct(short, 0.99)) if short else (None, None)
     by_kind = {}
     for k in KINDS:
         xs = [r[4] for r in good if r[1] == k and r[3] == 200]
@@ -501,7 +529,13 @@ def summarise(out: dict, results: list, lock, t0: float) -> None:
         "rss_mb_at_1000_requests": at_1000,
         "rss_mb_end": end,
         "rss_growth_after_1000": (end / at_1000 - 1) if at_1000 and end else None,
+        "rss_mb_max": max((s["rss_mb"] for s in samples if s["rss_mb"] is not None), default=None),
+        "short_p50_seconds": s50,
+        "short_p99_seconds": s99,
+        "short_p99_over_p50": s99 / s50 if s50 else None,
         "goal_rss_growth_after_1000_at_most": 0.10,
+        "goal_rss_mb_at_most": RSS_BOUND_MB,
+        "goal_short_p99_seconds_at_most": 1.0,
         "goal_p99_over_p50_at_most": 2.5,
     }
 

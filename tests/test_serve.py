@@ -25,6 +25,7 @@ from test_compress import ANSWERING, REPORT, TRAVEL  # noqa: E402
 
 from masklab.cli import main  # noqa: E402
 from masklab.context import serve  # noqa: E402
+from masklab.context.routers import ROUTERS  # noqa: E402  (every product router registered)
 from masklab.pretrained.models import load  # noqa: E402
 
 QUESTION = "Who approved the budget?"
@@ -211,23 +212,24 @@ def test_oversized_chunked_body_wrong_path_and_method(server):
 
 def test_concurrent_requests_are_all_answered_one_at_a_time_on_the_model(server, monkeypatch):
     url, _ = server
-    running, threads, overlaps = [0], set(), []
+    running, threads, overlaps, answered = [0], set(), [], []
     lock = threading.Lock()
-    real = serve.compress_request
+    real = serve.compress_all
 
-    def watched(*args):
+    def watched(lm, router, reqs):
         with lock:
             running[0] += 1
             overlaps.append(running[0])
             threads.add(threading.get_ident())
+            answered.extend(reqs)
         try:
             time.sleep(0.01)
-            return real(*args)
+            return real(lm, router, reqs)
         finally:
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(serve, "compress_request", watched)
+    monkeypatch.setattr(serve, "compress_all", watched)
     questions = [f"Who approved the budget, case {i}?" if i % 4 else "" for i in range(24)]
     with ThreadPoolExecutor(12) as pool:
         responses = list(pool.map(lambda q: post(url, {"context": REPORT, "question": q, "keep": 0.3}), questions))
@@ -236,7 +238,7 @@ def test_concurrent_requests_are_all_answered_one_at_a_time_on_the_model(server,
             assert r.status_code == 200 and r.json()["question"] == q and ANSWERING in r.json()["pruned_text"]
         else:
             assert r.status_code == 400 and "question is empty" in r.json()["error"]
-    assert len(overlaps) == 18 and max(overlaps) == 1 and len(threads) == 1
+    assert len(answered) == 18 and max(overlaps) == 1 and len(threads) == 1
 
 
 def test_a_request_past_its_time_limit_is_503_and_not_run(server, monkeypatch):
@@ -352,17 +354,17 @@ def test_loaded_routers_are_bounded(server, monkeypatch):
 
 @pytest.fixture
 def slow_worker(monkeypatch):
-    """``(started, release, calls)``: compress_request blocks until ``release`` is set."""
+    """``(started, release, calls)``: compress_all blocks until ``release`` is set."""
     started, release, calls = threading.Event(), threading.Event(), []
-    real = serve.compress_request
+    real = serve.compress_all
 
-    def slow(lm, router, req, cfg):
-        calls.append(req.question)
+    def slow(lm, router, reqs):
+        calls.extend(r.question for r in reqs)
         started.set()
         release.wait(30)
-        return real(lm, router, req, cfg)
+        return real(lm, router, reqs)
 
-    monkeypatch.setattr(serve, "compress_request", slow)
+    monkeypatch.setattr(serve, "compress_all", slow)
     yield started, release, calls
     release.set()
 
@@ -511,54 +513,176 @@ def test_concurrent_requests_on_one_document_are_scored_in_one_pass_with_the_sam
     assert len({json.dumps(g["kept"]) for g in together}) > 1  # (different questions: different units kept)
 
 
-def test_a_long_document_is_scored_in_slices_between_short_requests(direct):
-    whole = direct(slice_bytes=10**9)  # never sliced: the reference
-    body = json.dumps({"context": LONG, "question": QUESTION, "keep": 0.2}).encode()
-    want = whole.submit(serve.parse_request(body, whole.cfg), float("inf")).future.result(60)
-    service = direct(slice_bytes=4096, slice_units=32)
-    short = serve.parse_request(json.dumps({"context": REPORT, "question": QUESTION}).encode(), service.cfg)
-    order, seen = [], []
+OTHER = "The weather was mild all week. Nobody mentioned any budget at all. The bus left at noon."
+PASSAGES = [LONG[: LONG.index("Item 40:")], LONG[LONG.index("Item 40:") :], TRAVEL]  # a long request, 3 passages
+
+
+def _body(context, question=QUESTION, **more) -> bytes:
+    return json.dumps({"context": context, "question": question, **more}).encode()
+
+
+@pytest.mark.parametrize("router", sorted(ROUTERS))
+def test_a_batch_answers_as_one_request_at_a_time_with_every_router(direct, router):
+    """Every product router: a batch (per router one prune_all, the questions on one document read
+    together) gives each request's answer alone, a request of several passages and one on another
+    document among them."""
+    one = direct(max_batch=1)
+    bodies = [_body(REPORT, q, router=router, keep=0.3) for q in QUESTIONS[:3]]
+    bodies += [_body([TRAVEL, REPORT], QUESTION, router=router, target_tokens=200), _body(TRAVEL, router=router)]
+    reqs = [serve.parse_request(b, one.cfg) for b in bodies]
+    alone = [one.submit(r, float("inf")).future.result(120) for r in reqs]
+    service = direct(max_batch=16)
+    release = _held(service)
+    jobs = [service.submit(r, float("inf")) for r in reqs]
+    release.set()
+    together = [j.future.result(120) for j in jobs]
+    assert service.scheduler.batches == 1 and service.scheduler.batched_requests == len(reqs)
+    for got, want in zip(together, alone):
+        _same(got, want)
+
+
+def _encoded(monkeypatch):
+    """Every text any embedder encodes, call by call."""
+    from masklab.context.embedder import Embedder
+
+    calls = []
+    real = Embedder.encode
+    monkeypatch.setattr(Embedder, "encode", lambda self, texts: calls.append(list(texts)) or real(self, texts))
+    return calls
+
+
+def _watch_pauses(service, at_pause):
+    """Wrap the scheduler's long jobs: ``at_pause(job, k, done, total)`` runs at the k-th pause."""
     real = service.scheduler.run_long
 
-    def watched(job):  # a short request arrives while the long one is being embedded
-        steps = real(job)
-        yield next(steps)
-        extra = service.submit(short, float("inf"))
-        extra.future.add_done_callback(lambda f: order.append("short"))
-        while True:
-            try:
-                yield next(steps)
-            except StopIteration as stop:
-                return stop.value
-            seen.append(job.progress)
+    def run_long(job, pause):
+        count = [0]
 
-    service.scheduler.run_long = watched
+        def watched(done=0, total=0):
+            count[0] += 1
+            at_pause(job, count[0], done, total)
+            pause(done, total)
+
+        return real(job, watched)
+
+    service.scheduler.run_long = run_long
+
+
+@pytest.mark.parametrize("router", [DEFAULT_ROUTER, "dense", "cross"])
+def test_a_long_request_of_several_passages_is_embedded_once_in_slices_between_short_ones(direct, monkeypatch, router):
+    from masklab.context.embedder import live_embedders
+
+    body = _body(PASSAGES, router=router, keep=0.2)
+    whole = direct(slice_bytes=10**9)  # never sliced: the reference
+    service = direct(slice_bytes=4096, slice_units=16)
+    for s in (whole, service):
+        if router == "cross":  # the cascade: the pruner (built lazily) chooses the 2 windows the cross-encoder reads
+            s.run(s.router, router).result(120).max_windows = 2
+    want = whole.submit(serve.parse_request(body, whole.cfg), float("inf")).future.result(120)
+    for e in live_embedders():
+        e.clear_cache()
+    short = serve.parse_request(_body(OTHER, "Who wrote the report?"), service.cfg)
+    order, seen = [], []
+
+    def at_pause(job, k, done, total):
+        seen.append((done, total))
+        if k == 1:  # a short request arrives while the long one is being cut and embedded
+            extra = service.submit(short, float("inf"))
+            extra.future.add_done_callback(lambda f: order.append("short"))
+
+    _watch_pauses(service, at_pause)
+    calls = _encoded(monkeypatch)
     long = service.submit(serve.parse_request(body, service.cfg), float("inf"))
     long.future.add_done_callback(lambda f: order.append("long"))
     assert long.lane == "long"
-    _same(long.future.result(60), want)
+    got = long.future.result(120)
+    _same(got, want)
     assert order == ["short", "long"]
-    units = len(want["units"])
-    assert units > 64 and seen[-1] == (units, units) and len(seen) >= 3  # embedded 32 units a slice
+    units = got["units"]
+    assert len(units) > 64 and seen[:3] == [(0, 0)] * 3  # each passage cut, then a pause
+    slices = [n for n, total in seen[3:] if total == len(units)]
+    assert slices == list(range(16, len(units), 16))  # then 16 units a slice, a pause after each but the last
+    long_calls = [c for c in calls if set(c) <= set(units)]  # (the questions and the short request's units aside)
+    embedded = [u for c in long_calls for u in c]
+    assert sorted(embedded) == sorted(units)  # the stacked passages embedded once, a slice at a time
+    assert max(len(c) for c in long_calls) <= 16
 
 
 def test_a_long_document_whose_client_left_is_dropped_between_slices(direct):
     service = direct(slice_bytes=4096, slice_units=32)
-    real, steps_run = service.scheduler.run_long, []
+    pauses = []
 
-    def watched(job):
-        for step in real(job):
-            steps_run.append(job.progress)
-            job.gone.set()  # the client disconnects after the first slice
-            yield step
+    def at_pause(job, k, done, total):
+        pauses.append(k)
+        job.gone.set()  # the client disconnects at the first pause
 
-    service.scheduler.run_long = watched
-    job = service.submit(
-        serve.parse_request(json.dumps({"context": LONG, "question": QUESTION}).encode(), service.cfg), float("inf")
-    )
+    _watch_pauses(service, at_pause)
+    job = service.submit(serve.parse_request(_body(LONG), service.cfg), float("inf"))
     with pytest.raises(serve.Dropped, match="disconnected"):
         job.future.result(60)
-    assert len(steps_run) == 1 and service.counts["disconnected"] == 1 and service.served == 0
+    assert pauses == [1] and service.counts["disconnected"] == 1 and service.served == 0
+
+
+def test_closing_during_a_long_job_ends_it_and_the_requests_waiting(direct):
+    service = direct(slice_bytes=4096, slice_units=16)
+    short = serve.parse_request(_body(REPORT), service.cfg)
+    closer, waiting = [], []
+
+    def at_pause(job, k, done, total):
+        if k == 4:  # mid-embedding: a short request waits (it is run at this pause) and the server closes
+            waiting.append(service.submit(short, float("inf")))
+            closer.append(threading.Thread(target=service.close))
+            closer[0].start()
+            while not service.scheduler.closed:
+                time.sleep(0.001)
+
+    _watch_pauses(service, at_pause)
+    long = service.submit(serve.parse_request(_body(PASSAGES), service.cfg), float("inf"))
+    with pytest.raises(serve.Dropped, match="closed"):
+        long.future.result(60)
+    closer[0].join(60)
+    assert not closer[0].is_alive() and not service.scheduler._thread.is_alive()
+    with pytest.raises(serve.Dropped, match="closed"):  # closed before its batch ran: dropped, not hung
+        waiting[0].future.result(0)
+    after = service.submit(short, float("inf"))  # a request after the close: dropped at once
+    with pytest.raises(serve.Dropped, match="closed"):
+        after.future.result(0)
+
+
+def test_short_requests_racing_a_closing_server_are_each_answered_or_dropped(direct):
+    service = direct()
+    reqs = [serve.parse_request(_body(REPORT, f"Who approved it, case {i}?"), service.cfg) for i in range(8)]
+    jobs, lock, stop = [], threading.Lock(), threading.Event()
+
+    def client(k):
+        while not stop.is_set():
+            job = service.submit(reqs[k], float("inf"))
+            with lock:
+                jobs.append((reqs[k].question, job))
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    while service.served < 5:  # some answered, more in flight
+        time.sleep(0.005)
+    closed_at = len(jobs)
+    service.close()
+    health = service.health()  # (reads the routers and queues while clients still submit)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not service.scheduler._thread.is_alive()
+    results = {"answered": 0, "closed": 0}
+    for question, job in jobs:
+        try:
+            assert job.future.result(0)["question"] == question
+            results["answered"] += 1
+        except serve.Dropped as e:
+            assert e.why == "closed"
+            results["closed"] += 1
+    assert results["answered"] >= 5 and results["closed"] >= 1 and len(jobs) > closed_at
+    assert results["answered"] == service.served and health["queue"]["short"]["bytes"] == 0
 
 
 def test_health_shows_what_is_in_flight_by_size(direct):

@@ -76,15 +76,32 @@ def test_two_ray_serve_replicas_answer_as_the_plain_server(cluster, tmp_path):  
 
 
 def test_replica_flags_become_ray_serve_options():
-    cfg = serve.ServeConfig(replicas=3, replica_cpus=2)
+    cfg = serve.ServeConfig(replicas=3, replica_cpus=2, threads=2)
     assert ray_serve.deployment_options(cfg) == {
         "name": "masklab",
         "num_replicas": 3,
         "max_ongoing_requests": 16,
         "ray_actor_options": {"num_cpus": 2},
     }
-    auto = ray_serve.deployment_options(serve.ServeConfig(min_replicas=1, max_replicas=4))
-    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 16}
-    assert "num_replicas" not in auto
+    auto = ray_serve.deployment_options(serve.ServeConfig(min_replicas=1, max_replicas=4, max_queue=10))
+    # autoscaling aims at half a replica's bound, so it adds replicas before one is full
+    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 5.0}
+    assert auto["max_ongoing_requests"] == 10 and "num_replicas" not in auto
     with pytest.raises(serve.MasklabError, match="--min-replicas 5 is over --max-replicas 2"):
         ray_serve.deployment_options(serve.ServeConfig(min_replicas=5, max_replicas=2))
+    with pytest.raises(serve.MasklabError, match="--replica-cpus 2 and --threads 1 disagree"):
+        ray_serve.deployment_options(serve.ServeConfig(replica_cpus=2))
+    assert ray_serve.deployment_options(serve.ServeConfig(replica_cpus=0.5))["ray_actor_options"] == {"num_cpus": 0.5}
+
+
+def test_a_replica_closes_its_service_when_ray_serve_stops_it(tmp_path):
+    """Ray Serve stops a replica through its ASGI app's lifespan shutdown (not ``__del__``):
+    the app's shutdown closes the service, whose worker ends."""
+    from starlette.testclient import TestClient
+
+    folder = save_tiny_folder(tmp_path / "tiny", "llama", max_positions=4096)
+    service, app = serve.replica(dict(model=str(folder), router="bm25"), "cpu", "fp32")
+    with TestClient(app) as client:  # (runs the lifespan: startup, then shutdown on exit)
+        assert client.get("/healthz").json()["status"] == "ok"
+        assert service.scheduler._thread.is_alive()
+    assert service.scheduler.closed and not service.scheduler._thread.is_alive()

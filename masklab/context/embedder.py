@@ -15,6 +15,8 @@ limit is not kept), and is shared by everything in the process (``masklab compre
 passages, ``masklab serve``, the LangChain and LlamaIndex adapters, ``masklab realdocs``).
 :func:`set_cache_limits` changes the limits of every embedder, loaded or to come (``masklab
 serve --cache-documents / --cache-mb``), and :meth:`Embedder.cache_stats` reports them.
+Within :func:`~masklab.context.router.read_in_slices` (``masklab serve``'s long documents) a
+document is embedded a slice of units at a time, with other work between the slices.
 """
 
 from __future__ import annotations
@@ -24,19 +26,20 @@ import json
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from masklab.context.router import between_slices, slice_size
 from masklab.util.errors import MasklabError
 
 CACHE_DOCUMENTS = 256  # documents kept embedded per embedder
 CACHE_BYTES = 256 * 2**20  # bytes of cached vectors per embedder (a 1 MB document's are ~15 MB)
 _LIMITS = {"entries": CACHE_DOCUMENTS, "bytes": CACHE_BYTES}  # the limits new embedders get
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Embedder of the process (set_cache_limits reaches them)
+_LIVE_LOCK = threading.Lock()  # (a server's worker adds to _LIVE while its event loop lists it)
 BATCH = 32  # units per forward pass (the library sorts them by length first, so padding stays small)
 
 
@@ -91,7 +94,8 @@ class Embedder:
         self.hits = self.misses = self.evictions = 0
         self.cache_bytes = 0  # bytes of the cached vectors
         self.max_entries, self.max_bytes = _LIMITS["entries"], _LIMITS["bytes"]
-        _LIVE.add(self)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     def encode(self, texts: list[str]) -> Tensor:
         with torch.inference_mode():
@@ -105,15 +109,37 @@ class Embedder:
 
     def units(self, units: list[str]) -> Tensor:
         """``(N, D)`` embeddings of a document's ``units``, from the cache when this embedder
-        has embedded exactly these units before."""
+        has embedded exactly these units before. Within
+        :func:`~masklab.context.router.read_in_slices` a document of more units than a slice is
+        embedded a slice at a time (:meth:`encode_in_slices`)."""
         key = hashlib.sha256("\0".join(units).encode()).hexdigest()
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 self.hits += 1
                 return self._cache[key]
-        out = self.encode(units) if units else torch.zeros(0, self.dim)
+        size = slice_size()
+        if not units:
+            out = torch.zeros(0, self.dim)
+        elif size is None or len(units) <= size:
+            out = self.encode(units)
+        else:
+            out = self.encode_in_slices(units, size)
         self._store(key, out)
+        return out
+
+    def encode_in_slices(self, units: list[str], size: int) -> Tensor:
+        """``(N, D)``: ``units`` embedded ``size`` at a time, longest first as the library's own
+        batches take them (so the vectors are :meth:`encode`'s up to float rounding: a unit padded
+        to another length), :func:`~masklab.context.router.between_slices` called after each
+        slice but the last."""
+        order = sorted(range(len(units)), key=lambda i: -len(units[i]))
+        out = torch.empty(len(units), self.dim)
+        for start in range(0, len(order), size):
+            idx = order[start : start + size]
+            out[idx] = self.encode([units[i] for i in idx])
+            if start + size < len(units):
+                between_slices(start + size, len(units))
         return out
 
     def _store(self, key: str, out: Tensor) -> None:
@@ -123,27 +149,6 @@ class Embedder:
                 self._cache[key] = out
                 self.cache_bytes += _nbytes(out)
             self._evict()
-
-    def units_in_slices(self, units: list[str], size: int) -> Iterator[int]:
-        """Embed a document's ``units`` into the cache ``size`` units at a time, yielding the
-        count embedded after each slice, so a caller can do other work between slices
-        (``masklab serve`` scores a long document so); :meth:`units` then reads them from the
-        cache. The slices take the units longest first, as the library's own batches do, so the
-        vectors are those of :meth:`units` up to float rounding (a unit padded to another length).
-        Nothing is done when the units are cached already, or when the cache would not keep them
-        (:meth:`units` embeds them then)."""
-        key = hashlib.sha256("\0".join(units).encode()).hexdigest()
-        with self._lock:
-            if key in self._cache or self.max_entries == 0 or not units:
-                return
-        order = sorted(range(len(units)), key=lambda i: -len(units[i]))
-        out = torch.empty(len(units), self.dim)
-        for start in range(0, len(order), size):
-            idx = order[start : start + size]
-            out[idx] = self.encode([units[i] for i in idx])
-            yield min(len(units), start + size)
-        if _nbytes(out) <= self.max_bytes:
-            self._store(key, out)
 
     def _evict(self) -> None:
         """Drop the least recently used documents down to the limits (hold the lock)."""
@@ -194,13 +199,14 @@ def _nbytes(t: Tensor) -> int:
 def set_cache_limits(entries: int, nbytes: int) -> None:
     """Every embedder's cache limits, those loaded and those to come (:meth:`Embedder.set_cache_limits`)."""
     _LIMITS.update(entries=entries, bytes=nbytes)
-    for e in list(_LIVE):
+    for e in live_embedders():
         e.set_cache_limits(entries, nbytes)
 
 
 def live_embedders() -> list[Embedder]:
     """Every :class:`Embedder` of this process not yet garbage-collected."""
-    return list(_LIVE)
+    with _LIVE_LOCK:
+        return list(_LIVE)
 
 
 EMBEDDERS = 4  # embedders kept loaded by load_embedder (one per folder)

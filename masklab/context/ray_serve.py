@@ -5,13 +5,19 @@ Each replica is a Ray actor that loads the model and the default router and runs
 (its worker batches and slices as the plain server's does); Ray Serve's HTTP proxy listens on
 ``--host:--port`` and spreads the requests over the replicas. ``--replicas N`` fixes their
 number; ``--max-replicas`` lets Ray Serve autoscale between ``--min-replicas`` and it on the
-requests in flight per replica (``--max-batch`` of them is one replica's target). Only the
-config (a dict of flags) crosses Ray; each replica builds everything else itself.
+requests in flight per replica (half a replica's ``--max-queue`` is the target, so replicas are
+added before one is full). Ray sends a replica at most ``--max-queue`` requests at once; the rest
+wait in Ray's proxy, and ``--request-seconds`` bounds a request end to end there too (Ray's proxy
+answers 408 past it). A replica reserves ``--replica-cpus`` CPUs and runs ``--threads`` torch
+threads: the two must agree. A replica's service is closed by the app's lifespan shutdown, which
+Ray Serve runs when it stops the replica. Only the config (a dict of flags) crosses Ray; each
+replica builds everything else itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 import time
 
@@ -32,16 +38,24 @@ def import_serve():
 
 def deployment_options(cfg) -> dict:
     """Ray Serve's options for ``cfg``'s replicas: a fixed ``num_replicas``, or an
-    ``autoscaling_config`` when ``--max-replicas`` is given; each replica reserves
-    ``--replica-cpus``, and takes at most ``--max-queue`` requests at once (more wait in Ray)."""
+    ``autoscaling_config`` when ``--max-replicas`` is given, whose target of requests in flight
+    per replica is half of ``--max-queue`` (below the bound, so autoscaling adds replicas before
+    they are full); each replica gets at most ``--max-queue`` requests at once (more wait in Ray)
+    and reserves ``--replica-cpus``, which must match its ``--threads`` (a fraction of a CPU for
+    one thread)."""
     if cfg.max_replicas is not None and cfg.min_replicas > cfg.max_replicas:
         raise MasklabError(f"--min-replicas {cfg.min_replicas} is over --max-replicas {cfg.max_replicas}")
+    if math.ceil(cfg.replica_cpus) != cfg.threads:
+        raise MasklabError(
+            f"--replica-cpus {cfg.replica_cpus:g} and --threads {cfg.threads} disagree: a replica runs --threads "
+            "torch threads on the CPUs Ray reserves for it, so give both the same number"
+        )
     scale = (
         {
             "autoscaling_config": {
                 "min_replicas": cfg.min_replicas,
                 "max_replicas": cfg.max_replicas,
-                "target_ongoing_requests": cfg.max_batch,
+                "target_ongoing_requests": cfg.max_queue / 2,
             }
         }
         if cfg.max_replicas is not None
@@ -69,11 +83,7 @@ def application(cfg, build, device: str = "cpu", precision: str = "fp32"):
             self.service, self.asgi = build(flags, device, precision)
 
         def __serve_build_asgi_app__(self):
-            return self.asgi
-
-        def __del__(self):
-            if hasattr(self, "service"):
-                self.service.close()
+            return self.asgi  # (its lifespan's shutdown closes the service: create_app)
 
     options = deployment_options(cfg)
     if str(device).startswith("cuda"):
@@ -83,9 +93,10 @@ def application(cfg, build, device: str = "cpu", precision: str = "fp32"):
 
 def deploy(cfg, build, device: str = "cpu", precision: str = "fp32") -> str:
     """Deploy ``cfg``'s application on the connected Ray cluster (Ray Serve's proxy on
-    ``--host:--port``) and wait until every replica is up; its URL."""
+    ``--host:--port``, a request's end-to-end time bounded by ``--request-seconds``, Ray's queue
+    included) and wait until every replica is up; its URL."""
     _, serve = import_serve()
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    serve.start(http_options={"host": cfg.host, "port": cfg.port, "request_timeout_s": cfg.request_seconds})
     serve.run(application(cfg, build, device, precision), name=APP, route_prefix="/", blocking=False)
     return f"http://{cfg.host}:{cfg.port}"
 

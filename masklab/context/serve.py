@@ -46,8 +46,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from masklab.context.compress import SharedFlags
-from masklab.context.router import DEFAULT_ROUTER, Request
-from masklab.context.scheduler import Dropped, Job, Scheduler, batch_scores, cut, embedders_of, with_scores
+from masklab.context.router import DEFAULT_ROUTER, Request, read_in_slices
+from masklab.context.scheduler import Dropped, Job, Scheduler
 from masklab.text.selection import parse_keep
 from masklab.util.errors import MasklabError
 from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
@@ -326,6 +326,7 @@ class Service:
 
         self.lm, self.cfg, self.device, self.precision = lm, cfg, device, precision
         self.routers: OrderedDict = OrderedDict()
+        self._routers_lock = threading.Lock()
         self.started = time.time()
         self.served = 0
         self.counts = {"overloaded": 0, "timed_out": 0, "disconnected": 0, "routers_evicted": 0}
@@ -364,38 +365,42 @@ class Service:
 
     def router(self, name: str):
         """Router ``name``, loaded the first time it is asked for and kept among the
-        ``--max-routers`` most recently used (worker thread only)."""
-        if name in self.routers:
-            self.routers.move_to_end(name)
-            return self.routers[name]
+        ``--max-routers`` most recently used (worker thread only; ``routers`` changes under
+        ``_routers_lock``, which :meth:`health` reads it under)."""
+        with self._routers_lock:
+            if name in self.routers:
+                self.routers.move_to_end(name)
+                return self.routers[name]
         from masklab.context.routers import ROUTERS, load_router
 
+        evicted = False
         while len(self.routers) >= self.cfg.max_routers:
-            self.routers.popitem(last=False)
+            with self._routers_lock:
+                self.routers.popitem(last=False)
             self.counts["routers_evicted"] += 1
+            evicted = True
+        if evicted:
             clear_model_caches()  # so the evicted router's models are freed, not kept by a cache
         given = {"embedder": self.cfg.embedder, "int8": self.cfg.int8}  # the server's, for the routers that take them
         taken = {k: v for k, v in given.items() if k in ROUTERS[name].options}
-        self.routers[name] = load_router(name, self.lm, **taken)
-        return self.routers[name]
+        router = load_router(name, self.lm, **taken)
+        with self._routers_lock:
+            self.routers[name] = router
+        return router
 
-    def _compress(self, router, req: CompressRequest, doc=None) -> dict:
-        """What ``masklab compress --json`` prints for ``req`` (worker thread); ``doc``: its one
-        context already cut into units (by the batch or the slices; prune_document takes a
-        Document as it takes text)."""
+    def _compress(self, router, reqs: list[CompressRequest]) -> list:
+        """:func:`compress_all` of ``reqs`` with ``router`` in the server's precision (worker thread)."""
         from masklab.util import device as devices
 
-        if doc is not None:
-            req = dataclasses.replace(req, request=dataclasses.replace(req.request, passages=(doc,)))
         with devices.autocast(self.device, self.precision):
-            out = compress_request(self.lm, router, req, self.cfg)
-        self.served += 1
-        return out
+            outs = compress_all(self.lm, router, reqs)
+        self.served += sum(not isinstance(o, BaseException) for o in outs)
+        return outs
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        """The short jobs of one batch (worker thread): per router, each document asked by two or
-        more of them cut once and its questions scored together (:func:`batch_scores`), then each
-        request finished alone; every job's future gets its result or its error."""
+        """The short jobs of one batch (worker thread): each router's requests pruned by one
+        :func:`compress_all` (one :meth:`~masklab.context.router.Router.prune_all`: the questions on
+        one document read together); every job's future gets its result or its error."""
         groups: dict[str, list[Job]] = {}
         for job in jobs:
             groups.setdefault(job.request.router, []).append(job)
@@ -406,44 +411,27 @@ class Service:
                 for job in group:
                     job.finish(error=e)
                 continue
-            texts = [j.request.request.passages[0] for j in group if len(j.request.request.passages) == 1]
-            shared = {t for t in texts if texts.count(t) > 1}
-            docs, questions = {}, {}
-            for job in group:
-                text = job.request.request.passages[0]
-                if len(job.request.request.passages) == 1 and text in shared:
-                    if text not in docs:
-                        docs[text] = cut(text, self.lm.tokenizer, self.cfg.unit_tokens)
-                    questions.setdefault(text, []).append(job.request.question)
-            scored = batch_scores(router, docs, questions)
-            for job in group:
-                text = job.request.request.passages[0] if len(job.request.request.passages) == 1 else None
-                mine = with_scores(router, docs[text], *scored[text]) if text in scored else router
-                try:
-                    job.finish(self._compress(mine, job.request, docs.get(text)))
-                except Exception as e:  # noqa: BLE001  (handed to the request: 400 or 500 there)
-                    job.finish(error=e)
+            for job, out in zip(group, self._compress(router, [j.request for j in group])):
+                job.finish(*((None, out) if isinstance(out, BaseException) else (out, None)))
 
-    def _run_long(self, job: Job):
-        """A long job as slices (worker thread; a generator, one slice a step): each context cut
-        into units, then ``--slice-units`` of its units embedded per step into the cache of every
-        embedder its router reads, then the request pruned with every vector cached."""
+    def _run_long(self, job: Job, pause) -> dict:
+        """A long job (worker thread): each passage cut into units, ``pause()`` after each, then the
+        request pruned with its router's read in slices of ``--slice-units`` units, ``pause(done,
+        total)`` between them (:func:`~masklab.context.router.read_in_slices`)."""
+        from masklab.text.document import segment
+
         req = job.request
         router = self.router(req.router)
         docs = []
         for text in req.request.passages:
-            docs.append(cut(text, self.lm.tokenizer, self.cfg.unit_tokens))
-            yield
-        embedders = embedders_of(router)
-        total, done = sum(len(d.units) for d in docs) * len(embedders), 0
-        job.progress = (0, total)
-        for emb in embedders:
-            for doc in docs:
-                for n in emb.units_in_slices(doc.units, self.cfg.slice_units):
-                    job.progress = (done + n, total)
-                    yield
-                done += len(doc.units)
-        return self._compress(router, req, docs[0] if len(docs) == 1 else None)
+            docs.append(segment(text, self.lm.tokenizer, req.request.unit_tokens))
+            pause()
+        cut = dataclasses.replace(req, request=dataclasses.replace(req.request, passages=tuple(docs)))
+        with read_in_slices(self.cfg.slice_units, pause):
+            (out,) = self._compress(router, [cut])
+        if isinstance(out, BaseException):
+            raise out
+        return out
 
     def _trim(self) -> None:
         if self.trim is not None:
@@ -457,11 +445,13 @@ class Service:
 
         rss = rss_bytes()
         s = self.scheduler
+        with self._routers_lock:
+            routers = list(self.routers)
         return {
             "status": "ok",
             "model": self.lm.name,
             "router": self.cfg.router,
-            "routers_loaded": list(self.routers),
+            "routers_loaded": routers,
             "pid": os.getpid(),  # which process answered (a replica, under --ray)
             "served": self.served,
             "uptime_seconds": round(time.time() - self.started, 3),
@@ -470,7 +460,7 @@ class Service:
             "batches": {"batches": s.batches, "requests": s.batched_requests, "max_batch": self.cfg.max_batch},
             "dropped": dict(self.counts),
             "caches": {
-                "routers": {"entries": len(self.routers), "max_entries": self.cfg.max_routers},
+                "routers": {"entries": len(routers), "max_entries": self.cfg.max_routers},
                 "embeddings": sorted(
                     (e.cache_stats() for e in embedder.live_embedders()), key=lambda c: (c["embedder"], -c["misses"])
                 ),
@@ -494,27 +484,69 @@ def _lru_stats(fn) -> dict:
 
 
 def clear_model_caches() -> None:
-    """Drop the process's caches of loaded models (embedders, pruners): a router that holds one
-    keeps it; one no router holds is freed."""
+    """Drop the process's caches of loaded models (embedders, pruners, cross pruners): a router
+    that holds one keeps it; one no router holds is freed."""
     from masklab.context import embedder
-    from masklab.context.routers import pruner
+    from masklab.context.routers import cross, pruner
 
     embedder.load_embedder.cache_clear()
     pruner.clear_caches()
+    cross._load.cache_clear()
     import gc
 
     gc.collect()
 
 
-def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict:
-    """What ``masklab compress --json`` prints for one request (:mod:`masklab.context.compress`):
-    its passages pruned within one budget, and the answer from the pruned text when asked."""
+def compress_all(lm, router, reqs: list[CompressRequest]) -> list:
+    """What ``masklab compress --json`` prints for each of ``reqs`` (:mod:`masklab.context.compress`),
+    or the error of that request: each request's passages pruned within one budget by one
+    :meth:`~masklab.context.router.Router.prune_all` (the questions on one document read together;
+    where it fails, each request again alone, so each meets its own error), and the answer from
+    the pruned text when asked. :class:`~masklab.context.scheduler.Dropped` (a long read stopped
+    between slices) is raised, not returned."""
     from masklab.context.compress import answer, fit_window, render
 
-    request, window, _ = fit_window(req.request, lm, req.max_new_tokens)
-    out = render(router.prune(request), lm, window)
-    if req.answer:
-        out["answer"], out["answer_seconds"] = answer(lm, out["pruned_text"], req.question, req.max_new_tokens)
+    fitted: list = []
+    for req in reqs:
+        try:
+            fitted.append(fit_window(req.request, lm, req.max_new_tokens))
+        except Exception as e:  # noqa: BLE001  (this request's error)
+            fitted.append(e)
+    todo = [k for k, f in enumerate(fitted) if not isinstance(f, BaseException)]
+    outs: list = list(fitted)
+    try:
+        pruned = router.prune_all([fitted[k][0] for k in todo])
+    except Dropped:
+        raise
+    except Exception:  # noqa: BLE001  (each request meets it again alone, with its own message)
+        pruned = []
+        for k in todo:
+            try:
+                pruned.append(router.prune(fitted[k][0]))
+            except Dropped:
+                raise
+            except Exception as e:  # noqa: BLE001
+                pruned.append(e)
+    for k, p in zip(todo, pruned):
+        if isinstance(p, BaseException):
+            outs[k] = p
+            continue
+        req = reqs[k]
+        try:
+            out = render(p, lm, fitted[k][1])
+            if req.answer:
+                out["answer"], out["answer_seconds"] = answer(lm, out["pruned_text"], req.question, req.max_new_tokens)
+        except Exception as e:  # noqa: BLE001
+            out = e
+        outs[k] = out
+    return outs
+
+
+def compress_request(lm, router, req: CompressRequest, cfg: ServeConfig) -> dict:
+    """What ``masklab compress --json`` prints for one request (:func:`compress_all`)."""
+    (out,) = compress_all(lm, router, [req])
+    if isinstance(out, BaseException):
+        raise out
     return out
 
 
@@ -578,6 +610,9 @@ async def _answer(service: Service, job: Job, request):
         done, _ = await asyncio.wait(
             {result, watch}, timeout=max(0.0, job.deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
         )
+    except asyncio.CancelledError:  # the handler cancelled (Ray's proxy past --request-seconds): drop it unrun
+        job.gone.set()
+        raise
     finally:
         watch.cancel()
     if result not in done:
@@ -588,7 +623,9 @@ async def _answer(service: Service, job: Job, request):
         return _late(service.cfg)
     try:
         out = result.result()
-    except Dropped:  # the worker reached it just past its deadline
+    except Dropped as e:  # the worker reached it just past its deadline, or the server is closing
+        if e.why == "closed":
+            return error(503, "the server is shutting down: retry on another", **{"Retry-After": "1"})
         return _late(service.cfg)
     except MasklabError as e:  # input only the model can judge (e.g. a document with no units)
         return error(400, str(e))
@@ -631,9 +668,16 @@ async def compress_endpoint(service: Service, request):
 
 def create_app(service: Service):
     """The FastAPI app of ``service``: ``POST /v1/compress``, ``GET /healthz``; every error a
-    JSON ``{"error": "..."}``."""
+    JSON ``{"error": "..."}``; its lifespan's shutdown closes ``service``."""
+    from contextlib import asynccontextmanager
+
     from fastapi import FastAPI, Request
     from starlette.exceptions import HTTPException
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(service.close)  # the server (uvicorn, or Ray Serve stopping a replica) shuts down
 
     app = FastAPI(
         title="masklab",
@@ -641,6 +685,7 @@ def create_app(service: Service):
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        lifespan=lifespan,
     )
 
     @app.exception_handler(HTTPException)
@@ -707,6 +752,10 @@ def check_config(cfg: ServeConfig) -> None:
         )
     ROUTERS[cfg.router]  # noqa: B018
     check_models([cfg.model])
+    if cfg.ray:
+        from masklab.context.ray_serve import deployment_options
+
+        deployment_options(cfg)  # (the replicas' flags agree: before Ray starts)
 
 
 def start_service(cfg: ServeConfig, device=None, precision: str = "fp32") -> Service:
