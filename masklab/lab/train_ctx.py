@@ -177,19 +177,20 @@ GRIDS = {"relative": [i / 100 for i in range(1, 100)], "mass": [i / 100 for i in
 CONTEXTS = (0, 1, 2)  # units on each side of the best one that may be kept right after it
 
 
-def keep_rules(rows: list[dict], target: float, context: int = 0) -> list[dict]:
+def keep_rules(rows: list[dict], target: float, context: int = 0, grids: dict | None = None) -> list[dict]:
     """Each rule of :data:`RULES` at its parameter whose mean kept fraction is the smallest keeping the
     answer for at least ``target`` of the questions (``keep_auto``'s choice, made for every rule), beside
     a fixed keep of the same mean fraction (``fixed_kept``) and McNemar's p between the two. A rule's
     units (the top one and its ``context`` neighbours always) give a fraction that :func:`select` keeps,
-    as ``keep="auto"`` has it (:func:`~masklab.text.selection.auto_fraction`)."""
+    as ``keep="auto"`` has it (:func:`~masklab.text.selection.auto_fraction`). ``grids``: each rule's
+    parameters to try (default :data:`GRIDS`; a threshold tries every score seen)."""
     from masklab.lab.stats import mcnemar
     from masklab.text.selection import around_top, select
 
     scores = [torch.tensor(r["scores"]) for r in rows]
     out = []
     for name, rule in RULES.items():
-        grid = GRIDS.get(name) or sorted({round(x, 3) for r in rows for x in r["scores"]})
+        grid = (grids or GRIDS).get(name) or sorted({round(x, 3) for r in rows for x in r["scores"]})
         best = None
         for p in grid:
             kept, frac = [], 0.0

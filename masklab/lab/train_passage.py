@@ -147,7 +147,8 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
     from masklab.lab.revision import code_hash
     from masklab.lab.stats import mcnemar, wilson
     from masklab.lab.tasks import realdocs
-    from masklab.lab.train_ctx import HeadConfig, Example, choose_context, kept_at, save, train
+    from masklab.lab.train_ctx import GRIDS, Example, HeadConfig, choose_context, keep_rules, kept_at, save, train
+    from masklab.text.selection import KEEP_RULES
     from masklab.lab.labels import question_key
     from masklab.pretrained.models import load
     from masklab.util.files import write_json
@@ -268,10 +269,21 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
         {"id": r["id"], "kind": r["kind"], "lengths": r["lengths"], "gold": r["gold"], "passage_of": r["passage_of"]}
         for r in base
     ]
+    res["keep_auto"] = {}
+    grids = {**GRIDS, "threshold": [i / 100 for i in range(1, 100)]}
+    for name in heads:  # --keep auto's rule, chosen on val as pruner-ctx's was (train_ctx.keep_rules)
+        at = next(r for r in res["summary"] if r["task"] == "all" and r["method"] == name)
+        rules = keep_rules(methods[name], at["kept@25"], res["context"][name], grids)
+        res["keep_auto"][name] = {
+            "rules": rules,
+            "chosen": min((r for r in rules if r["rule"] in KEEP_RULES), key=lambda r: r["fraction"], default=None),
+        }
     res["seconds"] = {"wall": time.perf_counter() - t_all, "cpu": time.process_time() - c_all}
     write_json(out / "results.json", res)
     for name, head in heads.items():
+        auto = res["keep_auto"][name]["chosen"] or {}
         meta = {"labels": "union", "variant": name, "model": model, "context": res["context"][name]}
+        meta.update(keep_auto=auto.get("param"), keep_rule=auto.get("rule"))
         meta.update(command=command, code=res["code"], train=records[name])
         for folder in (out, *([WEIGHTS] if name == ship else [])):
             save(head, folder / f"passage-{name}.safetensors", meta, FEATURES)
