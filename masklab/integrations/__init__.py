@@ -13,8 +13,6 @@ keeps none is dropped.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from masklab.context.router import DEFAULT_ROUTER, Request
 from masklab.text.document import UNIT_TOKENS
 
@@ -68,7 +66,7 @@ class Adapter:
         live = [i for i, t in enumerate(texts) if t.strip()]
         if not live:
             return []
-        out = self.router.prune(replace(self.request, question=query, passages=[texts[i] for i in live])).to_json()
+        out = self.router.prune(self.request.with_(question=query, passages=[texts[i] for i in live])).to_json()
         return [
             (
                 live[p["index"]],
