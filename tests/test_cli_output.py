@@ -316,3 +316,19 @@ def test_a_press_renders_through_the_one_json_shape():
     assert set(out) == where("all")
     assert out["kept"] is out["pruned_text"] is out["passages"] is out["router_seconds"] is None
     assert out["kept_fraction"] == 0.3 and out["keep"] == 0.3 and out["router"] == "snapkv"
+
+
+def test_the_routers_an_option_names_are_those_that_take_it():
+    """Where help or an integration names the routers an option is for, they are the registry's."""
+    from masklab.context.router import takers
+
+    def named(text: str) -> set[str]:
+        from masklab.context.routers import ROUTERS
+
+        return set(re.findall(r"[a-z0-9]+(?:[-+][a-z0-9]+)*", text)) & set(ROUTERS)
+
+    assert named(help_texts("compress")["--threshold"]) == set(takers("score_range"))
+    for path in (ROOT / "masklab" / "integrations").glob("*.py"):
+        for line in path.read_text().splitlines():
+            if "embedder" in line and named(line):
+                assert named(line) == set(takers("embedder")), (path.name, line)

@@ -187,8 +187,9 @@ def list_routers() -> None:
     for name in ROUTERS:
         cls = ROUTERS[name]
         what = "reads the model" if cls.reads_model else "reads no model (only its tokenizer, to count tokens)"
+        decides = "; decides how much (--threshold, --keep auto)" if cls.score_range is not None else ""
         default = "; the default" if name == DEFAULT_ROUTER else ""
-        print(f"{name:<26}{what}{default}" + (f"\n{'':<26}for: {cls.use}" if cls.use else ""))
+        print(f"{name:<26}{what}{decides}{default}" + (f"\n{'':<26}for: {cls.use}" if cls.use else ""))
     for name in PRESSES:
         print(f"{name:<26}reads the model; a KV-cache press: needs --answer, keeps no text")
 

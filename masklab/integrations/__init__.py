@@ -23,8 +23,9 @@ class Adapter:
     only routers that read no model work), loaded the first time it prunes; one budget of
     ``keep`` of all the passages' tokens or ``target_tokens`` tokens (which wins when both are
     given; neither: keep 0.25; ``keep="auto"``: the router's own val threshold) or, for a router
-    that decides how much (``pruner-ctx``, ``pruner``), every unit scoring at least ``threshold``;
-    ``embedder``: a sentence-transformers folder for the ``dense`` routers (None: the packaged
+    that decides how much (one with a score range: ``masklab compress --list-routers``), every unit
+    scoring at least ``threshold``;
+    ``embedder``: a sentence-transformers folder for ``dense`` and ``bm25+dense`` (None: the packaged
     all-MiniLM-L6-v2). The settings are checked at once, as one request on a stand-in passage."""
 
     def __init__(
