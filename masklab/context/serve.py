@@ -675,17 +675,14 @@ def check_config(cfg: ServeConfig) -> None:
     except ImportError:
         raise MasklabError("masklab serve needs FastAPI and uvicorn: pip install 'masklab[serve]'") from None
     from masklab.context.embedder import check_folder
-    from masklab.context.presses import PRESSES
-    from masklab.context.routers import ROUTERS
+    from masklab.context.presses import PRESSES, refuse_press
+    from masklab.context.router import router_class
 
     if cfg.embedder:
         check_folder(cfg.embedder)
     if cfg.router in PRESSES:
-        raise MasklabError(
-            f"--router {cfg.router} is a KV-cache press: the service returns pruned text, so give a "
-            "router that prunes the text"
-        )
-    ROUTERS[cfg.router]  # noqa: B018
+        refuse_press(cfg.router, "the service returns pruned text, so give a --router that prunes the text")
+    router_class(cfg.router)  # an unknown router: the names --list-routers shows
     check_models([cfg.model])
 
 
