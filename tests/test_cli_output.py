@@ -199,13 +199,12 @@ def test_the_page_legend_says_what_decided_and_why_a_lower_unit_is_kept():
 def test_an_answer_cut_by_max_new_tokens_says_so():
     from masklab.context.answer import CUT, shown_answer
 
-    assert (
-        shown_answer("It means the lease, which is not a good", "length")
-        == "It means the lease, which is not a good" + CUT
-    )
+    cut = "It means the lease, which is not a go"  # the token cut split the last word
+    assert shown_answer(cut, "length") == "It means the lease, which is not a" + CUT
     assert shown_answer("Daniel Reyes. He also", "length") == "Daniel Reyes."  # a whole sentence: nothing cut
     assert shown_answer("Daniel Reyes", "eos") == "Daniel Reyes"  # the model ended it
     assert shown_answer("Daniel Reyes\nQuestion: more", "length") == "Daniel Reyes"  # its first line ended
+    assert shown_answer("Reyes", "length") == "Reyes" + CUT
 
 
 def help_texts(command: str) -> dict[str, str]:

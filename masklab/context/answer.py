@@ -86,12 +86,15 @@ CUT = " …"  # ends an answer that max_new_tokens cut before its first sentence
 
 
 def shown_answer(generated: str, stopped: str) -> str:
-    """:func:`first_answer` of ``generated``, ending in :data:`CUT` where decoding stopped at
-    ``max_new_tokens`` (``stopped == "length"``) before the answer's first sentence or line ended,
-    so a cut answer never reads as a whole one."""
+    """:func:`first_answer` of ``generated``; where decoding stopped at ``max_new_tokens``
+    (``stopped == "length"``) before the answer's first sentence or line ended, without its last
+    word (the token cut may have split it) and ending in :data:`CUT`, so a cut answer never reads
+    as a whole one."""
     text = first_answer(generated)
     ended = re.search(r"(?<!\d)[.!?](?=\s|$)", text) or "\n" in generated.strip()
-    return text + CUT if stopped == "length" and text and not ended else text
+    if stopped != "length" or not text or ended:
+        return text
+    return (text.rsplit(None, 1)[0] if " " in text else text) + CUT
 
 
 def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[int, int]:
