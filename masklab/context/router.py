@@ -538,7 +538,9 @@ class Router:
     names): ``reads_model`` (it needs ``lm``), ``options`` (the keyword options its constructor
     takes: ``path`` a trained file, ``int8``, ``embedder`` a sentence-transformers folder,
     ``router_model``, ``progress``), ``score_range`` (its scores' bounds: a router with one decides
-    how much to keep, so it takes a threshold, and ``keep="auto"`` where it has a ``keep_auto``)."""
+    how much to keep, so it takes a threshold, and ``keep="auto"`` where it has a ``keep_auto``).
+    ``keep_auto``, ``keep_rule``, ``neighbours`` and ``hops`` may come from its weights file's JSON:
+    :meth:`capabilities` is the one place they are read."""
 
     name = ""
     use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
