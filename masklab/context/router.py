@@ -89,7 +89,6 @@ def router_class(router: str | type):
     ``masklab compress --list-routers`` shows, read from the registries."""
     if not isinstance(router, str):
         return router
-    import masklab.context.routers  # noqa: F401 (registers every product router)
     from masklab.context.presses import PRESSES
 
     if router in PRESSES:
