@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +203,8 @@ def main(args: argparse.Namespace) -> int:
         list_routers()
         return 0
     cfg = dataclasses.replace(config_from_args(args, CompressConfig()), context=args.context or [])
+    if cfg.quiet:
+        warnings.simplefilter("ignore")  # a library's warning is no error: --quiet leaves stderr to errors
     check(cfg)
     check_prompt_format(cfg.prompt_format)
     dev = devices.resolve(args.device)  # one clear error for --device cuda without a GPU, before reading
