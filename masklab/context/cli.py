@@ -92,8 +92,8 @@ class CompressConfig(SharedFlags):
     )
     quiet: bool = flag(
         False,
-        help="standard error only for errors: no summary, notes, progress bar or page line (standard "
-        "output holds the pruned text or the JSON either way)",
+        help="standard error only for errors: no summary, notes, progress bar, page line or library warnings "
+        "(standard output holds the pruned text or the JSON either way)",
     )
 
 
