@@ -387,7 +387,11 @@ def test_compress_options_are_one_line(files, capsys, extra, match):
 @pytest.mark.parametrize(
     "context,extra,match",
     [
-        (["{d}"], ["--router", "snapkv", "--answer"], "snapkv prunes the model cache and keeps no units"),
+        (
+            ["{d}"],
+            ["--router", "snapkv", "--answer"],
+            "snapkv is a KV-cache press: it prunes the model's cache and keeps no text; it cannot spend one budget",
+        ),
         (["{d}"], ["--html", "page.html"], "--html shows one document"),
         (["{t}/empty"], [], "holds no text files"),
         (["{t}/bad.json"], [], "starts with [ but is not a valid JSON list"),
@@ -406,17 +410,30 @@ def test_several_passages_are_read_in_order(passages, tmp_path, monkeypatch):
     from masklab.text.inputs import read_passages
 
     a, b = (passages / "a.txt").read_text(), (passages / "b.txt").read_text()
-    assert read_passages([str(passages / "a.txt")]) == ([a], False)  # one file: one document, as before
-    assert read_passages([str(passages / "b.txt"), str(passages / "a.txt")]) == ([b, a], True)
+
+    def read(sources):
+        got = read_passages(sources)
+        return got.texts, got.several
+
+    assert read([str(passages / "a.txt")]) == ([a], False)  # one file: one document, as before
+    assert read([str(passages / "b.txt"), str(passages / "a.txt")]) == ([b, a], True)
     (passages / ".hidden").write_text("not read")
     (passages / "z.bin").write_bytes(b"\x00\x01binary")
-    assert read_passages([str(passages)]) == ([a, b], True)  # a folder: its text files sorted by name
+    got = read_passages([str(passages)])
+    assert (got.texts, got.several) == ([a, b], True)  # a folder: its text files sorted by name
+    assert got.names == [str(passages / "a.txt"), str(passages / "b.txt")]
+    assert got.skipped == [
+        f"{passages}: 1 hidden file not read (.hidden)",
+        f"{passages}: 1 binary file not read (z.bin)",
+    ]
     (tmp_path / "list.json").write_text(json.dumps(["one passage", "two passages"]))
-    assert read_passages([str(tmp_path / "list.json")]) == (["one passage", "two passages"], True)
+    got = read_passages([str(tmp_path / "list.json")])
+    assert (got.texts, got.several) == (["one passage", "two passages"], True)
+    assert got.names == [f"{tmp_path / 'list.json'}[0]", f"{tmp_path / 'list.json'}[1]"]
     (tmp_path / "doc.json").write_text('{"a": "json document"}')  # not a list: one document, as before
-    assert read_passages([str(tmp_path / "doc.json")]) == (['{"a": "json document"}'], False)
+    assert read([str(tmp_path / "doc.json")]) == (['{"a": "json document"}'], False)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b' ["from stdin", "second"]')))
-    assert read_passages(["-"]) == (["from stdin", "second"], True)
+    assert read(["-"]) == (["from stdin", "second"], True)
     with pytest.raises(MasklabError, match="together, over the limit of 50"):
         read_passages([str(passages / "a.txt"), str(passages / "b.txt")], max_bytes=50)
 

@@ -142,7 +142,7 @@ def test_bad_context_files_are_one_line_before_any_model_loads(tmp_path, capsys,
         (["--question", "Who?", "--html", "/no/such/folder/page.html"], "its folder does not exist"),
         (
             ["--question", "Who?", "--router", "snapkv", "--answer", "--html", "page.html"],
-            "snapkv keeps none (it prunes the cache)",
+            "keeps no text; --html highlights kept units: drop --html",
         ),
     ],
 )
@@ -166,7 +166,7 @@ def test_latin1_with_encoding_and_stdin(tmp_path, capsys, monkeypatch):
     assert code == 0 and "Daniel Reyes" in out
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(TRAVEL.encode())))
     code, out, _ = run(capsys, "--context", "-", "--question", "Who works as a baker?", "--keep", "0.2")
-    assert code == 0 and "baker" in out.split("---")[0]
+    assert code == 0 and "baker" in out
 
 
 @needs_smol
@@ -301,7 +301,7 @@ def test_html_page_highlights_the_kept_units_in_a_browser(tmp_path, capsys):
     pruned = load_router("bm25").prune(Request("Who approved the budget?", REPORT, fraction=0.2))
     pruned.kept = []  # the same page with nothing kept has no highlight
     (tmp_path / "none.html").write_text(page(pruned, "Who approved the budget?"))
-    assert highlighted(tmp_path / "none.html") == 0
+    assert highlighted(tmp_path / "none.html") < 1000  # only the legend's "kept" sample
 
 
 @pytest.mark.slow
@@ -378,7 +378,7 @@ def test_several_passages_one_budget_json_and_text(tmp_path, capsys):
         ANSWERING in res["pruned_text"] and sum(p["kept_tokens"] for p in res["passages"]) == res["compressed_tokens"]
     )
     # the passages' order, not a router's judgement, is checked: dense keeps both facts of this two-part question
-    code, out, _ = run(
+    code, out, err = run(
         capsys,
         "--context",
         str(d / "2-travel.txt"),
@@ -390,8 +390,9 @@ def test_several_passages_one_budget_json_and_text(tmp_path, capsys):
         "--router",
         "dense",
     )
-    text, summary = out.split("\n---\n")
+    text, summary = out, err
     assert code == 0 and text.index("baker") < text.index("Daniel Reyes") and "\n\n" in text  # passages in order
+    assert text.index("2-travel.txt <==") < text.index("baker") < text.index("1-report.txt <==")
     assert "of 2 passages" in summary
 
 
@@ -405,10 +406,10 @@ def test_a_budget_below_the_top_unit_says_so_and_an_empty_answer_is_named(tmp_pa
     monkeypatch.setattr(
         compress, "generate_answer", lambda *a, **k: {"generated": "\nQuestion: Who?\n", "seconds": 0.1}
     )
-    code, out, _ = run(
+    code, out, err = run(
         capsys, "--context", str(path), "--question", "Who approved the budget?", "--keep", "0.25", "--answer"
     )
-    assert code == 0 and "note: --keep 0.25 kept " in out and "the top unit is always kept" in out
+    assert code == 0 and "note: --keep 0.25 kept " in err and "the top unit is always kept" in err
     assert out.rstrip().endswith("(empty answer)")
 
 

@@ -93,7 +93,7 @@ def test_a_budget_of_zero_is_a_budget():
     "kwargs,match",
     [
         ({"passages": []}, "non-empty list of strings"),
-        ({"passages": [BUDGET, "  \n"]}, "passage 1 is empty"),
+        ({"passages": [BUDGET, "  \n"]}, "passage 1 of the context is empty"),
         ({"passages": [BUDGET, 3]}, "passage 1 is a int"),
         ({"question": " "}, "question is empty"),
         ({"target_tokens": 0}, "target_tokens must be at least 1, got 0"),

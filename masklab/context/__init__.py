@@ -1,7 +1,7 @@
 """Prune a context for a question before a model reads it.
 
     from masklab.context import Request, load_router
-    router = load_router("bm25")                              # or "lexical", "evidence", ... (ROUTERS)
+    router = load_router("bm25")                              # or any name of ROUTERS (--list-routers)
     pruned = router.prune(Request("Who approved the budget?", [text], fraction=0.25))
     pruned.text, pruned.kept, pruned.scores, pruned.kept_fraction, pruned.seconds, pruned.to_json()
 
@@ -10,8 +10,8 @@
   :data:`ROUTERS`, :class:`Request` (a question, its passages, one budget), checked once
   against what the router declares, and :class:`Pruned`, the one result;
 * :mod:`~masklab.text.selection`: :func:`select`, the one rule that keeps units within a budget;
-* :mod:`~masklab.context.routers`: one file per router (``lexical``, ``bm25``, ``dense``,
-  ``pruner``, the trained ``evidence`` and the fused ``bm25+...``) and :func:`load_router`;
+* :mod:`~masklab.context.routers`: one file per router (:data:`ROUTERS` names them all, as
+  ``masklab compress --list-routers`` prints them) and :func:`load_router`;
 * :mod:`~masklab.context.presses`: kvpress's presses (``PRESSES``);
 * :mod:`~masklab.context.routers.features`: the trained routers' features and files;
 * :mod:`~masklab.context.press`: a router as a kvpress press (prune before prefill);

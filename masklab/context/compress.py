@@ -5,19 +5,54 @@ the JSON object both print (:func:`render`) and the answer from the pruned text 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from masklab.context.answer import answer_budget, first_answer, generate_answer
-from masklab.context.router import Pruned, Request
+from masklab.context.answer import answer_budget, generate_answer, shown_answer
+from masklab.context.router import DEFAULT_ROUTER, Pruned, Request
 from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.text.document import UNIT_TOKENS
+from masklab.text.inputs import MAX_CONTEXT_BYTES
 from masklab.text.query import Query
+from masklab.text.selection import parse_keep
 from masklab.util.flags import flag
+
+MAX_NEW_TOKENS = 512  # the longest answer one may ask for (a bound on one request's decode time)
+ROUTER_HELP = (
+    f"the router (default {DEFAULT_ROUTER}): pruner-ctx, pruner, cross, dense, bm25+dense, bm25, lexical, "
+    "evidence, bm25+evidence, or with compress --answer a kvpress press (snapkv, ...); "
+    "`masklab compress --list-routers` lists them; serve: the router of requests that name none, loaded at "
+    "start (the others the first time a request names them)"
+)  # tests/test_router_contract.py checks the names against the registry
 
 
 @dataclass
 class SharedFlags:
-    """The flags ``masklab compress`` and ``masklab serve`` share, declared once."""
+    """The flags ``masklab compress`` and ``masklab serve`` share, declared once (serve's apply to the
+    requests that give no value of their own)."""
+
+    keep: float | str = flag(
+        0.25,
+        above=0,
+        max=1,
+        parse=parse_keep,
+        metavar="FRACTION|auto",
+        help="kept fraction of the context's tokens, or auto: the router keeps the units it "
+        "labels as needed (a router that decides how much); a token budget or a threshold, when "
+        "given, is the budget instead",
+    )
+    router: str = flag(DEFAULT_ROUTER, help=ROUTER_HELP)
+    max_new_tokens: int = flag(
+        48,
+        min=1,
+        max=MAX_NEW_TOKENS,
+        help="longest answer in tokens (an answer stops at the end of its first sentence or line; "
+        "one cut here before that ends in …)",
+    )
+    max_context_bytes: int = flag(
+        MAX_CONTEXT_BYTES,
+        min=1,
+        help="refuse larger contexts in UTF-8, all passages together (a guard against the wrong file)",
+    )
 
     model: str = flag(
         DEFAULT_MODEL,
@@ -63,7 +98,7 @@ def fit_window(req: Request, lm, max_new_tokens: int) -> tuple[Request, int, int
     window, overhead = answer_budget(lm, req.question, max_new_tokens)
     gaps = len(req.passages) if len(req.passages) > 1 else 0  # the blank lines between the kept passages
     fits = f"{lm.name}'s {window}-token window with the question and answer"
-    return replace(req, cap=window - overhead - gaps, fits=fits), window, overhead
+    return req.with_(cap=window - overhead - gaps, fits=fits), window, overhead
 
 
 def render(pruned: Pruned, lm, window: int) -> dict:
@@ -78,7 +113,7 @@ def render(pruned: Pruned, lm, window: int) -> dict:
 
 
 def answer(lm, text: str, question: str, max_new_tokens: int) -> tuple[str, float]:
-    """``(answer, seconds)``: the greedy answer from ``text``, its first line or sentence
-    (:func:`~masklab.context.answer.first_answer`)."""
+    """``(answer, seconds)``: the greedy answer from ``text``, its first line or sentence, ending in
+    `` …`` where ``max_new_tokens`` cut it before that ended (:func:`~masklab.context.answer.shown_answer`)."""
     r = generate_answer(lm, [text], Query(question).text, max_new_tokens, stop_at_sentence=True, stop_at_line=True)
-    return first_answer(r["generated"]), r["seconds"]
+    return shown_answer(r["generated"], r.get("stopped", "")), r["seconds"]

@@ -137,6 +137,11 @@ class KVPressRunner:
 PRESSES: Registry = Registry("press")
 
 
+def refuse_press(name: str, instead: str) -> None:
+    """The one refusal of a press where pruned text is needed; ``instead``: what to do."""
+    raise MasklabError(f"{name} is a KV-cache press: it prunes the model's cache and keeps no text; {instead}")
+
+
 class Press:
     """A kvpress press by name, for the loaded model ``lm``: :meth:`answer` answers through
     :class:`KVPressRunner`; it prunes no text. ``masks``: it keeps every pair in the cache and

@@ -24,20 +24,25 @@ A :class:`Request` is a question, its passages (one document is one passage) and
 exactly one of ``fraction`` (of the passages' tokens), ``tokens`` (at most that many),
 ``threshold`` (every unit scoring at least it) or ``auto`` (the router's own rule); none
 means ``fraction=0.25``. It is checked once, when it is made, against what its router declares
-(:class:`Router`'s fields ``score_range``, ``keep_auto``, ``options``). Adding a budget mode or
-an option touches :class:`Request` and :func:`select_units`, which reads it.
+(:class:`Router`'s fields ``score_range``, ``options`` and :meth:`Router.capabilities`); a front end
+that narrows it (the window's cap, a cut document, the query) uses :meth:`Request.with_`, which
+checks only the field it changes. Adding a budget mode or an option touches :class:`Request` and
+:func:`select_units`, which reads it.
 ``Router.press(question, keep)`` wraps the same choice as a kvpress press that deletes the other
 units' tokens before prefill.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,7 +51,7 @@ from torch import Tensor
 from masklab.text.document import UNIT_TOKENS, Document, segment
 from masklab.text.inputs import check_context, check_question
 from masklab.text.selection import AUTO, auto_fraction, check_keep, select
-from masklab.util.errors import MasklabError
+from masklab.util.errors import MasklabError, unknown
 from masklab.util.registry import Registry
 
 ROUTERS: Registry = Registry("router")
@@ -75,19 +80,37 @@ OPTION_USE = {
     "router_model": "is for the trained routers",
 }
 SOFT_OPTIONS = ("progress",)  # given to the routers that take them, never refused
+# what a router's weights file (its JSON) may carry -> the Router field it sets (read in one place: Router.capabilities)
+CAPABILITY_KEYS = {"keep_auto": "keep_auto", "keep_rule": "keep_rule", "context": "neighbours", "hops": "hops"}
 
 
 def router_class(router: str | type):
     """The class of product router ``router`` (a name of :data:`~masklab.context.router.ROUTERS`;
     a kvpress press, which keeps no units, declares no option and no score range), or ``router``
-    itself (a class, e.g. one of the lab's)."""
+    itself (a class, e.g. one of the lab's). An unknown name is refused with every name
+    ``masklab compress --list-routers`` shows, read from the registries."""
     if not isinstance(router, str):
         return router
     from masklab.context.presses import PRESSES
 
     if router in PRESSES:
-        return SimpleNamespace(name=router, options=(), score_range=None, keep_auto=None)
+        return _press_class(router)
+    if router not in ROUTERS:
+        raise unknown("router", router, [*ROUTERS, *PRESSES], " (the presses only with --answer)")
     return ROUTERS[router]
+
+
+@lru_cache(maxsize=None)
+def _press_class(name: str) -> type:
+    """A kvpress press as a request sees it: a router that declares nothing (it keeps no units)."""
+    return type(name, (Router,), {"name": name, "use": "a KV-cache press"})
+
+
+@lru_cache(maxsize=16)
+def weights_meta(path: str) -> Mapping[str, Any]:
+    """The JSON beside weights file ``path`` (``{}`` where there is none), read once per process."""
+    meta = Path(path).with_suffix(".json")
+    return json.loads(meta.read_text()) if meta.is_file() else {}
 
 
 def takers(option: str) -> list[str]:
@@ -128,7 +151,11 @@ class Request:
     says what it fits, in the note when it caps), the router's ``options`` (``path``, ``int8``,
     ``embedder``, ``router_model``, ``progress``) and ``unit_tokens`` (the longest unit).
     ``router``: the router name (or class) it is checked against; ``names``: how the fields are
-    named in its messages (the CLI's flags)."""
+    named in its messages (the CLI's flags); ``sources``: each passage's name (its file), in the
+    result's rows; ``max_bytes``: the most UTF-8 bytes of every passage together (``size``: theirs,
+    counted once when it is made).
+
+    Every field is checked once, in ``__post_init__``; :meth:`with_` narrows a checked request."""
 
     question: str
     passages: Sequence[str | Document]
@@ -143,11 +170,19 @@ class Request:
     unit_tokens: int = UNIT_TOKENS
     router: str | type = ""
     names: Mapping[str, str] = field(default_factory=lambda: PYTHON_NAMES, repr=False, compare=False)
+    sources: Sequence[str] = ()
+    max_bytes: float = float("inf")
+    size: int = field(default=0, init=False, compare=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "question", check_question(self.question))
-        set_(self, "passages", passages_of(self.passages))
+        passages, size = passages_of(self.passages, self.max_bytes)
+        set_(self, "passages", passages)
+        set_(self, "size", size)
+        set_(self, "sources", tuple(self.sources))
+        if self.sources and len(self.sources) != len(self.passages):
+            raise MasklabError(f"{len(self.sources)} passage names for {len(self.passages)} passages")
         set_(self, "router", self.router or DEFAULT_ROUTER)
         cls = router_class(self.router)
         given = self.budgets()
@@ -161,7 +196,14 @@ class Request:
             raise MasklabError(f"{self.names['tokens']} must be a whole number of tokens, got {self.tokens!r}")
         if self.tokens is not None and self.tokens < 1:
             raise MasklabError(f"{self.names['tokens']} must be at least 1, got {self.tokens}")
-        decides = cls.score_range is not None or cls.keep_auto is not None
+        path = self.options.get("path")
+        keep_auto = cls.capabilities(path)["keep_auto"] if self.auto else None
+        if self.auto and keep_auto is None and cls.weights_file(path) is not None:
+            raise MasklabError(
+                f"{self.names['auto']} needs the router's own rule, and {cls.weights_file(path)} carries none "
+                "(no keep_auto in its JSON): give a fraction or a threshold"
+            )
+        decides = cls.score_range is not None or keep_auto is not None
         if (self.threshold is not None and cls.score_range is None) or (self.auto and not decides):
             what = self.names["threshold" if self.threshold is not None else "auto"]
             deciders = ", ".join(takers("score_range"))
@@ -195,8 +237,6 @@ class Request:
         ``target_tokens`` with ``threshold`` is refused."""
         if target_tokens is not None or threshold is not None:
             keep = None
-        if keep is not None:
-            check_keep(keep)
         return cls(
             question,
             passages,
@@ -206,6 +246,31 @@ class Request:
             auto=keep == AUTO,
             **rest,
         )
+
+    def with_(self, **changes) -> Request:
+        """This request with ``changes`` to ``question``, ``passages`` (and their ``sources``), ``cap``
+        or ``fits``, each checked alone: the rest was checked when the request was made."""
+        out = copy.copy(self)
+        set_ = object.__setattr__
+        for key, value in changes.items():
+            if key == "question":
+                value = check_question(value)
+            elif key == "passages":
+                value, size = passages_of(value, self.max_bytes)
+                set_(out, "size", size)
+                if "sources" not in changes:
+                    set_(out, "sources", ())
+            elif key == "sources":
+                value = tuple(value)
+            elif key == "cap":
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise MasklabError(f"cap must be a whole number of tokens, got {value!r}")
+            elif key != "fits":
+                raise TypeError(f"Request.with_ narrows question, passages, sources, cap or fits, not {key}")
+            set_(out, key, value)
+        if out.sources and len(out.sources) != len(out.passages):
+            raise MasklabError(f"{len(out.sources)} passage names for {len(out.passages)} passages")
+        return out
 
     @property
     def decides(self) -> bool:
@@ -227,13 +292,16 @@ class Request:
         return self.names[b] if b == "auto" else f"{self.names[b]} {getattr(self, b)}"
 
 
-def passages_of(passages) -> tuple:
-    """``passages`` as a tuple: one string or :class:`Document` is one passage; a list must be
-    non-empty, of strings (each a text: :func:`~masklab.text.inputs.check_context`) or documents."""
+def passages_of(passages, max_bytes: float = float("inf")) -> tuple[tuple, int]:
+    """``(passages as a tuple, their size in UTF-8 bytes)``: one string or :class:`Document` is one
+    passage; a list must be non-empty, of strings (each a text:
+    :func:`~masklab.text.inputs.check_context`, within ``max_bytes``, and all of them together) or
+    documents (their size is not counted)."""
     if isinstance(passages, (str, Document)):
         passages = [passages]
     if not isinstance(passages, (list, tuple)) or not passages:
         raise MasklabError("passages must be a non-empty list of strings")
+    size = 0
     for i, p in enumerate(passages):
         if isinstance(p, Document):
             if not p.units:
@@ -241,8 +309,11 @@ def passages_of(passages) -> tuple:
             continue
         if not isinstance(p, str):
             raise MasklabError(f"passage {i} is a {type(p).__name__}, not a string")
-        check_context(p, "the context" if len(passages) == 1 else f"passage {i}", float("inf"))
-    return tuple(passages)
+        what = "the context" if len(passages) == 1 else f"passage {i} of the context"
+        size += check_context(p, what, max_bytes)
+    if size > max_bytes:
+        raise MasklabError(f"the context is {size:,} bytes, over the limit of {max_bytes:,}")
+    return tuple(passages), size
 
 
 @dataclass
@@ -253,7 +324,11 @@ class Pruned:
     the router's ``seconds`` (segmenting excluded) and ``notes`` on what happened (windows, a
     capped budget, a top unit over the budget); ``passages``: each passage's :class:`Document`,
     ``rank``: the passages best first (by their best unit). A compressor that rewrites the text
-    instead of keeping units (the lab's LongLLMLingua) sets ``compressed`` and ``compressed_tokens``."""
+    instead of keeping units (the lab's LongLLMLingua) sets ``compressed`` and ``compressed_tokens``;
+    a kvpress press, which keeps every unit and drops key/value pairs inside the model, sets
+    ``cache_fraction`` (the share of the pairs it keeps) and keeps no text. ``neighbours``,
+    ``keep_auto`` and ``keep_rule``: the router's rule that chose them (:meth:`Router.capabilities`),
+    for a reader who asks why a unit was kept."""
 
     doc: Document
     kept: list[int]
@@ -267,6 +342,10 @@ class Pruned:
     passages: list[Document] | None = None
     rank: list[int] = field(default_factory=lambda: [0])
     request: Request | None = None
+    cache_fraction: float | None = None
+    neighbours: int = 0
+    keep_auto: float | None = None
+    keep_rule: str = "threshold"
 
     @property
     def docs(self) -> list[Document]:
@@ -291,11 +370,20 @@ class Pruned:
         return [d.text_of(k) if k else "" for d, k in zip(self.docs, self.passage_kept)]
 
     @property
-    def text(self) -> str:
-        """The kept text of every passage that keeps anything, in order, blank-line separated."""
+    def text(self) -> str | None:
+        """The kept text of every passage that keeps anything, in order, blank-line separated
+        (None for a press: it keeps no text)."""
+        if self.cache_fraction is not None:
+            return None
         if self.compressed is not None:
             return self.compressed
         return "\n\n".join(t for t in self.texts if t)
+
+    @property
+    def sources(self) -> list[str | int]:
+        """Each passage's name (its file, from :attr:`Request.sources`), or its index where it has none."""
+        names = () if self.request is None else self.request.sources
+        return list(names) if len(names) == len(self.docs) else list(range(len(self.docs)))
 
     @property
     def origin_tokens(self) -> int:
@@ -303,10 +391,14 @@ class Pruned:
 
     @property
     def kept_tokens(self) -> int:
+        if self.cache_fraction is not None:
+            return round(self.cache_fraction * self.origin_tokens)
         return self.compressed_tokens if self.compressed is not None else sum(self.lengths[i] for i in self.kept)
 
     @property
     def kept_fraction(self) -> float:
+        if self.cache_fraction is not None:
+            return self.cache_fraction
         return self.kept_tokens / max(1, sum(self.lengths))
 
     @property
@@ -316,7 +408,7 @@ class Pruned:
 
     def to_json(self) -> dict:
         """The one JSON shape of a result (its keys are listed once, in docs/context.md)."""
-        units, req = self.compressed is None, self.request
+        units, req = self.compressed is None and self.cache_fraction is None, self.request
         ranks = {p: r for r, p in enumerate(self.rank)}
         out = {
             "router": self.router,
@@ -332,11 +424,12 @@ class Pruned:
             "origin_tokens": self.origin_tokens,
             "compressed_tokens": self.kept_tokens,
             "ratio": self.ratio,
-            "router_seconds": self.seconds,
+            "router_seconds": self.seconds if self.cache_fraction is None else None,
             "notes": self.notes,
             "passages": [
                 {
                     "index": p,
+                    "source": source,
                     "rank": ranks.get(p, p),
                     "units": len(d.units),
                     "kept_units": len(k),
@@ -345,8 +438,8 @@ class Pruned:
                     "kept": k,
                     "text": t,
                 }
-                for p, (d, k, t, a, b) in enumerate(
-                    zip(self.docs, self.passage_kept, self.texts, self.starts, self.starts[1:])
+                for p, (d, k, t, a, b, source) in enumerate(
+                    zip(self.docs, self.passage_kept, self.texts, self.starts, self.starts[1:], self.sources)
                 )
             ]
             if units
@@ -501,7 +594,9 @@ class Router:
     names): ``reads_model`` (it needs ``lm``), ``options`` (the keyword options its constructor
     takes: ``path`` a trained file, ``int8``, ``embedder`` a sentence-transformers folder,
     ``router_model``, ``progress``), ``score_range`` (its scores' bounds: a router with one decides
-    how much to keep, so it takes a threshold, and ``keep="auto"`` where it has a ``keep_auto``)."""
+    how much to keep, so it takes a threshold, and ``keep="auto"`` where it has a ``keep_auto``).
+    ``keep_auto``, ``keep_rule``, ``neighbours`` and ``hops`` may come from its weights file's JSON:
+    :meth:`capabilities` is the one place they are read."""
 
     name = ""
     use = ""  # which documents it is for (one line in `masklab compress --list-routers`)
@@ -513,6 +608,30 @@ class Router:
     keep_rule = "threshold"  # how keep_auto cuts (selection.KEEP_RULES): a score, or a share of the best unit's score
     neighbours = 0  # units on each side of the best unit kept right after it (selection.select's context)
     hops = 1  # 2: read again with the question and the best unit's text (read_hops)
+
+    @classmethod
+    def weights_file(cls, path: str | Path | None = None) -> Path | None:
+        """The weights file this router reads when built with ``path``: ``path`` itself, or the one
+        it ships (a router with a shipped file overrides this); None: it reads none."""
+        return None if path is None else Path(path)
+
+    @classmethod
+    def capabilities(cls, path: str | Path | None = None) -> dict[str, Any]:
+        """``keep_auto``, ``keep_rule``, ``neighbours`` and ``hops`` of this router built with weights
+        file ``path`` (None: the shipped one): the class's fields, with what the file's JSON carries
+        (:data:`CAPABILITY_KEYS`). The one place they are read: a router sets its fields from it when
+        it is built (:meth:`take_capabilities`), and :class:`Request` checks a budget against it."""
+        out = {f: getattr(cls, f) for f in CAPABILITY_KEYS.values()}
+        file = cls.weights_file(path)
+        if file is not None:
+            meta = weights_meta(str(file))
+            out.update({f: meta[key] for key, f in CAPABILITY_KEYS.items() if meta.get(key) is not None})
+        return out
+
+    def take_capabilities(self, path: str | Path | None = None) -> None:
+        """Set this router's capability fields from :meth:`capabilities` of its weights file ``path``."""
+        for key, value in self.capabilities(path).items():
+            setattr(self, key, value)
 
     def __init__(self, lm=None) -> None:
         if self.reads_model and lm is None:
@@ -593,6 +712,9 @@ class Router:
                     passages=docs if len(docs) > 1 else None,
                     rank=rank,
                     request=req,
+                    neighbours=self.neighbours,
+                    keep_auto=self.keep_auto,
+                    keep_rule=self.keep_rule,
                 )
                 out[k].notes = [*self.notes, *read.notes, *notes_of(out[k], req, read.windows)]
         return out

@@ -6,7 +6,7 @@
 The model (and each router, once, the first time a request names it) is loaded once, so a
 request costs what pruning costs, not a process start and a model load. ``POST
 /v1/compress`` takes ``{context: str | [str], question, router?, keep?, target_tokens?,
-answer?, max_new_tokens?}`` and returns the fields ``masklab compress --json`` prints (with
+threshold?, answer?, max_new_tokens?}`` and returns the fields ``masklab compress --json`` prints (with
 the answer when ``answer`` is true); ``GET /healthz`` says the service is up. Every request
 is checked in the event loop before it waits for the model (:func:`parse_request`, with
 :mod:`masklab.text.inputs`' checks and messages): bad input is a 4xx ``{"error": "..."}`` at once.
@@ -45,16 +45,23 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from masklab.context.compress import SharedFlags
-from masklab.context.router import DEFAULT_ROUTER, Request, read_in_slices
+from masklab.context.compress import MAX_NEW_TOKENS, SharedFlags
+from masklab.context.router import Request, read_in_slices
 from masklab.context.scheduler import Dropped, Job, Scheduler
-from masklab.text.selection import parse_keep
 from masklab.util.errors import MasklabError
 from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
-from masklab.text.inputs import MAX_CONTEXT_BYTES, check_context
 
-MAX_NEW_TOKENS = 512  # the longest answer a request may ask for (a bound on one request's decode time)
-FIELDS = ("context", "question", "router", "keep", "target_tokens", "threshold", "answer", "max_new_tokens")
+FIELD_HELP = {  # the fields of a POST /v1/compress body (serve --help, docs/context.md's table: a test checks both)
+    "context": "the document (a string) or several passages (a list of strings), pruned within one budget",
+    "question": "the question the kept text must answer",
+    "router": "a router name (default: --router)",
+    "keep": 'a fraction in (0, 1] of the context\'s tokens, or "auto" (default: --keep)',
+    "target_tokens": "keep at most this many tokens instead (wins over keep)",
+    "threshold": "keep the units scoring at least it and no other (a router that decides how much; wins over keep)",
+    "answer": "true: also answer from the pruned text (default false)",
+    "max_new_tokens": f"longest answer in tokens, at most {MAX_NEW_TOKENS} (default: --max-new-tokens)",
+}
+FIELDS = tuple(FIELD_HELP)
 
 
 @dataclass
@@ -65,29 +72,7 @@ class ServeConfig(SharedFlags):
         "authentication, so expose it only behind one)",
     )
     port: int = flag(8000, min=1, max=65535, help="TCP port to listen on")
-    router: str = flag(
-        DEFAULT_ROUTER,
-        help="the router of requests that name none, loaded at start (others load once, "
-        "the first time a request names them); `masklab compress --list-routers` lists them",
-    )
-    keep: float | str = flag(
-        0.25,
-        above=0,
-        max=1,
-        parse=parse_keep,
-        metavar="FRACTION|auto",
-        help="kept fraction of requests that give neither keep nor target_tokens (auto: the pruner decides)",
-    )
-    max_new_tokens: int = flag(
-        48, min=1, max=MAX_NEW_TOKENS, help="longest answer in tokens of requests that give no max_new_tokens"
-    )
     max_request_bytes: int = flag(4_000_000, min=1, help="refuse request bodies larger than this (413)")
-    max_context_bytes: int = flag(
-        MAX_CONTEXT_BYTES,
-        min=1,
-        help="refuse contexts larger than this in UTF-8, all "
-        "passages together (as masklab compress --max-context-bytes)",
-    )
     request_seconds: float = flag(
         60.0,
         above=0,
@@ -168,6 +153,9 @@ def add_parser(sub) -> None:
         "serve",
         help="serve masklab compress over HTTP (JSON), the model loaded once",
         description=__doc__.splitlines()[0],
+        epilog="POST /v1/compress takes a JSON object with "
+        + "; ".join(f"{k}: {v}" for k, v in FIELD_HELP.items())
+        + ". It returns what masklab compress --json prints.",
     )
     add_flags(p, ServeConfig)
     p.set_defaults(handler=main)
@@ -209,12 +197,13 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     """The request body ``raw`` checked, with one :class:`MasklabError` for the first thing
     wrong: not JSON, not an object, an unknown field, a wrong type, a context over
     ``--max-context-bytes``, a KV-cache press (it prunes the cache, not the text), and what
-    :class:`~masklab.context.router.Request` refuses (an empty question or context, a keep
-    outside (0, 1], an unknown router, a budget the router cannot take)."""
-    from masklab.context.presses import PRESSES
+    :class:`~masklab.context.router.Request` refuses (an empty question or context, a context over
+    ``--max-context-bytes``, a keep outside (0, 1], an unknown router, a budget the router cannot
+    take), each checked once, there."""
+    from masklab.context.presses import PRESSES, refuse_press
 
     body = json_body(raw)
-    contexts = body_contexts(body, cfg.max_context_bytes)
+    contexts = body_contexts(body)
     question = body.get("question")
     if question is not None and not isinstance(question, str):
         raise MasklabError("question must be a string")
@@ -222,10 +211,7 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
     if not isinstance(router, str):
         raise MasklabError("router must be a string (a router name)")
     if router in PRESSES:
-        raise MasklabError(
-            f"{router} is a KV-cache press: it prunes the model's cache, not the text; the service "
-            "returns pruned text, so name a router that prunes the text"
-        )
+        refuse_press(router, "the service returns pruned text, so name a router that prunes the text")
     keep = body.get("keep")
     keep = keep if keep == "auto" else _number(body, "keep", float, 'a number in (0, 1] or "auto"')
     threshold = _number(body, "threshold", float, "a number")
@@ -245,6 +231,7 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> CompressRequest:
         fill=cfg.fill,
         unit_tokens=cfg.unit_tokens,
         router=router,
+        max_bytes=cfg.max_context_bytes,
     )
     return CompressRequest(req, answer, new)
 
@@ -269,23 +256,16 @@ def json_body(raw: bytes) -> dict:
     return body
 
 
-def body_contexts(body: dict, max_bytes: int) -> list[str]:
-    """The body's context as a list of passages, each and all together within ``max_bytes``."""
+def body_contexts(body: dict) -> list[str]:
+    """The body's context as a list of passages (their text is checked by the request)."""
     ctx = body.get("context")
     if ctx is None:
         raise MasklabError("context is required (a string, or a list of strings: the passages)")
     if isinstance(ctx, str):
-        contexts = [ctx]
-    elif isinstance(ctx, list) and ctx and all(isinstance(c, str) for c in ctx):
-        contexts = ctx
-    else:
-        raise MasklabError("context must be a string or a non-empty list of strings")
-    for i, c in enumerate(contexts):
-        check_context(c, "the context" if len(contexts) == 1 else f"passage {i} of the context", max_bytes)
-    size = sum(len(c.encode("utf-8")) for c in contexts)
-    if size > max_bytes:
-        raise MasklabError(f"the context is {size:,} bytes, over the limit of {max_bytes:,}")
-    return contexts
+        return [ctx]
+    if isinstance(ctx, list) and ctx and all(isinstance(c, str) for c in ctx):
+        return ctx
+    raise MasklabError("context must be a string or a non-empty list of strings")
 
 
 # --------------------------------------------------------------------------- the model's worker
@@ -740,17 +720,14 @@ def check_config(cfg: ServeConfig) -> None:
     except ImportError:
         raise MasklabError("masklab serve needs FastAPI and uvicorn: pip install 'masklab[serve]'") from None
     from masklab.context.embedder import check_folder
-    from masklab.context.presses import PRESSES
-    from masklab.context.routers import ROUTERS
+    from masklab.context.presses import PRESSES, refuse_press
+    from masklab.context.router import router_class
 
     if cfg.embedder:
         check_folder(cfg.embedder)
     if cfg.router in PRESSES:
-        raise MasklabError(
-            f"--router {cfg.router} is a KV-cache press: the service returns pruned text, so give a "
-            "router that prunes the text"
-        )
-    ROUTERS[cfg.router]  # noqa: B018
+        refuse_press(cfg.router, "the service returns pruned text, so give a --router that prunes the text")
+    router_class(cfg.router)  # an unknown router: the names --list-routers shows
     check_models([cfg.model])
     if cfg.ray:
         from masklab.context.ray_serve import deployment_options

@@ -13,8 +13,6 @@ keeps none is dropped.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from masklab.context.router import DEFAULT_ROUTER, Request
 from masklab.text.document import UNIT_TOKENS
 
@@ -25,8 +23,9 @@ class Adapter:
     only routers that read no model work), loaded the first time it prunes; one budget of
     ``keep`` of all the passages' tokens or ``target_tokens`` tokens (which wins when both are
     given; neither: keep 0.25; ``keep="auto"``: the router's own val threshold) or, for a router
-    that decides how much (``pruner-ctx``, ``pruner``), every unit scoring at least ``threshold``;
-    ``embedder``: a sentence-transformers folder for the ``dense`` routers (None: the packaged
+    that decides how much (one with a score range: ``masklab compress --list-routers``), every unit
+    scoring at least ``threshold``;
+    ``embedder``: a sentence-transformers folder for ``dense`` and ``bm25+dense`` (None: the packaged
     all-MiniLM-L6-v2). The settings are checked at once, as one request on a stand-in passage."""
 
     def __init__(
@@ -68,7 +67,7 @@ class Adapter:
         live = [i for i, t in enumerate(texts) if t.strip()]
         if not live:
             return []
-        out = self.router.prune(replace(self.request, question=query, passages=[texts[i] for i in live])).to_json()
+        out = self.router.prune(self.request.with_(question=query, passages=[texts[i] for i in live])).to_json()
         return [
             (
                 live[p["index"]],

@@ -38,13 +38,13 @@ except ImportError:  # pragma: no cover (the extra is missing)
 class MasklabPostprocessor(BaseNodePostprocessor):
     """Prune retrieved nodes for the query with masklab router ``router`` (for ``model`` when
     it reads one), keeping ``keep`` of all their tokens, ``target_tokens`` tokens, or every unit scoring at
-    least ``threshold`` (a router that decides how much: ``pruner-ctx``, ``pruner``)."""
+    least ``threshold`` (a router that decides how much: one with a score range)."""
 
     router: str = DEFAULT_ROUTER
     model: Any = None
     keep: float | str | None = None  # a fraction of the tokens, or "auto": a deciding router's val threshold
     target_tokens: int | None = None
-    threshold: float | None = None  # pruner-ctx, pruner: keep every unit scoring at least it (Provence's rule)
+    threshold: float | None = None  # a router that decides how much: keep every unit scoring at least it
     unit_tokens: int = UNIT_TOKENS
     embedder: str | None = None  # dense, bm25+dense: a sentence-transformers folder (None: all-MiniLM-L6-v2)
     _adapter: Adapter = PrivateAttr()

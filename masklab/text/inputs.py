@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from masklab.util.errors import MasklabError
@@ -94,11 +95,11 @@ def read_text(
     return text
 
 
-def check_context(text: str, what: str = "context", max_bytes: int = MAX_CONTEXT_BYTES) -> str:
+def check_context(text: str, what: str = "context", max_bytes: float = MAX_CONTEXT_BYTES) -> int:
     """A context given as text (not a file, e.g. in a ``masklab serve`` request), checked as
     :func:`read_text` checks a file: at most ``max_bytes`` in UTF-8, no NUL characters, not
-    empty or only whitespace, no lone surrogates (which no UTF-8 text holds). Returns ``text``
-    unchanged."""
+    empty or only whitespace, no lone surrogates (which no UTF-8 text holds). Returns its size
+    in UTF-8 bytes (counted once, here)."""
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as e:
@@ -109,7 +110,7 @@ def check_context(text: str, what: str = "context", max_bytes: int = MAX_CONTEXT
         raise MasklabError(f"{what} looks binary (it holds NUL characters); give text")
     if not text.strip():
         raise MasklabError(f"{what} is empty")
-    return text
+    return size
 
 
 def looks_binary(path: Path) -> bool:
@@ -138,45 +139,71 @@ def json_passages(text: str, name: str) -> list[str]:
     return items
 
 
-def read_passages(
-    sources: list[str], encoding: str | None = None, max_bytes: int = MAX_CONTEXT_BYTES
-) -> tuple[list[str], bool]:
-    """The texts of ``sources`` and whether they are several passages (False: one document,
-    a single text file or standard input, read as :func:`read_text` reads it).
+@dataclass(frozen=True)
+class Passages:
+    """What ``--context`` read: the ``texts``, each one's ``names`` (its file, ``FILE[i]`` for the
+    i-th string of a JSON list, ``-`` for standard input), whether they are ``several`` passages
+    (False: one document) and what a folder read ``skipped`` (one line each: subfolders, hidden
+    files, binary files)."""
 
-    Each source is a text file; a folder (its files sorted by name, hidden and binary ones
-    skipped); a ``.json`` file, or ``-`` (standard input, once), whose text starts with ``[``:
-    a JSON list of strings, one passage each. Several sources are several passages, in the
-    order given; together they must stay within ``max_bytes``."""
+    texts: list[str]
+    names: list[str]
+    several: bool
+    skipped: list[str] = field(default_factory=list)
+
+
+def read_passages(sources: list[str], encoding: str | None = None, max_bytes: int = MAX_CONTEXT_BYTES) -> Passages:
+    """The passages of ``sources`` (:class:`Passages`); one text file or standard input is one
+    document, read as :func:`read_text` reads it.
+
+    Each source is a text file; a folder (its files sorted by name; subfolders, hidden and binary
+    files skipped, and said so in :attr:`Passages.skipped`); a ``.json`` file, or ``-`` (standard
+    input, once), whose text starts with ``[``: a JSON list of strings, one passage each. Several
+    sources are several passages, in the order given; together they must stay within ``max_bytes``."""
     if not sources:
         raise MasklabError("--context is required (text files, a folder, a JSON list, or - for standard input)")
     if sources.count("-") > 1:
         raise MasklabError("--context: standard input (-) can be read once")
     texts: list[str] = []
+    names: list[str] = []
+    skipped: list[str] = []
     several = len(sources) > 1
     for src in sources:
         path = Path(src).expanduser()
         if src != "-" and path.is_dir():
-            files = [p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")]
-            files = [p for p in files if not looks_binary(p)]
+            entries = sorted(path.iterdir())
+            hidden = [p for p in entries if p.name.startswith(".")]
+            folders = [p for p in entries if p.is_dir() and p not in hidden]
+            files = [p for p in entries if p.is_file() and p not in hidden]
+            binary = [p for p in files if looks_binary(p)]
+            files = [p for p in files if p not in binary]
+            for what, paths in (("subfolder", folders), ("hidden file", hidden), ("binary file", binary)):
+                if paths:
+                    shown = ", ".join(p.name for p in paths[:5]) + (", ..." if len(paths) > 5 else "")
+                    plural = what + ("s" if len(paths) > 1 else "")
+                    skipped.append(f"{src}: {len(paths)} {plural} not read ({shown})")
             if not files:
                 raise MasklabError(f"context folder {src} holds no text files")
             texts += [read_text(str(p), encoding, max_bytes) for p in files]
+            names += [str(Path(src) / p.name) for p in files]
             several = True
             continue
         text = read_text(src, encoding, max_bytes)
         if (src == "-" or path.suffix.lower() == ".json") and text.lstrip().startswith("["):
-            texts += json_passages(text, "standard input" if src == "-" else src)
+            items = json_passages(text, "standard input" if src == "-" else src)
+            texts += items
+            names += [f"{src}[{i}]" for i in range(len(items))]
             several = True
         else:
             texts.append(text)
+            names.append(src)
     size = sum(len(t.encode("utf-8")) for t in texts)
     if size > max_bytes:
         raise MasklabError(
             f"the passages are {size:,} bytes together, over the limit of {max_bytes:,} "
             "(raise it with --max-context-bytes)"
         )
-    return texts, several
+    return Passages(texts, names, several, skipped)
 
 
 def check_question(question: str | None, what: str = "question") -> str:

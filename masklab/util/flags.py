@@ -8,8 +8,8 @@
         suppressed: float = 6.0   # no flag of its own (--strength sets it)
 
 :func:`add_flags` adds one argparse option per declared flag: ``--field-name`` unless
-``name`` says otherwise, a help line ending in the field's default, ``choices`` and a
-``metavar``. :func:`config_from_args` turns the parsed options into a config: a flag that
+``name`` says otherwise, a help line ending in the field's default (none for an empty text),
+``choices`` and a ``metavar``. :func:`config_from_args` turns the parsed options into a config: a flag that
 was not given leaves the *base* config (the study's quick or default config) untouched.
 
 Values: ``int``/``float``/``str`` fields are converted by argparse (a bad number is an
@@ -206,9 +206,10 @@ def add_flags(ap: argparse.ArgumentParser, cls: type) -> None:
     for f, fl in flags_of(cls):
         t = _type(f)
         shown = fl.default_text if fl.default_text is not None else _show(getattr(defaults, f.name))
-        rng = fl.range_text()
-        rng = f"; {rng}" if rng else ""
-        kw: dict[str, Any] = {"help": f"{fl.help} (default {shown}{rng})".replace("%", "%%"), "dest": _dest(f, fl)}
+        said = [f"default {shown}"] if shown else []  # an empty default (a required text) is not shown
+        said += [fl.range_text()] if fl.range_text() else []
+        tail = f" ({'; '.join(said)})" if said else ""
+        kw: dict[str, Any] = {"help": f"{fl.help}{tail}".replace("%", "%%"), "dest": _dest(f, fl)}
         if fl.choices is not None:
             kw["choices"] = list(fl.choices)
         if t == "bool" and fl.parse is None:

@@ -44,11 +44,15 @@ class Pruner(Router):
     options = ("path", "int8")
     score_range = (-1.0, 1.0)  # cosines
 
+    @classmethod
+    def weights_file(cls, path: str | Path | None = None) -> Path:
+        return Path(path) if path is not None else WEIGHTS / f"{cls.labels}.safetensors"
+
     def __init__(self, lm=None, path: str | Path | None = None, int8: bool = False) -> None:
         super().__init__(lm)
-        self.path = Path(path) if path is not None else WEIGHTS / f"{self.labels}.safetensors"
+        self.path = self.weights_file(path)
         self.model, self.meta = (cached_int8_pruner if int8 else cached_pruner)(str(self.path))
-        self.keep_auto = self.meta.get("keep_auto")  # the score from which --keep auto keeps a unit
+        self.take_capabilities(path)  # keep_auto: the score from which --keep auto keeps a unit
 
     def score(self, doc, question):
         return self.model.rank(question, doc.units)
@@ -94,15 +98,18 @@ class ContextPruner(Router):
     options = ("path", "int8")
     labels = "union"
 
+    @classmethod
+    def weights_file(cls, path: str | Path | None = None) -> Path:
+        return Path(path) if path is not None else WEIGHTS / f"ctx-{cls.labels}.safetensors"
+
     def __init__(self, lm=None, path: str | Path | None = None, int8: bool = False) -> None:
         """``int8``: the pruner's encoder's linear layers in int8 (``torch.ao`` dynamic quantisation):
         about half the first question's time on a CPU, val MRR close to float's (docs/context.md)."""
         super().__init__(lm)
-        self.path = Path(path) if path is not None else WEIGHTS / f"ctx-{self.labels}.safetensors"
+        self.path = self.weights_file(path)
         self.head, self.meta = _load_head(str(self.path))
         self.pruner = (cached_int8_pruner if int8 else cached_pruner)(str(WEIGHTS / "causal.safetensors"))[0]
-        self.keep_auto, self.keep_rule = self.meta.get("keep_auto"), self.meta.get("keep_rule", "threshold")
-        self.neighbours = self.meta.get("context", 0)  # units beside the best one kept with it (chosen on val)
+        self.take_capabilities(path)  # keep_auto, keep_rule, neighbours (units kept beside the best one): chosen on val
 
     def score(self, doc, question):
         return self.read(doc, [question]).values[0]
