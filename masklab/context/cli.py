@@ -27,7 +27,7 @@ from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
 
 LONG_DOCUMENT_TOKENS = 1000  # from this many tokens, answering from the whole document says so on stderr first
 ROUTER_HELP = (
-    f"the router (default {DEFAULT_ROUTER}): pruner-ctx, pruner, cross, dense, bm25+dense, bm25, lexical, "
+    f"the router (default {DEFAULT_ROUTER}): pruner-ctx, pruner, dense, bm25+dense, bm25, lexical, "
     "evidence, bm25+evidence, or a kvpress press (snapkv, ...: only with --answer); "
     "`masklab compress --list-routers` lists them"
 )  # tests/test_router_contract.py checks the names
@@ -70,14 +70,14 @@ class CompressConfig(SharedFlags):
         metavar="T",
         help="keep the units the router scores at least T and no other "
         "(none where no unit reaches T: a note says so), as Provence does; for the routers "
-        "that decide how much (pruner-ctx, cross: keep probabilities in [0, 1]; pruner: "
+        "that decide how much (pruner-ctx: keep probabilities in [0, 1]; pruner: "
         "cosines in [-1, 1]); wins over --keep",
     )
     router: str = flag(DEFAULT_ROUTER, help=ROUTER_HELP)
     router_file: str | None = flag(
         None,
         metavar="PATH",
-        help="pruner, pruner-ctx, cross, evidence, bm25+evidence: a "
+        help="pruner, pruner-ctx, evidence, bm25+evidence: a "
         "router file made by `masklab train-router` (the OUT/NAME.safetensors it prints) "
         "instead of the one masklab ships",
     )

@@ -32,7 +32,7 @@ class SharedFlags:
     )
     int8: bool = flag(
         False,
-        help="pruner, pruner-ctx, cross: the pruners' encoder with its linear layers in int8 (torch "
+        help="pruner, pruner-ctx: the pruners' encoder with its linear layers in int8 (torch "
         "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
         "MRR close to float's (docs/context.md)",
     )
