@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +82,6 @@ def main() -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     done = {r["id"]: r for r in read_jsonl(log) if r.get("stamp") == stamp} if log.is_file() else {}
     docs: dict = {}
-    t0, c0 = time.perf_counter(), time.process_time()
 
     def write() -> None:
         rows = [done[q.id] for q in questions if q.id in done]
@@ -96,7 +94,7 @@ def main() -> int:
                 "split": "corpus-val",
                 "stamp": stamp,
                 "questions": {"n": len(rows), "of": len(questions), "documents": len({r["doc"] for r in rows})},
-                "seconds": {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0},
+                "router_seconds": {n: sum(r[n]["router_seconds"] for r in rows) for n in routers},
                 "machine": "a shared 2-core CPU (about nine jobs beside), one torch thread: seconds are not timings",
                 "summary": summary,
                 "rows": rows,

@@ -1460,7 +1460,7 @@ REPRODUCTIONS = [
             ["scripts/train_cross.py", "--labels", "union", "--epochs", "1", "--hops", "1"],
             # issue 66's verdict: the file with both faults fixed against pruner-ctx on val (results/cross/val.json)
             ["scripts/train_cross.py", "--labels", "marks", "--ship", "marks"],
-            ["scripts/cross_val.py", "--questions", "320"],
+            ["scripts/cross_val.py"],
         ],
     ),
     Reproduction(
