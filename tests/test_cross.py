@@ -1,7 +1,9 @@
 """The context-aware pruner (masklab.lab.cross) and the keep-set labels (masklab.lab.labels):
 windows tile any document with context on both sides, a unit's score reads its neighbours, training
 learns a target that only the context reveals, storing and loading keeps the scores, a killed
-training resumes, and the keep-set targets credit both units of a pair and the current statement."""
+training resumes, and the keep-set targets credit both units of a pair and the current statement.
+The lab's cross router: no file, one error; a window it never read gets pruner-ctx's calibrated
+probability, no made-up one; its second hop reads the question and the whole best unit."""
 
 from __future__ import annotations
 
@@ -394,7 +396,7 @@ def test_the_cross_router_is_the_labs_and_refuses_to_run_without_a_file(cross_fi
     from masklab.lab.routers import LAB_ROUTERS, load_any
 
     assert "cross" in LAB_ROUTERS and "cross" not in ROUTERS  # it left the product: no packaged weights
-    with pytest.raises(MasklabError, match=r"none is packaged: give one \(--router-file / path=\).*train_cross\.py"):
+    with pytest.raises(MasklabError, match=r"none is packaged: give its path \(path=\).*train_cross\.py"):
         load_any("cross")
     with pytest.raises(MasklabError, match="no cross pruner"):
         load_any("cross", path=cross_file.parent / "missing.safetensors")

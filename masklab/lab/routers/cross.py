@@ -59,9 +59,9 @@ class CrossRouter(Router):
         super().__init__(lm)
         if path is None:
             raise MasklabError(
-                f"the {self.name or 'cross'} router reads a trained file and none is packaged: give one "
-                f"(--router-file / path=), e.g. {SHIPPED.relative_to(RESULTS.parents[1])} from "
-                "python scripts/train_cross.py --ship VARIANT"
+                f"the {self.name or 'cross'} router reads a trained file and none is packaged: give its path "
+                f"(path=), e.g. {SHIPPED.relative_to(RESULTS.parents[1])}, which python scripts/train_cross.py "
+                "--ship VARIANT writes"
             )
         self.path = Path(path)
         self.model, self.meta = _load(str(self.path), int8)
