@@ -15,8 +15,9 @@ SmolLM2 tokens) and the benchmark's questions about it. Each round, in turn, on 
 * ``ctx_next``: one more question on the document it has embedded;
 * ``ctx_one_by_one`` / ``ctx_batch``: ``--batch`` questions on a fresh document, one call each or one
   ``read`` call, per question;
-* ``cross_first`` / ``cross_int8_first`` / ``cross_next``: the shipped ``cross`` router as ``prune`` reads
-  (``read_hops``: the hops its file carries), float and int8, and a further question on the same document;
+* ``cross_first`` / ``cross_int8_first`` / ``cross_next``: the lab's ``cross`` router (the file once shipped,
+  ``results/cross/shipped.safetensors``) as ``prune`` reads (``read_hops``: the hops its file carries), float
+  and int8, and a further question on the same document;
 * ``cross_one_by_one`` / ``cross_batch``: ``--batch`` questions, one call each or one ``read_hops``, per question;
 * ``cross_long``: one question on a ``--long-tokens`` document (the second test split's documents one after
   another), where the cascade lets the cross-encoder read the windows the bi-encoder picks.
@@ -69,7 +70,10 @@ def main() -> int:
     emb = load_embedder()
     pruner, ctx = load_router("pruner"), load_router("pruner-ctx")
     ctx8 = load_router("pruner-ctx", int8=True)
-    cross, cross8 = load_router("cross"), load_router("cross", int8=True)
+    from masklab.lab.routers import load_any
+    from masklab.lab.routers.cross import SHIPPED  # the lab's cross: the file once packaged (scripts/cross_val.py)
+
+    cross, cross8 = load_any("cross", path=SHIPPED), load_any("cross", path=SHIPPED, int8=True)
     units = [u for d in dict.fromkeys(q.text for q in realdocs.load("test2")) for u in segment(d, tok).units]
     ends = list(accumulate(Document(units=units).lengths(tok)))
     long = Document(units=units[: bisect_right(ends, args.long_tokens)])  # the test2 documents up to --long-tokens

@@ -7,7 +7,7 @@ and cost on val, for BM25, the shipped pruner's cosines and their hybrid.
 Each of the corpus's val questions (taken in turn from each document) is hidden in a long document: its
 own document's units at a random place (seeded) among the units of the other val documents, up to
 ``--tokens`` SmolLM2 tokens. The cross pruner cuts the long document into its windows
-(:meth:`masklab.context.cross.CrossPruner.windows`); a first stage scores every unit, each window takes
+(:meth:`masklab.lab.cross.CrossPruner.windows`); a first stage scores every unit, each window takes
 its best unit's score, and the ``--windows`` best windows are read. A question counts when every
 marked answering unit lies in a window read (``recall`` at each count of windows, Wilson intervals,
 McNemar against the pruner's; each row stores how many windows its evidence needed).
@@ -75,7 +75,10 @@ def main() -> int:
     qs = in_turn(realdocs.load("val", realdocs.CORPUS))[: a.questions]
     docs = {q.doc: segment(q.text, tok) for q in qs}
     lengths = {d: sum(doc.lengths(tok)) for d, doc in docs.items()}
-    cross, bm25, pruner = load_router("cross"), load_router("bm25"), load_router("pruner")
+    from masklab.lab.routers import load_any
+    from masklab.lab.routers.cross import SHIPPED  # the lab's cross: the file once packaged (scripts/cross_val.py)
+
+    cross, bm25, pruner = load_any("cross", path=SHIPPED), load_router("bm25"), load_router("pruner")
     rows = []
     it = qs
     if sys.stderr.isatty():

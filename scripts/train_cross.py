@@ -1,4 +1,4 @@
-"""Train the cross-encoder pruner (the ``cross`` router) on the corpus and measure it on val only.
+"""Train the cross-encoder pruner (the lab's ``cross`` router) on the corpus and measure it on val only.
 
     python scripts/train_cross.py [--labels marks,union,keepset,lasso,attention] [--common] [--epochs 2]
                                   [--minutes M] [--hops 1,2] [--threads 1] [--ship VARIANT]
@@ -26,8 +26,10 @@ benchmark's ``val`` split; the writers' marks as the truth: MRR, kept@0.1, kept@
 scores), with one hop and with two (:meth:`masklab.context.router.Router.read_hops`), in
 ``results/cross/results.json`` with the wall and CPU seconds of each step. ``--ship VARIANT`` copies
 that variant with its val figures, its ``keep_auto`` threshold and the hops that won on val to
-``masklab/context/weights/cross/cross.safetensors`` (+ ``.json``, with the Platt scaling fitted on
-those val scores, which the router applies).
+``results/cross/shipped.safetensors`` (+ ``.json``, with the Platt scaling fitted on those val scores,
+which the router applies): the file the lab's ``cross`` router is given (``path=``) and
+``scripts/cross_val.py`` measures. No weights are packaged: the cross pruner ranks below ``pruner-ctx``
+on val (docs/context.md).
 """
 
 from __future__ import annotations
@@ -98,13 +100,13 @@ def material(model: str, tok):
 
 def measure(path: Path, val: list, docs: dict, tok, hops: tuple[int, ...] = (1, 2)) -> dict:
     """Val figures of the trained file with each count of ``hops`` (each question's scores kept)."""
-    from masklab.context.routers import load_router
+    from masklab.lab.routers import load_any
     from masklab.lab.train_pruner import keep_auto, val_figures
     from masklab.text.document import Document
 
     out = {}
     for h in hops:
-        router = load_router("cross", path=path)
+        router = load_any("cross", path=path)
         router.hops = h
         t0, c0 = time.perf_counter(), time.process_time()
         fig = val_figures(lambda q, units: router.read_hops(Document(units=units), [q]).values[0], val, docs, tok)
@@ -188,7 +190,10 @@ def main() -> int:
     ap.add_argument("--hops", default="1,2", help="the hop counts measured on val (comma-separated; --ship needs 1,2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument(
-        "--ship", default=None, metavar="VARIANT", help="copy this variant into masklab/context/weights/cross"
+        "--ship",
+        default=None,
+        metavar="VARIANT",
+        help="copy this variant, calibrated, to results/cross/shipped.safetensors (the lab router's file)",
     )
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     a = ap.parse_args()
@@ -284,8 +289,7 @@ def main() -> int:
                 "(train and measure it with --hops 1,2 first)"
             )
         hops = 2 if fig["hops2"]["kept@25"] > fig["hops1"]["kept@25"] else 1  # the hops chosen on val
-        dest = ROOT / "masklab" / "context" / "weights" / "cross" / "cross.safetensors"
-        dest.parent.mkdir(exist_ok=True)
+        dest = out_dir / "shipped.safetensors"
         shutil.copyfile(out_dir / f"{a.ship}.safetensors", dest)
         meta = json.loads((out_dir / f"{a.ship}.json").read_text())
         meta.update(calibrated(fig[f"hops{hops}"]["rows"], fig[f"hops{hops}"]["keep_auto"]["threshold"]))

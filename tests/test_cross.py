@@ -1,7 +1,9 @@
 """The context-aware pruner (masklab.lab.cross) and the keep-set labels (masklab.lab.labels):
 windows tile any document with context on both sides, a unit's score reads its neighbours, training
 learns a target that only the context reveals, storing and loading keeps the scores, a killed
-training resumes, and the keep-set targets credit both units of a pair and the current statement."""
+training resumes, and the keep-set targets credit both units of a pair and the current statement.
+The lab's cross router: no file, one error; a window it never read gets pruner-ctx's calibrated
+probability, no made-up one; its second hop reads the question and the whole best unit."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 from conftest import needs_dense, needs_peft
+from masklab.text.document import Document
 from masklab.util.errors import MasklabError
 
 
@@ -18,7 +21,7 @@ def cross():
 
     if not HAVE_DENSE:
         pytest.skip("needs sentence-transformers and MiniLM (scripts/install-pretrained.sh)")
-    from masklab.context.cross import CrossPruner
+    from masklab.lab.cross import CrossPruner
 
     torch.manual_seed(0)
     return CrossPruner(max_tokens=256, carry=16)
@@ -55,8 +58,7 @@ def test_a_units_score_reads_its_neighbours_where_the_unit_alone_pruner_does_not
 @needs_peft
 @pytest.mark.parametrize("full, lr, head_lr", [(False, 2e-3, 2e-2), (True, 1e-4, 1e-2)])
 def test_training_learns_a_target_only_the_context_reveals_and_survives_save_load(tmp_path, full, lr, head_lr):
-    from masklab.context.cross import load_cross
-    from masklab.lab.cross import CrossConfig, Example, save, train
+    from masklab.lab.cross import CrossConfig, Example, load_cross, save, train
 
     # the target is the sentence after "The next sentence is the answer.": the same sentence text
     # elsewhere is not a target, so a pruner reading each unit alone cannot rank it first
@@ -371,34 +373,94 @@ def test_a_second_hop_raises_the_unit_that_explains_what_the_best_unit_names():
     assert two.choose(doc, question, keep=0.75).kept == [1, 3]
 
 
+@pytest.fixture(scope="module")
+def cross_file(tmp_path_factory):
+    """A cross pruner file of the packaged encoder and a random head (no training), read with two hops."""
+    from conftest import HAVE_DENSE
+
+    if not HAVE_DENSE:
+        pytest.skip("needs sentence-transformers and MiniLM (scripts/install-pretrained.sh)")
+    from masklab.lab.cross import CrossPruner, frozen, save
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("cross") / "c.safetensors"
+    save(frozen(CrossPruner()), path, {"labels": "random", "keep_auto": 0.5, "hops": 2, "platt": [2.0, -1.0]})
+    return path
+
+
+ITEMS = [f"Item {i} weighs {10 * i} grams and has a label printed on its lid." for i in range(120)]
+
+
+def test_the_cross_router_is_the_labs_and_refuses_to_run_without_a_file(cross_file):
+    from masklab.context.routers import ROUTERS
+    from masklab.lab.routers import LAB_ROUTERS, load_any
+
+    assert "cross" in LAB_ROUTERS and "cross" not in ROUTERS  # it left the product: no packaged weights
+    with pytest.raises(MasklabError, match=r"none is packaged: give its path \(path=\).*train_cross\.py"):
+        load_any("cross")
+    with pytest.raises(MasklabError, match="no cross pruner"):
+        load_any("cross", path=cross_file.parent / "missing.safetensors")
+    router = load_any("cross", path=cross_file)
+    assert router.keep_auto == 0.5 and router.score_range == (0.0, 1.0) and router.hops == 2
+    small = Document(units=["Grass is green.", "Snow is white.", "The sky is blue."])
+    logits = router.model.logits("Which is white?", small.units)
+    torch.testing.assert_close(router.read(small, ["Which is white?"]).values[0], torch.sigmoid(2 * logits - 1))
+
+
+def test_the_cascade_reads_the_windows_the_pruner_picks_and_invents_no_score_for_the_others(cross_file):
+    from masklab.context.routers import load_router
+    from masklab.lab.routers import load_any
+
+    router, doc, q = load_any("cross", path=cross_file), Document(units=ITEMS), "Which item weighs 300 grams?"
+    full = router.read(doc, [q]).values[0]
+    assert len(router.model.windows(q, ITEMS)) > 2
+    router.max_windows = 2
+    cascade = router.read(doc, [q]).values[0]
+    read = [i for i in range(len(ITEMS)) if torch.isclose(cascade[i], full[i], atol=1e-5)]
+    assert 0 < len(read) < len(ITEMS)  # two windows read as in full
+    cos = load_router("pruner").score(doc, q)
+    wins = sorted(router.model.windows(q, ITEMS), key=lambda w: -float(cos[w.start : w.stop].max()))[:2]
+    assert read == [i for w in sorted(wins, key=lambda w: w.start) for i in range(w.start, w.stop)]
+    unread = [i for i in range(len(ITEMS)) if i not in read]
+    ctx = load_router("pruner-ctx").read(doc, [q]).values[0]  # the calibrated probability a model really gave
+    torch.testing.assert_close(cascade[unread], ctx[unread])
+
+
+def test_the_second_hop_reads_the_question_and_the_whole_best_unit(cross_file, monkeypatch):
+    from masklab.lab.cross import QUESTION_TOKENS
+    from masklab.lab.routers import load_any
+
+    router = load_any("cross", path=cross_file)
+    units = [f"Setting {i} " + " ".join(f"word{i}x{k}" for k in range(40)) + "." for i in range(6)]
+    doc, q = Document(units=units), "Which setting holds the value that the other setting names?"
+    read = []
+    real = router.model.window_logits
+    monkeypatch.setattr(router.model, "window_logits", lambda wins, batch=16: read.append(wins) or real(wins, batch))
+    first = router.read(doc, [q]).values[0]
+    best, tok = int(first.argmax()), router.model.tokenizer
+    unit = router.model.unit_ids(units)[best]
+    assert len(unit) > QUESTION_TOKENS  # cut to the question's 64 tokens, most of it would be lost
+    read.clear()
+    both = router.read_hops(doc, [q]).values[0]
+    assert len(read) == 2
+    head = [tok.cls_token_id, *tok(q, add_special_tokens=False)["input_ids"], *unit, tok.sep_token_id]
+    for w in read[1]:  # the second hop: the question, then every token of the best unit, then the window
+        assert w.ids[: len(head)].tolist() == head
+        assert w.ids.numel() <= router.model.encoder.config.max_position_embeddings
+    assert sorted(i for w in read[1] for i in range(w.start, w.stop)) == list(range(len(units)))
+    again = router.read(doc, [q], then=[best]).values[0]
+    torch.testing.assert_close(both, torch.maximum(first, again))
+
+
 @needs_dense
 @needs_peft
-def test_the_cross_router_reads_a_trained_file_and_its_cascade_reads_the_windows_the_bi_encoder_picks(tmp_path):
-    from masklab.context.routers import load_router
+def test_the_cross_router_reads_a_trained_file(tmp_path):
     from masklab.lab.cross import CrossConfig, Example, save, train
-    from masklab.text.document import Document
-    from masklab.util.errors import MasklabError
+    from masklab.lab.routers import load_any
 
     ex = [Example("Which is white?", ["Grass is green.", "Snow is white.", "The sky is blue."], [1])]
     model, _ = train(ex, CrossConfig(epochs=1, batch=1, negatives=0.0), progress=False)
     save(model, tmp_path / "c.safetensors", {"labels": "test", "keep_auto": 0.5})
-    router = load_router("cross", path=tmp_path / "c.safetensors")
-    assert router.keep_auto == 0.5 and router.score_range == (0.0, 1.0)
-    units = [f"Item {i} weighs {10 * i} grams and has a label printed on its lid." for i in range(120)]
-    doc = Document(units=units)
-    full = router.read(doc, ["Which item weighs 300 grams?"]).values[0]
-    assert len(router.model.windows("q", units)) > 2
-    router.max_windows = 2
-    cascade = router.read(doc, ["Which item weighs 300 grams?"]).values[0]
-    assert float(cascade.min()) >= 0 and float(cascade.max()) <= 1  # probabilities, read or not
-    same = [i for i in range(len(units)) if torch.isclose(cascade[i], full[i], atol=1e-5)]
-    assert 0 < len(same) < len(units)  # two windows read as in full, the others ranked below them
-    floor = min(float(cascade[i]) for i in same)
-    assert all(float(cascade[i]) < floor for i in range(len(units)) if i not in same)
-    with pytest.raises(MasklabError, match="no cross pruner"):
-        load_router("cross", path=tmp_path / "missing.safetensors")
-    save(model, tmp_path / "p.safetensors", {"labels": "test", "platt": [2.0, -1.0]})  # a calibration its file carries
     small = Document(units=["Grass is green.", "Snow is white.", "The sky is blue."])
-    raw = router.read(small, ["Which is white?"]).values[0]
-    scaled = load_router("cross", path=tmp_path / "p.safetensors").read(small, ["Which is white?"]).values[0]
-    assert torch.allclose(scaled, torch.sigmoid(2 * torch.logit(raw) - 1), atol=1e-4)
+    got = load_any("cross", path=tmp_path / "c.safetensors").read(small, ["Which is white?"]).values[0]
+    torch.testing.assert_close(got, model.rank("Which is white?", small.units), atol=1e-3, rtol=0)  # float16 file

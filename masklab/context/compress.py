@@ -18,7 +18,7 @@ from masklab.util.flags import flag
 
 MAX_NEW_TOKENS = 512  # the longest answer one may ask for (a bound on one request's decode time)
 ROUTER_HELP = (
-    f"the router (default {DEFAULT_ROUTER}): pruner-ctx, pruner, cross, dense, bm25+dense, bm25, lexical, "
+    f"the router (default {DEFAULT_ROUTER}): pruner-ctx, pruner-passage, pruner, dense, bm25+dense, bm25, lexical, "
     "evidence, bm25+evidence, or with compress --answer a kvpress press (snapkv, ...); "
     "`masklab compress --list-routers` lists them; serve: the router of requests that name none, loaded at "
     "start (the others the first time a request names them)"
@@ -67,7 +67,7 @@ class SharedFlags:
     )
     int8: bool = flag(
         False,
-        help="pruner, pruner-ctx, cross: the pruners' encoder with its linear layers in int8 (torch "
+        help="pruner, pruner-ctx: the pruners' encoder with its linear layers in int8 (torch "
         "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
         "MRR close to float's (docs/context.md)",
     )

@@ -464,14 +464,13 @@ def _lru_stats(fn) -> dict:
 
 
 def clear_model_caches() -> None:
-    """Drop the process's caches of loaded models (embedders, pruners, cross pruners): a router
+    """Drop the process's caches of loaded models (embedders, pruners and their heads): a router
     that holds one keeps it; one no router holds is freed."""
     from masklab.context import embedder
-    from masklab.context.routers import cross, pruner
+    from masklab.context.routers import pruner
 
     embedder.load_embedder.cache_clear()
     pruner.clear_caches()
-    cross._load.cache_clear()
     import gc
 
     gc.collect()

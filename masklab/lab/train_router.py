@@ -8,8 +8,8 @@
 * ``--kind pruner-ctx``: the context pruner's head (:mod:`masklab.lab.train_ctx`) on the same labels of
   your pairs, or without them on the corpus (the shipped head's recipe: the ``union`` labels, its
   selection and ``--keep auto`` rule chosen on val);
-* ``--kind cross``: the cross pruner (:mod:`masklab.lab.cross`, every weight fine-tuned) on the same causal
-  sets with the marked answering units, checkpointed and resumable (CPU-hours on the corpus).
+* ``--kind cross`` refuses: the cross pruner left the product for the lab (below ``pruner-ctx`` on val);
+  ``scripts/train_cross.py`` trains it.
 
 The evidence routers:
 
@@ -68,7 +68,7 @@ from masklab.util.files import append_jsonl, atomic_write_text, make_out_dir, re
 from masklab.util.flags import add_flags, config_from_args, flag, int_list, str_list
 
 EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
-KINDS = ("evidence", "pruner", "pruner-ctx", "cross")  # what --kind trains (run)
+KINDS = ("evidence", "pruner", "pruner-ctx", "cross")  # what --kind takes (run; cross: refused, in the lab)
 MIN_LABELLED = 20  # fewer rightly answered training examples: no router is fitted (--quick: 2)
 
 
@@ -106,8 +106,8 @@ class TrainConfig:
         choices=list(KINDS),
         default_text="pruner with --docs, else evidence",
         help="what to train: evidence (the evidence and attention routers, on generated "
-        "families), pruner, pruner-ctx or cross (on your --docs and --questions, else on the "
-        "corpus labels)",
+        "families), pruner or pruner-ctx (on your --docs and --questions, else on the "
+        "corpus labels); cross moved to the lab (scripts/train_cross.py)",
     )
     docs: str | None = flag(
         None,
@@ -142,6 +142,11 @@ def check(cfg: TrainConfig) -> None:
     from masklab.lab.tasks.families import KINDS
 
     check_ranges(cfg)
+    if cfg.kind == "cross":
+        raise MasklabError(
+            "--kind cross: the cross pruner left the product for the lab (below pruner-ctx on val); "
+            "train it with python scripts/train_cross.py"
+        )
     bad = [k for k in cfg.eval_kinds if k not in KINDS]
     if bad:
         raise MasklabError(f"unknown task kind {bad[0]!r}; choose from {', '.join(KINDS)}")
@@ -469,9 +474,7 @@ def markdown(res: dict) -> str:
 
 def run(cfg: TrainConfig) -> int:
     check(cfg)
-    return {"evidence": run_families, "pruner": run_pruner, "pruner-ctx": run_ctx, "cross": run_cross}[kind_of(cfg)](
-        cfg
-    )
+    return {"evidence": run_families, "pruner": run_pruner, "pruner-ctx": run_ctx}[kind_of(cfg)](cfg)
 
 
 def kind_of(cfg: TrainConfig) -> str:
@@ -719,59 +722,12 @@ def run_ctx(cfg: TrainConfig) -> int:
     return 0
 
 
-def run_cross(cfg: TrainConfig) -> int:
-    """``--kind cross``: the cross pruner (:mod:`masklab.lab.cross`: every weight fine-tuned) on the causal
-    sets of :func:`pruner_labels` together with the marked answering units (the evidence strings you gave),
-    with the shipped cross pruner's second hop and ``--keep auto`` threshold: ``OUT/cross-causal.safetensors``.
-    Training checkpoints in ``OUT/ckpt-cross`` every 50 steps; the same command resumes a killed run."""
-    from masklab.context.routers.cross import WEIGHTS
-    from masklab.lab.cross import CrossConfig, Example, save, train
-    from masklab.lab.train_ctx import targets
-    from masklab.lab.train_pruner import shipped_recipe
-    from masklab.text.document import segment
-
-    t0 = time.perf_counter()
-    tokenizer, rows, questions = pruner_labels(cfg)
-    threshold = shipped_recipe()["threshold"] if cfg.causal_threshold is None else cfg.causal_threshold
-    units = {q.doc: segment(q.text, tokenizer).units for q in questions.values()}
-    examples = [
-        Example(
-            questions[r["id"]].question,
-            units[questions[r["id"]].doc],
-            sorted(set(targets(r, None, "lasso", threshold)) | set(r["marked"])),
-        )
-        for r in rows
-    ]
-    out = make_out_dir(cfg.out)
-    model, rec = train(examples, CrossConfig(), out / "ckpt-cross", cfg.progress)
-    shipped = json.loads((WEIGHTS / "cross.json").read_text())
-    target = out / "cross-causal.safetensors"
-    save(
-        model,
-        target,
-        {
-            "labels": "causal+marks",
-            "threshold": threshold,
-            "model": cfg.model,
-            "labelled": len(rows),
-            "train": rec,
-            "docs": cfg.docs,
-            "questions": cfg.questions,
-            "command": cfg.command,
-            **{k: shipped[k] for k in ("keep_auto", "keep_rule", "hops") if k in shipped},
-        },
-    )
-    print(f"cross pruner: {target} ({time.perf_counter() - t0:.0f} s)")
-    print(f"use it: masklab compress --router cross --router-file {target} --keep auto ...")
-    return 0
-
-
 def add_parser(sub) -> None:
     """The ``masklab train-router`` subcommand."""
     p = sub.add_parser(
         "train-router",
         help="train a router of each shipped kind (--kind evidence, pruner, "
-        "pruner-ctx, cross) from the corpus or your documents",
+        "pruner-ctx) from the corpus or your documents",
         description=__doc__.splitlines()[0],
     )
     add_flags(p, TrainConfig)

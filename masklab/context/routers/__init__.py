@@ -9,7 +9,7 @@ accepts besides a model is declared on its class (``reads_model``, ``options``,
 from __future__ import annotations
 
 from masklab.context.router import ROUTERS, Router
-from masklab.context.routers import bm25, cross, dense, fused, lexical, passage, pruner, trained  # noqa: F401
+from masklab.context.routers import bm25, dense, fused, lexical, passage, pruner, trained  # noqa: F401
 from masklab.util.registry import Registry
 
 

@@ -72,10 +72,11 @@ def cached_int8_pruner(path: str):
 
 
 @lru_cache(maxsize=2)
-def _load_head(path: str):
-    from masklab.context.contextual import load_head
+def _load_head(path: str, features: tuple[str, ...] | None = None):
+    """The context head file ``path`` (trained on ``features``; None: ``pruner-ctx``'s)."""
+    from masklab.context.contextual import FEATURES, load_head
 
-    return load_head(Path(path))
+    return load_head(Path(path), features or FEATURES)
 
 
 def clear_caches() -> None:
@@ -107,9 +108,14 @@ class ContextPruner(Router):
         about half the first question's time on a CPU, val MRR close to float's (docs/context.md)."""
         super().__init__(lm)
         self.path = self.weights_file(path)
-        self.head, self.meta = _load_head(str(self.path))
+        self.head, self.meta = _load_head(str(self.path), self.features())
         self.pruner = (cached_int8_pruner if int8 else cached_pruner)(str(WEIGHTS / "causal.safetensors"))[0]
         self.take_capabilities(path)  # keep_auto, keep_rule, neighbours (units kept beside the best one): chosen on val
+
+    @classmethod
+    def features(cls) -> tuple[str, ...] | None:
+        """The features its head reads (None: :data:`masklab.context.contextual.FEATURES`)."""
+        return None
 
     def score(self, doc, question):
         return self.read(doc, [question]).values[0]

@@ -7,7 +7,8 @@ own registries hold the rest:
 * :data:`LAB_ROUTERS`: routers (each a :class:`~masklab.context.router.Router` ranking units
   through ``score``, like the product's): ``attention``, ``bm25+attention``,
   ``pruner-attention`` and ``pruner-marks`` (the product's models trained on other labels:
-  the controls), ``oracle-gold`` (a generated task's gold units first: a reference) and
+  the controls), ``cross`` (the cross-encoder pruner, :mod:`masklab.lab.routers.cross`: it left the
+  product, below ``pruner-ctx`` on val), ``oracle-gold`` (a generated task's gold units first: a reference) and
   ``NAME+hop2`` (a product router with a second hop, :mod:`masklab.lab.routers.hops`);
 * :data:`REWRITERS`: compressors that rewrite the text instead of ranking units
   (``longllmlingua``, the peer), each a :class:`Rewriter`.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from masklab.context.routers import ROUTERS
 from masklab.context.routers import load_router
-from masklab.lab.routers import controls, hops, longllmlingua, oracle  # noqa: F401  (they register themselves)
+from masklab.lab.routers import controls, cross, hops, longllmlingua, oracle  # noqa: F401  (they register themselves)
 from masklab.lab.routers.registry import LAB_ROUTERS, REWRITERS, Rewriter  # noqa: F401  (the lab's router API)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from masklab.context.routers.cross import CrossRouter
+from masklab.lab.routers.cross import CrossRouter
 from masklab.context.routers.fused import Fused
 from masklab.context.routers.pruner import ContextPruner, Pruner
 from masklab.context.routers.trained import TrainedRouter

@@ -1,11 +1,11 @@
 """The second hop's measurement: product routers with ``hops = 2`` (:meth:`masklab.context.router.Router.read_hops`:
 the question again with its best unit's text, each unit's higher score), measured by name beside the same
-routers with one hop (``masklab realdocs --routers dense,dense+hop2``); ``cross-hop1``: the shipped cross
-pruner (two hops, chosen on val) with one."""
+routers with one hop (``masklab realdocs --routers dense,dense+hop2``); ``cross-hop1``: the lab's cross
+pruner (:mod:`masklab.lab.routers.cross`; its file, ``path``, chose two hops on val) with one."""
 
 from __future__ import annotations
 
-from masklab.context.routers.cross import CrossRouter
+from masklab.lab.routers.cross import CrossRouter
 from masklab.context.routers.dense import Dense
 from masklab.context.routers.pruner import ContextPruner, Pruner
 from masklab.lab.routers.registry import LAB_ROUTERS
@@ -35,4 +35,4 @@ class CrossOneHop(CrossRouter):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.hops = 1  # whatever the shipped file chose on val
+        self.hops = 1  # whatever its file chose on val
