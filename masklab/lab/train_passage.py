@@ -78,14 +78,19 @@ def labelled(model: str) -> dict[str, list[int]]:
 
 
 def features_of(questions: list, docs: dict, emb) -> dict:
-    """Each question's ``(s, x)`` (:func:`~masklab.context.passage.passage_features`), by id."""
+    """Each question's ``(s, x)`` (:func:`~masklab.context.passage.passage_features`), by id. Every distinct
+    unit is embedded once (a ``multi`` question's passages repeat its documents' units)."""
     from tqdm import tqdm
 
+    texts = sorted({u for q in questions for u in docs[q.id].units})
+    table = {}
+    for i in tqdm(range(0, len(texts), 512), desc="units", file=sys.stderr, mininterval=10):
+        table.update(zip(texts[i : i + 512], emb.encode(texts[i : i + 512])))
+    units = {q.id: torch.stack([table[u] for u in docs[q.id].units]) for q in questions}
     q_vec = emb.encode([q.question for q in questions])
-    firsts = [emb.units(docs[q.id].units) @ v for q, v in zip(questions, q_vec)]
-    hops = emb.encode([hop_query(q.question, docs[q.id], s) for q, s in zip(questions, firsts)])
+    hops = emb.encode([hop_query(q.question, docs[q.id], units[q.id] @ v) for q, v in zip(questions, q_vec)])
     return {
-        q.id: passage_features(docs[q.id], emb.units(docs[q.id].units), v, h, q.question)
+        q.id: passage_features(docs[q.id], units[q.id], v, h, q.question)
         for q, v, h in tqdm(list(zip(questions, q_vec, hops)), desc="features", file=sys.stderr, mininterval=10)
     }
 
