@@ -29,10 +29,11 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=HeadConfig.epochs, help="training epochs of each head")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--ship", choices=sorted(VARIANTS), help="the variant to copy into masklab/context/weights/pruner")
+    ap.add_argument("--labels", default="union", choices=("union", "marks"), help="the targets: causal or the marks")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "passage", help="where results.json goes")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    res = run(a.model, a.out, "python scripts/train_passage.py " + " ".join(sys.argv[1:]), a.epochs, a.ship)
+    res = run(a.model, a.out, "python scripts/train_passage.py " + " ".join(sys.argv[1:]), a.epochs, a.ship, a.labels)
     print(summary_table(res))
     return 0
 

@@ -60,7 +60,8 @@ PAIRED = (
     "pruner",
     "pruner-attention",
     "pruner-ctx-attention",
-)  # further paired tests: embeddings, their hybrid, the pruners
+    "pruner-ctx",
+)  # further paired tests: embeddings, their hybrid, the pruners (the passage pruner against pruner-ctx)
 
 
 @dataclass
@@ -142,13 +143,13 @@ def _norm(s: str) -> str:
 def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, max_new_tokens: int, docs: dict) -> dict:
     """One row: every router on question ``q`` (module docstring)."""
     from masklab.context.answer import generate_answer
-    from masklab.text.document import segment
+    from masklab.lab.tasks.realdocs import question_document
     from masklab.context.routers.fused import Fused, fuse
     from masklab.lab.routers import REWRITERS
     from masklab.text.selection import select
 
-    if q.doc not in docs:
-        docs[q.doc] = segment(q.text, lm.tokenizer)
+    if q.doc not in docs:  # a multi question's units know their passage (the product stacks passages so)
+        docs[q.doc] = question_document(q, lm.tokenizer)
     doc = docs[q.doc]
     gold = answering_units(doc, q.spans())
     stale = answering_units(doc, q.spans("stale")) if q.stale else []

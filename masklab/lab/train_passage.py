@@ -40,23 +40,6 @@ VARIANTS = {"two-hop": (), "one-hop": HOP, "unit": tuple(range(len(UNIT_FEATURES
 KINDS = ("single", "two", "bridge", "comparison", "latest", "multi")
 
 
-def document(q, tok):
-    """The question's text cut as the product cuts it (:func:`~masklab.text.document.segment`), each unit
-    knowing its passage (a ``multi`` question's passages, joined by ``PASSAGE_GAP``, in order)."""
-    from masklab.lab.tasks.realdocs import PASSAGE_GAP
-    from masklab.text.document import segment
-
-    doc = segment(q.text, tok)
-    if q.passages:
-        ends, at = [], 0
-        for _, text in q.passages:
-            at += len(text)
-            ends.append(at)
-            at += len(PASSAGE_GAP)
-        doc.passage_of = [next(p for p, e in enumerate(ends) if a < e) for a, _ in doc.spans]
-    return doc
-
-
 def labelled(model: str) -> dict[str, list[int]]:
     """The ``union`` target units (document unit indices) of every labelled training question, by key."""
     from masklab.lab.labels import keepset_target
@@ -141,18 +124,18 @@ def passage_recall(row: dict) -> bool | None:
     return set(ev) <= set(top)
 
 
-def run(model: str, out: Path, command: str, epochs: int, ship: str | None = None) -> dict:
+def run(model: str, out: Path, command: str, epochs: int, ship: str | None = None, labels: str = "union") -> dict:
     """Every variant of :data:`VARIANTS` trained on the same questions and targets and measured on the
     corpus's val questions beside the shipped ``pruner-ctx`` (module docstring): ``out/results.json`` and
-    ``out/passage-VARIANT.safetensors``; ``ship``: that variant also into the package's weights."""
+    ``out/passage-VARIANT.safetensors``; ``ship``: that variant also into the package's weights. ``labels``:
+    ``union`` (the causal labels) or ``marks`` (the writers' evidence units of the same questions)."""
     from masklab.context.contextual import probabilities
     from masklab.context.routers.pruner import WEIGHTS, cached_pruner
     from masklab.context.routers.pruner import _load_head as shipped_head
-    from masklab.lab.realdocs import answering_units, rank_of, sign_flip_p
+    from masklab.lab.realdocs import answering_units
     from masklab.lab.revision import code_hash
-    from masklab.lab.stats import mcnemar, wilson
     from masklab.lab.tasks import realdocs
-    from masklab.lab.train_ctx import GRIDS, Example, HeadConfig, choose_context, keep_rules, kept_at, save, train
+    from masklab.lab.train_ctx import GRIDS, Example, HeadConfig, choose_context, keep_rules, save, train
     from masklab.text.selection import KEEP_RULES
     from masklab.lab.labels import question_key
     from masklab.pretrained.models import load
@@ -163,7 +146,7 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
     targets = labelled(model)
     train_qs = [q for q in realdocs.load("train", realdocs.CORPUS) if question_key(q) in targets]
     val = realdocs.load("val", realdocs.CORPUS)
-    docs = {q.id: document(q, tok) for q in train_qs + val}
+    docs = {q.id: realdocs.question_document(q, tok) for q in train_qs + val}
     pruner = cached_pruner(str(WEIGHTS / "causal.safetensors"))[0]
     emb = pruner.embedder
     t0 = time.perf_counter()
@@ -193,6 +176,12 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
         "pruner": rows_of(lambda q: feats[q.id][0]),
     }
     cfg, heads, records = HeadConfig(epochs=epochs), {}, {}
+    if labels == "marks":
+        targets = {
+            question_key(q): sorted({u for g in answering_units(docs[q.id], q.spans()) for u in g}) for q in train_qs
+        }
+    elif labels != "union":
+        raise MasklabError(f"unknown labels {labels!r}; choose from union, marks")
     for name, columns in VARIANTS.items():
         ex = [
             Example(None, None, targets[question_key(q)], masked(feats[q.id], columns))
@@ -208,6 +197,7 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
     res = {
         "command": command,
         "model": model,
+        "labels": labels,
         "code": code_hash("masklab.lab.train_passage"),
         "config": cfg.__dict__,
         "features": list(FEATURES),
@@ -218,57 +208,10 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
         "corpus": realdocs.digest(realdocs.CORPUS),
         "feature_seconds": feature_s,
         "train": records,
-        "context": {},
-        "summary": [],
     }
     base = methods["pruner-ctx"]
-    for name, rows in methods.items():
-        ctx = choose_context(rows)["context"]
-        res["context"][name] = ctx
-        for task in ("all", *KINDS):
-            idx = [i for i, r in enumerate(rows) if task == "all" or r["kind"] == task]
-            if not idx:
-                continue
-            sub, bsub = [rows[i] for i in idx], [base[i] for i in idx]
-            rr = [1 / rank_of(torch.tensor(r["scores"]), r["gold"]) for r in sub]
-            row = {"task": task, "method": name, "n": len(sub), "mrr": sum(rr) / len(sub), "context": ctx}
-            for keep in (0.1, 0.25):
-                key = f"kept@{round(keep * 100)}"
-                kept = kept_at(sub, keep, ctx)
-                row[key] = sum(kept) / len(sub)
-                row[f"{key}_lo"], row[f"{key}_hi"] = wilson(sum(kept), len(sub))
-                if name != "pruner-ctx":
-                    row[f"p_{key}_vs_ctx"] = mcnemar(kept, kept_at(bsub, keep, res["context"]["pruner-ctx"]))
-            recall = [x for x in map(passage_recall, sub) if x is not None]
-            if recall:
-                row["passages@2"], row["passages@2_n"] = sum(recall) / len(recall), len(recall)
-                row["passages@2_lo"], row["passages@2_hi"] = wilson(sum(recall), len(recall))
-                if name != "pruner-ctx":
-                    brec = [x for x in map(passage_recall, bsub) if x is not None]
-                    row["p_passages@2_vs_ctx"] = mcnemar(recall, brec)
-            if name != "pruner-ctx":
-                brr = [1 / rank_of(torch.tensor(r["scores"]), r["gold"]) for r in bsub]
-                row["p_mrr_vs_ctx"] = sign_flip_p(rr, brr)
-            res["summary"].append(row)
-    for task in ("all", *KINDS):
-        idx = [i for i, r in enumerate(methods["two-hop"]) if task == "all" or r["kind"] == task]
-        if not idx:
-            continue
-        a, b = [methods["two-hop"][i] for i in idx], [methods["one-hop"][i] for i in idx]
-        res["summary"].append(
-            {
-                "task": task,
-                "method": "two-vs-one-hop",
-                "n": len(idx),
-                "p_mrr": sign_flip_p(
-                    [1 / rank_of(torch.tensor(r["scores"]), r["gold"]) for r in a],
-                    [1 / rank_of(torch.tensor(r["scores"]), r["gold"]) for r in b],
-                ),
-                "p_kept@25": mcnemar(
-                    kept_at(a, 0.25, res["context"]["two-hop"]), kept_at(b, 0.25, res["context"]["one-hop"])
-                ),
-            }
-        )
+    res["context"] = {name: choose_context(rows)["context"] for name, rows in methods.items()}
+    res["summary"] = summarise(methods, res["context"])
     res["rows"] = {name: [{"id": r["id"], "scores": r["scores"]} for r in rows] for name, rows in methods.items()}
     res["val_rows"] = [
         {"id": r["id"], "kind": r["kind"], "lengths": r["lengths"], "gold": r["gold"], "passage_of": r["passage_of"]}
@@ -287,12 +230,68 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
     write_json(out / "results.json", res)
     for name, head in heads.items():
         auto = res["keep_auto"][name]["chosen"] or {}
-        meta = {"labels": "union", "variant": name, "model": model, "context": res["context"][name]}
+        meta = {"labels": labels, "variant": name, "model": model, "context": res["context"][name]}
         meta.update(keep_auto=auto.get("param"), keep_rule=auto.get("rule"))
         meta.update(command=command, code=res["code"], train=records[name])
         for folder in (out, *([WEIGHTS] if name == ship else [])):
             save(head, folder / f"passage-{name}.safetensors", meta, FEATURES)
     return res
+
+
+TASKS = {  # the val cells: every question, the multi-unit kinds, bridges with multi-passage questions, each kind
+    "all": KINDS,
+    "multi-unit": KINDS[1:],
+    "bridge+multi": ("bridge", "multi"),
+    **{k: (k,) for k in KINDS},
+}
+
+
+def summarise(methods: dict[str, list[dict]], context: dict[str, int]) -> list[dict]:
+    """One row per cell of :data:`TASKS` and method (MRR, all evidence kept at 0.1 and 0.25 with Wilson
+    intervals, both evidence passages in the top two), paired tests against ``pruner-ctx`` (sign flips on
+    MRR, McNemar on kept), and the two hops against one, from the per-question rows (``rows``: each
+    question's ``kind``, ``scores``, ``lengths``, ``gold`` and ``passage_of``)."""
+    from masklab.lab.realdocs import rank_of, sign_flip_p
+    from masklab.lab.stats import mcnemar, wilson
+    from masklab.lab.train_ctx import kept_at
+
+    def rrs(rows: list[dict]) -> list[float]:
+        return [1 / rank_of(torch.tensor(r["scores"]), r["gold"]) for r in rows]
+
+    out, base = [], methods["pruner-ctx"]
+    for task, kinds in TASKS.items():
+        idx = [i for i, r in enumerate(base) if r["kind"] in kinds]
+        if not idx:
+            continue
+        for name, rows in methods.items():
+            sub, bsub, ctx = [rows[i] for i in idx], [base[i] for i in idx], context[name]
+            rr = rrs(sub)
+            row = {"task": task, "method": name, "n": len(sub), "mrr": sum(rr) / len(sub), "context": ctx}
+            for keep in (0.1, 0.25):
+                key = f"kept@{round(keep * 100)}"
+                kept = kept_at(sub, keep, ctx)
+                row[key] = sum(kept) / len(sub)
+                row[f"{key}_lo"], row[f"{key}_hi"] = wilson(sum(kept), len(sub))
+                if name != "pruner-ctx":
+                    row[f"p_{key}_vs_ctx"] = mcnemar(kept, kept_at(bsub, keep, context["pruner-ctx"]))
+            recall = [x for x in map(passage_recall, sub) if x is not None]
+            if recall:
+                row["passages@2"], row["passages@2_n"] = sum(recall) / len(recall), len(recall)
+                row["passages@2_lo"], row["passages@2_hi"] = wilson(sum(recall), len(recall))
+                if name != "pruner-ctx":
+                    brec = [x for x in map(passage_recall, bsub) if x is not None]
+                    row["p_passages@2_vs_ctx"] = mcnemar(recall, brec)
+            if name != "pruner-ctx":
+                row["p_mrr_vs_ctx"] = sign_flip_p(rr, rrs(bsub))
+            out.append(row)
+        if "two-hop" in methods and "one-hop" in methods:
+            a, b = [methods["two-hop"][i] for i in idx], [methods["one-hop"][i] for i in idx]
+            hop = {"task": task, "method": "two-vs-one-hop", "n": len(idx), "p_mrr": sign_flip_p(rrs(a), rrs(b))}
+            for keep in (0.1, 0.25):
+                key = f"kept@{round(keep * 100)}"
+                hop[f"p_{key}"] = mcnemar(kept_at(a, keep, context["two-hop"]), kept_at(b, keep, context["one-hop"]))
+            out.append(hop)
+    return out
 
 
 def summary_table(res: dict) -> str:

@@ -186,6 +186,22 @@ def _question(row: dict, docs: dict[str, str], where: str) -> RealQuestion:
     return RealQuestion(i, i, k, question, ev, ans, PASSAGE_GAP.join(t for _, t in ps), passages=tuple(ps), **extra)
 
 
+def question_document(q: RealQuestion, tokenizer):
+    """The question's text cut as the product cuts it (:func:`~masklab.text.document.segment`), each unit
+    knowing its passage where the question reads several (a ``multi`` question's passages, in order)."""
+    from masklab.text.document import segment
+
+    doc = segment(q.text, tokenizer)
+    if q.passages:
+        ends, at = [], 0
+        for _, text in q.passages:
+            at += len(text)
+            ends.append(at)
+            at += len(PASSAGE_GAP)
+        doc.passage_of = [next(p for p, e in enumerate(ends) if a < e) for a, _ in doc.spans]
+    return doc
+
+
 def check_frozen(root: Path = ROOT) -> None:
     """Refuse benchmark files that differ from ``frozen.json``."""
     frozen = json.loads((root / "frozen.json").read_text())
