@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from masklab.context.answer import answer_budget, first_answer, generate_answer
 from masklab.context.router import Pruned, Request
 from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.text.document import UNIT_TOKENS
@@ -60,6 +59,8 @@ class SharedFlags:
 def fit_window(req: Request, lm, max_new_tokens: int) -> tuple[Request, int, int]:
     """``(req capped to fit lm's window with the question and the answer, the window, what the
     prompt around the context and the answer take of it)``."""
+    from masklab.context.answer import answer_budget  # torch: not for parsing the flags above
+
     window, overhead = answer_budget(lm, req.question, max_new_tokens)
     gaps = len(req.passages) if len(req.passages) > 1 else 0  # the blank lines between the kept passages
     fits = f"{lm.name}'s {window}-token window with the question and answer"
@@ -80,5 +81,7 @@ def render(pruned: Pruned, lm, window: int) -> dict:
 def answer(lm, text: str, question: str, max_new_tokens: int) -> tuple[str, float]:
     """``(answer, seconds)``: the greedy answer from ``text``, its first line or sentence
     (:func:`~masklab.context.answer.first_answer`)."""
+    from masklab.context.answer import first_answer, generate_answer
+
     r = generate_answer(lm, [text], Query(question).text, max_new_tokens, stop_at_sentence=True, stop_at_line=True)
     return first_answer(r["generated"]), r["seconds"]

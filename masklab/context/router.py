@@ -36,16 +36,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from masklab.text.document import UNIT_TOKENS, Document, segment
 from masklab.text.inputs import check_context, check_question
 from masklab.text.selection import AUTO, auto_fraction, check_keep, select
 from masklab.util.errors import MasklabError
 from masklab.util.registry import Registry
+
+if TYPE_CHECKING:  # torch loads when a router first scores, not when a command parses its flags
+    from torch import Tensor
 
 ROUTERS: Registry = Registry("router")
 # The router of compress, serve and the integrations when none is named: the best pooled val MRR of the real-document
@@ -81,6 +81,7 @@ def router_class(router: str | type):
     itself (a class, e.g. one of the lab's)."""
     if not isinstance(router, str):
         return router
+    import masklab.context.routers  # noqa: F401  (registers the product routers, each in its file)
     from masklab.context.presses import PRESSES
 
     if router in PRESSES:
@@ -90,6 +91,8 @@ def router_class(router: str | type):
 
 def takers(option: str) -> list[str]:
     """The product routers that declare ``option`` (``score_range``: those that decide how much)."""
+    import masklab.context.routers  # noqa: F401  (registers the product routers, each in its file)
+
     if option == "score_range":
         return [n for n in ROUTERS if ROUTERS[n].score_range is not None]
     return [n for n in ROUTERS if option in ROUTERS[n].options]
@@ -364,6 +367,8 @@ def select_units(
     :func:`~masklab.text.selection.select` sees, so a tie goes to the better passage and the top
     unit's neighbours are its own passage's. A threshold keeps the units scoring at least it and
     no other (neither the top unit nor its neighbours below it; none where no unit reaches it)."""
+    import torch
+
     starts = [0]
     for d in docs:
         starts.append(starts[-1] + len(d.units))
@@ -480,6 +485,8 @@ class Router:
         """:meth:`read`, then where :attr:`hops` is 2 a second hop: each question again, followed by the
         text of its best unit, and each unit's higher score of the two (a unit that explains what the
         best unit names can rise though it shares no word with the question)."""
+        import torch
+
         first = self.read(doc, questions)
         if self.hops < 2 or len(doc.units) < 2:
             return first
@@ -539,21 +546,6 @@ class Router:
                 )
                 out[k].notes = [*self.notes, *read.notes, *notes_of(out[k], req, read.windows)]
         return out
-
-    def choose(
-        self,
-        doc: Document,
-        question: str,
-        keep: float | str,
-        fill: bool | None = None,
-        limit: int | None = None,
-        threshold: float | None = None,
-    ) -> Pruned:
-        """:meth:`prune` of ``doc`` (already cut) for ``question`` within ``keep`` of its tokens (or
-        ``threshold``) and ``limit`` tokens: the lab's shorthand."""
-        return self.prune(
-            Request.of(question, [doc], keep=keep, threshold=threshold, fill=fill, cap=limit, router=type(self))
-        )
 
     def press(self, question: str, keep: float = 0.25, fill: bool | None = None):
         """A kvpress press that prefills only the units this router keeps of the context the
