@@ -10,6 +10,7 @@ import torch
 
 from conftest import needs_dense, needs_peft
 from masklab.util.errors import MasklabError
+from masklab.lab.routers.registry import prune_one
 
 
 @pytest.fixture(scope="module")
@@ -367,8 +368,8 @@ def test_a_second_hop_raises_the_unit_that_explains_what_the_best_unit_names():
     assert int(s1.argmax()) == int(s2.argmax()) == 1
     assert s1[3] == s1[0] == s1[2]  # one hop cannot tell the explaining unit from filler
     assert s2[3] > s2[0] and s2[3] > s2[2] and torch.all(s2 >= s1)  # the second hop raises it; nothing falls
-    assert one.choose(doc, question, keep=0.75).kept == [0, 1, 2]
-    assert two.choose(doc, question, keep=0.75).kept == [1, 3]
+    assert prune_one(one, doc, question, keep=0.75).kept == [0, 1, 2]
+    assert prune_one(two, doc, question, keep=0.75).kept == [1, 3]
 
 
 @needs_dense

@@ -11,6 +11,7 @@ from conftest import needs_kvpress
 from masklab.context.router import ROUTERS, Router
 from masklab.lab.routers import factory
 from masklab.lab.tasks.longctx import make_example, make_examples, score
+from masklab.lab.routers.registry import prune_one
 
 pytestmark = needs_kvpress
 
@@ -50,7 +51,7 @@ def test_press_prefills_only_the_kept_tokens_and_answers_like_the_oracle(smol, k
     ex = make_example("niah", 256, 0, smol.tokenizer)
     lengths = ex.lengths(smol.tokenizer)
     oracle = factory("oracle-gold")(lm=smol)
-    kept = oracle.choose(ex, ex.question, 0.25).kept
+    kept = prune_one(oracle, ex, ex.question, 0.25).kept
     press = ContextPress(router=oracle, question=ex.question, keep=0.25, doc=ex)
     text = ask(kv, ex, press)
     assert press.kept == kept

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from masklab.context.router import Request
 from masklab.text.document import Document, segment
 from masklab.util.errors import MasklabError
 from masklab.pretrained.arch import base_model
@@ -116,7 +117,8 @@ class ContextPress(BasePress):
         unit, doc = token_units(self.router.tokenizer, ids[0], self.doc)
         self._routing = True
         try:
-            self.kept = self.router.choose(doc, self.question, self.keep, self.fill).kept
+            req = Request.of(self.question, [doc], keep=self.keep, fill=self.fill, router=type(self.router))
+            self.kept = self.router.prune(req).kept
         finally:
             self._routing = False
         keep = (unit < 0) | torch.isin(unit, torch.tensor(self.kept, dtype=torch.long))
