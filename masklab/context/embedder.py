@@ -228,7 +228,7 @@ class Int8Linear(torch.nn.Module):
         lo, hi = min(lo, 0.0), max(hi, 0.0)
         scale = max((hi - lo) / 127, 1e-12)
         zero = round(-lo / scale)
-        xq = torch.clamp(torch.round(flat / scale) + zero, 0, 127).to(torch.uint8)
+        xq = torch.add(flat, zero * scale).mul_(1 / scale).round_().clamp_(0, 127).to(torch.uint8)
         y = torch.ops.onednn.qlinear_pointwise(
             xq,
             scale,
