@@ -153,7 +153,8 @@ def test_keepset_labels_read_each_unit_alone_batched_as_one_by_one(tiny_folders)
 def decider():
     """A throw-away router that decides how much to keep: a unit's score is its digit / 10,
     counting the calls of read (one per document, however many questions)."""
-    from masklab.context.router import ROUTERS, Router
+    from masklab.context.router import Router
+    from masklab.context.routers import ROUTERS  # the registry filled: every product router's file imported
     from masklab.context.api import _router
 
     calls = []
@@ -254,7 +255,7 @@ def test_a_threshold_keeps_the_units_at_or_above_it_across_passages(decider):
 
 def test_a_router_with_context_keeps_the_best_units_neighbours_within_its_own_passage(decider, monkeypatch):
     from masklab.context import prune
-    from masklab.context.router import ROUTERS
+    from masklab.context.routers import ROUTERS  # the registry filled: every product router's file imported
 
     assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [1, 3]
     monkeypatch.setattr(ROUTERS["test-decider"], "neighbours", 1)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import needs_kvpress
-from masklab.context.router import ROUTERS, Router
+from masklab.context.router import Router
+from masklab.context.routers import ROUTERS  # the registry filled: every product router's file imported
 from masklab.lab.routers import factory
 from masklab.lab.tasks.longctx import make_example, make_examples, score
 from masklab.lab.routers.registry import prune_one
