@@ -71,7 +71,10 @@ def main() -> int:
         env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "PYTHONPYCACHEPREFIX": caches[tree]}
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "masklab", *argv], capture_output=True, text=True, env=env)
+        # run in the checkout: python -m puts the working folder first on sys.path, before PYTHONPATH
+        out = subprocess.run(
+            [sys.executable, "-m", "masklab", *argv], capture_output=True, text=True, env=env, cwd=tree
+        )
         wall = time.perf_counter() - t0
         if out.returncode != 0:
             raise SystemExit(f"masklab {' '.join(argv)} failed ({out.returncode}): {out.stderr.strip()[-500:]}")

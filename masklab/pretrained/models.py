@@ -5,7 +5,9 @@ Hugging Face model directory (any architecture of :mod:`masklab.pretrained.arch`
 ``.gguf`` file. The first load of a GGUF de-quantises it
 with ``transformers`` + ``gguf`` (seconds to tens of seconds) and writes a cache directory with fp32
 ``model.safetensors``, ``config.json`` and the tokenizer (``tokenizer.json``); every later
-load reads that cache (about a second). Nothing is ever downloaded: ``HF_HUB_OFFLINE=1``
+load reads that cache: the tokenizer and the config at once, the weights the first time
+:attr:`LoadedModel.model` is used (about a second), so a command that only counts tokens never
+reads them. Nothing is ever downloaded: ``HF_HUB_OFFLINE=1``
 is set before ``transformers`` is imported.
 
 The first load prints nothing: the de-quantising progress bar and transformers' warnings
