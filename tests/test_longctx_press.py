@@ -53,7 +53,13 @@ def test_press_prefills_only_the_kept_tokens_and_answers_like_the_oracle(smol, k
     lengths = ex.lengths(smol.tokenizer)
     oracle = factory("oracle-gold")(lm=smol)
     kept = prune_one(oracle, ex, ex.question, 0.25).kept
-    press = ContextPress(router=oracle, question=ex.question, keep=0.25, doc=ex)
+    press = ContextPress(
+        router=oracle,
+        question=ex.question,
+        keep=0.25,
+        doc=ex,
+        prune_doc=lambda d: prune_one(oracle, d, ex.question, 0.25),
+    )
     text = ask(kv, ex, press)
     assert press.kept == kept
     dropped = sum(n for i, n in enumerate(lengths) if i not in kept)
@@ -64,7 +70,14 @@ def test_press_prefills_only_the_kept_tokens_and_answers_like_the_oracle(smol, k
     assert text.strip() == study["generated"].strip()
     # the same press keeping everything but the gold sentence cannot answer
     no_gold = Fixed(smol, [i for i in range(len(ex.units)) if i not in ex.gold])
-    assert not score(ask(kv, ex, ContextPress(router=no_gold, question=ex.question, keep=1.0, doc=ex)), ex)
+    drop_all = ContextPress(
+        router=no_gold,
+        question=ex.question,
+        keep=1.0,
+        doc=ex,
+        prune_doc=lambda d: prune_one(no_gold, d, ex.question, 1.0),
+    )
+    assert not score(ask(kv, ex, drop_all), ex)
 
 
 @pytest.mark.slow

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from masklab.context.router import Request
 from masklab.text.document import Document, segment
 from masklab.util.errors import MasklabError
 from masklab.pretrained.arch import base_model
@@ -101,6 +100,7 @@ class ContextPress(BasePress):
     question: str = ""
     keep: float = 1.0
     fill: bool | None = None
+    prune_doc: object = None  # Document -> Pruned: the router's prune of the context within keep (Router.press)
     doc: Document | None = None
     prefill_tokens: int | None = field(default=None, init=False)
     context_tokens: int | None = field(default=None, init=False)
@@ -117,8 +117,7 @@ class ContextPress(BasePress):
         unit, doc = token_units(self.router.tokenizer, ids[0], self.doc)
         self._routing = True
         try:
-            req = Request.of(self.question, [doc], keep=self.keep, fill=self.fill, router=type(self.router))
-            self.kept = self.router.prune(req).kept
+            self.kept = self.prune_doc(doc).kept
         finally:
             self._routing = False
         keep = (unit < 0) | torch.isin(unit, torch.tensor(self.kept, dtype=torch.long))

@@ -32,6 +32,7 @@ units' tokens before prefill.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -75,13 +76,21 @@ OPTION_USE = {
 SOFT_OPTIONS = ("progress",)  # given to the routers that take them, never refused
 
 
+def registered() -> None:
+    """:data:`ROUTERS` filled: each product router registers itself when its file in
+    ``masklab.context.routers`` is imported, and those files import this module, so the package
+    is loaded on demand, by name, the first time a router is looked up (importing a submodule of
+    ``masklab.context`` loads no router, and no torch)."""
+    importlib.import_module("masklab.context.routers")
+
+
 def router_class(router: str | type):
     """The class of product router ``router`` (a name of :data:`~masklab.context.router.ROUTERS`;
     a kvpress press, which keeps no units, declares no option and no score range), or ``router``
     itself (a class, e.g. one of the lab's)."""
     if not isinstance(router, str):
         return router
-    import masklab.context.routers  # noqa: F401  (registers the product routers, each in its file)
+    registered()
     from masklab.context.presses import PRESSES
 
     if router in PRESSES:
@@ -91,8 +100,7 @@ def router_class(router: str | type):
 
 def takers(option: str) -> list[str]:
     """The product routers that declare ``option`` (``score_range``: those that decide how much)."""
-    import masklab.context.routers  # noqa: F401  (registers the product routers, each in its file)
-
+    registered()
     if option == "score_range":
         return [n for n in ROUTERS if ROUTERS[n].score_range is not None]
     return [n for n in ROUTERS if option in ROUTERS[n].options]
@@ -555,4 +563,8 @@ class Router:
         check_keep(keep)
         if self.lm is None:
             raise MasklabError("a press needs the model's tokenizer: load the router with model=...")
-        return ContextPress(router=self, question=question, keep=keep, fill=fill)
+
+        def prune_doc(doc: Document) -> Pruned:  # the units kept of the context the pipeline prefills
+            return self.prune(Request.of(question, [doc], keep=keep, fill=fill, router=type(self)))
+
+        return ContextPress(router=self, question=question, keep=keep, fill=fill, prune_doc=prune_doc)
