@@ -12,9 +12,9 @@ A real document (``pydoc-execmodel`` of the second test split, its leading units
 * ``pruner_first``: the shipped pruner's first question on the document (its encoder's cache
   emptied: the adapted encoder embeds the units, as ``embed`` does for ``dense``);
 * ``pruner``: one more question scored by the shipped pruner on the document it has embedded;
-* the same two dense steps with the encoder's linear layers in int8 (``torch.ao`` dynamic
-  quantisation), and how far that moves the units' ranking (Spearman's rho of the scores, the
-  top-10 overlap, and the MRR on the benchmark's val split against fp32's).
+* the same two dense steps with the encoder's linear layers in int8 (``--int8``'s
+  :func:`~masklab.context.embedder.int8_linears`), and how far that moves the units' ranking (Spearman's
+  rho of the scores, the top-10 overlap, and the MRR on the benchmark's val split against fp32's).
 
 Medians over rounds; goals: embed <= 0.5 s, query <= 20 ms, the pruner <= 0.3 s per question (its
 first on a document too), on one thread of this CPU.
@@ -47,6 +47,7 @@ def main() -> int:
     from masklab.context.embedder import load_embedder
     from masklab.context.routers.bm25 import BM25
     from masklab.text.document import segment
+    from masklab.context.embedder import int8_linears
     from masklab.pretrained.models import load
     from masklab.lab.tasks import realdocs
 
@@ -55,7 +56,7 @@ def main() -> int:
     units = doc.units
     fp32 = load_embedder()
     int8 = copy.copy(fp32)  # fp32 is the shared embedder (load_embedder) that dense and bm25+dense read
-    int8.model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(fp32.model), {torch.nn.Linear}, dtype=torch.qint8)
+    int8.model = int8_linears(copy.deepcopy(fp32.model))
     int8._cache = type(fp32._cache)()
     bm25 = BM25()
     from masklab.context.routers import load_router

@@ -9,6 +9,12 @@ its defaults, ``masklab sweep NAME`` a factor sweep, ``masklab report`` regenera
 tables in README.md and docs/ from results files (:mod:`masklab.lab.doctables`). A study module provides ``NAME``,
 ``Config`` (a dataclass whose fields declare the flags), ``quick_config()``,
 ``reproduce_config()`` and ``run(cfg, out, jobs, progress, command)``.
+
+The subcommand table is lazy: every command is declared here by name and help
+(:data:`COMMANDS`, :data:`STUDIES`), and only the chosen one's parser is built, importing its
+module, so ``masklab compress`` imports no study, no :mod:`masklab.lab` module and no torch
+before its flags are parsed; ``masklab --help`` still lists every command with its help
+(tests/test_cli_start.py checks the declared helps against the modules').
 """
 
 from __future__ import annotations
@@ -22,13 +28,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-from masklab.util import device as devices
-from masklab.lab import distributed, doctables, executors, runner
 from masklab.util import flags
-from masklab.util.files import atomic_write_text, read_json, write_json
 from masklab.util.errors import MasklabError
-from masklab.lab.executors import EXECUTORS
 
+# the commands for your own documents and models, in the order --help lists them: name -> (the
+# module whose add_parser(sub) declares the parser, or None for one declared here; its help)
+COMMANDS = {
+    "compress": ("masklab.context.cli", "prune a document to what a question needs before a model reads it"),
+    "train-router": (
+        "masklab.lab.train_router",
+        "train a router of each shipped kind (--kind evidence, pruner, pruner-ctx, cross) from the corpus or "
+        "your documents",
+    ),
+    "serve": ("masklab.context.serve", "serve masklab compress over HTTP (JSON), the model loaded once"),
+    "models": (None, "list the pretrained models masklab can load and whether they are installed"),
+    "cite": ("masklab.pretrained.cli", "which sentences of a context a pretrained LM's answer causally depends on"),
+    "realdocs": ("masklab.lab.realdocs", "measure routers on the frozen real-document benchmark"),
+}
 STUDIES = {
     "gotu": "masklab.lab.studies.gotu",
     "arith": "masklab.lab.studies.arith",
@@ -43,6 +59,29 @@ STUDIES = {
     "longctx": "masklab.lab.studies.longctx",
     "evidence-prior": "masklab.lab.studies.evidence_prior",
 }
+# each study's help: the first line of its module's docstring (declared here so that listing the
+# commands imports no study; tests/test_cli_start.py checks them)
+STUDY_HELP = {
+    "gotu": "Study A, Boolean table: generalisation on the unseen (GOTU) with mask priors vs QK inits.",
+    "arith": "Study A, arithmetic table: low-data addition and multiplication with digit-alignment mask priors.",
+    "vision": "Study A, vision table: a 2-D locality mask prior vs default / mimetic / impulse inits in a ViT.",
+    "lm": "Study A, language table: a causal relative-distance mask prior in a GPT-style LM.",
+    "evidence": "Study B, first half: causal evidence sets vs attention, on gyms with exact gold evidence.",
+    "stale": "Study B on real LMs: do pretrained models attend to the stale value even when right?",
+    "prune": "Study B on real LMs: prune the context for the LM at a budget; evidence router vs kvpress.",
+    "pretrained": "Study B on real pretrained LMs, all tables: stale attention, evidence vs ContextCite, pruning "
+    "vs kvpress.",
+    "routing": "Study B, second half: routers trained on causal evidence vs attention vs gold, sparse inference.",
+    "tune-prior": "Tune attention priors alone on a frozen pretrained LM to fix stale answers (vs LoRA).",
+    "longctx": "Long-context evidence routing on real LMs: RULER-style tasks, pruning before prefill.",
+    "evidence-prior": "Priors without an oracle: derive the mask from causal interventions, then train with it.",
+}
+# the commands that follow the studies, declared here
+TOOLS = {
+    "reproduce": "run the study that reproduces a paper table, on its defaults",
+    "sweep": "run a factor sweep (which conditions make a claim hold)",
+    "report": "regenerate the tables and numbers in README.md and docs/ from the results files they name",
+}
 # commands of real LMs that are not studies: they take --device/--precision and resolve them themselves
 REAL_LM_COMMANDS = ("cite", "compress", "train-router", "serve", "realdocs")
 # old command names that still work (not listed in --help)
@@ -52,6 +91,9 @@ SWEEPS = {
     "routing-targets": "masklab.lab.studies.routing_targets",
     "arith-size": "masklab.lab.studies.arith_size",
 }
+# masklab.util.device.PRECISIONS, which imports torch: named here so that a parser imports no
+# torch (tests/test_cli_start.py checks that they agree)
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def _quick_help(mod) -> str:
@@ -72,6 +114,8 @@ def _common(
     seeds_default: str = "the study's seeds",
     quick_help: str = "small version (smoke test) that finishes in a minute or two",
 ) -> None:
+    from masklab.lab import executors
+
     ap.add_argument(
         "--out", default=default_out, metavar="DIR", help=f"output directory (default {default_out or 'runs/NAME'})"
     )
@@ -96,17 +140,17 @@ def _common(
     )
     ap.add_argument(
         "--executor",
-        choices=EXECUTORS,
+        choices=executors.EXECUTORS,
         default="local",
-        help="where runs execute: local (this machine, --jobs at a time) or ray "
-        "(one Ray task per run; docs/cluster.md) (default local)",
+        help="where runs execute: local (this machine, --jobs at a time) or ray (one Ray task per run; "
+        "docs/cluster.md) (default local)",
     )
     ap.add_argument(
         "--ray-address",
         metavar="ADDR",
         default=None,
-        help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster "
-        "(default the running local one, else a new one on this machine)",
+        help="Ray cluster to use with --executor ray: HOST:PORT, or auto to join the running cluster (default the "
+        "running local one, else a new one on this machine)",
     )
     device_flags(ap)
 
@@ -122,7 +166,7 @@ def device_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--precision",
         default="fp32",
-        choices=devices.PRECISIONS,
+        choices=PRECISIONS,
         help="fp32, or autocast to bf16 / fp16 (fp16 training uses a loss scaler on CUDA) (default fp32)",
     )
 
@@ -136,7 +180,10 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"masklab: error: {message} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``masklab`` parser. ``only``: the command whose parser is built in full (its module
+    imported); every other command is listed by its name and help alone, so parsing one
+    command imports nothing another needs. None: every command built in full."""
     ap = Parser(
         prog="masklab",
         description="Structure in transformer attention: mask priors and causal evidence "
@@ -144,77 +191,76 @@ def build_parser() -> argparse.ArgumentParser:
         "serve, models, cite, realdocs); the research studies, reproduce, sweep and report follow.",
     )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from masklab.context import cli as context_cli
-
-    context_cli.add_parser(sub)
-    from masklab.lab import train_router
-
-    train_router.add_parser(sub)
-    from masklab.context import serve
-
-    serve.add_parser(sub)
-    mp = sub.add_parser("models", help="list the pretrained models masklab can load and whether they are installed")
-    mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
-    device_flags(mp)  # for --load
-    from masklab.pretrained import cli as pretrained_cli
-
-    pretrained_cli.add_cite_parser(sub)
-    from masklab.lab import realdocs as realdocs_eval
-
-    realdocs_eval.add_parser(sub)
-    for name, module in STUDIES.items():
-        mod = importlib.import_module(module)
-        p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
-        _common(p, f"runs/{name}", ",".join(map(str, mod.Config().seeds)), _quick_help(mod))
-        flags.add_flags(p, mod.Config)
-        p.set_defaults(study=module)
-    rep = sub.add_parser("reproduce", help="run the study that reproduces a paper table, on its defaults")
-    rep.add_argument("name", choices=sorted(STUDIES))
-    _common(rep, "")
-    sw = sub.add_parser("sweep", help="run a factor sweep (which conditions make a claim hold)")
-    sw.add_argument("name", choices=sorted(SWEEPS))
-    _common(sw, "")
-    rp = sub.add_parser(
-        "report", help="regenerate the tables and numbers in README.md and docs/ from the results files they name"
-    )
-    rp.add_argument(
-        "--check",
-        action="store_true",
-        help="only compare: list the files whose generated blocks differ and exit 1 if any do",
-    )
-    rp.add_argument(
-        "--stale",
-        action="store_true",
-        help="only list the results files holding runs made by code other than this checkout's, comments, docstrings "
-        "and formatting aside (stale), or by code that cannot be told (unknown), and why; exit 1 if any: "
-        "run before a release",
-    )
-    rp.add_argument(
-        "--root",
-        default=".",
-        metavar="DIR",
-        help="the repository root holding README.md, docs/ and results/ (default .)",
-    )
-    for name in REAL_LM_COMMANDS:  # the studies, reproduce and sweep have them from _common
-        device_flags(sub.choices[name])
+    helps = {**{n: h for n, (_, h) in COMMANDS.items()}, **STUDY_HELP, **TOOLS}
+    for name, help in helps.items():
+        if only is None or name == only:
+            _add_full(sub, name)
+        else:
+            sub.add_parser(name, help=help)
     return ap
 
 
+def _add_full(sub, name: str) -> None:
+    """Command ``name``'s parser with all its flags (what ``masklab NAME`` parses with)."""
+    if name == "models":
+        mp = sub.add_parser(name, help=COMMANDS[name][1])
+        mp.add_argument("--load", metavar="NAME", help="load (and cache) this model now and report the load time")
+        device_flags(mp)  # for --load
+    elif name == "cite":
+        from masklab.pretrained import cli as pretrained_cli
+
+        pretrained_cli.add_cite_parser(sub)
+    elif name in COMMANDS:
+        importlib.import_module(COMMANDS[name][0]).add_parser(sub)
+    elif name in STUDIES:
+        mod = importlib.import_module(STUDIES[name])
+        p = sub.add_parser(name, help=STUDY_HELP[name])
+        _common(p, f"runs/{name}", ",".join(map(str, mod.Config().seeds)), _quick_help(mod))
+        flags.add_flags(p, mod.Config)
+        p.set_defaults(study=STUDIES[name])
+    elif name in ("reproduce", "sweep"):
+        p = sub.add_parser(name, help=TOOLS[name])
+        p.add_argument("name", choices=sorted(STUDIES if name == "reproduce" else SWEEPS))
+        _common(p, "")
+    else:
+        rp = sub.add_parser(name, help=TOOLS[name])
+        rp.add_argument(
+            "--check",
+            action="store_true",
+            help="only compare: list the files whose generated blocks differ and exit 1 if any do",
+        )
+        rp.add_argument(
+            "--stale",
+            action="store_true",
+            help="only list the results files holding runs made by code other than this checkout's, comments, "
+            "docstrings and formatting aside (stale), or by code that cannot be told (unknown), and why; exit 1 "
+            "if any: run before a release",
+        )
+        rp.add_argument(
+            "--root",
+            default=".",
+            metavar="DIR",
+            help="the repository root holding README.md, docs/ and results/ (default .)",
+        )
+    if name in REAL_LM_COMMANDS:  # the studies, reproduce and sweep have them from _common
+        device_flags(sub.choices[name])
+
+
 def report(args: argparse.Namespace) -> int:
+    from masklab.lab import doctables
+
     root = Path(args.root)
     if not (root / "README.md").is_file():
         raise MasklabError(f"{root} holds no README.md: give the repository root with --root")
     if args.stale:
         listed = doctables.stale_results(root)
         for path, state, whys in listed:
-            print(
-                f"{state}: {path} "
-                f"({'; '.join(f'{n} runs by {why}' if why.startswith('code ') else why for why, n in whys.items())})"
-            )
+            why = "; ".join(f"{n} runs by {w}" if w.startswith("code ") else w for w, n in whys.items())
+            print(f"{state}: {path} ({why})")
         n, stale = len(doctables.results_paths(root)), sum(state == "stale" for _, state, _ in listed)
         print(
-            f"{n - len(listed)} of {n} results files were made by this checkout's code "
-            f"(comments, docstrings and formatting aside); {stale} stale, {len(listed) - stale} unknown",
+            f"{n - len(listed)} of {n} results files were made by this checkout's code (comments, docstrings and "
+            f"formatting aside); {stale} stale, {len(listed) - stale} unknown",
             file=sys.stderr,
         )
         return 1 if listed else 0
@@ -322,15 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     command = "masklab " + shlex.join(argv)
     argv = _unalias(argv)
     try:
-        args = build_parser().parse_args(argv)  # imports every study (a second or two)
+        args = build_parser(argv[0] if argv else "").parse_args(argv)  # imports the chosen command's module only
     except KeyboardInterrupt:
         print("masklab: interrupted", file=sys.stderr)
         return 130
     try:
-        if hasattr(args, "device") and args.command not in ("models", *REAL_LM_COMMANDS):
-            # the runs' device and precision, before torchrun's process group (nccl on CUDA);
-            # one clear error for --device cuda without a GPU, before anything is written
-            devices.use(args.device, args.precision)
         if args.command in ("models", "cite"):
             from masklab.pretrained import cli as pretrained_cli
 
@@ -340,30 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "handler", None) is not None:
             args.command_line = command  # the command as typed, for the files it writes
             return args.handler(args)
-        distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
-        if args.command in ("reproduce", "sweep"):
-            module = STUDIES[args.name] if args.command == "reproduce" else SWEEPS[args.name]
-            mod = importlib.import_module(module)
-            cfg = _seeds(args, mod.quick_config() if args.quick else mod.reproduce_config())
-            out = Path(args.out or f"runs/{args.name}")
-        else:
-            mod = importlib.import_module(args.study)
-            cfg = resolve_config(args)
-            out = Path(args.out)
-        validate(mod, cfg, args)
-        writable_dir(out)
-        executors.use(args.executor, args.ray_address)
-        runner.KEEP_OLD_RUNS = args.keep_old_runs
-        mod.run(cfg, out, jobs=args.jobs, progress=not args.no_progress, command=command)
-        if distributed.is_main():
-            results = {**read_json(out / "results.json"), "command": command}
-            write_json(out / "results.json", results)
-            if args.quick and (out / "results.md").exists():
-                atomic_write_text(
-                    out / "results.md", smoke_test_note(mod, cfg, results) + (out / "results.md").read_text()
-                )
-            print((out / "results.md").read_text())
-            print(f"results: {out / 'results.json'}")
+        run_study(args, command)
     except MasklabError as e:
         print(f"masklab: error: {e}", file=sys.stderr)
         return 2
@@ -374,8 +393,51 @@ def main(argv: list[str] | None = None) -> int:
             print("masklab: interrupted; finished runs are kept, run the same command again to resume", file=sys.stderr)
         return 130
     finally:
-        executors.use("local")  # the choices last one command (main() may be called again in-process)
-        devices.use("cpu")
-        runner.KEEP_OLD_RUNS = False
-        distributed.shutdown()
+        _reset()
     return 0
+
+
+def run_study(args: argparse.Namespace, command: str) -> None:
+    """A study, ``reproduce`` or ``sweep``: validated, run, its results.md printed."""
+    from masklab.lab import distributed, executors, runner
+    from masklab.util import device as devices
+    from masklab.util.files import atomic_write_text, read_json, write_json
+
+    # the runs' device and precision, before torchrun's process group (nccl on CUDA);
+    # one clear error for --device cuda without a GPU, before anything is written
+    devices.use(args.device, args.precision)
+    distributed.init_from_env()  # under torchrun: join the process group (gloo on CPU)
+    if args.command in ("reproduce", "sweep"):
+        module = STUDIES[args.name] if args.command == "reproduce" else SWEEPS[args.name]
+        mod = importlib.import_module(module)
+        cfg = _seeds(args, mod.quick_config() if args.quick else mod.reproduce_config())
+        out = Path(args.out or f"runs/{args.name}")
+    else:
+        mod = importlib.import_module(args.study)
+        cfg = resolve_config(args)
+        out = Path(args.out)
+    validate(mod, cfg, args)
+    writable_dir(out)
+    executors.use(args.executor, args.ray_address)
+    runner.KEEP_OLD_RUNS = args.keep_old_runs
+    mod.run(cfg, out, jobs=args.jobs, progress=not args.no_progress, command=command)
+    if distributed.is_main():
+        results = {**read_json(out / "results.json"), "command": command}
+        write_json(out / "results.json", results)
+        if args.quick and (out / "results.md").exists():
+            atomic_write_text(out / "results.md", smoke_test_note(mod, cfg, results) + (out / "results.md").read_text())
+        print((out / "results.md").read_text())
+        print(f"results: {out / 'results.json'}")
+
+
+def _reset() -> None:
+    """The choices last one command (main() may be called again in-process): what a study set
+    goes back to its default; a module the command never imported still holds its own."""
+    if "masklab.lab.executors" in sys.modules:
+        sys.modules["masklab.lab.executors"].use("local")
+    if "masklab.util.device" in sys.modules:
+        sys.modules["masklab.util.device"].use("cpu")
+    if "masklab.lab.runner" in sys.modules:
+        sys.modules["masklab.lab.runner"].KEEP_OLD_RUNS = False
+    if "masklab.lab.distributed" in sys.modules:
+        sys.modules["masklab.lab.distributed"].shutdown()

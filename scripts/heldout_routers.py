@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from masklab.lab.routers.registry import prune_one
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTERS = "bm25,dense,bm25+dense,pruner,pruner-attention,pruner-marks,evidence,attention"
@@ -102,7 +103,7 @@ def main() -> int:
 
     def methods(i: int, ex) -> list:
         return [
-            (n, pipeline.ranked(lambda ex, r=r: r.choose(ex, ex.question, a.keep, fill=True)))
+            (n, pipeline.ranked(lambda ex, r=r: prune_one(r, ex, ex.question, a.keep, fill=True)))
             for n, r in routers.items()
         ]
 

@@ -392,11 +392,11 @@ def test_bad_folders_are_one_clear_error(tmp_path, folders, capsys):
     weights = cut / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(MasklabError, match="do not load"):
-        load(str(cut))
+        load(str(cut)).model  # noqa: B018  (the weights are read when first asked for)
     no_weights = save_folder(tmp_path / "no-weights", "llama")
     (no_weights / "model.safetensors").unlink()
     with pytest.raises(MasklabError, match="do not load"):
-        load(str(no_weights))
+        load(str(no_weights)).model  # noqa: B018
     # a checkpoint of the decoder stack alone (no LM head): not a causal LM
     partial = save_folder(tmp_path / "partial", "llama")
     from safetensors.torch import load_file, save_file
@@ -408,7 +408,7 @@ def test_bad_folders_are_one_clear_error(tmp_path, folders, capsys):
         metadata={"format": "pt"},
     )
     with pytest.raises(MasklabError, match="lack .* tensors"):
-        load(str(partial))
+        load(str(partial)).model  # noqa: B018
     # the command line prints one line and exits 2
     ctx = tmp_path / "c.txt"
     ctx.write_text(CONTEXT)

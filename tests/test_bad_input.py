@@ -22,6 +22,7 @@ import torch
 from conftest import needs_hf, needs_smol, tiny_model
 from masklab import cli
 from masklab.util.errors import MasklabError
+from masklab.lab.routers.registry import prune_one
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,7 +146,8 @@ def test_12_cite_negative_tolerance(files, capsys):
 
 
 def test_13_cite_text_without_sentence_punctuation_is_chunked_with_a_note(capsys):
-    from masklab.pretrained.cli import CHUNK_WORDS, sentences_of
+    from masklab.lab.tasks.base import CHUNK_WORDS
+    from masklab.pretrained.cli import sentences_of
 
     text = " ".join(f"word{i}" for i in range(5 * CHUNK_WORDS))
     items = sentences_of(text)
@@ -251,7 +253,7 @@ def test_21_no_sentences_is_refused():
 
     router = load_router("lexical")
     with pytest.raises(MasklabError, match="no units to keep"):
-        router.choose(Document(units=[], spans=[], source=""), "Where?", keep=0.5)
+        prune_one(router, Document(units=[], spans=[], source=""), "Where?", keep=0.5)
 
 
 # --------------------------------------------------------------------------- also found

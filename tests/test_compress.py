@@ -399,13 +399,11 @@ def test_several_passages_one_budget_json_and_text(tmp_path, capsys):
 @needs_smol
 @shares_smol
 def test_a_budget_below_the_top_unit_says_so_and_an_empty_answer_is_named(tmp_path, capsys, monkeypatch):
-    from masklab.context import compress
+    from masklab.context import answer  # compress.answer imports it when it answers
 
     path = tmp_path / "tiny.txt"
     path.write_text("The budget was approved by Daniel Reyes. It rained.")
-    monkeypatch.setattr(
-        compress, "generate_answer", lambda *a, **k: {"generated": "\nQuestion: Who?\n", "seconds": 0.1}
-    )
+    monkeypatch.setattr(answer, "generate_answer", lambda *a, **k: {"generated": "\nQuestion: Who?\n", "seconds": 0.1})
     code, out, err = run(
         capsys, "--context", str(path), "--question", "Who approved the budget?", "--keep", "0.25", "--answer"
     )
@@ -416,16 +414,16 @@ def test_a_budget_below_the_top_unit_says_so_and_an_empty_answer_is_named(tmp_pa
 @needs_smol
 @shares_smol
 def test_the_pruned_answer_is_printed_before_the_whole_document_is_answered(tmp_path, capsys, monkeypatch):
-    from masklab.context import cli as context_cli, compress
+    from masklab.context import answer, cli as context_cli
 
     calls = []
-    real = compress.generate_answer
+    real = answer.generate_answer
 
     def recorded(*args, **kwargs):
         calls.append(capsys.readouterr())  # what the user had seen when this answer started
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(compress, "generate_answer", recorded)
+    monkeypatch.setattr(answer, "generate_answer", recorded)
     monkeypatch.setattr(context_cli, "LONG_DOCUMENT_TOKENS", 10)
     path = tmp_path / "ctx.txt"
     path.write_text(REPORT)

@@ -13,6 +13,7 @@ import torch
 from conftest import needs_dense, needs_peft
 from masklab.text.document import Document
 from masklab.util.errors import MasklabError
+from masklab.lab.routers.registry import prune_one
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,8 @@ def test_keepset_labels_read_each_unit_alone_batched_as_one_by_one(tiny_folders)
 def decider():
     """A throw-away router that decides how much to keep: a unit's score is its digit / 10,
     counting the calls of read (one per document, however many questions)."""
-    from masklab.context.router import ROUTERS, Router
+    from masklab.context.router import Router
+    from masklab.context.routers import ROUTERS  # the registry filled: every product router's file imported
     from masklab.context.api import _router
 
     calls = []
@@ -255,7 +257,7 @@ def test_a_threshold_keeps_the_units_at_or_above_it_across_passages(decider):
 
 def test_a_router_with_context_keeps_the_best_units_neighbours_within_its_own_passage(decider, monkeypatch):
     from masklab.context import prune
-    from masklab.context.router import ROUTERS
+    from masklab.context.routers import ROUTERS  # the registry filled: every product router's file imported
 
     assert prune("Which unit?", TEXT, keep=0.4, router="test-decider")["kept"] == [1, 3]
     monkeypatch.setattr(ROUTERS["test-decider"], "neighbours", 1)
@@ -369,8 +371,8 @@ def test_a_second_hop_raises_the_unit_that_explains_what_the_best_unit_names():
     assert int(s1.argmax()) == int(s2.argmax()) == 1
     assert s1[3] == s1[0] == s1[2]  # one hop cannot tell the explaining unit from filler
     assert s2[3] > s2[0] and s2[3] > s2[2] and torch.all(s2 >= s1)  # the second hop raises it; nothing falls
-    assert one.choose(doc, question, keep=0.75).kept == [0, 1, 2]
-    assert two.choose(doc, question, keep=0.75).kept == [1, 3]
+    assert prune_one(one, doc, question, keep=0.75).kept == [0, 1, 2]
+    assert prune_one(two, doc, question, keep=0.75).kept == [1, 3]
 
 
 @pytest.fixture(scope="module")

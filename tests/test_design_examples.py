@@ -192,7 +192,7 @@ def test_architecture_example_makes_a_new_model_type_work():
 
 def test_context_router_example_prunes_a_text():
     from masklab.context import Request, load_router
-    from masklab.context.router import ROUTERS
+    from masklab.context.routers import ROUTERS  # the registry filled: every product router's file imported
 
     run_example("context-router")
     try:
@@ -208,7 +208,7 @@ def test_a_router_with_a_score_range_takes_a_threshold_and_keep_auto_everywhere(
     from masklab.cli import main
     from masklab.context import prune
     from masklab.context.api import _router
-    from masklab.context.router import ROUTERS
+    from masklab.context.routers import ROUTERS  # the registry filled: every product router's file imported
 
     run_example("context-deciding-router")
     try:

@@ -10,6 +10,7 @@ from masklab.context.routers.lexical import Lexical
 from masklab.lab.routers.oracle import OracleGold
 from masklab.text.selection import select
 from masklab.lab.tasks.longctx import make_example
+from masklab.lab.routers.registry import prune_one
 
 
 def test_oracle_keep_holds_gold_within_budget():
@@ -57,7 +58,7 @@ def test_oracle_router_answers_like_full_context(smol):
     ex = make_example("niah", 256, 0, smol.tokenizer)
     full = generate_answer(smol, ex.units, ex.query)
     assert score(full["generated"], ex), full["generated"]
-    kept = OracleGold(smol).choose(ex, ex.question, 0.25).kept
+    kept = prune_one(OracleGold(smol), ex, ex.question, 0.25).kept
     oracle = generate_answer(smol, [ex.units[i] for i in kept], ex.query)
     assert score(oracle["generated"], ex) and oracle["tokens"] < 0.5 * full["tokens"]
     # a router that drops the gold sentence (and keeps everything else) cannot answer

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from conftest import needs_kvpress
-from masklab.context.router import ROUTERS, Router
+from masklab.context.router import Router
+from masklab.context.routers import ROUTERS  # the registry filled: every product router's file imported
 from masklab.lab.routers import factory
 from masklab.lab.tasks.longctx import make_example, make_examples, score
+from masklab.lab.routers.registry import prune_one
 
 pytestmark = needs_kvpress
 
@@ -50,8 +52,14 @@ def test_press_prefills_only_the_kept_tokens_and_answers_like_the_oracle(smol, k
     ex = make_example("niah", 256, 0, smol.tokenizer)
     lengths = ex.lengths(smol.tokenizer)
     oracle = factory("oracle-gold")(lm=smol)
-    kept = oracle.choose(ex, ex.question, 0.25).kept
-    press = ContextPress(router=oracle, question=ex.question, keep=0.25, doc=ex)
+    kept = prune_one(oracle, ex, ex.question, 0.25).kept
+    press = ContextPress(
+        router=oracle,
+        question=ex.question,
+        keep=0.25,
+        doc=ex,
+        prune_doc=lambda d: prune_one(oracle, d, ex.question, 0.25),
+    )
     text = ask(kv, ex, press)
     assert press.kept == kept
     dropped = sum(n for i, n in enumerate(lengths) if i not in kept)
@@ -62,7 +70,14 @@ def test_press_prefills_only_the_kept_tokens_and_answers_like_the_oracle(smol, k
     assert text.strip() == study["generated"].strip()
     # the same press keeping everything but the gold sentence cannot answer
     no_gold = Fixed(smol, [i for i in range(len(ex.units)) if i not in ex.gold])
-    assert not score(ask(kv, ex, ContextPress(router=no_gold, question=ex.question, keep=1.0, doc=ex)), ex)
+    drop_all = ContextPress(
+        router=no_gold,
+        question=ex.question,
+        keep=1.0,
+        doc=ex,
+        prune_doc=lambda d: prune_one(no_gold, d, ex.question, 1.0),
+    )
+    assert not score(ask(kv, ex, drop_all), ex)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from masklab.text.document import regex_sentences
+from masklab.lab.tasks.base import regex_sentences
 from masklab.lab.runner import MasklabError
 from masklab.lab.tasks.squad import load_squad, normalize, to_item
 from masklab.lab.tasks.stale_prompts import ATTRIBUTE_NAMES, distractor_pool, make_prompt, make_prompts, score_answer

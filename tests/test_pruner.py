@@ -10,6 +10,7 @@ import torch
 
 from conftest import HAVE_HF, needs_dense
 from masklab.util.errors import MasklabError
+from masklab.lab.routers.registry import prune_one
 
 ROW = {"window": [3, 7, 9, 12], "weights": [0.2, 2.5, -0.4, 1.1], "attention": [0.5, 0.1, 0.3, 0.05], "marked": [9, 40]}
 
@@ -72,11 +73,11 @@ def test_keep_auto_keeps_the_units_above_the_threshold():
             return torch.tensor([0.9, 0.1, 0.6, 0.2])
 
     doc = Document(units=["one two", "three four", "five six", "seven eight"])
-    assert Fixed().choose(doc, "q?", "auto").kept == [0, 2]
+    assert prune_one(Fixed(), doc, "q?", "auto").kept == [0, 2]
     Fixed.keep_auto = 5.0
-    assert Fixed().choose(doc, "q?", "auto").kept == [0]  # the top unit always
+    assert prune_one(Fixed(), doc, "q?", "auto").kept == [0]  # the top unit always
     with pytest.raises(MasklabError, match="keep auto needs a router"):
-        Router.choose(type("R", (Router,), {"score": lambda s, d, q: torch.zeros(4), "name": "r"})(), doc, "q?", "auto")
+        prune_one(type("R", (Router,), {"score": lambda s, d, q: torch.zeros(4), "name": "r"})(), doc, "q?", "auto")
 
 
 def test_the_relative_keep_rule_keeps_more_where_no_unit_stands_out():
@@ -92,11 +93,11 @@ def test_the_relative_keep_rule_keeps_more_where_no_unit_stands_out():
             return self.scores
 
     doc = Document(units=["one two", "three four", "five six", "seven eight"])
-    assert Relative().choose(doc, "q?", "auto").kept == [0, 2]  # at least 0.45
+    assert prune_one(Relative(), doc, "q?", "auto").kept == [0, 2]  # at least 0.45
     Relative.scores = torch.tensor([0.09, 0.01, 0.12, 0.2])  # no unit stands out: the cut falls with the best score
-    assert Relative().choose(doc, "q?", "auto").kept == [2, 3]  # at least 0.1, where a plain 0.5 keeps one unit
-    assert Relative().choose(doc, "q?", 0.25, threshold=0.5).kept == []  # --threshold stays a plain score
-    assert Relative().choose(doc, "q?", 0.25, threshold=0.1).kept == [2, 3]
+    assert prune_one(Relative(), doc, "q?", "auto").kept == [2, 3]  # at least 0.1, where a plain 0.5 keeps one unit
+    assert prune_one(Relative(), doc, "q?", 0.25, threshold=0.5).kept == []  # --threshold stays a plain score
+    assert prune_one(Relative(), doc, "q?", 0.25, threshold=0.1).kept == [2, 3]
     with pytest.raises(MasklabError, match="unknown keep rule 'median'"):
         auto_fraction(torch.ones(2), [1, 1], 0.5, "median")
 

@@ -50,7 +50,7 @@ def test_the_list_is_read():
 def share():
     """``lexical-share``: the lexical router declaring its scores' range (so it takes a threshold)."""
     from masklab.context.api import _router
-    from masklab.context.router import ROUTERS
+    from masklab.context.routers import ROUTERS  # the registry filled: every product router's file imported
     from masklab.context.routers.lexical import Lexical
 
     ROUTERS.register("lexical-share")(type("LexicalShare", (Lexical,), {"score_range": (0.0, 1.0)}))

@@ -13,6 +13,7 @@ import pytest
 from masklab.context.router import Router
 from masklab.context.routers import ROUTERS
 from masklab.lab.routers import LAB_ROUTERS, REWRITERS, names
+from masklab.lab.routers.registry import prune_one
 
 ROOT = Path(__file__).resolve().parents[1] / "masklab"
 # the modules that define and register routers (a router's own file names itself)
@@ -84,7 +85,8 @@ def attribute_probes(tree: ast.AST) -> list[str]:
 def test_no_router_overrides_how_a_request_is_pruned():
     every = [ROUTERS[n] for n in ROUTERS] + [LAB_ROUTERS[n] for n in LAB_ROUTERS]
     assert all(issubclass(cls, Router) for cls in every)
-    for method in ("choose", "prune", "prune_all", "checked"):
+    assert not hasattr(Router, "choose")  # the lab's shorthand is a function of its own (lab/routers/registry.py)
+    for method in ("prune", "prune_all", "checked"):
         assert [cls.name for cls in every if getattr(cls, method) is not getattr(Router, method)] == [], method
     assert not any(issubclass(REWRITERS[n], Router) for n in REWRITERS)  # a rewriter ranks no units: no Router
 
@@ -143,7 +145,7 @@ def test_one_score_per_unit_is_checked_for_one_document_and_for_passages():
             return torch.zeros(len(doc.units) - 1)
 
     with pytest.raises(MasklabError, match=r"returned scores of shape \(1,\) for 2 units; expected \(2,\)"):
-        Short().choose(Document(units=["One fact.", "Two facts."]), "Which?", 0.5)
+        prune_one(Short(), Document(units=["One fact.", "Two facts."]), "Which?", 0.5)
     with pytest.raises(MasklabError, match=r"returned scores of shape \(1,\) for 2 units; expected \(2,\)"):
         Short().prune(Request("Which?", ["One fact.", "Two facts."], router=Short))
 

@@ -20,10 +20,33 @@
   know it, batched over lists.
 """
 
-from masklab.text.document import Document, segment
-from masklab.context.router import ROUTERS, Pruned, Request, Router
-from masklab.context.routers import load_router
-from masklab.context.api import prune
-from masklab.text.selection import select
+from __future__ import annotations
 
-__all__ = ["Document", "segment", "select", "Router", "ROUTERS", "Pruned", "Request", "load_router", "prune"]
+import importlib
+
+# each name and the module that defines it, imported on first use (PEP 562): importing a submodule
+# (``masklab compress`` imports masklab.context.cli) loads no router, no torch
+_WHERE = {
+    "Document": "masklab.text.document",
+    "segment": "masklab.text.document",
+    "select": "masklab.text.selection",
+    "Router": "masklab.context.router",
+    "ROUTERS": "masklab.context.router",
+    "Pruned": "masklab.context.router",
+    "Request": "masklab.context.router",
+    "load_router": "masklab.context.routers",
+    "prune": "masklab.context.api",
+}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -103,5 +103,5 @@ def answer_budget(lm, question: str, max_new_tokens: int) -> tuple[int, int]:
     may be at most ``window - overhead`` tokens)."""
     from masklab.text.query import Query
 
-    window = int(getattr(lm.model.config, "max_position_embeddings", 2048))
+    window = int(getattr(lm.config, "max_position_embeddings", 2048))  # the config: no weights read
     return window, len(lm.tokenizer(Query(question).text)["input_ids"]) + ANSWER_ROOM + max_new_tokens

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from masklab.context.answer import answer_budget, generate_answer, shown_answer
 from masklab.context.router import DEFAULT_ROUTER, Pruned, Request
 from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.text.document import UNIT_TOKENS
@@ -67,9 +66,9 @@ class SharedFlags:
     )
     int8: bool = flag(
         False,
-        help="pruner, pruner-ctx: the pruners' encoder with its linear layers in int8 (torch "
-        "dynamic quantisation): about half the time of a new document's first question on a CPU, val "
-        "MRR close to float's (docs/context.md)",
+        help="pruner, pruner-ctx, pruner-passage: the pruners' encoder with its linear layers in int8 (int8 "
+        "weights and inputs through oneDNN's int8 kernel, x86 CPUs): a faster first question on a new "
+        "document, val MRR close to float's (docs/context.md)",
     )
     fill: bool = flag(
         True,
@@ -95,6 +94,8 @@ class SharedFlags:
 def fit_window(req: Request, lm, max_new_tokens: int) -> tuple[Request, int, int]:
     """``(req capped to fit lm's window with the question and the answer, the window, what the
     prompt around the context and the answer take of it)``."""
+    from masklab.context.answer import answer_budget  # torch: not for parsing the flags above
+
     window, overhead = answer_budget(lm, req.question, max_new_tokens)
     gaps = len(req.passages) if len(req.passages) > 1 else 0  # the blank lines between the kept passages
     fits = f"{lm.name}'s {window}-token window with the question and answer"
@@ -115,5 +116,7 @@ def render(pruned: Pruned, lm, window: int) -> dict:
 def answer(lm, text: str, question: str, max_new_tokens: int) -> tuple[str, float]:
     """``(answer, seconds)``: the greedy answer from ``text``, its first line or sentence, ending in
     `` …`` where ``max_new_tokens`` cut it before that ended (:func:`~masklab.context.answer.shown_answer`)."""
+    from masklab.context.answer import generate_answer, shown_answer
+
     r = generate_answer(lm, [text], Query(question).text, max_new_tokens, stop_at_sentence=True, stop_at_line=True)
     return shown_answer(r["generated"], r.get("stopped", "")), r["seconds"]

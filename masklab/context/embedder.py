@@ -209,6 +209,63 @@ def live_embedders() -> list[Embedder]:
         return list(_LIVE)
 
 
+class Int8Linear(torch.nn.Module):
+    """A :class:`torch.nn.Linear` in int8 for use on a CPU (``--int8``): its weights rounded to int8 with one
+    scale per output channel, each input rounded to 7-bit unsigned integers with one scale and zero point
+    per call (the range of that input), and the product taken by oneDNN's int8 matrix multiply
+    (``torch.ops.onednn.qlinear_pointwise``, the kernel PyTorch's own x86 int8 inference lowers to) with
+    a float result. Seven bits, not eight: a CPU without VNNI (AVX2) adds pairs of 8-bit products in
+    16 bits, which full-range inputs overflow (the error grows tenfold). torch.ao's dynamic quantisation
+    did the same through quantized tensors, which PyTorch deprecates (a warning on every call)."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        self.register_buffer("weight_scale", (w.abs().amax(dim=1) / 127).clamp(min=1e-12))
+        self.register_buffer("weight_zero", torch.zeros(w.shape[0], dtype=torch.int64))
+        q = torch.round(w / self.weight_scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features).float()
+        lo, hi = (float(v) for v in torch.aminmax(flat))
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        scale = max((hi - lo) / 127, 1e-12)
+        zero = round(-lo / scale)
+        xq = torch.add(flat, zero * scale).mul_(1 / scale).round_().clamp_(0, 127).to(torch.uint8)
+        y = torch.ops.onednn.qlinear_pointwise(
+            xq,
+            scale,
+            zero,
+            self.packed,
+            self.weight_scale,
+            self.weight_zero,
+            self.bias,
+            1.0,
+            0,
+            torch.float32,
+            "none",
+            [],
+            "",
+        )
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def int8_linears(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with every :class:`torch.nn.Linear` replaced by an :class:`Int8Linear`, in place (for use
+    on a CPU, not for training); one clear error where PyTorch has no oneDNN (not an x86 build)."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.onednn, "qlinear_pointwise"):
+        raise MasklabError("--int8 needs PyTorch's oneDNN int8 kernels (an x86 CPU build); drop --int8")
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear):
+            setattr(module, name, Int8Linear(child))
+        else:
+            int8_linears(child)
+    return module
+
+
 EMBEDDERS = 4  # embedders kept loaded by load_embedder (one per folder)
 
 

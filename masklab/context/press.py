@@ -100,6 +100,7 @@ class ContextPress(BasePress):
     question: str = ""
     keep: float = 1.0
     fill: bool | None = None
+    prune_doc: object = None  # Document -> Pruned: the router's prune of the context within keep (Router.press)
     doc: Document | None = None
     prefill_tokens: int | None = field(default=None, init=False)
     context_tokens: int | None = field(default=None, init=False)
@@ -116,7 +117,7 @@ class ContextPress(BasePress):
         unit, doc = token_units(self.router.tokenizer, ids[0], self.doc)
         self._routing = True
         try:
-            self.kept = self.router.choose(doc, self.question, self.keep, self.fill).kept
+            self.kept = self.prune_doc(doc).kept
         finally:
             self._routing = False
         keep = (unit < 0) | torch.isin(unit, torch.tensor(self.kept, dtype=torch.long))

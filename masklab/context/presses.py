@@ -73,9 +73,7 @@ def make_press(name: str, keep: float):
 class KVPressRunner:
     """kvpress's own pipeline over a loaded model; ``answer(context, question, answer_prefix,
     press, keep)`` returns the greedy answer text with ``1 - keep`` of the context's KV
-    pairs dropped by the press (``press=None``: full context). After each answer,
-    ``last_cache_tokens`` is the number of context positions left in the KV cache after
-    pre-fill (layer 0): the context length without a press, about ``keep`` of it with one."""
+    pairs dropped by the press (``press=None``: full context)."""
 
     def __init__(self, lm) -> None:
         import logging
@@ -86,16 +84,24 @@ class KVPressRunner:
         logging.getLogger("kvpress").setLevel(logging.ERROR)  # "Gemma3ForCausalLM not tested" on every call
         self.lm = lm
         self.pipe = pipeline("kv-press-text-generation", model=lm.model, tokenizer=lm.tokenizer, device=lm.model.device)
-        self.last_cache_tokens: int | None = None
 
     def answer(
-        self, context: str, question: str, answer_prefix: str, press, keep: float, max_new_tokens: int = 6
+        self,
+        context: str,
+        question: str,
+        answer_prefix: str,
+        press,
+        keep: float,
+        max_new_tokens: int = 6,
+        cache=None,
     ) -> tuple[str, float]:
         """``question`` and ``answer_prefix`` are joined by a line break (kvpress's format
         for a model without a chat template) in the raw prompt format; in the chat format
         a one-turn template puts the context and question in the user turn and the prefix
         in the assistant turn, as :func:`masklab.pretrained.lm.encode` does. ``press``: a
         name (:func:`press_names`), a kvpress press object (``keep`` then unused) or None.
+        ``cache``: the ``DynamicCache`` to prefill (None: a new one); the pipeline leaves in it the
+        context positions the press kept (``cache.get_seq_length()``, what the lab measures).
         Returns ``(text, seconds)``."""
         from transformers import DynamicCache
 
@@ -111,7 +117,7 @@ class KVPressRunner:
                 context = context + "\n" + q
                 obj.window_size = len(self.lm.tokenizer(q, add_special_tokens=False)["input_ids"])
             question = ""
-        cache = DynamicCache()  # ours, so the pressed length can be read back (the pipeline removes the answer from it)
+        cache = DynamicCache() if cache is None else cache  # the pipeline removes the answer from it
         t0 = time.perf_counter()
         with chat_template_set(self.lm.tokenizer, chat_template(self.lm)):
             out = self.pipe(
@@ -123,7 +129,6 @@ class KVPressRunner:
                 cache=cache,
             )
         seconds = time.perf_counter() - t0
-        self.last_cache_tokens = int(cache.get_seq_length())
         return out["answer"], seconds
 
     def finch_delimiter(self, press) -> str:
@@ -155,16 +160,14 @@ class Press:
         self.masks = self.name.startswith(ADAKV_PREFIX)
         self._runner: KVPressRunner | None = None
 
-    @property
-    def last_cache_tokens(self) -> int | None:
-        """Context positions left in the KV cache after the last answer's prefill."""
-        return None if self._runner is None else self._runner.last_cache_tokens
-
-    def answer(self, context: str, query: Query, keep: float, max_new_tokens: int = 6) -> tuple[str, float]:
-        """``(text, seconds)``: the greedy answer to ``query`` after ``context`` with the press at ``keep``."""
+    def answer(self, context: str, query: Query, keep: float, max_new_tokens: int = 6, cache=None) -> tuple[str, float]:
+        """``(text, seconds)``: the greedy answer to ``query`` after ``context`` with the press at ``keep``
+        (``cache``: as :meth:`KVPressRunner.answer` takes it)."""
         if self._runner is None:
             self._runner = KVPressRunner(self.lm)
-        return self._runner.answer(context, query.question_line, query.answer_line, self.name, keep, max_new_tokens)
+        return self._runner.answer(
+            context, query.question_line, query.answer_line, self.name, keep, max_new_tokens, cache
+        )
 
 
 for _name in press_names():

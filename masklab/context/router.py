@@ -35,6 +35,7 @@ units' tokens before prefill.
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,16 +44,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from masklab.text.document import UNIT_TOKENS, Document, segment
 from masklab.text.inputs import check_context, check_question
 from masklab.text.selection import AUTO, auto_fraction, check_keep, select
 from masklab.util.errors import MasklabError, unknown
 from masklab.util.registry import Registry
+
+if TYPE_CHECKING:  # torch loads when a router first scores, not when a command parses its flags
+    from torch import Tensor
 
 ROUTERS: Registry = Registry("router")
 # The router of compress, serve and the integrations when none is named: the best pooled val MRR of the real-document
@@ -84,6 +85,14 @@ SOFT_OPTIONS = ("progress",)  # given to the routers that take them, never refus
 CAPABILITY_KEYS = {"keep_auto": "keep_auto", "keep_rule": "keep_rule", "context": "neighbours", "hops": "hops"}
 
 
+def registered() -> None:
+    """:data:`ROUTERS` filled: each product router registers itself when its file in
+    ``masklab.context.routers`` is imported, and those files import this module, so the package
+    is loaded on demand, by name, the first time a router is looked up (importing a submodule of
+    ``masklab.context`` loads no router, and no torch)."""
+    importlib.import_module("masklab.context.routers")
+
+
 def router_class(router: str | type):
     """The class of product router ``router`` (a name of :data:`~masklab.context.router.ROUTERS`;
     a kvpress press, which keeps no units, declares no option and no score range), or ``router``
@@ -91,6 +100,7 @@ def router_class(router: str | type):
     ``masklab compress --list-routers`` shows, read from the registries."""
     if not isinstance(router, str):
         return router
+    registered()
     from masklab.context.presses import PRESSES
 
     if router in PRESSES:
@@ -115,6 +125,7 @@ def weights_meta(path: str) -> Mapping[str, Any]:
 
 def takers(option: str) -> list[str]:
     """The product routers that declare ``option`` (``score_range``: those that decide how much)."""
+    registered()
     if option == "score_range":
         return [n for n in ROUTERS if ROUTERS[n].score_range is not None]
     return [n for n in ROUTERS if option in ROUTERS[n].options]
@@ -459,6 +470,8 @@ def select_units(
     :func:`~masklab.text.selection.select` sees, so a tie goes to the better passage and the top
     unit's neighbours are its own passage's. A threshold keeps the units scoring at least it and
     no other (neither the top unit nor its neighbours below it; none where no unit reaches it)."""
+    import torch
+
     starts = [0]
     for d in docs:
         starts.append(starts[-1] + len(d.units))
@@ -656,6 +669,8 @@ class Router:
         """:meth:`read`, then where :attr:`hops` is 2 a second hop: each question again, followed by the
         text of its best unit, and each unit's higher score of the two (a unit that explains what the
         best unit names can rise though it shares no word with the question)."""
+        import torch
+
         first = self.read(doc, questions)
         if self.hops < 2 or len(doc.units) < 2:
             return first
@@ -719,21 +734,6 @@ class Router:
                 out[k].notes = [*self.notes, *read.notes, *notes_of(out[k], req, read.windows)]
         return out
 
-    def choose(
-        self,
-        doc: Document,
-        question: str,
-        keep: float | str,
-        fill: bool | None = None,
-        limit: int | None = None,
-        threshold: float | None = None,
-    ) -> Pruned:
-        """:meth:`prune` of ``doc`` (already cut) for ``question`` within ``keep`` of its tokens (or
-        ``threshold``) and ``limit`` tokens: the lab's shorthand."""
-        return self.prune(
-            Request.of(question, [doc], keep=keep, threshold=threshold, fill=fill, cap=limit, router=type(self))
-        )
-
     def press(self, question: str, keep: float = 0.25, fill: bool | None = None):
         """A kvpress press that prefills only the units this router keeps of the context the
         pipeline is given (:class:`masklab.context.press.ContextPress`)."""
@@ -742,4 +742,8 @@ class Router:
         check_keep(keep)
         if self.lm is None:
             raise MasklabError("a press needs the model's tokenizer: load the router with model=...")
-        return ContextPress(router=self, question=question, keep=keep, fill=fill)
+
+        def prune_doc(doc: Document) -> Pruned:  # the units kept of the context the pipeline prefills
+            return self.prune(Request.of(question, [doc], keep=keep, fill=fill, router=type(self)))
+
+        return ContextPress(router=self, question=question, keep=keep, fill=fill, prune_doc=prune_doc)

@@ -23,7 +23,6 @@ from torch import Tensor
 
 from masklab.context.routers.features import (
     DEFAULT_FEATURE_SET,
-    LABELS,
     ROUTER_LAYERS,
     LinearRouter,
     features,
@@ -31,6 +30,8 @@ from masklab.context.routers.features import (
 )
 from masklab.text.document import Document
 from masklab.util.errors import MasklabError
+
+LABELS = ("evidence", "attention")  # the labels a linear router is fitted on
 
 
 @torch.no_grad()

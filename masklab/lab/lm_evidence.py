@@ -24,7 +24,7 @@ import time
 import torch
 from torch import Tensor
 
-from masklab.text.document import regex_sentences
+from masklab.lab.tasks.base import regex_sentences
 from masklab.lab.evidence.search import SEARCHES
 from masklab.pretrained.lm import Encoded, answer_scores, answer_tokens, context_cache, encode, generate
 from masklab.pretrained.models import LoadedModel

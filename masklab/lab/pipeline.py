@@ -10,7 +10,7 @@ numbers.
 An *example* is a :class:`~masklab.text.document.Document` (``units``, ``gold``: the indices of
 the answering units) with a ``query`` text (:class:`~masklab.text.query.Query`), a ``question``
 (what the routers read) and ``is_correct(answer) -> bool`` (an
-:class:`~masklab.text.document.Example`, or a ``FamilyExample``, which builds its query):
+:class:`~masklab.lab.tasks.base.Example`, or a ``FamilyExample``, which builds its query):
 :class:`~masklab.lab.tasks.longctx.LongExample`, :class:`~masklab.lab.tasks.families.FamilyExample`,
 :class:`~masklab.lab.tasks.stale_prompts.StalePrompt`, :class:`~masklab.lab.tasks.squad.SquadItem`.
 
@@ -141,7 +141,10 @@ def pressed(lm, press, keep: float, new_tokens: int) -> Step:
     it) + the rest of the prompt."""
 
     def step(ex) -> tuple[dict, str]:
-        text, secs = press.answer(ex.context, Query.parse(ex.query), keep, max_new_tokens=new_tokens)
+        from transformers import DynamicCache
+
+        cache = DynamicCache()  # the context positions the press left in it: cache_tokens
+        text, secs = press.answer(ex.context, Query.parse(ex.query), keep, max_new_tokens=new_tokens, cache=cache)
         n_ctx = sum(ex.lengths(lm.tokenizer))
         ctx = n_ctx if press.masks else round(keep * n_ctx)
         rest = len(lm.tokenizer(ex.query)["input_ids"]) + new_tokens
@@ -149,7 +152,7 @@ def pressed(lm, press, keep: float, new_tokens: int) -> Step:
             "acc": float(ex.is_correct(text)),
             "seconds": secs,
             "kept": keep,
-            "cache_tokens": press.last_cache_tokens,
+            "cache_tokens": int(cache.get_seq_length()),
             "kv_mb": kv_cache_mb(lm, ctx + rest),
         }, text
 

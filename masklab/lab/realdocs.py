@@ -29,6 +29,7 @@ McNemar tests on kept / correct, paired sign-flip tests on reciprocal ranks, aga
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -41,6 +42,7 @@ from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.util.files import append_jsonl, make_out_dir, read_jsonl
 from masklab.util.flags import flag, float_list, str_list
 from masklab.text.query import Query
+from masklab.lab.routers.registry import prune_one
 
 MEASURED = (
     "bm25",
@@ -186,7 +188,7 @@ def evaluate_question(lm, q, routers: dict, keeps: list[float], answers: bool, m
         if name in REWRITERS:  # rewrites the text: kept = every evidence string still in it
             rec["router_seconds"] = 0.0
             for k in keeps:
-                p = router.choose(doc, q.question, k)
+                p = prune_one(router, doc, q.question, k)
                 rec["router_seconds"] += p.seconds
                 text = _norm(p.text)
                 cell = {"kept": all(_norm(e) in text for e in q.evidence), "kept_fraction": p.kept_fraction}
@@ -428,16 +430,36 @@ def _kept_cell(s: dict, tag: str) -> str:
     return cell
 
 
+def shipped_digest(model: str) -> str | None:
+    """12 hex digits of sha256 over the weights shipped for ``model`` (None where none ship):
+    what names those routers in a run's settings, so shipping new weights redoes the runs."""
+    from masklab.context.routers.trained import shipped
+    from masklab.pretrained.models import MODELS
+
+    path = shipped(model).with_suffix(".safetensors")
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if model in MODELS and path.is_file() else None
+
+
+def pruners_digest() -> str:
+    """12 hex digits of sha256 over the shipped pruners' weights: what names them in a run's
+    settings, so shipping new weights redoes the runs."""
+    from masklab.context.routers.pruner import WEIGHTS
+
+    h = hashlib.sha256()
+    for path in sorted(WEIGHTS.glob("*.safetensors")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def weights_digest(name: str, routers: list[str]) -> str:
     """What names the routers' weights: the digest of the trained routers shipped for model
     ``name`` and, where a pruner is measured, ``+pruner-`` the shipped pruners' (or none)."""
-    from masklab.context.routers import pruner, trained
     from masklab.lab.routers import names, takes
 
     known = [n for n in routers if n in names()]  # (an anchor is no router)
-    parts = [trained.shipped_digest(name) or "none"] if any(takes(n, "router_model") for n in known) else []
+    parts = [shipped_digest(name) or "none"] if any(takes(n, "router_model") for n in known) else []
     if any(takes(n, "score_range") for n in known):
-        parts.append(f"pruner-{pruner.pruners_digest()}")
+        parts.append(f"pruner-{pruners_digest()}")
     return "+".join(parts) or "none"
 
 

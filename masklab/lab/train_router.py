@@ -66,6 +66,7 @@ from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.util.errors import MasklabError
 from masklab.util.files import append_jsonl, atomic_write_text, make_out_dir, read_jsonl
 from masklab.util.flags import add_flags, config_from_args, flag, int_list, str_list
+from masklab.lab.routers.registry import prune_one
 
 EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
 KINDS = ("evidence", "pruner", "pruner-ctx", "cross")  # what --kind takes (run; cross: refused, in the lab)
@@ -256,7 +257,8 @@ def fit(lm, cfg: TrainConfig, rows: list[dict], out: Path, stamp: dict | None = 
     (:func:`~masklab.context.routers.features.router_stem`); the meta records ``stamp``
     (:func:`code_stamp` taken when training started; now if None)."""
     from masklab.context.routers.trained import DEFAULT_ROUTER_MODEL, FEW_LABELLED
-    from masklab.context.routers.features import LABELS, features, load_routers, router_stem
+    from masklab.context.routers.features import features, load_routers, router_stem
+    from masklab.lab.linear_routers import LABELS
     from masklab.lab.linear_routers import fit_routers, save_routers
     from masklab.lab.tasks.families import make_example
 
@@ -334,7 +336,9 @@ def evaluate(lm, cfg: TrainConfig, routers: dict, meta: dict, out: Path) -> dict
     length = [n for n, _ in cells]  # the asked length of example i (its own n_tokens is what it came to)
 
     def methods(i: int, ex) -> list:
-        choose = {name: lambda ex, r=r: r.choose(ex, ex.question, cfg.keep, fill=True) for name, r in ranking.items()}
+        choose = {
+            name: lambda ex, r=r: prune_one(r, ex, ex.question, cfg.keep, fill=True) for name, r in ranking.items()
+        }
         if not cfg.eval_answers:
             return [(name, pipeline.ranked(c)) for name, c in choose.items()]
         answer = {"stop_at_sentence": True, "new_tokens": cfg.max_new_tokens}

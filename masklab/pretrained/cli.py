@@ -7,7 +7,6 @@ import json
 import sys
 from dataclasses import dataclass
 
-from masklab.text.document import CHUNK_WORDS, chunked_sentences
 from masklab.pretrained.models import DEFAULT_MODEL
 from masklab.util.errors import MasklabError
 from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
@@ -66,8 +65,10 @@ def note(text: str) -> None:
 
 
 def sentences_of(text: str) -> list[str]:
-    """The evidence items of a context (:func:`masklab.text.document.chunked_sentences`), with a
+    """The evidence items of a context (:func:`masklab.lab.tasks.base.chunked_sentences`), with a
     notice when some are chunks rather than sentences or there is only one."""
+    from masklab.lab.tasks.base import CHUNK_WORDS, chunked_sentences  # cite is built on the lab
+
     out, cut = chunked_sentences(text)
     if cut:
         note(
@@ -118,6 +119,7 @@ def _models(args: argparse.Namespace) -> int:
     print("also accepted wherever --model is: a local Hugging Face model directory or a .gguf file")
     if args.load:
         lm = load(args.load, threads=args.threads if hasattr(args, "threads") else None, device=args.device)
+        lm.model  # noqa: B018  (the weights too: --load reports the whole load)
         print(
             f"loaded {args.load} from {lm.source} in {lm.load_seconds:.1f} s "
             f"({lm.n_layers} layers x {lm.n_heads} heads)"

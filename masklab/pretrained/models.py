@@ -5,7 +5,9 @@ Hugging Face model directory (any architecture of :mod:`masklab.pretrained.arch`
 ``.gguf`` file. The first load of a GGUF de-quantises it
 with ``transformers`` + ``gguf`` (seconds to tens of seconds) and writes a cache directory with fp32
 ``model.safetensors``, ``config.json`` and the tokenizer (``tokenizer.json``); every later
-load reads that cache (about a second). Nothing is ever downloaded: ``HF_HUB_OFFLINE=1``
+load reads that cache: the tokenizer and the config at once, the weights the first time
+:attr:`LoadedModel.model` is used (about a second), so a command that only counts tokens never
+reads them. Nothing is ever downloaded: ``HF_HUB_OFFLINE=1``
 is set before ``transformers`` is imported.
 
 The first load prints nothing: the de-quantising progress bar and transformers' warnings
@@ -31,6 +33,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,25 +212,72 @@ def _fixed_gemma_tokenizer(gguf_path: Path, work: Path):
 
 
 # --------------------------------------------------------------------------- loading
+class Weights:
+    """A causal LM's weights not read yet: :attr:`LoadedModel.model` reads them the first time
+    it is asked for (:meth:`get`)."""
+
+    def __init__(self, read: Callable[[], object]) -> None:
+        self._read, self._model = read, None
+
+    def get(self) -> object:
+        """The model, read the first time (a copy of the :class:`LoadedModel` shares it)."""
+        if self._model is None:
+            self._model = self._read()
+        return self._model
+
+
+_WEIGHTS_LOCK = threading.Lock()  # one thread reads a model's weights; the others wait for them
+
+
 @dataclass
 class LoadedModel:
-    """A causal LM and its tokenizer, ready for masklab's pretrained studies."""
+    """A causal LM and its tokenizer, ready for masklab's pretrained studies.
+
+    The weights of a model folder (a packaged model's cache or your own) are read the first time
+    :attr:`model` is asked for: a command whose router reads only the tokenizer (``bm25``,
+    ``pruner-ctx``, ...) and answers nothing never reads them. :attr:`config` and the sizes come
+    from the folder's ``config.json`` without them; :attr:`weights_loaded` says whether they are in."""
 
     name: str
-    model: object  # transformers PreTrainedModel
+    _model: object  # transformers PreTrainedModel, or its Weights until first read
     tokenizer: object  # transformers PreTrainedTokenizerFast
     source: str  # "cache" | "gguf" | "directory"
-    load_seconds: float
+    load_seconds: float  # the tokenizer's and config's, and the weights' once read
     prompt_format: str = "raw"  # "raw" | "chat" (see masklab.pretrained.lm.prompt_parts)
     template_chat: bool = False  # chat turns come from the tokenizer's own chat template (model folders)
+    _config: object = None  # the model's config read without its weights (None: the model's own)
+
+    @property
+    def model(self):
+        """The model, its weights read now if they were not yet (once, whichever thread asks first)."""
+        if isinstance(self._model, Weights):
+            with _WEIGHTS_LOCK:
+                if isinstance(self._model, Weights):
+                    t0 = time.perf_counter()
+                    self._model = self._model.get()
+                    self.load_seconds += time.perf_counter() - t0
+        return self._model
+
+    @model.setter
+    def model(self, value) -> None:
+        self._model = value
+
+    @property
+    def weights_loaded(self) -> bool:
+        return not isinstance(self._model, Weights)
+
+    @property
+    def config(self):
+        """The model's config (``max_position_embeddings``, the layer and head counts), without reading its weights."""
+        return self._model.config if self.weights_loaded or self._config is None else self._config
 
     @property
     def n_layers(self) -> int:
-        return int(self.model.config.num_hidden_layers)
+        return int(self.config.num_hidden_layers)
 
     @property
     def n_heads(self) -> int:
-        return int(self.model.config.num_attention_heads)
+        return int(self.config.num_attention_heads)
 
 
 def _cache_ready(target: Path) -> bool:
@@ -393,46 +443,82 @@ def load(
             f"unknown model {name!r}: use one of {known}, a local Hugging Face model directory, or a .gguf file"
         )
     require("transformers", PRETRAINED_EXTRA)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     # transformers 4.57 flags any cached tokenizer.json with a "Mistral regex" warning
     # that does not apply here; keep its output to errors while loading.
     hf_logging.set_verbosity_error()
-    from masklab.pretrained.arch import arch_of
-
     kw = {"gguf_file": gguf_file} if gguf_file else {"local_files_only": True}
     packaged = name in MODELS
     if packaged:
-        tok = AutoTokenizer.from_pretrained(str(folder), **kw)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation=attn, **kw)
+        tok = tokenizer_class(folder, kw).from_pretrained(str(folder), **kw)
     else:  # the user's files: every failure is one clear error
-        tok, model = _load_user_model(folder, attn, kw)
-    arch_of(model)  # a GGUF's architecture is known only now
-    if attn == "sdpa" and getattr(model.config, "attn_logit_softcapping", None):
-        model.set_attn_implementation("eager")  # SDPA would silently drop Gemma 2's logit soft-capping
-    model.eval()
+        tok = _user_tokenizer(folder, kw)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    if device is not None:
-        from masklab.util.device import resolve
 
-        model.to(resolve(device))
+    def read() -> object:
+        return _read_weights(folder, kw, attn, packaged, device)
+
+    if gguf_file:  # a GGUF's config and architecture are known only from its weights
+        model, config = read(), None
+    else:  # a folder: its config now, its weights when first asked for (LoadedModel.model)
+        from transformers import AutoConfig
+
+        model, config = Weights(read), AutoConfig.from_pretrained(str(folder), local_files_only=True)
     # a user's model prompts with its tokenizer's chat template; the packaged models keep the
     # chat turns their committed numbers were made with (CHAT_TURNS)
     template_chat = not packaged and bool(getattr(tok, "chat_template", None))
     fmt = prompt_format or default_prompt_format(name, tok)
-    return LoadedModel(name, model, tok, source, time.perf_counter() - t0, fmt, template_chat)
+    return LoadedModel(name, model, tok, source, time.perf_counter() - t0, fmt, template_chat, config)
 
 
-def _load_user_model(folder: Path, attn: str, kw: dict):
-    """Tokenizer and model from a user's folder or GGUF file, any failure as a MasklabError."""
+def tokenizer_class(folder: Path, kw: dict):
+    """The tokenizer class ``AutoTokenizer`` would pick for ``folder``: the fast class its
+    ``tokenizer_config.json`` names, imported alone. ``AutoTokenizer``'s own module imports every
+    model class, transformers' generation code and scikit-learn (seconds), which a command that
+    reads only the tokenizer has no use for; a GGUF file or a folder naming no class known to
+    transformers gets ``AutoTokenizer`` itself."""
+    import transformers
+
+    try:
+        named = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class") or ""
+    except (OSError, ValueError):
+        named = ""
+    fast = named if named.endswith("Fast") else named + "Fast"
+    if "gguf_file" in kw or not named or not hasattr(transformers, fast):
+        return transformers.AutoTokenizer
+    return getattr(transformers, fast)
+
+
+def _read_weights(folder: Path, kw: dict, attn: str, packaged: bool, device: str | None):
+    """The causal LM of ``folder`` (or the GGUF file in ``kw``), in eval mode and on ``device``; the
+    user's files' every failure one :class:`MasklabError`."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    from masklab.pretrained.arch import arch_of
+
+    if packaged:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation=attn, **kw)
+    else:
+        model = _user_weights(folder, attn, kw)
+    arch_of(model)  # a GGUF's architecture is known only now
+    if attn == "sdpa" and getattr(model.config, "attn_logit_softcapping", None):
+        model.set_attn_implementation("eager")  # SDPA would silently drop Gemma 2's logit soft-capping
+    model.eval()
+    if device is not None:
+        from masklab.util.device import resolve
+
+        model.to(resolve(device))
+    return model
+
+
+def _user_tokenizer(folder: Path, kw: dict):
+    """The tokenizer of a user's folder or GGUF file, any failure as a MasklabError."""
     where = folder / kw["gguf_file"] if "gguf_file" in kw else folder
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder), **kw)
+        tok = tokenizer_class(folder, kw).from_pretrained(str(folder), **kw)
     except Exception as e:  # transformers raises OSError, ValueError, TypeError, ... for missing/bad files
         raise MasklabError(
             f"cannot load a tokenizer from {where} (tokenizer.json or tokenizer.model missing "
@@ -440,6 +526,15 @@ def _load_user_model(folder: Path, attn: str, kw: dict):
         ) from None
     if not callable(tok) or not hasattr(tok, "get_vocab"):
         raise MasklabError(f"{where} has no text tokenizer (found {type(tok).__name__})")
+    return tok
+
+
+def _user_weights(folder: Path, attn: str, kw: dict):
+    """The causal LM of a user's folder or GGUF file, any failure as a MasklabError."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    where = folder / kw["gguf_file"] if "gguf_file" in kw else folder
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(folder), dtype=torch.float32, attn_implementation=attn, output_loading_info=True, **kw
@@ -454,7 +549,7 @@ def _load_user_model(folder: Path, attn: str, kw: dict):
             f"the weights in {where} lack {len(missing)} tensors of a causal LM "
             f"(e.g. {sorted(missing)[0]}); is it a causal LM checkpoint?"
         )
-    return tok, model
+    return model
 
 
 def _first_line(e: Exception) -> str:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from masklab.util.errors import MasklabError
+
+if TYPE_CHECKING:  # the scores are tensors; parsing --keep needs no torch
+    from torch import Tensor
 
 
 AUTO = "auto"  # keep "auto": the router decides how much (a pruner's score threshold, chosen on val)
@@ -37,7 +38,7 @@ def around_top(scores: Tensor, context: int, within: int | None = None) -> list[
     """The units within ``context`` places of the best unit (ties: the earlier), nearest first and
     the next before the previous; ``within``: only among the first ``within`` units."""
     n = scores.shape[0] if within is None else within
-    top = int(torch.argsort(scores, descending=True, stable=True)[0]) if scores.numel() else 0
+    top = int(scores.argsort(descending=True, stable=True)[0]) if scores.numel() else 0
     return [top + d for k in range(1, context + 1) for d in (k, -k) if 0 <= top + d < n]
 
 
@@ -56,7 +57,7 @@ def auto_fraction(
     if rule not in KEEP_RULES:
         raise MasklabError(f"unknown keep rule {rule!r}; choose from {', '.join(KEEP_RULES)}")
     above = scores >= (threshold * float(scores.max()) if rule == "relative" else threshold)
-    above[int(torch.argsort(scores, descending=True, stable=True)[0])] = True
+    above[int(scores.argsort(descending=True, stable=True)[0])] = True
     above[around_top(scores, context, within)] = True
     return sum(n for n, a in zip(lengths, above.tolist()) if a) / max(1, sum(lengths))
 
@@ -88,7 +89,7 @@ def select(
         budget = min(budget, limit)
     kept: list[int] = []
     used = 0
-    order = torch.argsort(scores, descending=True, stable=True).tolist()
+    order = scores.argsort(descending=True, stable=True).tolist()
     beside = around_top(scores, context, within)
     near = set(beside)
     if near:

@@ -46,7 +46,6 @@ from masklab.text.document import Document
 from masklab.util.errors import MasklabError
 from masklab.pretrained.arch import first_layers
 
-LABELS = ("evidence", "attention")
 ROUTER_LAYERS = 2
 DEFAULT_FEATURE_SET = "v2-superseded"  # the longctx reproduction's; each shipped router file names its own set
 FEATURE_SETS = ("v2-superseded", "v3-relative", "v4-hop")

@@ -5,22 +5,12 @@ the lab's controls (:mod:`masklab.lab.routers.controls`)."""
 
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
 from pathlib import Path
 
 from masklab.context.router import ROUTERS, Router, Scores
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "pruner"
-
-
-def pruners_digest() -> str:
-    """12 hex digits of sha256 over the shipped pruners' weights: what names them in a run's
-    settings, so shipping new weights redoes the runs."""
-    h = hashlib.sha256()
-    for path in sorted(WEIGHTS.glob("*.safetensors")):
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
 
 
 @lru_cache(maxsize=4)
@@ -60,14 +50,15 @@ class Pruner(Router):
 
 @lru_cache(maxsize=1)
 def cached_int8_pruner(path: str):
-    """A pruner of its own (its own embedder and cache) with its encoder's linear layers in int8."""
-    import torch
-
+    """A pruner of its own (its own embedder and cache) with its encoder's linear layers in int8
+    (:func:`~masklab.context.embedder.int8_linears`)."""
+    from masklab.context.embedder import Embedder, int8_linears
     from masklab.context.pruner import load_pruner
 
     model, meta = load_pruner(Path(path))
-    emb = model.embedder
-    emb.model = torch.ao.quantization.quantize_dynamic(emb.model, {torch.nn.Linear}, dtype=torch.qint8)
+    if model.design == "head":  # its encoder is the shared float one (dense reads it): one of its own
+        model.embedder = Embedder()
+    int8_linears(model.embedder.model)
     return model, meta
 
 
@@ -104,7 +95,7 @@ class ContextPruner(Router):
         return Path(path) if path is not None else WEIGHTS / f"ctx-{cls.labels}.safetensors"
 
     def __init__(self, lm=None, path: str | Path | None = None, int8: bool = False) -> None:
-        """``int8``: the pruner's encoder's linear layers in int8 (``torch.ao`` dynamic quantisation):
+        """``int8``: the pruner's encoder's linear layers in int8 (:func:`~masklab.context.embedder.int8_linears`):
         about half the first question's time on a CPU, val MRR close to float's (docs/context.md)."""
         super().__init__(lm)
         self.path = self.weights_file(path)

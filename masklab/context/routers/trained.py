@@ -13,7 +13,6 @@ the first layers per window (with ``progress``, a bar on standard error counts t
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
@@ -38,15 +37,6 @@ def ships(model: str) -> bool:
     from masklab.pretrained.models import MODELS
 
     return model in MODELS and shipped(model).with_suffix(".json").is_file()
-
-
-def shipped_digest(model: str) -> str | None:
-    """12 hex digits of sha256 over the weights shipped for ``model`` (None where none ship):
-    what names those routers in a run's settings, so shipping new weights redoes the runs."""
-    from masklab.pretrained.models import MODELS
-
-    path = shipped(model).with_suffix(".safetensors")
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if model in MODELS and path.is_file() else None
 
 
 class TrainedRouter(Router):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from masklab.context.router import Pruned
+from masklab.context.router import Pruned, Request, Router
 from masklab.text.document import Document
 from masklab.util.errors import MasklabError
 from masklab.util.registry import Registry
@@ -33,3 +33,22 @@ class Rewriter:
         self, doc: Document, question: str, keep: float, fill: bool | None = None, limit: int | None = None
     ) -> Pruned:
         raise NotImplementedError
+
+
+def prune_one(
+    router: Router | Rewriter,
+    doc: Document,
+    question: str,
+    keep: float | str,
+    fill: bool | None = None,
+    limit: int | None = None,
+    threshold: float | None = None,
+) -> Pruned:
+    """The lab's shorthand: ``router``'s :meth:`~masklab.context.router.Router.prune` of ``doc``
+    (already cut) for ``question`` within ``keep`` of its tokens (or ``threshold``) and ``limit``
+    tokens; a :class:`Rewriter`, which ranks no units, rewrites it through its own ``choose``."""
+    if isinstance(router, Rewriter):
+        return router.choose(doc, question, keep, fill, limit)
+    return router.prune(
+        Request.of(question, [doc], keep=keep, threshold=threshold, fill=fill, cap=limit, router=type(router))
+    )

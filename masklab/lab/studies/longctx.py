@@ -50,6 +50,7 @@ from masklab.lab.report import markdown_table
 from masklab.util.files import atomic_write_text, write_json
 from masklab.lab.runner import RunSpec, add_stats, run_study, summary_row
 from masklab.lab.tasks.longctx import MAX_TOKENS, MIN_TOKENS, TASKS
+from masklab.lab.routers.registry import prune_one
 
 NAME = "longctx"
 # run_one loads its model on the run's device; answers, router features, presses and evidence move
@@ -312,11 +313,14 @@ def methods(lm, p: dict, seed: int, routers: dict):
         out = [("full", pipeline.full(lm, new_tokens))]
         for k in p["keeps"]:
             out.append(
-                (f"oracle-gold@{k}", pipeline.routed(lm, lambda ex, k=k: oracle.choose(ex, ex.question, k), new_tokens))
+                (
+                    f"oracle-gold@{k}",
+                    pipeline.routed(lm, lambda ex, k=k: prune_one(oracle, ex, ex.question, k), new_tokens),
+                )
             )
             for name, router in routers.items():
                 fill = p.get("router_fill", False) if name in ROUTER_METHODS else True
-                choose = lambda ex, k=k, router=router, fill=fill: router.choose(ex, ex.question, k, fill=fill)  # noqa: E731
+                choose = lambda ex, k=k, r=router, fill=fill: prune_one(r, ex, ex.question, k, fill=fill)  # noqa: E731
                 out.append((f"{method_name(name)}@{k}", pipeline.routed(lm, choose, new_tokens)))
             out += [(f"{name}@{k}", pipeline.pressed(lm, press, k, new_tokens)) for name, press in presses.items()]
         return out
@@ -359,7 +363,8 @@ def specs_for(cfg: Config) -> list[RunSpec]:
     """One run per (model, task, length, seed). Its settings name the trained routers it uses:
     routers trained here depend on the whole task set (``task_set``); shipped ones on their
     weights (``shipped_router``, a digest), so a run resumes only with the same routers."""
-    from masklab.context.routers.trained import DEFAULT_ROUTER_MODEL, shipped_digest
+    from masklab.context.routers.trained import DEFAULT_ROUTER_MODEL
+    from masklab.lab.realdocs import shipped_digest
 
     base = {k: v for k, v in asdict(cfg).items() if k not in ("models", "seeds", "tasks", "lengths")}
     if cfg.router_model is None:

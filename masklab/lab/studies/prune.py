@@ -217,13 +217,15 @@ def methods(lm, p: dict, routers: dict, randoms: list[list[float]]):
     new = p["max_new_tokens"]
 
     def kvpress_full(ex) -> tuple[dict, str]:
-        q = Query.parse(ex.query)
-        text, secs = kv.answer(ex.context, q.question_line, q.answer_line, None, 1.0, new)
+        from transformers import DynamicCache
+
+        q, cache = Query.parse(ex.query), DynamicCache()  # the context positions prefilled: cache_tokens
+        text, secs = kv.answer(ex.context, q.question_line, q.answer_line, None, 1.0, new, cache)
         return {
             "acc": float(ex.is_correct(text)),
             "seconds": secs,
             "kept": 1.0,
-            "cache_tokens": kv.last_cache_tokens,
+            "cache_tokens": int(cache.get_seq_length()),
         }, text
 
     def table(i: int, ex) -> list:

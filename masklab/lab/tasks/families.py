@@ -30,7 +30,8 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from masklab.text.document import Document, bling_fire_sentences, count_tokens
+from masklab.lab.tasks.base import bling_fire_sentences
+from masklab.text.document import Document, count_tokens
 from masklab.util.errors import MasklabError
 from masklab.text.query import Query
 from masklab.lab.tasks.longctx import fill

@@ -45,7 +45,8 @@ import random
 import re
 from dataclasses import asdict, dataclass, field
 
-from masklab.text.document import Example, count_tokens, token_offsets
+from masklab.lab.tasks.base import Example
+from masklab.text.document import count_tokens, token_offsets
 from masklab.util.errors import MasklabError
 from masklab.text.query import Query
 from masklab.lab.tasks.stale_prompts import answer_head, distractor_pool
@@ -119,7 +120,7 @@ NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "
 
 @dataclass(kw_only=True)
 class LongExample(Example):
-    """One example: an :class:`~masklab.text.document.Example` whose ``units`` are the
+    """One example: an :class:`~masklab.lab.tasks.base.Example` whose ``units`` are the
     context's sentences (``context = " ".join(units)``); the model reads ``context + query``.
 
     ``gold``: indices of the gold evidence sentences; ``gold_spans``: their character spans

@@ -15,10 +15,9 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from masklab.text.document import Example
+from masklab.lab.tasks.base import Example, regex_sentences
 from masklab.text.query import Query
 from masklab.util.errors import MasklabError
-from masklab.text.document import regex_sentences
 
 
 @dataclass
@@ -75,7 +74,7 @@ def normalize(text: str) -> str:
 
 @dataclass(kw_only=True)
 class SquadItem(Example):
-    """A SQuAD question as an :class:`~masklab.text.document.Example` of the context's sentences,
+    """A SQuAD question as an :class:`~masklab.lab.tasks.base.Example` of the context's sentences,
     ``gold`` the one holding the first answer (read as the studies read stale prompts)."""
 
     answers: list[str]

@@ -21,7 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
-from masklab.text.document import Example, pieces_at_stops
+from masklab.lab.tasks.base import Example, pieces_at_stops
 from masklab.text.query import Query, answer_head
 
 NAMES = [
@@ -189,7 +189,7 @@ def distractor_pool() -> tuple[str, ...]:
 
 @dataclass(kw_only=True)
 class StalePrompt(Example):
-    """One prompt: an :class:`~masklab.text.document.Example` whose ``units`` are its sentences
+    """One prompt: an :class:`~masklab.lab.tasks.base.Example` whose ``units`` are its sentences
     (the evidence-search unit) and whose ``gold`` is ``[the sentence with the current
     value]``; ``prompt = context + query``; value spans are character offsets into ``prompt``."""
 
