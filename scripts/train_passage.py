@@ -6,7 +6,7 @@ What it runs is :func:`masklab.lab.train_passage.run` (its module docstring has 
 ``two-hop``, ``one-hop`` and ``unit`` trained on the same questions and targets, beside the shipped
 ``pruner-ctx`` and the round-5 ``pruner``, on the corpus's val questions. Writes ``results/passage/results.json``
 (per-question scores, wall and CPU seconds) and each variant's head beside it; ``--ship VARIANT`` also writes that
-head to ``masklab/context/weights/pruner/passage-VARIANT.safetensors``.
+head to ``masklab/context/weights/pruner/passage.safetensors`` (the one ``pruner-passage`` reads).
 """
 
 from __future__ import annotations

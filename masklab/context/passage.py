@@ -37,6 +37,24 @@ FEATURES = (
 )
 
 
+# what each head reads: every feature, or with some zeroed (a head trained so reads them zeroed at use too)
+VARIANTS = {
+    "two-hop": (),
+    "one-hop": tuple(i for i, f in enumerate(FEATURES) if "hop" in f or f == "with_best"),  # no second hop
+    "unit": tuple(range(len(UNIT_FEATURES), len(FEATURES))),  # pruner-ctx's features alone (the control)
+}
+
+
+def masked(x: Tensor, variant: str) -> Tensor:
+    """``(N, F)`` features ``x`` with the columns ``variant`` does not read set to zero."""
+    columns = VARIANTS[variant]
+    if not columns:
+        return x
+    x = x.clone()
+    x[:, list(columns)] = 0.0
+    return x
+
+
 def zscore(v: Tensor) -> Tensor:
     """``v`` standardised (zeros where it does not vary)."""
     if v.numel() < 2:

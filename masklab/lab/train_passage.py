@@ -29,14 +29,10 @@ from pathlib import Path
 
 import torch
 
-from masklab.context.contextual import FEATURES as UNIT_FEATURES
-from masklab.context.passage import FEATURES, hop_query, passage_features, together
+from masklab.context.passage import FEATURES, VARIANTS, hop_query, masked, passage_features, together
 from masklab.util.errors import MasklabError
 
 ROOT = Path(__file__).resolve().parents[2]
-HOP = tuple(i for i, f in enumerate(FEATURES) if "hop" in f or f == "with_best")  # what a second hop adds
-# name -> the feature columns zeroed (pruner-ctx's features come first)
-VARIANTS = {"two-hop": (), "one-hop": HOP, "unit": tuple(range(len(UNIT_FEATURES), len(FEATURES)))}
 KINDS = ("single", "two", "bridge", "comparison", "latest", "multi")
 
 
@@ -101,14 +97,6 @@ def cached_features(path: Path, questions: list, docs: dict, emb) -> dict:
     return feats
 
 
-def masked(feats: tuple, columns: tuple[int, ...]) -> tuple:
-    s, x = feats
-    if columns:
-        x = x.clone()
-        x[:, list(columns)] = 0.0
-    return s, x
-
-
 def passage_recall(row: dict) -> bool | None:
     """Both evidence passages among the top two by their best unit (None unless the evidence lies in two)."""
     if row["passage_of"] is None:
@@ -162,7 +150,7 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
                 {
                     "id": q.id,
                     "kind": q.kind,
-                    "scores": [round(float(x), 5) for x in score(q)],
+                    "scores": [round(float(x), 4) for x in score(q)],
                     "lengths": doc.lengths(tok),
                     "gold": answering_units(doc, q.spans()),
                     "passage_of": doc.passage_of,
@@ -182,16 +170,18 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
         }
     elif labels != "union":
         raise MasklabError(f"unknown labels {labels!r}; choose from union, marks")
-    for name, columns in VARIANTS.items():
+    for name in VARIANTS:
         ex = [
-            Example(None, None, targets[question_key(q)], masked(feats[q.id], columns))
+            Example(None, None, targets[question_key(q)], (feats[q.id][0], masked(feats[q.id][1], name)))
             for q in train_qs
             if targets[question_key(q)]
         ]
         head, records[name] = train(ex, cfg)
         heads[name] = head
         with torch.no_grad():
-            methods[name] = rows_of(lambda q: together(docs[q.id], torch.sigmoid(head(*masked(feats[q.id], columns)))))
+            methods[name] = rows_of(
+                lambda q: together(docs[q.id], torch.sigmoid(head(feats[q.id][0], masked(feats[q.id][1], name))))
+            )
         print(name, records[name]["examples"], "examples", file=sys.stderr)
 
     res = {
@@ -233,8 +223,9 @@ def run(model: str, out: Path, command: str, epochs: int, ship: str | None = Non
         meta = {"labels": labels, "variant": name, "model": model, "context": res["context"][name]}
         meta.update(keep_auto=auto.get("param"), keep_rule=auto.get("rule"))
         meta.update(command=command, code=res["code"], train=records[name])
-        for folder in (out, *([WEIGHTS] if name == ship else [])):
-            save(head, folder / f"passage-{name}.safetensors", meta, FEATURES)
+        save(head, out / f"passage-{name}.safetensors", meta, FEATURES)
+        if name == ship:  # the head pruner-passage reads
+            save(head, WEIGHTS / "passage.safetensors", meta, FEATURES)
     return res
 
 

@@ -18,11 +18,10 @@ class PassagePruner(ContextPruner):
         "any document, and several passages: each unit read with its paragraph, its section or passage (by "
         "embedding and BM25, headings included) and a second hop from the best unit; --threshold or --keep auto"
     )
-    variant = "two-hop"
 
     @classmethod
     def weights_file(cls, path: str | Path | None = None) -> Path:
-        return Path(path) if path is not None else WEIGHTS / f"passage-{cls.variant}.safetensors"
+        return Path(path) if path is not None else WEIGHTS / "passage.safetensors"
 
     @classmethod
     def features(cls) -> tuple[str, ...]:
@@ -31,18 +30,22 @@ class PassagePruner(ContextPruner):
         return FEATURES
 
     def read(self, doc, questions):
+        """Each question's keep probabilities: the passage features (with the second hop's query embedded
+        where the head reads a hop: its file's ``variant``), the head, and the pieces of a long sentence
+        together."""
         import torch
 
-        from masklab.context.passage import hop_query, passage_features, together
+        from masklab.context.passage import hop_query, masked, passage_features, together
 
-        emb = self.pruner.embedder
+        emb, variant = self.pruner.embedder, self.meta.get("variant", "two-hop")
         units, qs = emb.units(doc.units), emb.encode(list(questions))  # (N, D), (Q, D)
-        first = units @ qs.T  # (N, Q): the first hop's cosines
-        hops = emb.encode([hop_query(q, doc, first[:, k]) for k, q in enumerate(questions)])
+        hops = qs  # a head without the hop reads its features zeroed: no second query to embed
+        if variant == "two-hop":
+            first = units @ qs.T  # (N, Q): the first hop's cosines
+            hops = emb.encode([hop_query(q, doc, first[:, k]) for k, q in enumerate(questions)])
+        out = []
         with torch.no_grad():
-            return Scores(
-                [
-                    together(doc, torch.sigmoid(self.head(*passage_features(doc, units, q, h, question))))
-                    for q, h, question in zip(qs, hops, questions)
-                ]
-            )
+            for q, h, question in zip(qs, hops, questions):
+                s, x = passage_features(doc, units, q, h, question)
+                out.append(together(doc, torch.sigmoid(self.head(s, masked(x, variant)))))
+        return Scores(out)
