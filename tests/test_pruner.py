@@ -214,7 +214,7 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
 
     shipped = load_router("pruner").score(Document(units=got["units"]), question)
     assert not torch.allclose(torch.tensor(got["scores"]), shipped.float(), atol=1e-4)
-    # the default router's kind, on the same labels (read again, not relabelled), through the same command
+    # the context pruner's kind, on the same labels (read again, not relabelled), through the same command
     assert main(args + ["--kind", "pruner-ctx"]) == 0
     assert (out / "labels.jsonl").read_bytes() == labelled and "ctx-causal.safetensors" in capsys.readouterr().out
     assert (
@@ -244,6 +244,12 @@ def test_train_router_on_your_documents_end_to_end(tmp_path, capsys):
     assert mine.tolist() != pytest.approx(
         load_router("pruner-ctx").score(Document(units=got["units"]), question).tolist(), abs=1e-4
     )  # its own head, not the shipped one
+    # the default router's kind (the passage pruner), on the same labels
+    assert main(args + ["--kind", "pruner-passage"]) == 0
+    assert (out / "labels.jsonl").read_bytes() == labelled and "passage-causal.safetensors" in capsys.readouterr().out
+    doc = Document(units=got["units"])
+    mine = load_router("pruner-passage", path=out / "passage-causal.safetensors").score(doc, question)
+    assert mine.tolist() != pytest.approx(load_router("pruner-passage").score(doc, question).tolist(), abs=1e-4)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,8 @@
 * ``--kind pruner-ctx``: the context pruner's head (:mod:`masklab.lab.train_ctx`) on the same labels of
   your pairs, or without them on the corpus (the shipped head's recipe: the ``union`` labels, its
   selection and ``--keep auto`` rule chosen on val);
+* ``--kind pruner-passage``: the passage pruner's head (:mod:`masklab.lab.train_passage`, the default router)
+  on your pairs (their marked evidence, else their causal sets), or without them on the corpus's marks;
 * ``--kind cross`` refuses: the cross pruner left the product for the lab (below ``pruner-ctx`` on val);
   ``scripts/train_cross.py`` trains it.
 
@@ -69,7 +71,13 @@ from masklab.util.flags import add_flags, config_from_args, flag, int_list, str_
 from masklab.lab.routers.registry import prune_one
 
 EVAL_METHODS = ("evidence", "attention", "lexical", "bm25")
-KINDS = ("evidence", "pruner", "pruner-ctx", "cross")  # what --kind takes (run; cross: refused, in the lab)
+KINDS = (
+    "evidence",
+    "pruner",
+    "pruner-ctx",
+    "pruner-passage",
+    "cross",
+)  # what --kind takes (run; cross: refused, in the lab)
 MIN_LABELLED = 20  # fewer rightly answered training examples: no router is fitted (--quick: 2)
 
 
@@ -107,8 +115,8 @@ class TrainConfig:
         choices=list(KINDS),
         default_text="pruner with --docs, else evidence",
         help="what to train: evidence (the evidence and attention routers, on generated "
-        "families), pruner or pruner-ctx (on your --docs and --questions, else on the "
-        "corpus labels); cross moved to the lab (scripts/train_cross.py)",
+        "families), pruner, pruner-ctx or pruner-passage, the default router (on your --docs and --questions, "
+        "else on the corpus labels); cross moved to the lab (scripts/train_cross.py)",
     )
     docs: str | None = flag(
         None,
@@ -478,7 +486,8 @@ def markdown(res: dict) -> str:
 
 def run(cfg: TrainConfig) -> int:
     check(cfg)
-    return {"evidence": run_families, "pruner": run_pruner, "pruner-ctx": run_ctx}[kind_of(cfg)](cfg)
+    kinds = {"evidence": run_families, "pruner": run_pruner, "pruner-ctx": run_ctx, "pruner-passage": run_passage}
+    return kinds[kind_of(cfg)](cfg)
 
 
 def kind_of(cfg: TrainConfig) -> str:
@@ -723,6 +732,54 @@ def run_ctx(cfg: TrainConfig) -> int:
         )
     print(f"context pruner: {target} ({time.perf_counter() - t0:.0f} s)")
     print(f"use it: masklab compress --router pruner-ctx --router-file {target} --keep auto ...")
+    return 0
+
+
+def run_passage(cfg: TrainConfig) -> int:
+    """``--kind pruner-passage``: the passage pruner's head (:mod:`masklab.lab.train_passage`). On the corpus,
+    the shipped recipe (every variant on the writers' marks of the labelled training questions, measured on
+    val: ``OUT/results.json``, ``OUT/passage-one-hop.safetensors``); on your pairs, the shipped head's
+    variant trained on their marked evidence where a pair gives it, else on their causal sets, with the shipped
+    head's selection and ``--keep auto`` rule (``OUT/passage-causal.safetensors``)."""
+    from masklab.context.passage import FEATURES, hop_query, masked, passage_features
+    from masklab.context.routers.passage import PassagePruner
+    from masklab.context.routers.pruner import WEIGHTS, cached_pruner
+    from masklab.lab.tasks.realdocs import answering_units, question_document
+    from masklab.lab.train_ctx import Example, HeadConfig, save, targets, train
+    from masklab.lab.train_passage import run as run_corpus
+    from masklab.lab.train_pruner import shipped_recipe
+    from masklab.util.files import read_json
+
+    t0 = time.perf_counter()
+    shipped = read_json(PassagePruner.weights_file().with_suffix(".json"))
+    variant = shipped.get("variant", "two-hop")
+    if not cfg.docs and not cfg.questions:
+        out = make_out_dir(cfg.out)
+        run_corpus(cfg.model, out, cfg.command, HeadConfig.epochs, labels=shipped.get("labels", "marks"))
+        target = out / f"passage-{variant}.safetensors"
+    else:
+        tokenizer, rows, questions = pruner_labels(cfg)
+        threshold = shipped_recipe()["threshold"] if cfg.causal_threshold is None else cfg.causal_threshold
+        emb = cached_pruner(str(WEIGHTS / "causal.safetensors"))[0].embedder
+        examples = []
+        for r in rows:
+            q = questions[r["id"]]
+            doc = question_document(q, tokenizer)
+            marked = sorted({u for g in answering_units(doc, q.spans()) for u in g}) if q.evidence else []
+            units, qv = emb.units(doc.units), emb.query(q.question)
+            hop = emb.query(hop_query(q.question, doc, units @ qv))
+            s, x = passage_features(doc, units, qv, hop, q.question)
+            examples.append(
+                Example(None, None, marked or targets(r, None, "lasso", threshold), (s, masked(x, variant)))
+            )
+        head, rec = train(examples, HeadConfig())
+        target = make_out_dir(cfg.out) / "passage-causal.safetensors"
+        meta = {"labels": "marks, else causal", "variant": variant, "threshold": threshold, "model": cfg.model}
+        meta.update(labelled=len(rows), train=rec, docs=cfg.docs, questions=cfg.questions, command=cfg.command)
+        meta.update({k: shipped.get(k) for k in ("keep_auto", "keep_rule", "context")})
+        save(head, target, meta, FEATURES)
+    print(f"passage pruner: {target} ({time.perf_counter() - t0:.0f} s)")
+    print(f"use it: masklab compress --router pruner-passage --router-file {target} --keep auto ...")
     return 0
 
 
