@@ -137,3 +137,14 @@ def test_the_pieces_of_one_long_sentence_rank_and_are_kept_together():
     scores[pieces[1]] = 0.9  # one piece scores high: every piece of its sentence does
     out = together(doc, scores)
     assert all(float(out[i]) == pytest.approx(0.9) for i in pieces) and float(out[0]) == 0.0
+
+
+def test_the_json_and_the_page_show_each_units_heading_path():
+    from masklab.context.html import page
+    from masklab.context.routers import load_router
+
+    out = load_router("bm25").prune(Request("Are settings kept on upgrade?", [GUIDE], fraction=0.5))
+    got = out.to_json()
+    it = next(i for i, u in enumerate(got["units"]) if "It keeps" in u)
+    assert got["unit_sections"][it] == "Install > Upgrades" and got["unit_sections"][-1] == "Use"
+    assert "in Install &gt; Upgrades" in page(out, "Are settings kept on upgrade?")

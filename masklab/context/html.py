@@ -93,6 +93,11 @@ def page(pruned: Pruned, question: str, extra: dict | None = None) -> str:
     doc = pruned.doc
     kept = set(pruned.kept)
     why = reasons(pruned)
+
+    def section(i: int) -> str:  # the unit's heading path, in its hover text
+        title = doc.title_of(i)
+        return f"; in {html.escape(title, quote=True)}" if title else ""
+
     parts = []
     for i, unit in enumerate(doc.units):
         if i:
@@ -101,7 +106,7 @@ def page(pruned: Pruned, question: str, extra: dict | None = None) -> str:
         cls = ("kept " + why.get(i, "")).strip() if i in kept else "dropped"
         s = pruned.scores[i]
         parts.append(
-            f'<span class="unit {cls}" data-unit="{i}" title="unit {i}: score {s:.4g}">{html.escape(unit)}'
+            f'<span class="unit {cls}" data-unit="{i}" title="unit {i}: score {s:.4g}{section(i)}">{html.escape(unit)}'
             f'<span class="score">{s:.2f}</span></span>'
         )
     info = [

@@ -429,6 +429,7 @@ class Pruned:
             "target_tokens": None if req is None else req.tokens,
             **({"threshold": req.threshold} if req is not None and req.threshold is not None else {}),
             "units": self.doc.units,
+            "unit_sections": [self.doc.title_of(i) for i in range(len(self.doc.units))],
             "kept": self.kept if units else None,
             "scores": self.scores if units else None,
             "unit_tokens": self.lengths,
