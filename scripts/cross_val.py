@@ -67,6 +67,8 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=0, help="the first N questions taken in turn (0: every one)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     a = ap.parse_args()
+    from masklab.lab.revision import code_hash
+
     torch.set_num_threads(a.threads)
     keeps = [0.1, 0.25]
     questions = in_turn(realdocs.load("corpus-val"))[: a.questions or None]
@@ -77,6 +79,7 @@ def main() -> int:
         "cross_file": hashlib.sha256(a.file.read_bytes()).hexdigest()[:12],
         "cross_hops": routers["cross"].hops,
         "model": lm.name,
+        "code": code_hash("masklab.lab.routers.cross"),
     }
     log = ROOT / "runs" / "cross-val" / "rows.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)

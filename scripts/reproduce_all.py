@@ -1613,6 +1613,37 @@ REPRODUCTIONS = [
             ],
         ],
     ),
+    # the passage level (issue 66): every variant on the causal labels and on the marks of the same questions, the
+    # marks' one-hop head shipped (the val MRR winner), each test split read once with it beside pruner-ctx
+    Reproduction(
+        "passage",
+        [
+            ["scripts/train_passage.py", "--out", "results/passage"],
+        ],
+    ),
+    Reproduction(
+        "passage-marks",
+        [
+            # the shipped head is this run's passage-one-hop (--ship one-hop writes it into the package)
+            ["scripts/train_passage.py", "--labels", "marks", "--out", "results/passage-marks"],
+        ],
+    ),
+    Reproduction(
+        "realdocs-passage-smollm2-135m",
+        [
+            [
+                "realdocs",
+                "--split",
+                split,
+                "--routers",
+                "bm25,dense,bm25+dense,pruner-ctx,pruner-passage",
+                "--threads",
+                "2",
+            ]
+            for split in ("test3", "test2", "test")
+        ],
+        explicit=True,
+    ),
     # about 6.5 CPU-hours (benchmarks/arith_size_cost.json), 84% of it at x4: last
     Reproduction("arith-size", [["sweep", "arith-size"]]),
 ]
