@@ -29,10 +29,10 @@ from masklab.text.document import Document
 
 LEVELS = ("paragraph", "section")
 GROUP_FEATURES = ("z_max", "z_hop_max", "bm25", "bm25_hop")
-HOP_FEATURES = ("z_hop", "unit_bm25", "unit_bm25_hop", "with_best")
+UNIT_MORE = ("z_hop", "unit_bm25", "unit_bm25_hop", "with_best")  # the unit's BM25, and the hop's scores
 FEATURES = (
     *UNIT_FEATURES,
-    *HOP_FEATURES,
+    *UNIT_MORE,
     *(f"{level}_{f}" for level in LEVELS for f in GROUP_FEATURES),
 )
 
@@ -88,7 +88,8 @@ def hop_query(question: str, doc: Document, s: Tensor) -> str:
 def passage_features(doc: Document, units: Tensor, q: Tensor, q_hop: Tensor, question: str) -> tuple[Tensor, Tensor]:
     """``(s (N,), x (N, F))``: the pruner's scores and each unit's features in the order of
     :data:`FEATURES` (module docstring): :func:`~masklab.context.contextual.neighbourhood`'s, then
-    the hop's, then each level's group features. ``q_hop`` is the embedding of :func:`hop_query`."""
+    the unit's BM25 and the hop's (:data:`UNIT_MORE`), then each level's group features. ``q_hop`` is
+    the embedding of :func:`hop_query`."""
     s, x = neighbourhood(units, q)
     n = len(doc.units)
     s_hop = units @ q_hop
