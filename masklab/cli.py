@@ -37,8 +37,8 @@ COMMANDS = {
     "compress": ("masklab.context.cli", "prune a document to what a question needs before a model reads it"),
     "train-router": (
         "masklab.lab.train_router",
-        "train a router of each shipped kind (--kind evidence, pruner, pruner-ctx, cross) from the corpus or "
-        "your documents",
+        "train a router of each shipped kind (--kind evidence, pruner, pruner-ctx, pruner-passage) from the "
+        "corpus or your documents",
     ),
     "serve": ("masklab.context.serve", "serve masklab compress over HTTP (JSON), the model loaded once"),
     "models": (None, "list the pretrained models masklab can load and whether they are installed"),

@@ -151,7 +151,7 @@ def test_a_served_request_is_checked_once(monkeypatch):
 
     class Window:  # a model's window, as fit_window reads it
         name = "m"
-        model = type("M", (), {"config": type("C", (), {"max_position_embeddings": 2048})()})()
+        config = type("C", (), {"max_position_embeddings": 2048})()  # read without the weights (LoadedModel.config)
 
         @staticmethod
         def tokenizer(text):

@@ -42,6 +42,7 @@ LAYERS = {
         "lab.train_router",
         "lab.train_pruner",
         "lab.train_ctx",
+        "lab.train_passage",
         "lab.linear_routers",
     ],
     "training loop": ["lab.train"],

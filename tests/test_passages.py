@@ -103,7 +103,10 @@ def test_a_budget_of_zero_is_a_budget():
         ({"threshold": 0.5}, "threshold needs a router that decides how much to keep"),
         ({"keep": "auto"}, "keep auto needs a router that decides how much to keep"),
         ({"unit_tokens": 0}, "unit_tokens must be a whole number"),
-        ({"options": {"int8": True}}, r"int8 quantises the pruner's encoder \(pruner, pruner-ctx\), not bm25"),
+        (
+            {"options": {"int8": True}},
+            r"int8 quantises the pruner's encoder \(pruner, pruner-ctx, pruner-passage\), not bm25",
+        ),
     ],
 )
 def test_bad_requests_are_one_clear_error_when_made(kwargs, match):

@@ -568,16 +568,13 @@ def _watch_pauses(service, at_pause):
     service.scheduler.run_long = run_long
 
 
-@pytest.mark.parametrize("router", [DEFAULT_ROUTER, "dense", "cross"])
+@pytest.mark.parametrize("router", [DEFAULT_ROUTER, "pruner-ctx", "dense"])
 def test_a_long_request_of_several_passages_is_embedded_once_in_slices_between_short_ones(direct, monkeypatch, router):
     from masklab.context.embedder import live_embedders
 
     body = _body(PASSAGES, router=router, keep=0.2)
     whole = direct(slice_bytes=10**9)  # never sliced: the reference
     service = direct(slice_bytes=4096, slice_units=16)
-    for s in (whole, service):
-        if router == "cross":  # the cascade: the pruner (built lazily) chooses the 2 windows the cross-encoder reads
-            s.run(s.router, router).result(120).max_windows = 2
     want = whole.submit(serve.parse_request(body, whole.cfg), float("inf")).future.result(120)
     for e in live_embedders():
         e.clear_cache()

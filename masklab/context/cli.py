@@ -60,13 +60,13 @@ class CompressConfig(SharedFlags):
         metavar="T",
         help="keep the units the router scores at least T and no other "
         "(none where no unit reaches T: a note says so), as Provence does; for the routers "
-        "that decide how much (pruner-ctx: keep probabilities in [0, 1]; pruner: "
+        "that decide how much (pruner-passage, pruner-ctx: keep probabilities in [0, 1]; pruner: "
         "cosines in [-1, 1]); wins over --keep",
     )
     router_file: str | None = flag(
         None,
         metavar="PATH",
-        help="pruner, pruner-ctx, evidence, bm25+evidence: a "
+        help="pruner, pruner-ctx, pruner-passage, evidence, bm25+evidence: a "
         "router file made by `masklab train-router` (the OUT/NAME.safetensors it prints) "
         "instead of the one masklab ships",
     )

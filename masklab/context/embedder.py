@@ -15,7 +15,7 @@ limit is not kept), and is shared by everything in the process (``masklab compre
 passages, ``masklab serve``, the LangChain and LlamaIndex adapters, ``masklab realdocs``).
 :func:`set_cache_limits` changes the limits of every embedder, loaded or to come (``masklab
 serve --cache-documents / --cache-mb``), and :meth:`Embedder.cache_stats` reports them.
-Within :func:`~masklab.context.router.read_in_slices` (``masklab serve``'s long documents) a
+Within :func:`~masklab.context.slices.read_in_slices` (``masklab serve``'s long documents) a
 document is embedded a slice of units at a time, with other work between the slices.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from masklab.context.router import between_slices, slice_size
+from masklab.context.slices import between_slices, slice_size
 from masklab.util.errors import MasklabError
 
 CACHE_DOCUMENTS = 256  # documents kept embedded per embedder
@@ -110,7 +110,7 @@ class Embedder:
     def units(self, units: list[str]) -> Tensor:
         """``(N, D)`` embeddings of a document's ``units``, from the cache when this embedder
         has embedded exactly these units before. Within
-        :func:`~masklab.context.router.read_in_slices` a document of more units than a slice is
+        :func:`~masklab.context.slices.read_in_slices` a document of more units than a slice is
         embedded a slice at a time (:meth:`encode_in_slices`)."""
         key = hashlib.sha256("\0".join(units).encode()).hexdigest()
         with self._lock:
@@ -131,7 +131,7 @@ class Embedder:
     def encode_in_slices(self, units: list[str], size: int) -> Tensor:
         """``(N, D)``: ``units`` embedded ``size`` at a time, longest first as the library's own
         batches take them (so the vectors are :meth:`encode`'s up to float rounding: a unit padded
-        to another length), :func:`~masklab.context.router.between_slices` called after each
+        to another length), :func:`~masklab.context.slices.between_slices` called after each
         slice but the last."""
         order = sorted(range(len(units)), key=lambda i: -len(units[i]))
         out = torch.empty(len(units), self.dim)

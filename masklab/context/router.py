@@ -38,9 +38,7 @@ import copy
 import importlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -552,42 +550,6 @@ def stack(docs: list[Document]) -> Document:
         passage_of=passage_of,
         sentences_of=sentences,
     )
-
-
-# A read of a long document in slices (read_in_slices): the slice size and what runs between two slices.
-_SLICES: ContextVar[tuple[int, Callable[[int, int], None]] | None] = ContextVar("masklab_slices", default=None)
-
-
-@contextmanager
-def read_in_slices(size: int, between: Callable[[int, int], None]):
-    """Within it, a router's read works at most ``size`` units at a time where it embeds them
-    (:meth:`~masklab.context.embedder.Embedder.units`: every router that embeds, through whatever
-    model holds the embedder) and calls ``between(done, total)`` after each slice but the last;
-    ``masklab serve`` answers short requests there, and an exception ``between`` raises ends the read.
-    ``between`` runs with slicing closed: a read it makes is not sliced."""
-    token = _SLICES.set((size, between))
-    try:
-        yield
-    finally:
-        _SLICES.reset(token)
-
-
-def slice_size() -> int | None:
-    """Units per slice of the open :func:`read_in_slices` (None: read whole)."""
-    open_ = _SLICES.get()
-    return None if open_ is None else open_[0]
-
-
-def between_slices(done: int, total: int) -> None:
-    """Call the open :func:`read_in_slices`' ``between``, slicing closed while it runs."""
-    open_ = _SLICES.get()
-    if open_ is None:
-        return
-    token = _SLICES.set(None)
-    try:
-        open_[1](done, total)
-    finally:
-        _SLICES.reset(token)
 
 
 @dataclass(frozen=True)

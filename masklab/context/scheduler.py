@@ -9,7 +9,7 @@ A request is a :class:`Job`. Its context's size puts it in one of two lanes:
   :meth:`Router.prune_all <masklab.context.router.Router.prune_all>` call (the questions on one
   document read together);
 * **long**: ``run_long(job, pause)`` prunes it with ``pause(done, total)`` as the hook between
-  the slices of its read (:func:`~masklab.context.router.read_in_slices`: ``--slice-units``
+  the slices of its read (:func:`~masklab.context.slices.read_in_slices`: ``--slice-units``
   units embedded per slice). At each pause the worker runs one batch of the short jobs waiting,
   so a short request waits for at most one slice of a long document, and a long document is not
   starved by a steady stream of short ones; a long job past its deadline, whose client is gone,

@@ -46,7 +46,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from masklab.context.compress import MAX_NEW_TOKENS, SharedFlags
-from masklab.context.router import Request, read_in_slices
+from masklab.context.router import Request
+from masklab.context.slices import read_in_slices
 from masklab.context.scheduler import Dropped, Job, Scheduler
 from masklab.util.errors import MasklabError
 from masklab.util.flags import add_flags, check_ranges, config_from_args, flag
@@ -397,7 +398,7 @@ class Service:
     def _run_long(self, job: Job, pause) -> dict:
         """A long job (worker thread): each passage cut into units, ``pause()`` after each, then the
         request pruned with its router's read in slices of ``--slice-units`` units, ``pause(done,
-        total)`` between them (:func:`~masklab.context.router.read_in_slices`)."""
+        total)`` between them (:func:`~masklab.context.slices.read_in_slices`)."""
         from masklab.text.document import segment
 
         req = job.request

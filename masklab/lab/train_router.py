@@ -787,8 +787,8 @@ def add_parser(sub) -> None:
     """The ``masklab train-router`` subcommand."""
     p = sub.add_parser(
         "train-router",
-        help="train a router of each shipped kind (--kind evidence, pruner, "
-        "pruner-ctx) from the corpus or your documents",
+        help="train a router of each shipped kind (--kind evidence, pruner, pruner-ctx, pruner-passage) from the "
+        "corpus or your documents",
         description=__doc__.splitlines()[0],
     )
     add_flags(p, TrainConfig)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from masklab.util.errors import MasklabError
 
 UNIT_TOKENS = 64  # the default longest unit, in model tokens (about three sentences of prose)
+SENTENCE_PIECES = 3  # a text cut into more pieces than this by the unit-length cut is no sentence kept together
 
 
 _WORDS = re.compile(r"\w+|[^\w\s]")
@@ -332,14 +333,17 @@ def _sentences(text: str, a: int, b: int, tokenizer, unit_tokens: int) -> list[t
     for x, y in out:
         if count_tokens(tokenizer, text[x:y]) > unit_tokens:
             pieces = _split_long(text[x:y], x, tokenizer, unit_tokens)
-            spans += pieces[:1] + [_Piece(p) for p in pieces[1:]]
+            if len(pieces) <= SENTENCE_PIECES:  # longer: no sentence (a table or log without full stops)
+                pieces = pieces[:1] + [_Piece(p) for p in pieces[1:]]
+            spans += pieces
         else:
             spans.append((x, y))
     return spans
 
 
 class _Piece(tuple):
-    """The span of a piece of a sentence after its first, where the unit-length cut split it."""
+    """The span of a piece of a sentence after its first, where the unit-length cut split it (into at most
+    :data:`SENTENCE_PIECES` pieces)."""
 
 
 def _indent(line: str) -> int:
