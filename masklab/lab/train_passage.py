@@ -4,9 +4,9 @@ on val: what ``scripts/train_passage.py`` runs.
 The head is ``pruner-ctx``'s (:class:`~masklab.context.contextual.ContextHead`: a residual on the shipped
 pruner's cosine, then a calibration) reading :data:`~masklab.context.passage.FEATURES`: each unit's
 neighbourhood, its paragraph's and section's (or passage's) scores by embedding and by BM25, and a second
-hop. Targets: the causal ``union`` labels of ``pruner-ctx`` (the keep-set labels of every labelled training
-question of the corpus, with the round-5 random-ablation set where a question has one), so the comparison
-with the shipped ``pruner-ctx`` changes only what the head reads. Variants, everything else equal:
+hop. Targets (``labels``): the causal ``union`` labels of ``pruner-ctx`` (the keep-set labels of every labelled
+training question of the corpus, with the round-5 random-ablation set where a question has one), or the writers'
+marks of the same questions, so each comparison changes one thing. Variants, everything else equal:
 
 * ``two-hop``: every feature;
 * ``one-hop``: the hop's features zeroed (the same head without a second hop): one hop vs two;
